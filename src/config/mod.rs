@@ -1,0 +1,213 @@
+//! Configuration: the YAML users write, turned into types that cannot be wrong.
+//!
+//! `raw` mirrors the YAML with serde (unknown keys rejected), `env` replaces
+//! `${NAME}`, `locate` maps key paths to file positions, and `validate` turns
+//! the raw tree into [`Config`], collecting every error with its file, line,
+//! column and key path before anything listens.
+
+mod env;
+mod error;
+mod locate;
+mod raw;
+mod validate;
+
+pub use error::{ConfigError, ConfigErrors};
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, Uri};
+use ipnet::IpNet;
+
+use crate::limit::Policy;
+
+/// A whole, valid configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (for logs and reload).
+    pub source: PathBuf,
+    pub server: Server,
+    pub upstream: Upstream,
+    pub store: Store,
+    pub identity: Identity,
+    pub responses: Responses,
+    /// In file order (`check` prints them in that order).
+    pub policies: Vec<Arc<Policy>>,
+    /// In file order: the first matching route wins.
+    pub routes: Vec<Route>,
+    /// For requests no route matched (named `default` in output).
+    pub default: Route,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub listen: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub tls: Option<Tls>,
+    pub shutdown_grace: Duration,
+    /// Time allowed to read a request's headers (slowloris bound).
+    pub header_read_timeout: Duration,
+    /// Longest silence allowed between two pieces of a request body.
+    pub body_idle_timeout: Duration,
+    /// Largest request head accepted (HTTP/1.1 buffer, HTTP/2 header list).
+    pub max_header_bytes: usize,
+    /// Tokio worker threads; 0 = one per core.
+    pub workers: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// `http://host:port` with an optional base path (no query).
+    pub url: Uri,
+    pub connect_timeout: Duration,
+    /// Until the upstream's response head arrives; beyond it, 504.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// 503 with `Retry-After: failure_retry_after` (the default).
+    Deny,
+    /// Forward without a decision (counted).
+    Allow,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub kind: StoreKind,
+    /// The whole decision: pool wait, connect, round trips.
+    pub budget: Duration,
+    pub on_failure: OnFailure,
+    pub failure_retry_after: Duration,
+    /// Added to every key's policy horizon for its TTL.
+    pub ttl_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub enum StoreKind {
+    Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    /// Most subjects tracked at once; beyond it new subjects are refused
+    /// (AdmissionRejected), never handed a fresh bucket by eviction.
+    pub max_entries: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    /// `redis://` or `rediss://`, credentials included. Redacted in Debug.
+    pub url: Secret,
+    pub pool_size: usize,
+    /// PEM file of extra roots for `rediss://` with a private CA.
+    pub ca_file: Option<PathBuf>,
+    pub key_prefix: String,
+    pub max_clock_regression: Duration,
+    pub dedupe_window: Duration,
+    pub dedupe_max: u32,
+    pub breaker_failures: u32,
+    pub breaker_cooldown: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub trusted_proxies: Vec<IpNet>,
+    /// One IPv6 client owns this prefix length.
+    pub ipv6_prefix: u8,
+    /// None: the memory store generates a random key at start.
+    pub pseudonym_key: Option<Secret>,
+    pub pseudonym_key_version: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Responses {
+    /// Send `RateLimit` / `RateLimit-Policy` on forwarded responses too.
+    pub ratelimit_headers_on_allowed: bool,
+}
+
+/// A secret value from the configuration. Its Debug never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: Arc<str>,
+    pub matcher: Match,
+    /// Tried in order; the first present wins. Never empty.
+    pub subject: Vec<SubjectSource>,
+    /// `None` for `policy: none`: forwarded without limiting.
+    pub policy: Option<Arc<Policy>>,
+    /// Units charged per request; 1..=policy max cost.
+    pub cost: u32,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Match {
+    /// Empty: any method.
+    pub methods: Vec<Method>,
+    pub path: PathMatch,
+}
+
+#[derive(Debug, Clone, Default)]
+pub enum PathMatch {
+    #[default]
+    Any,
+    Exact(String),
+    /// Segment-aware: `/api` matches `/api` and `/api/x`, never `/apix`.
+    /// Stored without a trailing slash (except the root `/`).
+    Prefix(String),
+    /// `/users/{id}`: segments, each literal or a `{name}` capturing one
+    /// non-empty segment.
+    Template(Vec<Segment>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Literal(String),
+    Param(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectSource {
+    /// The peer, or behind trusted proxies the right-most untrusted
+    /// `X-Forwarded-For` address.
+    ClientIp,
+    Header(HeaderName),
+}
+
+impl Config {
+    /// Reads, substitutes, parses and validates `path`. Every error found is
+    /// returned at once, each naming file, line, column and key path.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors::single(ConfigError::io(path, &e)))?;
+        Config::parse(path, &text)
+    }
+
+    /// As [`Config::load`], from text already read (`path` names it in errors).
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        validate::parse(path, text)
+    }
+}

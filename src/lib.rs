@@ -1,0 +1,20 @@
+//! sluice: a rate-limiting reverse proxy that runs beside an application.
+//!
+//! A request flows through these modules, in order:
+//!
+//! - [`config`]: the YAML users write, validated into types that cannot be wrong.
+//! - [`route`]: the compiled route table; `find(method, path)` → route.
+//! - [`subject`]: who is asking (client IP behind trusted proxies, a header)
+//!   and its pseudonym (versioned HMAC; raw identities never reach a store).
+//! - [`limit`]: policies, typed outcomes and the pure algorithm steps.
+//! - [`store`]: where state lives (embedded memory store; Redis) behind one
+//!   `evaluate` that always ends in exactly one [`limit::Outcome`].
+//! - [`proxy`]: the per-request service (route → subject → limit → one
+//!   exhaustive match), forwarding, and every synthetic response.
+//! - [`server`]: listeners (TCP, TLS) and the accept-and-drain loop.
+//! - [`app`]: binds the listeners, reports their addresses, wires the pieces.
+
+pub mod config;
+pub mod limit;
+pub mod store;
+pub mod subject;

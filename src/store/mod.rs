@@ -1,0 +1,75 @@
+//! Where limiter state lives. One `evaluate` per request, ending in exactly
+//! one [`Outcome`], whatever the store.
+
+pub mod memory;
+
+use std::fmt;
+
+use tokio::time::Instant;
+
+use crate::limit::{Outcome, Policy};
+use crate::subject::Pseudonym;
+
+/// A server-generated id per request. An ambiguous store call may be retried
+/// with the same id; the Redis scripts return the recorded decision instead
+/// of charging twice.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EvaluationId(pub u128);
+
+impl EvaluationId {
+    pub fn random() -> EvaluationId {
+        EvaluationId(rand::random())
+    }
+}
+
+impl fmt::Display for EvaluationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for EvaluationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EvaluationId({self})")
+    }
+}
+
+/// One request's question to a store.
+#[derive(Debug, Clone, Copy)]
+pub struct Evaluation<'a> {
+    pub policy: &'a Policy,
+    pub subject: &'a Pseudonym,
+    /// 1..=policy max cost (validated with the route).
+    pub cost: u32,
+    /// arrival + `store.budget`: the whole decision happens before it.
+    pub deadline: Instant,
+    pub id: EvaluationId,
+}
+
+/// The configured store. An enum rather than a trait object: two variants,
+/// async methods, no boxing on the hot path.
+pub enum Store {
+    Memory(memory::MemoryStore),
+}
+
+impl Store {
+    pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        match self {
+            Store::Memory(store) => store.evaluate(evaluation),
+        }
+    }
+
+    /// The `store` label of metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+        }
+    }
+
+    /// Whether the store can currently make decisions (for `/readyz`).
+    pub fn ready(&self) -> bool {
+        match self {
+            Store::Memory(_) => true,
+        }
+    }
+}

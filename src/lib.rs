@@ -16,5 +16,7 @@
 
 pub mod config;
 pub mod limit;
+pub mod route;
+pub mod runtime;
 pub mod store;
 pub mod subject;

@@ -1,2 +1,274 @@
-pub struct Resolved;
-pub fn resolve() {}
+//! Who is asking: the client IP behind trusted proxies, or a header.
+//!
+//! `X-Forwarded-For` is believed only from a trusted peer, and then only up
+//! to the right-most address that is not itself trusted: everything left of
+//! it was written by the client and proves nothing (PITFALLS: Traefik #7067).
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use http::header::HeaderMap;
+use http::HeaderName;
+use ipnet::IpNet;
+
+use crate::config::{Identity, SubjectSource};
+
+use super::{Pseudonym, PseudonymKey};
+
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// How a request's subject was found (a bounded label: never the value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    ClientIp,
+    Header,
+    /// No source was present: the route's one shared bucket.
+    Unresolved,
+}
+
+/// The client address as sluice believes it: the peer, or behind trusted
+/// proxies the right-most untrusted `X-Forwarded-For` entry.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = canonical(peer);
+    if !is_trusted(peer, trusted) {
+        return peer;
+    }
+    // Multiple X-Forwarded-For fields are one list in order (RFC 9110 §5.3).
+    let mut last_trusted = peer;
+    let fields: Vec<&[u8]> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    for field in fields.iter().rev() {
+        for entry in field.rsplit(|b| *b == b',') {
+            let Some(ip) = parse_entry(entry) else {
+                // Junk reached with only trusted hops to its right: the
+                // nearest hop we can vouch for is the answer.
+                return last_trusted;
+            };
+            if !is_trusted(ip, trusted) {
+                return ip;
+            }
+            last_trusted = ip;
+        }
+    }
+    last_trusted
+}
+
+/// Resolves `sources` in order (first present wins) and returns the
+/// pseudonym. An unresolvable subject gets the route's one shared bucket,
+/// never an unlimited pass.
+pub fn resolve(
+    sources: &[SubjectSource],
+    route: &str,
+    peer: IpAddr,
+    headers: &HeaderMap,
+    identity: &Identity,
+    key: &PseudonymKey,
+) -> (Pseudonym, Resolved) {
+    for source in sources {
+        match source {
+            SubjectSource::ClientIp => {
+                let ip = client_ip(peer, headers, &identity.trusted_proxies);
+                let p = match group(ip, identity.ipv6_prefix) {
+                    IpAddr::V4(v4) => key.pseudonym("ip", &v4.octets(), route),
+                    IpAddr::V6(v6) => key.pseudonym("ip6", &v6.octets(), route),
+                };
+                return (p, Resolved::ClientIp);
+            }
+            SubjectSource::Header(name) => {
+                let value = headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
+                let value = value.trim_ascii();
+                if !value.is_empty() {
+                    return (key.pseudonym(name.as_str(), value, route), Resolved::Header);
+                }
+            }
+        }
+    }
+    (
+        key.pseudonym("unresolved", b"", route),
+        Resolved::Unresolved,
+    )
+}
+
+/// The headers a route's subject relies on: a request whose `Connection`
+/// header names one of them is refused, since a proxy in front would have
+/// dropped it (CVE-2025-48865).
+pub fn relied_on(sources: &[SubjectSource]) -> impl Iterator<Item = &HeaderName> {
+    sources.iter().map(|s| match s {
+        SubjectSource::ClientIp => &X_FORWARDED_FOR,
+        SubjectSource::Header(name) => name,
+    })
+}
+
+fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
+    let s = std::str::from_utf8(entry).ok()?.trim();
+    // Accept `1.2.3.4`, `::1`, `[::1]`, `1.2.3.4:5678` and `[::1]:5678`.
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(canonical(ip));
+    }
+    if let Ok(sock) = s.parse::<std::net::SocketAddr>() {
+        return Some(canonical(sock.ip()));
+    }
+    let inner = s.strip_prefix('[')?.strip_suffix(']')?;
+    inner.parse::<IpAddr>().ok().map(canonical)
+}
+
+/// IPv4-mapped IPv6 addresses are the IPv4 client they carry.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|net| net.contains(&ip))
+}
+
+/// One IPv6 client owns a whole prefix (a /64 by default): it can pick any
+/// address inside it, so counting addresses would count nothing.
+fn group(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let mask = match ipv6_prefix {
+                0 => 0,
+                p if p >= 128 => u128::MAX,
+                p => u128::MAX << (128 - u32::from(p)),
+            };
+            IpAddr::V6(Ipv6Addr::from(bits & mask))
+        }
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(&X_FORWARDED_FOR, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client_whatever_xff_says() {
+        let h = xff(&["6.6.6.6"]);
+        assert_eq!(
+            client_ip(ip("1.2.3.4"), &h, &nets(&["10.0.0.0/8"])),
+            ip("1.2.3.4")
+        );
+    }
+
+    #[test]
+    fn trusted_chain_resolves_to_rightmost_untrusted() {
+        let trusted = nets(&["10.0.0.0/8", "192.168.1.1/32"]);
+        let h = xff(&["6.6.6.6, 203.0.113.7", "192.168.1.1, 10.1.1.1"]);
+        assert_eq!(client_ip(ip("10.0.0.2"), &h, &trusted), ip("203.0.113.7"));
+    }
+
+    #[test]
+    fn all_trusted_chain_stops_at_the_leftmost_trusted_hop() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_ip(ip("10.0.0.2"), &xff(&["10.9.9.9"]), &trusted),
+            ip("10.9.9.9")
+        );
+        assert_eq!(
+            client_ip(ip("10.0.0.2"), &xff(&[]), &trusted),
+            ip("10.0.0.2")
+        );
+        let junk = xff(&["garbage, 10.3.3.3"]);
+        assert_eq!(client_ip(ip("10.0.0.2"), &junk, &trusted), ip("10.3.3.3"));
+    }
+
+    #[test]
+    fn entries_with_ports_and_brackets_parse() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_ip(ip("10.0.0.2"), &xff(&["[2001:db8::1]:443"]), &trusted),
+            ip("2001:db8::1")
+        );
+        assert_eq!(
+            client_ip(ip("10.0.0.2"), &xff(&["198.51.100.2:80"]), &trusted),
+            ip("198.51.100.2")
+        );
+        assert_eq!(
+            client_ip(ip("::ffff:10.0.0.2"), &xff(&["198.51.100.9"]), &trusted),
+            ip("198.51.100.9")
+        );
+    }
+
+    fn identity(prefix: u8) -> Identity {
+        Identity {
+            trusted_proxies: vec![],
+            ipv6_prefix: prefix,
+            pseudonym_key: None,
+            pseudonym_key_version: 1,
+        }
+    }
+
+    #[test]
+    fn ipv6_clients_are_grouped_by_prefix() {
+        let key = PseudonymKey::new(b"k", 1);
+        let h = HeaderMap::new();
+        let src = [SubjectSource::ClientIp];
+        let a = resolve(&src, "r", ip("2001:db8:1:2::1"), &h, &identity(64), &key).0;
+        let b = resolve(
+            &src,
+            "r",
+            ip("2001:db8:1:2:ffff::9"),
+            &h,
+            &identity(64),
+            &key,
+        )
+        .0;
+        let c = resolve(&src, "r", ip("2001:db8:1:3::1"), &h, &identity(64), &key).0;
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let d = resolve(&src, "r", ip("2001:db8:1:2::2"), &h, &identity(128), &key).0;
+        let e = resolve(&src, "r", ip("2001:db8:1:2::1"), &h, &identity(128), &key).0;
+        assert_ne!(d, e);
+    }
+
+    #[test]
+    fn header_falls_back_and_absence_is_one_shared_bucket() {
+        let key = PseudonymKey::new(b"k", 1);
+        let name = HeaderName::from_static("x-api-key");
+        let src = [SubjectSource::Header(name.clone())];
+        let mut h = HeaderMap::new();
+        let (none1, r) = resolve(&src, "api", ip("1.1.1.1"), &h, &identity(64), &key);
+        assert_eq!(r, Resolved::Unresolved);
+        let (none2, _) = resolve(&src, "api", ip("2.2.2.2"), &h, &identity(64), &key);
+        assert_eq!(none1, none2, "absent subjects share one bucket per route");
+        h.insert(&name, HeaderValue::from_static("  "));
+        assert_eq!(
+            resolve(&src, "api", ip("1.1.1.1"), &h, &identity(64), &key).1,
+            Resolved::Unresolved
+        );
+        h.insert(&name, HeaderValue::from_static("k1"));
+        let (k1, r) = resolve(&src, "api", ip("1.1.1.1"), &h, &identity(64), &key);
+        assert_eq!(r, Resolved::Header);
+        assert_ne!(k1, none1);
+
+        let fallback = [SubjectSource::Header(name.clone()), SubjectSource::ClientIp];
+        h.remove(&name);
+        assert_eq!(
+            resolve(&fallback, "api", ip("1.1.1.1"), &h, &identity(64), &key).1,
+            Resolved::ClientIp
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The compiled route table: the first route in file order whose methods and
+//! path match wins; `default` takes the rest.
+//!
+//! Matching allocates nothing: paths are compared segment by segment against
+//! the matchers compiled once by `config::validate`.
+
+use http::Method;
+
+use crate::config::{Config, PathMatch, Route, Segment};
+
+#[derive(Debug, Clone)]
+pub struct RouteTable {
+    routes: Vec<Route>,
+    default: Route,
+}
+
+impl RouteTable {
+    pub fn new(config: &Config) -> RouteTable {
+        RouteTable {
+            routes: config.routes.clone(),
+            default: config.default.clone(),
+        }
+    }
+
+    /// `path` is the request path without the query.
+    pub fn find(&self, method: &Method, path: &str) -> &Route {
+        self.routes
+            .iter()
+            .find(|route| matches(route, method, path))
+            .unwrap_or(&self.default)
+    }
+
+    pub fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.routes.iter().chain(std::iter::once(&self.default))
+    }
+}
+
+fn matches(route: &Route, method: &Method, path: &str) -> bool {
+    let m = &route.matcher;
+    if !m.methods.is_empty() && !m.methods.contains(method) {
+        return false;
+    }
+    match &m.path {
+        PathMatch::Any => true,
+        PathMatch::Exact(p) => path == p,
+        PathMatch::Prefix(p) => prefix_matches(p, path),
+        PathMatch::Template(segments) => template_matches(segments, path),
+    }
+}
+
+/// Segment-aware: `/api` matches `/api`, `/api/` and `/api/x`, never `/apix`.
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return path.starts_with('/');
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// `/users/{id}` matches `/users/42` but not `/users`, `/users/` or
+/// `/users/42/x`: a parameter is exactly one non-empty segment.
+fn template_matches(segments: &[Segment], path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    let mut parts = rest.split('/');
+    for segment in segments {
+        match (segment, parts.next()) {
+            (Segment::Literal(lit), Some(part)) if part == lit => {}
+            (Segment::Param(_), Some(part)) if !part.is_empty() => {}
+            _ => return false,
+        }
+    }
+    parts.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Match, SubjectSource};
+    use std::sync::Arc;
+
+    fn route(name: &str, methods: &[Method], path: PathMatch) -> Route {
+        Route {
+            name: Arc::from(name),
+            matcher: Match {
+                methods: methods.to_vec(),
+                path,
+            },
+            subject: vec![SubjectSource::ClientIp],
+            policy: None,
+            cost: 1,
+        }
+    }
+
+    fn table(routes: Vec<Route>) -> RouteTable {
+        RouteTable {
+            routes,
+            default: route("default", &[], PathMatch::Any),
+        }
+    }
+
+    fn lit(s: &str) -> Segment {
+        Segment::Literal(s.to_owned())
+    }
+
+    #[test]
+    fn prefix_is_segment_aware() {
+        let t = table(vec![route("api", &[], PathMatch::Prefix("/api".into()))]);
+        for (path, want) in [
+            ("/api", "api"),
+            ("/api/", "api"),
+            ("/api/v1/x", "api"),
+            ("/apix", "default"),
+            ("/ap", "default"),
+            ("/", "default"),
+        ] {
+            assert_eq!(&*t.find(&Method::GET, path).name, want, "{path}");
+        }
+    }
+
+    #[test]
+    fn root_prefix_matches_everything() {
+        let t = table(vec![route("all", &[], PathMatch::Prefix("/".into()))]);
+        assert_eq!(&*t.find(&Method::GET, "/anything/at/all").name, "all");
+    }
+
+    #[test]
+    fn methods_and_exact_paths() {
+        let t = table(vec![route(
+            "login",
+            &[Method::POST],
+            PathMatch::Exact("/login".into()),
+        )]);
+        assert_eq!(&*t.find(&Method::POST, "/login").name, "login");
+        assert_eq!(&*t.find(&Method::GET, "/login").name, "default");
+        assert_eq!(&*t.find(&Method::POST, "/login/").name, "default");
+    }
+
+    #[test]
+    fn templates_capture_exactly_one_segment() {
+        let segments = vec![lit("users"), Segment::Param("id".into()), lit("posts")];
+        let t = table(vec![route("posts", &[], PathMatch::Template(segments))]);
+        assert_eq!(&*t.find(&Method::GET, "/users/42/posts").name, "posts");
+        for path in [
+            "/users//posts",
+            "/users/42",
+            "/users/42/posts/1",
+            "/users/4/2/posts",
+        ] {
+            assert_eq!(&*t.find(&Method::GET, path).name, "default", "{path}");
+        }
+    }
+
+    #[test]
+    fn first_match_in_file_order_wins() {
+        let t = table(vec![
+            route("specific", &[], PathMatch::Exact("/api/login".into())),
+            route("api", &[], PathMatch::Prefix("/api".into())),
+            route("never", &[], PathMatch::Exact("/api/login".into())),
+        ]);
+        assert_eq!(&*t.find(&Method::GET, "/api/login").name, "specific");
+        assert_eq!(&*t.find(&Method::GET, "/api/other").name, "api");
+    }
+}

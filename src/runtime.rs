@@ -1,0 +1,35 @@
+//! The configuration-derived state one request runs under.
+//!
+//! A request loads the current [`Runtime`] once and keeps that `Arc` to the
+//! end, so a reload swaps what new requests see while in-flight requests
+//! finish under the one they started with.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::Config;
+use crate::route::RouteTable;
+use crate::subject::PseudonymKey;
+
+#[derive(Debug)]
+pub struct Runtime {
+    pub config: Arc<Config>,
+    pub routes: RouteTable,
+    pub key: PseudonymKey,
+}
+
+impl Runtime {
+    /// `key` comes from the configuration, or is the random key generated
+    /// once at start (kept across reloads so counters do not reset).
+    pub fn new(config: Arc<Config>, key: PseudonymKey) -> Runtime {
+        Runtime {
+            routes: RouteTable::new(&config),
+            config,
+            key,
+        }
+    }
+}
+
+/// Shared between every connection and the reloader.
+pub type SharedRuntime = Arc<ArcSwap<Runtime>>;

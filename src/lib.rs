@@ -14,9 +14,11 @@
 //! - [`server`]: listeners (TCP, TLS) and the accept-and-drain loop.
 //! - [`app`]: binds the listeners, reports their addresses, wires the pieces.
 
+pub mod admin;
 pub mod config;
 pub mod limit;
 pub mod route;
 pub mod runtime;
 pub mod store;
 pub mod subject;
+pub mod telemetry;

@@ -1,7 +1,7 @@
 //! Who is asking: resolution from the request, then a pseudonym.
 
 pub mod pseudonym;
-mod resolve;
+pub mod resolve;
 
 pub use pseudonym::{Pseudonym, PseudonymKey};
-pub use resolve::{resolve, Resolved};
+pub use resolve::{client_ip, relied_on, resolve, Resolved};

@@ -1,0 +1,116 @@
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`. Its own port,
+//! never the traffic port.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+use crate::runtime::SharedRuntime;
+use crate::store::Store;
+
+/// What `/readyz` looks at.
+pub struct Health {
+    runtime: SharedRuntime,
+    store: Arc<Store>,
+    shutting_down: AtomicBool,
+}
+
+impl Health {
+    pub fn new(runtime: SharedRuntime, store: Arc<Store>) -> Health {
+        Health {
+            runtime,
+            store,
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Readiness fails from here on, before listeners stop accepting, so
+    /// the endpoints controller stops sending traffic first.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// `Ok` when ready, else the reason.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err("shutting down");
+        }
+        // A runtime always holds a validated configuration.
+        let _ = self.runtime.load();
+        if !self.store.ready() {
+            return Err("store not answering");
+        }
+        Ok(())
+    }
+}
+
+pub async fn serve(listener: TcpListener, health: Arc<Health>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(error) => {
+                    tracing::warn!(%error, "admin accept failed");
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let health = health.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let health = health.clone();
+                async move { Ok::<_, Infallible>(respond(&health, &req)) }
+            });
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(5));
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return json(StatusCode::METHOD_NOT_ALLOWED, r#"{"error":"method not allowed"}"#.into());
+    }
+    match req.uri().path() {
+        "/healthz" => json(StatusCode::OK, r#"{"status":"alive"}"#.into()),
+        "/readyz" => match health.readiness() {
+            Ok(()) => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+            Err(why) => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"status": "not ready", "reason": why}).to_string(),
+            ),
+        },
+        "/metrics" => Response::builder()
+            .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
+            .body(Full::new(Bytes::from(crate::telemetry::render_metrics())))
+            .unwrap_or_default(),
+        _ => json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.into()),
+    }
+}
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs sluice on the embedded store in front of a tiny upstream, then shows
+# 200s turning into 429s with curl. sluice keeps running until Ctrl-C
+# (set QUICKSTART_EXIT=1 to stop after the demonstration).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "quickstart needs $1 ($2)" >&2; exit 1; }; }
+need cargo "install Rust from https://rustup.rs"
+need python3 "apt-get install python3"
+need curl "apt-get install curl"
+
+echo "== building sluice (release)"
+cargo build --release --quiet
+
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+# The app sluice protects: any HTTP server on 127.0.0.1:3000.
+python3 -m http.server 3000 --bind 127.0.0.1 --directory config >/dev/null 2>&1 &
+pids+=($!)
+
+./target/release/sluice run --config config/quickstart.yaml --log-format text &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+  curl -fsS -o /dev/null http://127.0.0.1:9901/readyz 2>/dev/null && break
+  sleep 0.1
+done
+
+echo "== 8 requests to http://127.0.0.1:8080/ (the policy admits 5 per 10s)"
+for i in $(seq 1 8); do
+  code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8080/)
+  echo "request $i -> $code"
+done
+echo "== the 429 in full:"
+curl -s -i http://127.0.0.1:8080/ || true
+echo
+
+if [ "${QUICKSTART_EXIT:-0}" = 1 ]; then exit 0; fi
+echo "== sluice is serving on http://127.0.0.1:8080 (metrics: http://127.0.0.1:9901/metrics). Ctrl-C stops it."
+wait

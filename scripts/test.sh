@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every test: unit, integration (real redis-server processes, the built
+# binary, a real upstream), and the packaging checks (Dockerfile, Helm chart).
+# Installs what the tests need when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# A missing server fails the run; tests never skip.
+command -v redis-server >/dev/null
+command -v promtool >/dev/null
+
+echo "== cargo tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --all-targets --no-fail-fast
+  cargo test --doc --quiet
+else
+  cargo test --all-targets --no-fail-fast
+fi
+
+if [ -x scripts/test-chart.sh ]; then
+  echo "== Dockerfile and Helm chart"
+  SLUICE_BIN="$PWD/target/debug/sluice" scripts/test-chart.sh
+fi
+echo "== all tests passed"

@@ -133,7 +133,7 @@ impl Bands {
         let each: Vec<Duration> = match self {
             Bands::FixedWindow(b) | Bands::SlidingLog(b) => b.iter().map(|b| b.window).collect(),
             // The previous window still weighs on the current one.
-            Bands::SlidingCounter(b) => b.iter().map(|b| b.window * 2).collect(),
+            Bands::SlidingCounter(b) => b.iter().map(|b| b.window.saturating_mul(2)).collect(),
             Bands::TokenBucket(b) => b.iter().map(|b| b.full_refill()).collect(),
             Bands::Gcra(b) => b.iter().map(|b| b.burst_span()).collect(),
         };
@@ -145,7 +145,7 @@ impl BucketBand {
     /// Time for an empty bucket to refill to capacity, in whole periods.
     pub fn full_refill(&self) -> Duration {
         let periods = self.capacity.get().div_ceil(self.refill_tokens.get());
-        self.refill_every * periods
+        self.refill_every.saturating_mul(periods)
     }
 }
 
@@ -158,7 +158,10 @@ impl GcraBand {
 
     /// Time for a full burst to drain back to nothing.
     pub fn burst_span(&self) -> Duration {
-        Duration::from_micros(self.emission_interval_us() * u64::from(self.burst.get()))
+        Duration::from_micros(
+            self.emission_interval_us()
+                .saturating_mul(u64::from(self.burst.get())),
+        )
     }
 }
 

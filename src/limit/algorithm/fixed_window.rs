@@ -1,0 +1,52 @@
+//! Fixed window: `limit` units per window aligned to multiples of `window`
+//! since the Unix epoch, so every sidecar agrees where a window starts.
+
+use super::BandVerdict;
+use crate::limit::{micros, Micros, WindowBand};
+
+/// `(start, count)`: units admitted in the window starting at `start`.
+/// The default `(0, 0)` is a subject never seen: a zero count reads the same
+/// whichever window it names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BandState {
+    start: Micros,
+    count: u64,
+}
+
+/// One band's step: the verdict, and the state to write if every band
+/// admits (the input state, unchanged, when this band denies).
+pub fn check(
+    band: &WindowBand,
+    state: &BandState,
+    now: Micros,
+    cost: u32,
+) -> (BandState, BandVerdict) {
+    // Validated to at least 1 ms; the floor only keeps `%` from panicking.
+    let w = micros(band.window).max(1);
+    let limit = u64::from(band.limit.get());
+    let cost = u64::from(cost);
+
+    // A clock behind the stored window stays in that window.
+    let t = now.max(state.start);
+    let ws = t - t % w;
+    let count = if state.start == ws { state.count } else { 0 };
+    let allowed = count.saturating_add(cost) <= limit;
+    let after = if allowed { count + cost } else { count };
+    let reset_after = ws.saturating_add(w).saturating_sub(now);
+
+    let verdict = BandVerdict {
+        allowed,
+        remaining: limit.saturating_sub(after),
+        reset_after,
+        retry_after: if allowed { 0 } else { reset_after },
+    };
+    let next = if allowed {
+        BandState {
+            start: ws,
+            count: after,
+        }
+    } else {
+        *state
+    };
+    (next, verdict)
+}

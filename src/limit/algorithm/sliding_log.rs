@@ -1,0 +1,125 @@
+//! Sliding log (exact): every admitted unit is remembered until it leaves
+//! the largest window. One log serves every band: a unit counts in band `b`
+//! while `now - at < window_b`.
+//!
+//! The spec keeps one entry per unit (Redis needs a unique member each);
+//! here the units admitted at the same microsecond share one entry that
+//! records how many they are, which decides identically and keeps a
+//! request of cost 100 to one entry. Entries carry a running total of
+//! units, so counting a window and finding its k-th oldest unit are binary
+//! searches rather than scans of up to `limit` entries.
+
+use std::collections::VecDeque;
+
+use super::BandVerdict;
+use crate::limit::{micros, Micros, WindowBand};
+
+/// The log of one subject under one policy. The default is a subject never
+/// seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    /// Oldest first; `at` strictly increasing, `through` strictly increasing.
+    entries: VecDeque<Entry>,
+    /// The running total as of the last entry dropped (0 if none).
+    dropped: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    at: Micros,
+    /// Units admitted up to and including this entry, since the log began.
+    /// A u64 of units cannot wrap in practice (centuries at a billion a
+    /// second); it saturates rather than panic.
+    through: u64,
+}
+
+impl Log {
+    /// The time the log last wrote: a clock behind it is treated as this.
+    fn newest(&self) -> Option<Micros> {
+        self.entries.back().map(|e| e.at)
+    }
+
+    fn total(&self) -> u64 {
+        self.entries.back().map_or(self.dropped, |e| e.through)
+    }
+
+    /// The running total just before entry `index`.
+    fn through_before(&self, index: usize) -> u64 {
+        match index.checked_sub(1) {
+            Some(i) => self.entries.get(i).map_or(self.dropped, |e| e.through),
+            None => self.dropped,
+        }
+    }
+
+    /// Index of the oldest entry still inside a window of `w` at `t`
+    /// (`t` is never before an entry).
+    fn window_start(&self, t: Micros, w: Micros) -> usize {
+        self.entries.partition_point(|e| t - e.at >= w)
+    }
+}
+
+/// One band's verdict against the shared log. Writing is [`admit`], once
+/// every band has admitted.
+pub fn check(band: &WindowBand, log: &Log, now: Micros, cost: u32) -> BandVerdict {
+    let w = micros(band.window);
+    let limit = u64::from(band.limit.get());
+    let cost = u64::from(cost);
+
+    let t = log.newest().map_or(now, |newest| newest.max(now));
+    let first = log.window_start(t, w);
+    let before = log.through_before(first);
+    let count = log.total() - before;
+    let allowed = count.saturating_add(cost) <= limit;
+
+    if allowed {
+        return BandVerdict {
+            allowed,
+            remaining: limit - count - cost,
+            // The units admitted now are the last to leave.
+            reset_after: t.saturating_add(w).saturating_sub(now),
+            retry_after: 0,
+        };
+    }
+    // Denied with `count + cost > limit >= cost`: the band holds units.
+    let leaves_at = |at: Micros| at.saturating_add(w).saturating_sub(now);
+    let newest = log.newest().unwrap_or(t);
+    // The request fits once the `k` oldest units in the window have left;
+    // the k-th oldest leaves last of them. Past the end only for a cost
+    // above the limit, which no wait admits: report the log's end.
+    let k = count + cost - limit;
+    let kth = log
+        .entries
+        .partition_point(|e| e.through < before.saturating_add(k));
+    let kth_at = log.entries.get(kth).map_or(newest, |e| e.at);
+    BandVerdict {
+        allowed,
+        remaining: limit.saturating_sub(count),
+        reset_after: if count > 0 { leaves_at(newest) } else { 0 },
+        retry_after: leaves_at(kth_at),
+    }
+}
+
+/// Records `cost` units at `now` (or at the log's newest time, if the clock
+/// is behind it, so the log stays ordered), and drops entries no band's
+/// window covers any more. Called only when every band admitted.
+pub fn admit(bands: &[WindowBand], log: &mut Log, now: Micros, cost: u32) {
+    if cost == 0 {
+        // Keeps `through` strictly increasing: an entry always holds units.
+        return;
+    }
+    let t = log.newest().map_or(now, |newest| newest.max(now));
+    let through = log.total().saturating_add(u64::from(cost));
+    match log.entries.back_mut() {
+        Some(last) if last.at == t => last.through = through,
+        _ => log.entries.push_back(Entry { at: t, through }),
+    }
+
+    let widest = bands.iter().map(|b| micros(b.window)).max().unwrap_or(0);
+    while let Some(oldest) = log.entries.front() {
+        if t - oldest.at < widest {
+            break;
+        }
+        log.dropped = oldest.through;
+        log.entries.pop_front();
+    }
+}

@@ -1,0 +1,223 @@
+{{/* Names and labels. */}}
+
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ include "sluice.chart" . }}
+{{ include "sluice.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.configMapName" -}}
+{{- printf "%s-config" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sluice.image" -}}
+{{- printf "%s:%s" .Values.sluice.image.repository (default .Chart.AppVersion .Values.sluice.image.tag) }}
+{{- end }}
+
+{{/* "host:port", with an IPv6 host in brackets. */}}
+{{- define "sluice.bind" -}}
+{{- $host := index . 0 }}
+{{- if contains ":" $host }}
+{{- printf "[%s]:%d" $host (int (index . 1)) }}
+{{- else }}
+{{- printf "%s:%d" $host (int (index . 1)) }}
+{{- end }}
+{{- end }}
+
+{{/* Ports sharing the pod's network namespace must all differ. */}}
+{{- define "sluice.checkPorts" -}}
+{{- $traffic := int .Values.sluice.ports.traffic }}
+{{- $admin := int .Values.sluice.ports.admin }}
+{{- $app := int .Values.app.port }}
+{{- if eq $traffic $admin }}
+{{- fail "sluice.ports.traffic and sluice.ports.admin must differ" }}
+{{- end }}
+{{- if or (eq $app $traffic) (eq $app $admin) }}
+{{- fail (printf "app.port (%d) must differ from sluice's ports (traffic %d, admin %d): they share the pod's network namespace" $app $traffic $admin) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The sluice configuration: the user's `sluice.config` plus what only the
+chart knows (listen and admin addresses, the application's loopback URL)
+and the ${NAME} references of the secrets it passes in.
+*/}}
+{{- define "sluice.config" -}}
+{{- include "sluice.checkPorts" . }}
+{{- $cfg := deepCopy (default (dict) .Values.sluice.config) }}
+{{- if and (hasKey $cfg "version") (ne (toString (index $cfg "version")) "1") }}
+{{- fail "sluice.config.version: only version 1 exists (the chart writes it; leave it out)" }}
+{{- end }}
+{{- $_ := set $cfg "version" 1 }}
+
+{{- $server := default (dict) (index $cfg "server") }}
+{{- if or (hasKey $server "listen") (hasKey $server "admin") }}
+{{- fail "sluice.config.server.listen/admin are set by the chart: use sluice.ports and sluice.bindAddress" }}
+{{- end }}
+{{- $_ := set $server "listen" (include "sluice.bind" (list .Values.sluice.bindAddress .Values.sluice.ports.traffic)) }}
+{{- $_ := set $server "admin" (include "sluice.bind" (list .Values.sluice.bindAddress .Values.sluice.ports.admin)) }}
+{{- $_ := set $cfg "server" $server }}
+
+{{- $upstream := default (dict) (index $cfg "upstream") }}
+{{- if hasKey $upstream "url" }}
+{{- fail "sluice.config.upstream.url is set by the chart (http://127.0.0.1:<app.port>): use app.port" }}
+{{- end }}
+{{- $_ := set $upstream "url" (printf "http://127.0.0.1:%d" (int .Values.app.port)) }}
+{{- $_ := set $cfg "upstream" $upstream }}
+
+{{- $secrets := .Values.sluice.secrets }}
+{{- if $secrets.pseudonymKey.secretName }}
+{{- $identity := default (dict) (index $cfg "identity") }}
+{{- if not (hasKey $identity "pseudonym_key") }}
+{{- $_ := set $identity "pseudonym_key" "${SLUICE_PSEUDONYM_KEY}" }}
+{{- end }}
+{{- $_ := set $cfg "identity" $identity }}
+{{- end }}
+
+{{- if $secrets.redisUrl.secretName }}
+{{- $store := default (dict) (index $cfg "store") }}
+{{- if and (eq (toString (index $store "kind")) "redis") (not (hasKey $store "url")) }}
+{{- $_ := set $store "url" "${REDIS_URL}" }}
+{{- end }}
+{{- $_ := set $cfg "store" $store }}
+{{- end }}
+
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/* The sluice container, as a regular container or a native sidecar. */}}
+{{- define "sluice.container" -}}
+{{- $s := .Values.sluice -}}
+- name: sluice
+  image: {{ include "sluice.image" . | quote }}
+  imagePullPolicy: {{ $s.image.pullPolicy }}
+  {{- if $s.nativeSidecar }}
+  # An init container that keeps running: started before the application,
+  # stopped after it.
+  restartPolicy: Always
+  {{- end }}
+  args:
+    - run
+    - --config
+    - /etc/sluice/sluice.yaml
+    {{- if eq $s.logFormat "text" }}
+    - --log-format
+    - text
+    {{- end }}
+    {{- range $s.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  ports:
+    - name: http
+      containerPort: {{ int $s.ports.traffic }}
+      protocol: TCP
+    - name: admin
+      containerPort: {{ int $s.ports.admin }}
+      protocol: TCP
+  env:
+    - name: SLUICE_LOG
+      value: {{ $s.logLevel | quote }}
+    {{- with $s.secrets.pseudonymKey }}
+    {{- if .secretName }}
+    - name: SLUICE_PSEUDONYM_KEY
+      valueFrom:
+        secretKeyRef:
+          name: {{ .secretName }}
+          key: {{ .key }}
+    {{- end }}
+    {{- end }}
+    {{- with $s.secrets.redisUrl }}
+    {{- if .secretName }}
+    - name: REDIS_URL
+      valueFrom:
+        secretKeyRef:
+          name: {{ .secretName }}
+          key: {{ .key }}
+    {{- end }}
+    {{- end }}
+    {{- range $s.secrets.extra }}
+    - name: {{ .name }}
+      valueFrom:
+        secretKeyRef:
+          name: {{ .secretName }}
+          key: {{ .key }}
+    {{- end }}
+    {{- with $s.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  volumeMounts:
+    # The whole directory, never a subPath: only a directory mount sees the
+    # kubelet's updates, which sluice reloads.
+    - name: sluice-config
+      mountPath: /etc/sluice
+      readOnly: true
+    {{- with $s.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: admin
+    {{- toYaml $s.startupProbe | nindent 4 }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: admin
+    {{- toYaml $s.livenessProbe | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: admin
+    {{- toYaml $s.readinessProbe | nindent 4 }}
+  {{- if gt (int $s.preStopSleepSeconds) 0 }}
+  lifecycle:
+    preStop:
+      sleep:
+        seconds: {{ int $s.preStopSleepSeconds }}
+  {{- end }}
+  {{- with $s.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $s.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

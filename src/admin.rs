@@ -86,7 +86,10 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, shutdown: impl Fu
 
 fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return json(StatusCode::METHOD_NOT_ALLOWED, r#"{"error":"method not allowed"}"#.into());
+        return json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            r#"{"error":"method not allowed"}"#.into(),
+        );
     }
     match req.uri().path() {
         "/healthz" => json(StatusCode::OK, r#"{"status":"alive"}"#.into()),

@@ -15,10 +15,14 @@
 //! - [`app`]: binds the listeners, reports their addresses, wires the pieces.
 
 pub mod admin;
+pub mod app;
 pub mod config;
 pub mod limit;
+pub mod proxy;
+pub mod reload;
 pub mod route;
 pub mod runtime;
+pub mod server;
 pub mod store;
 pub mod subject;
 pub mod telemetry;

@@ -1,1 +1,119 @@
-fn main() {}
+//! `sluice run` serves; `sluice check` validates and prints the route table.
+//! Exit codes: 0 ok, 2 invalid configuration, 1 runtime failure.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sluice::config::Config;
+use sluice::telemetry::{self, LogFormat};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A rate-limiting reverse proxy sidecar"
+)]
+struct Cli {
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Json, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate the configuration and serve.
+    Run {
+        #[arg(long, env = "SLUICE_CONFIG")]
+        config: PathBuf,
+    },
+    /// Validate the configuration and print the route table.
+    Check {
+        #[arg(long, env = "SLUICE_CONFIG")]
+        config: PathBuf,
+    },
+}
+
+const EXIT_RUNTIME: u8 = 1;
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => match Config::load(&config) {
+            Ok(config) => {
+                print!("{}", config.route_table());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
+        Command::Run { config } => {
+            telemetry::init_logging(cli.log_format);
+            // Validate fully before anything listens.
+            let config = match Config::load(&config) {
+                Ok(config) => config,
+                Err(errors) => {
+                    eprintln!("{errors}");
+                    tracing::error!(errors = errors.len(), "invalid configuration: not starting");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            match run(config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    tracing::error!(%error, "sluice stopped");
+                    ExitCode::from(EXIT_RUNTIME)
+                }
+            }
+        }
+    }
+}
+
+fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if config.server.workers > 0 {
+        builder.worker_threads(config.server.workers);
+    }
+    let runtime = builder.enable_all().build()?;
+    runtime.block_on(async move {
+        telemetry::init_metrics();
+        let bound = sluice::app::bind(config).await?;
+        let traffic = bound.traffic_addr().map(|a| a.to_string()).unwrap_or_default();
+        match bound.admin_addr() {
+            Some(admin) => tracing::info!(traffic_addr = %traffic, admin_addr = %admin, version = env!("CARGO_PKG_VERSION"), "listening"),
+            None => tracing::info!(traffic_addr = %traffic, version = env!("CARGO_PKG_VERSION"), "listening"),
+        }
+        bound.run(shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers there is nothing to wait for but Ctrl-C.
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting without draining");
+        std::process::exit(i32::from(EXIT_RUNTIME));
+    });
+}

@@ -1,0 +1,165 @@
+//! Wires the pieces: bind the listeners, report their addresses, serve
+//! traffic and admin, and drain on shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::admin::{self, Health};
+use crate::config::{Config, StoreKind};
+use crate::proxy::{Proxy, Upstream};
+use crate::runtime::{Runtime, SharedRuntime};
+use crate::server;
+use crate::store::memory::MemoryStore;
+use crate::store::Store;
+use crate::subject::PseudonymKey;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(#[from] server::tls::TlsError),
+}
+
+/// Listeners bound and everything built, nothing served yet.
+pub struct Bound {
+    runtime: SharedRuntime,
+    store: Arc<Store>,
+    traffic: TcpListener,
+    admin: Option<TcpListener>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// Builds the store and runtime and binds the listeners. The configuration
+/// is already valid: nothing listens before it is.
+pub async fn bind(config: Config) -> Result<Bound, AppError> {
+    let key = match &config.identity.pseudonym_key {
+        Some(secret) => PseudonymKey::new(
+            secret.expose().as_bytes(),
+            config.identity.pseudonym_key_version,
+        ),
+        None => {
+            tracing::warn!(
+                "identity.pseudonym_key is not set: using a random key generated at start \
+                 (subjects get new pseudonyms, and fresh counters, on every restart)"
+            );
+            PseudonymKey::random()
+        }
+    };
+    let store = Arc::new(build_store(&config));
+    let tls = match &config.server.tls {
+        Some(tls) => Some(server::tls::acceptor(tls)?),
+        None => None,
+    };
+    let traffic = listen("traffic", config.server.listen).await?;
+    let admin = match config.server.admin {
+        Some(addr) => Some(listen("admin", addr).await?),
+        None => None,
+    };
+    let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(Arc::new(config), key)));
+    Ok(Bound {
+        runtime,
+        store,
+        traffic,
+        admin,
+        tls,
+    })
+}
+
+fn build_store(config: &Config) -> Store {
+    match &config.store.kind {
+        StoreKind::Memory(memory) => {
+            Store::Memory(MemoryStore::new(memory.max_entries, config.store.ttl_grace))
+        }
+        StoreKind::Redis(_) => unimplemented!("redis store"),
+    }
+}
+
+async fn listen(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AppError::Bind { what, addr, source })
+}
+
+impl Bound {
+    pub fn traffic_addr(&self) -> Option<SocketAddr> {
+        self.traffic.local_addr().ok()
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` resolves, then fails readiness at once,
+    /// stops accepting and drains in-flight requests for up to
+    /// `server.shutdown_grace`.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let config = self.runtime.load().config.clone();
+        let health = Arc::new(Health::new(self.runtime.clone(), self.store.clone()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+
+        let sweeper = spawn_sweeper(self.store.clone());
+        let admin = self.admin.map(|listener| {
+            let health = health.clone();
+            let mut stop = stop_rx.clone();
+            tokio::spawn(admin::serve(listener, health, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            }))
+        });
+
+        let upstream = Upstream::new(&config.upstream);
+        let proxy = Arc::new(Proxy::new(
+            self.runtime.clone(),
+            self.store.clone(),
+            upstream,
+        ));
+        let settings = server::Settings::from(&config.server);
+        let mut stop = stop_rx.clone();
+        let traffic = tokio::spawn(server::serve(
+            self.traffic,
+            self.tls,
+            settings,
+            proxy,
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        ));
+
+        shutdown.await;
+        health.begin_shutdown();
+        tracing::info!(grace = ?config.server.shutdown_grace, "shutting down: draining");
+        let _ = stop_tx.send(true);
+        let _ = traffic.await;
+        // The admin listener outlives traffic so probes see the drain.
+        if let Some(admin) = admin {
+            admin.abort();
+        }
+        sweeper.abort();
+        tracing::info!("stopped");
+    }
+}
+
+/// Drops expired memory-store entries once a second, so idle subjects cost
+/// nothing even if they never come back.
+fn spawn_sweeper(store: Arc<Store>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            #[allow(irrefutable_let_patterns)]
+            if let Store::Memory(memory) = &*store {
+                memory.sweep();
+            }
+        }
+    })
+}

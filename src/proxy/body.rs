@@ -1,0 +1,185 @@
+//! The one body type every response carries, and the request-body idle
+//! timeout hyper does not have (PITFALLS: a body trickled at 1 byte/s is
+//! never cut otherwise).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A boxed body: a streamed upstream body or a synthetic one.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// Boxes any body whose error converts into [`BoxError`].
+pub fn boxed<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed()
+}
+
+/// The client went quiet in the middle of its request body.
+#[derive(Debug, thiserror::Error)]
+#[error("no request body data for {0:?}")]
+pub struct BodyIdleTimeout(pub Duration);
+
+pin_project! {
+    /// Fails the body when no frame arrives within `timeout` of being asked
+    /// for. The clock starts when a poll finds nothing ready, not when the
+    /// previous frame arrived: time spent deciding, connecting upstream or
+    /// waiting for a slow upstream to read is not the client's silence.
+    pub struct IdleTimeout<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        sleep: Sleep,
+        timeout: Duration,
+        waiting: bool,
+    }
+}
+
+impl<B> IdleTimeout<B> {
+    pub fn new(inner: B, timeout: Duration) -> IdleTimeout<B> {
+        IdleTimeout {
+            inner,
+            sleep: tokio::time::sleep(timeout),
+            timeout,
+            waiting: false,
+        }
+    }
+}
+
+impl<B> http_body::Body for IdleTimeout<B>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(frame) => {
+                *this.waiting = false;
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                if !*this.waiting {
+                    *this.waiting = true;
+                    this.sleep.as_mut().reset(Instant::now() + *this.timeout);
+                }
+                match this.sleep.poll(cx) {
+                    Poll::Ready(()) => {
+                        Poll::Ready(Some(Err(BodyIdleTimeout(*this.timeout).into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+    use tokio::sync::mpsc;
+
+    type Chunk = Result<Frame<Bytes>, BoxError>;
+
+    fn channel_body() -> (
+        mpsc::Sender<Chunk>,
+        impl http_body::Body<Data = Bytes, Error = BoxError>,
+    ) {
+        let (tx, rx) = mpsc::channel::<Chunk>(4);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        (tx, StreamBody::new(stream))
+    }
+
+    fn is_idle_timeout(err: &BoxError) -> bool {
+        err.downcast_ref::<BodyIdleTimeout>().is_some()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn frames_in_time_pass_and_silence_fails() {
+        let (tx, inner) = channel_body();
+        let mut body = std::pin::pin!(IdleTimeout::new(inner, Duration::from_secs(5)));
+
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            tx.send(Ok(Frame::data(Bytes::from_static(b"x"))))
+                .await
+                .unwrap();
+            let frame = body.frame().await.unwrap().unwrap();
+            assert_eq!(frame.into_data().unwrap(), "x");
+        }
+        // 12 s in total, never 5 s of silence: still alive. Now go quiet.
+        let started = Instant::now();
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(is_idle_timeout(&err), "{err}");
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_not_polled_is_not_silence() {
+        let (tx, inner) = channel_body();
+        let mut body = std::pin::pin!(IdleTimeout::new(inner, Duration::from_secs(5)));
+        // Deciding and connecting took longer than the timeout.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        tx.send(Ok(Frame::data(Bytes::from_static(b"first"))))
+            .await
+            .unwrap();
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "first"
+        );
+        // A slow upstream did not read for a while (backpressure).
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let send = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tx.send(Ok(Frame::data(Bytes::from_static(b"late"))))
+                .await
+                .unwrap();
+        };
+        let (frame, ()) = tokio::join!(body.frame(), send);
+        assert_eq!(frame.unwrap().unwrap().into_data().unwrap(), "late");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn end_of_body_is_passed_through() {
+        let (tx, inner) = channel_body();
+        let mut body = std::pin::pin!(IdleTimeout::new(inner, Duration::from_secs(5)));
+        drop(tx);
+        assert!(body.frame().await.is_none());
+    }
+}

@@ -1,0 +1,210 @@
+//! Forwarding a decided request to the upstream, and its response back.
+//!
+//! Bodies stream both ways without buffering; the request body is cut when
+//! the client goes quiet for `server.body_idle_timeout`. Requests to the
+//! upstream are always HTTP/1.1, whatever the client spoke. The upstream's
+//! address and timeout are read from the runtime of each request, so a
+//! reload retargets new requests; the connect timeout belongs to the pooled
+//! client and takes a restart to change.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use http::uri::{Parts, PathAndQuery};
+use http::{Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::{self, Config};
+
+use super::body::{self, Body, BodyIdleTimeout, IdleTimeout};
+use super::headers::{self, Forwarded};
+use super::respond;
+use super::upgrade::Tunnels;
+use super::ConnInfo;
+
+/// How long an idle pooled connection to the upstream is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// The pooled HTTP/1.1 client to the upstream.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Body>,
+}
+
+impl Upstream {
+    pub fn new(config: &config::Upstream) -> Upstream {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector);
+        Upstream { client }
+    }
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").finish_non_exhaustive()
+    }
+}
+
+/// Sends `request` upstream and returns what the client should get: the
+/// upstream's response with hop-by-hop fields removed, or 502/504/408.
+pub(super) async fn forward(
+    upstream: &Upstream,
+    mut request: Request<Incoming>,
+    conn: &ConnInfo,
+    config: &Config,
+    tunnels: &Tunnels,
+) -> Response<Body> {
+    let upgrade = headers::is_upgrade(request.version(), request.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+
+    let (mut parts, incoming) = request.into_parts();
+    let uri = match target(&config.upstream.url, &parts.uri) {
+        Ok(uri) => uri,
+        Err(error) => {
+            tracing::warn!(%error, "cannot build the upstream URI");
+            return respond::bad_gateway();
+        }
+    };
+    let host = headers::original_host(&parts.uri, &parts.headers);
+    let forwarded = Forwarded {
+        peer: conn.peer.ip(),
+        tls: conn.tls,
+    };
+    headers::prepare_request(&mut parts.headers, host, forwarded, upgrade);
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    // Server-side extensions (header case maps, HTTP/2 protocol) mean
+    // nothing to the client connection.
+    parts.extensions.clear();
+    let body = body::boxed(IdleTimeout::new(incoming, config.server.body_idle_timeout));
+    let request = Request::from_parts(parts, body);
+
+    let sent = tokio::time::timeout(config.upstream.timeout, upstream.client.request(request));
+    let mut response = match sent.await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return failed(&error),
+        Err(_elapsed) => {
+            tracing::debug!(timeout = ?config.upstream.timeout, "upstream response head timed out");
+            return respond::gateway_timeout();
+        }
+    };
+
+    let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if upgraded {
+        let Some(client_upgrade) = client_upgrade else {
+            tracing::debug!("upstream switched protocols unasked");
+            return respond::bad_gateway();
+        };
+        tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
+    }
+    headers::prepare_response(response.headers_mut(), upgraded);
+    response.map(body::boxed)
+}
+
+/// The upstream URL's scheme and authority, its base path (if any) as a
+/// prefix, then the request's path and query.
+fn target(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
+    let original = request.path_and_query();
+    let base_path = base.path().trim_end_matches('/');
+    let path_and_query = match original {
+        // `OPTIONS *` addresses the server itself, not a path under the base.
+        Some(pq) if base_path.is_empty() || pq.as_str() == "*" => pq.clone(),
+        Some(pq) => PathAndQuery::try_from(format!("{base_path}{pq}"))?,
+        None if base_path.is_empty() => PathAndQuery::from_static("/"),
+        None => PathAndQuery::try_from(format!("{base_path}/"))?,
+    };
+    let mut parts = Parts::default();
+    parts.scheme = base.scheme().cloned();
+    parts.authority = base.authority().cloned();
+    parts.path_and_query = Some(path_and_query);
+    Ok(Uri::from_parts(parts)?)
+}
+
+/// The upstream exchange failed before a response head arrived.
+fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
+    if caused_by::<BodyIdleTimeout>(error) {
+        tracing::debug!("request body stalled");
+        return respond::request_timeout();
+    }
+    if error.is_connect() {
+        tracing::debug!(error = %chain(error), "upstream unreachable");
+    } else {
+        tracing::debug!(error = %chain(error), "upstream exchange failed");
+    }
+    respond::bad_gateway()
+}
+
+fn caused_by<E: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<E>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// `a: b: c` from an error and its sources.
+fn chain(error: &(dyn StdError + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut current = error.source();
+    while let Some(e) = current {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        current = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(s: &str) -> Uri {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn target_keeps_path_and_query_under_the_base() {
+        let plain = uri("http://127.0.0.1:3000");
+        assert_eq!(
+            target(&plain, &uri("/a/b?x=1&y")).unwrap(),
+            "http://127.0.0.1:3000/a/b?x=1&y"
+        );
+        assert_eq!(target(&plain, &uri("/")).unwrap(), "http://127.0.0.1:3000/");
+        // An HTTP/2 request carries scheme and authority: both replaced.
+        assert_eq!(
+            target(&plain, &uri("https://public.example/p?q")).unwrap(),
+            "http://127.0.0.1:3000/p?q"
+        );
+
+        let based = uri("http://app:8080/base/");
+        assert_eq!(
+            target(&based, &uri("/a?x=1")).unwrap(),
+            "http://app:8080/base/a?x=1"
+        );
+        assert_eq!(target(&based, &uri("/")).unwrap(), "http://app:8080/base/");
+        assert_eq!(target(&based, &uri("*")).unwrap().path(), "*");
+    }
+
+    #[test]
+    fn causes_are_found_through_the_chain() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] BodyIdleTimeout);
+        let e = Outer(BodyIdleTimeout(Duration::from_secs(1)));
+        assert!(caused_by::<BodyIdleTimeout>(&e));
+        assert!(!caused_by::<std::io::Error>(&e));
+        assert_eq!(chain(&e), "outer: no request body data for 1s");
+    }
+}

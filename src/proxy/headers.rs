@@ -1,0 +1,292 @@
+//! Request validation and the header rewriting of a forwarding proxy.
+//!
+//! hyper accepts several things a proxy must refuse (PITFALLS, HTTP): a
+//! request with no `Host` or two (hyper #3777), transfer-codings other than
+//! plain `chunked`, and a `Connection` header that names a header identity
+//! relies on, which would make any proxy in front drop it (CVE-2025-48865,
+//! CVE-2025-64484).
+
+use std::net::IpAddr;
+
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+};
+use http::{Method, Uri, Version};
+
+use crate::config::SubjectSource;
+use crate::subject::relied_on;
+use crate::subject::resolve::X_FORWARDED_FOR;
+
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// RFC 9110 §7.6.1, plus the pre-standard `Keep-Alive` and
+/// `Proxy-Connection` that clients still send.
+fn hop_by_hop() -> [&'static HeaderName; 9] {
+    [
+        &CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &PROXY_AUTHENTICATE,
+        &PROXY_AUTHORIZATION,
+        &TE,
+        &TRAILER,
+        &TRANSFER_ENCODING,
+        &UPGRADE,
+    ]
+}
+
+/// Why a request is refused before any decision. Each maps to one response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalid {
+    /// HTTP/1.1 without `Host`, or HTTP/2 with neither `:authority` nor `Host`.
+    MissingHost,
+    DuplicateHost,
+    /// HTTP/2 whose `Host` names another authority than `:authority`
+    /// (RFC 9113 §8.3.1).
+    HostMismatch,
+    /// A transfer-coding other than exactly one `chunked` (answered 501: RFC
+    /// 9112 §6.1 asks for 501 on a coding the server does not implement).
+    TransferCoding,
+    /// `Connection` names a header the subject relies on, or
+    /// `X-Forwarded-For`.
+    ConnectionNamesIdentity(HeaderName),
+    /// `CONNECT` asks for a tunnel to anywhere; a reverse proxy in front of
+    /// one application has none to offer (501, RFC 9110 §9.1).
+    Connect,
+}
+
+impl Invalid {
+    /// A short, bounded reason for the response body and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Invalid::MissingHost => "the request has no Host",
+            Invalid::DuplicateHost => "the request has more than one Host",
+            Invalid::HostMismatch => "Host and :authority name different hosts",
+            Invalid::TransferCoding => "only the chunked transfer-coding is accepted",
+            Invalid::ConnectionNamesIdentity(_) => {
+                "Connection names a header that identifies the client"
+            }
+            Invalid::Connect => "CONNECT is not supported",
+        }
+    }
+}
+
+/// The rules that hold before the route is known: method, `Host` and
+/// framing.
+pub fn check_head(
+    method: &Method,
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(), Invalid> {
+    if method == Method::CONNECT {
+        return Err(Invalid::Connect);
+    }
+    let mut hosts = headers.get_all(HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(Invalid::DuplicateHost);
+    }
+    match version {
+        Version::HTTP_09 | Version::HTTP_10 => {}
+        Version::HTTP_11 => {
+            if host.is_none() {
+                return Err(Invalid::MissingHost);
+            }
+        }
+        // HTTP/2 and later carry the authority as a pseudo-header.
+        _ => match (uri.authority(), host) {
+            (None, None) => return Err(Invalid::MissingHost),
+            (Some(authority), Some(host))
+                if !authority
+                    .as_str()
+                    .as_bytes()
+                    .eq_ignore_ascii_case(host.as_bytes()) =>
+            {
+                return Err(Invalid::HostMismatch)
+            }
+            _ => {}
+        },
+    }
+    check_transfer_coding(headers)
+}
+
+fn check_transfer_coding(headers: &HeaderMap) -> Result<(), Invalid> {
+    if !headers.contains_key(TRANSFER_ENCODING) {
+        return Ok(());
+    }
+    // Present, so exactly one `chunked`; an empty field is no framing at all.
+    let mut codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()));
+    match (codings.next(), codings.next()) {
+        (Some(coding), None) if coding.eq_ignore_ascii_case(b"chunked") => Ok(()),
+        _ => Err(Invalid::TransferCoding),
+    }
+}
+
+/// Refuses a `Connection` that names `X-Forwarded-For` or any header the
+/// route's subject is read from.
+pub fn check_connection(headers: &HeaderMap, subject: &[SubjectSource]) -> Result<(), Invalid> {
+    for token in connection_tokens(headers) {
+        let Ok(name) = HeaderName::from_bytes(token) else {
+            continue;
+        };
+        if name == X_FORWARDED_FOR || relied_on(subject).any(|h| *h == name) {
+            return Err(Invalid::ConnectionNamesIdentity(name));
+        }
+    }
+    Ok(())
+}
+
+/// The host the client addressed: the URI authority (HTTP/2 `:authority`,
+/// or an HTTP/1.1 absolute-form target, which RFC 9112 §3.2.2 says
+/// overrides `Host`), else the `Host` header.
+pub fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
+    match uri.authority() {
+        Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+        None => headers.get(HOST).cloned(),
+    }
+}
+
+/// An HTTP/1.1 upgrade (WebSocket and the like): `Connection: upgrade` and
+/// an `Upgrade` header. HTTP/2 has no such mechanism.
+pub fn is_upgrade(version: Version, headers: &HeaderMap) -> bool {
+    version == Version::HTTP_11
+        && headers.contains_key(UPGRADE)
+        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case(b"upgrade"))
+}
+
+/// What the client's connection looked like, for the `X-Forwarded-*` fields.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarded {
+    pub peer: IpAddr,
+    pub tls: bool,
+}
+
+/// Rewrites a request's headers for the upstream: hop-by-hop removed,
+/// `Host` kept as the client addressed it, `X-Forwarded-*` set.
+pub fn prepare_request(
+    headers: &mut HeaderMap,
+    host: Option<HeaderValue>,
+    forwarded: Forwarded,
+    upgrade: bool,
+) {
+    let upgrade_values = upgrade.then(|| take_all(headers, &UPGRADE));
+    strip_hop_by_hop(headers);
+
+    // Set after stripping, so a `Connection: host` cannot remove it.
+    headers.remove(HOST);
+    headers.remove(&X_FORWARDED_HOST);
+    if let Some(host) = host {
+        headers.insert(&X_FORWARDED_HOST, host.clone());
+        headers.insert(HOST, host);
+    }
+    append_forwarded_for(headers, forwarded.peer);
+    let proto = if forwarded.tls { "https" } else { "http" };
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+
+    if let Some(values) = upgrade_values {
+        restore_upgrade(headers, values);
+    }
+}
+
+/// Rewrites an upstream response's headers for the client. `upgraded`: a
+/// 101 answering an upgrade the client asked for, which keeps its
+/// `Connection: upgrade` and `Upgrade`.
+pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
+    // Framing came from Transfer-Encoding, which wins over Content-Length
+    // (RFC 9112 §6.3). Passing the stale length on would let the client
+    // misread where this response ends (hyper's client does not drop it).
+    if headers.contains_key(TRANSFER_ENCODING) {
+        headers.remove(CONTENT_LENGTH);
+    }
+    let upgrade_values = upgraded.then(|| take_all(headers, &UPGRADE));
+    strip_hop_by_hop(headers);
+    if let Some(values) = upgrade_values {
+        restore_upgrade(headers, values);
+    }
+}
+
+/// Removes the hop-by-hop fields and every field the `Connection` header
+/// names (RFC 9110 §7.6.1).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = connection_tokens(headers)
+        .filter_map(|t| HeaderName::from_bytes(t).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in hop_by_hop() {
+        headers.remove(name);
+    }
+}
+
+/// The client's own `X-Forwarded-For` is its claim: forwarded, not
+/// believed (the subject resolver decides whom to believe). The peer is
+/// appended to it as one list so upstreams reading a single field see it.
+fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
+    let peer = peer.to_canonical().to_string();
+    let mut joined = String::new();
+    for member in headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()))
+    {
+        // Only visible ASCII survives: the joined value must stay valid.
+        if let Ok(member) = std::str::from_utf8(member) {
+            if member.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+                joined.push_str(member);
+                joined.push_str(", ");
+            }
+        }
+    }
+    joined.push_str(&peer);
+    match HeaderValue::from_str(&joined) {
+        Ok(value) => {
+            headers.insert(&X_FORWARDED_FOR, value);
+        }
+        Err(_) => {
+            // Unreachable in practice (both parts were valid header text);
+            // the peer alone is still the truth.
+            if let Ok(value) = HeaderValue::from_str(&peer) {
+                headers.insert(&X_FORWARDED_FOR, value);
+            }
+        }
+    }
+}
+
+fn take_all(headers: &HeaderMap, name: &HeaderName) -> Vec<HeaderValue> {
+    headers.get_all(name).iter().cloned().collect()
+}
+
+fn restore_upgrade(headers: &mut HeaderMap, upgrade: Vec<HeaderValue>) {
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    for value in upgrade {
+        headers.append(UPGRADE, value);
+    }
+}
+
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()))
+}
+
+/// The members of a comma-separated field value, trimmed, empties skipped
+/// (RFC 9110 §5.6.1).
+fn list(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(|m| m.trim_ascii())
+        .filter(|m| !m.is_empty())
+}
+
+#[cfg(test)]
+mod tests;

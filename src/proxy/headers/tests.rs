@@ -1,0 +1,259 @@
+use super::*;
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (name, value) in pairs {
+        h.append(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    h
+}
+
+fn origin() -> Uri {
+    Uri::from_static("/path?q=1")
+}
+
+#[test]
+fn http11_needs_exactly_one_host() {
+    let v = Version::HTTP_11;
+    assert_eq!(
+        check_head(&Method::GET, v, &origin(), &headers(&[])),
+        Err(Invalid::MissingHost)
+    );
+    assert_eq!(
+        check_head(
+            &Method::GET,
+            v,
+            &origin(),
+            &headers(&[("host", "a"), ("host", "b")])
+        ),
+        Err(Invalid::DuplicateHost)
+    );
+    assert_eq!(
+        check_head(
+            &Method::GET,
+            v,
+            &origin(),
+            &headers(&[("host", "a"), ("host", "a")])
+        ),
+        Err(Invalid::DuplicateHost)
+    );
+    assert_eq!(
+        check_head(&Method::GET, v, &origin(), &headers(&[("host", "a")])),
+        Ok(())
+    );
+    // HTTP/1.0 predates Host.
+    assert_eq!(
+        check_head(&Method::GET, Version::HTTP_10, &origin(), &headers(&[])),
+        Ok(())
+    );
+}
+
+#[test]
+fn http2_takes_the_authority_and_refuses_a_contradicting_host() {
+    let v = Version::HTTP_2;
+    let with_authority = Uri::from_static("https://example.com/x");
+    assert_eq!(
+        check_head(&Method::GET, v, &with_authority, &headers(&[])),
+        Ok(())
+    );
+    assert_eq!(
+        check_head(
+            &Method::GET,
+            v,
+            &with_authority,
+            &headers(&[("host", "EXAMPLE.com")])
+        ),
+        Ok(())
+    );
+    assert_eq!(
+        check_head(
+            &Method::GET,
+            v,
+            &with_authority,
+            &headers(&[("host", "other.com")])
+        ),
+        Err(Invalid::HostMismatch)
+    );
+    assert_eq!(
+        check_head(&Method::GET, v, &origin(), &headers(&[])),
+        Err(Invalid::MissingHost)
+    );
+    assert_eq!(
+        check_head(&Method::GET, v, &origin(), &headers(&[("host", "a")])),
+        Ok(())
+    );
+}
+
+#[test]
+fn connect_is_refused() {
+    let h = headers(&[("host", "example.com:443")]);
+    let uri = Uri::from_static("example.com:443");
+    assert_eq!(
+        check_head(&Method::CONNECT, Version::HTTP_11, &uri, &h),
+        Err(Invalid::Connect)
+    );
+}
+
+#[test]
+fn only_a_single_plain_chunked_coding_is_accepted() {
+    let v = Version::HTTP_11;
+    let ok = |te: &[&str]| {
+        let mut pairs = vec![("host", "a")];
+        pairs.extend(te.iter().map(|t| ("transfer-encoding", *t)));
+        check_head(&Method::POST, v, &origin(), &headers(&pairs))
+    };
+    assert_eq!(ok(&[]), Ok(()));
+    assert_eq!(ok(&["chunked"]), Ok(()));
+    assert_eq!(ok(&[" Chunked "]), Ok(()));
+    for bad in [
+        &["gzip, chunked"][..],
+        &["chunked, chunked"],
+        &["chunked", "chunked"],
+        &["gzip"],
+        &["identity"],
+        &[""],
+        &[","],
+    ] {
+        assert_eq!(ok(bad), Err(Invalid::TransferCoding), "{bad:?}");
+    }
+}
+
+#[test]
+fn connection_naming_an_identity_header_is_refused() {
+    let api_key = HeaderName::from_static("x-api-key");
+    let subject = [
+        SubjectSource::Header(api_key.clone()),
+        SubjectSource::ClientIp,
+    ];
+    assert_eq!(
+        check_connection(
+            &headers(&[("connection", "keep-alive, X-API-Key")]),
+            &subject
+        ),
+        Err(Invalid::ConnectionNamesIdentity(api_key))
+    );
+    // X-Forwarded-For is refused whatever the subject is.
+    let header_only = [SubjectSource::Header(HeaderName::from_static("x-user"))];
+    assert_eq!(
+        check_connection(
+            &headers(&[("connection", "close"), ("connection", "x-forwarded-for")]),
+            &header_only
+        ),
+        Err(Invalid::ConnectionNamesIdentity(X_FORWARDED_FOR.clone()))
+    );
+    assert_eq!(
+        check_connection(&headers(&[("connection", "keep-alive, x-other")]), &subject),
+        Ok(())
+    );
+}
+
+#[test]
+fn hop_by_hop_and_connection_named_headers_are_stripped() {
+    let mut h = headers(&[
+        ("connection", "close, X-Secret"),
+        ("connection", "x-other"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("proxy-authorization", "Basic x"),
+        ("te", "trailers"),
+        ("trailer", "x-checksum"),
+        ("transfer-encoding", "chunked"),
+        ("upgrade", "websocket"),
+        ("x-secret", "1"),
+        ("x-other", "2"),
+        ("x-kept", "3"),
+        ("content-type", "text/plain"),
+    ]);
+    strip_hop_by_hop(&mut h);
+    let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+    assert_eq!(left, ["x-kept", "content-type"]);
+}
+
+fn forwarded(peer: &str, tls: bool) -> Forwarded {
+    Forwarded {
+        peer: peer.parse().unwrap(),
+        tls,
+    }
+}
+
+#[test]
+fn request_gets_forwarded_fields_and_keeps_host() {
+    let mut h = headers(&[
+        ("host", "app.example"),
+        ("connection", "x-forwarded-proto, host"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-forwarded-for", "7.7.7.7, "),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "evil.example"),
+    ]);
+    let host = original_host(&origin(), &h);
+    prepare_request(&mut h, host, forwarded("::ffff:10.1.2.3", false), false);
+    assert_eq!(h["host"], "app.example");
+    assert_eq!(h["x-forwarded-host"], "app.example");
+    assert_eq!(h["x-forwarded-proto"], "http");
+    assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+    assert_eq!(h["x-forwarded-for"], "6.6.6.6, 7.7.7.7, 10.1.2.3");
+    assert!(!h.contains_key(CONNECTION));
+}
+
+#[test]
+fn http2_authority_becomes_host() {
+    let mut h = headers(&[]);
+    let uri = Uri::from_static("https://app.example:8443/x");
+    let host = original_host(&uri, &h);
+    prepare_request(&mut h, host, forwarded("192.0.2.1", true), false);
+    assert_eq!(h["host"], "app.example:8443");
+    assert_eq!(h["x-forwarded-proto"], "https");
+    assert_eq!(h["x-forwarded-for"], "192.0.2.1");
+}
+
+#[test]
+fn upgrade_keeps_connection_and_upgrade_only() {
+    let mut h = headers(&[
+        ("host", "a"),
+        ("connection", "Upgrade, x-drop"),
+        ("upgrade", "websocket"),
+        ("x-drop", "1"),
+        ("sec-websocket-key", "k"),
+    ]);
+    assert!(is_upgrade(Version::HTTP_11, &h));
+    assert!(!is_upgrade(Version::HTTP_10, &h));
+    prepare_request(
+        &mut h,
+        Some(HeaderValue::from_static("a")),
+        forwarded("192.0.2.1", false),
+        true,
+    );
+    assert_eq!(h["connection"], "upgrade");
+    assert_eq!(h["upgrade"], "websocket");
+    assert_eq!(h["sec-websocket-key"], "k");
+    assert!(!h.contains_key("x-drop"));
+
+    let without_token = headers(&[("connection", "keep-alive"), ("upgrade", "websocket")]);
+    assert!(!is_upgrade(Version::HTTP_11, &without_token));
+}
+
+#[test]
+fn response_drops_a_content_length_that_chunking_overrode() {
+    let mut h = headers(&[
+        ("transfer-encoding", "chunked"),
+        ("content-length", "5"),
+        ("connection", "x-internal"),
+        ("x-internal", "1"),
+        ("upgrade", "h2c"),
+    ]);
+    prepare_response(&mut h, false);
+    assert!(h.is_empty(), "{h:?}");
+
+    let mut h = headers(&[("content-length", "5")]);
+    prepare_response(&mut h, false);
+    assert_eq!(h["content-length"], "5");
+
+    let mut h = headers(&[("connection", "upgrade"), ("upgrade", "websocket")]);
+    prepare_response(&mut h, true);
+    assert_eq!(h["connection"], "upgrade");
+    assert_eq!(h["upgrade"], "websocket");
+}

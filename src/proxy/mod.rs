@@ -1,0 +1,34 @@
+//! The HTTP side of a request, after the listener and before the upstream.
+//!
+//! - `service`: [`Proxy::handle`], validate → route → subject → limit →
+//!   one exhaustive match on the outcome.
+//! - `headers`: request validation and hop-by-hop / `X-Forwarded-*` rewriting.
+//! - `forward`: the pooled upstream client and the streaming exchange.
+//! - `upgrade`: WebSocket and other HTTP/1.1 upgrades, tracked for shutdown.
+//! - `respond`: every synthetic response (400, 408, 429, 501, 502, 503, 504).
+//! - `body`: the boxed body type and the request-body idle timeout.
+//! - `verdict`: what became of a request, the hook metrics attach to.
+
+mod body;
+mod forward;
+mod headers;
+pub mod respond;
+mod service;
+mod upgrade;
+mod verdict;
+
+use std::net::SocketAddr;
+
+pub use body::{Body, BodyIdleTimeout, BoxError};
+pub use forward::Upstream;
+pub use service::Proxy;
+pub use verdict::{observe, Failure, Observation, Verdict};
+
+/// The connection a request arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    /// Whether the client spoke TLS to sluice (`X-Forwarded-Proto`).
+    pub tls: bool,
+}

@@ -1,0 +1,204 @@
+//! The per-request service: validate → route → subject → limit → one
+//! exhaustive match on the outcome → forward or answer.
+//!
+//! The decision is made before any byte of the request goes upstream.
+
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::config::{self, Config, OnFailure, Route};
+use crate::limit::{Decision, Outcome, Policy};
+use crate::runtime::SharedRuntime;
+use crate::store::{Evaluation, EvaluationId, Store};
+use crate::subject;
+
+use super::body::Body;
+use super::forward::{self, Upstream};
+use super::headers::{self, Invalid};
+use super::respond;
+use super::upgrade::Tunnels;
+use super::verdict::{observe, Failure, Observation, Verdict};
+use super::ConnInfo;
+
+pub struct Proxy {
+    runtime: SharedRuntime,
+    store: Arc<Store>,
+    upstream: Upstream,
+    tunnels: Tunnels,
+}
+
+/// What the outcome asks of the request.
+enum Action {
+    /// To the upstream; with a decision when its `RateLimit` fields are to
+    /// be added to the response.
+    Forward {
+        ratelimit: Option<Decision>,
+    },
+    Respond(Response<Body>),
+}
+
+impl Proxy {
+    pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
+        Proxy {
+            runtime,
+            store,
+            upstream,
+            tunnels: Tunnels::new(),
+        }
+    }
+
+    pub async fn handle(&self, request: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
+        let arrival = Instant::now();
+        let checked = headers::check_head(
+            request.method(),
+            request.version(),
+            request.uri(),
+            request.headers(),
+        );
+        if let Err(invalid) = checked {
+            return refuse(&invalid);
+        }
+
+        // Loaded once: a reload mid-request does not change the rules it
+        // is judged by.
+        let runtime = self.runtime.load_full();
+        let config = &*runtime.config;
+        let route = runtime.routes.find(request.method(), request.uri().path());
+        if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
+            return refuse(&invalid);
+        }
+
+        let Some(policy) = route.policy.as_deref() else {
+            observe(&Observation {
+                route: &route.name,
+                policy: None,
+                verdict: Verdict::Unlimited,
+            });
+            return self.forward(request, conn, config).await;
+        };
+
+        let (subject, _) = subject::resolve(
+            &route.subject,
+            &route.name,
+            conn.peer.ip(),
+            request.headers(),
+            &config.identity,
+            &runtime.key,
+        );
+        let evaluation = Evaluation {
+            policy,
+            subject: &subject,
+            cost: route.cost,
+            deadline: arrival + config.store.budget,
+            id: EvaluationId::random(),
+        };
+        let outcome = self.store.evaluate(&evaluation).await;
+        let (verdict, action) = decide(outcome, route, policy, config);
+
+        observe(&Observation {
+            route: &route.name,
+            policy: Some(&policy.name),
+            verdict,
+        });
+        if verdict != Verdict::Allowed {
+            tracing::debug!(
+                route = %route.name,
+                policy = %policy.name,
+                outcome = verdict.label(),
+                forwarded = verdict.forwarded(),
+                "decision"
+            );
+        }
+
+        match action {
+            Action::Respond(response) => response,
+            Action::Forward { ratelimit } => {
+                let mut response = self.forward(request, conn, config).await;
+                if let Some(decision) = ratelimit {
+                    if !response.status().is_informational() {
+                        respond::add_ratelimit_headers(response.headers_mut(), policy, &decision);
+                    }
+                }
+                response
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        request: Request<Incoming>,
+        conn: &ConnInfo,
+        config: &Config,
+    ) -> Response<Body> {
+        forward::forward(&self.upstream, request, conn, config, &self.tunnels).await
+    }
+
+    /// Lets upgraded connections run until `deadline`, then cuts them.
+    pub async fn drain_tunnels(&self, deadline: Instant) {
+        self.tunnels.drain(deadline).await;
+    }
+}
+
+/// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
+/// outcome must be decided here before sluice builds.
+fn decide(outcome: Outcome, route: &Route, policy: &Policy, config: &Config) -> (Verdict, Action) {
+    let store = &config.store;
+    match outcome {
+        Outcome::Allowed(decision) => {
+            // A shadow policy is invisible to clients.
+            let show = config.responses.ratelimit_headers_on_allowed && !policy.shadow;
+            let ratelimit = show.then_some(decision);
+            (Verdict::Allowed, Action::Forward { ratelimit })
+        }
+        Outcome::Denied(decision) => {
+            if policy.shadow {
+                (Verdict::ShadowDenied, Action::Forward { ratelimit: None })
+            } else {
+                let response = respond::too_many_requests(route, policy, &decision);
+                (Verdict::Denied, Action::Respond(response))
+            }
+        }
+        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), route, policy, store),
+        Outcome::Indeterminate => fail(Failure::Indeterminate, route, policy, store),
+        Outcome::Incompatible(reason) => {
+            let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
+            (Verdict::Incompatible(reason), Action::Respond(response))
+        }
+    }
+}
+
+/// No decision could be made: `on_failure` says what happens.
+fn fail(
+    failure: Failure,
+    route: &Route,
+    policy: &Policy,
+    store: &config::Store,
+) -> (Verdict, Action) {
+    match store.on_failure {
+        OnFailure::Deny => {
+            let response = respond::unavailable(route, policy, store.failure_retry_after);
+            (Verdict::FailedClosed(failure), Action::Respond(response))
+        }
+        OnFailure::Allow => (
+            Verdict::FailedOpen(failure),
+            Action::Forward { ratelimit: None },
+        ),
+    }
+}
+
+fn refuse(invalid: &Invalid) -> Response<Body> {
+    tracing::debug!(reason = invalid.reason(), "request refused");
+    match invalid {
+        Invalid::TransferCoding | Invalid::Connect => respond::not_implemented(invalid.reason()),
+        Invalid::MissingHost
+        | Invalid::DuplicateHost
+        | Invalid::HostMismatch
+        | Invalid::ConnectionNamesIdentity(_) => respond::bad_request(invalid.reason()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+//! The accept-and-drain loop (after hyper-util's `server_graceful` example).
+//!
+//! Every connection is served by hyper-util's auto builder: HTTP/1.1 with
+//! upgrades, and HTTP/2 (over TLS by ALPN, or in clear text with prior
+//! knowledge). hyper applies its header-read timeout only with a timer set
+//! (PITFALLS: without one it is silently off), and the auto builder's
+//! protocol sniffing has no timeout at all, so the first request head is
+//! also bounded here, from accept.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+use crate::proxy::{ConnInfo, Proxy};
+
+use super::Settings;
+
+/// hyper refuses a smaller HTTP/1.1 buffer.
+const MIN_H1_BUFFER: usize = 8 * 1024;
+
+/// Pause after an accept error that is not about one connection (out of
+/// file descriptors): retrying at once would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Accepts on `listener` until `shutdown` resolves; then stops accepting
+/// (the listener is closed, so new connections are refused), asks every
+/// connection to finish gracefully, and waits up to `shutdown_grace` for
+/// in-flight requests and upgraded connections before cutting the rest.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    settings: Settings,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let builder = Arc::new(builder(&settings));
+    let graceful = GracefulShutdown::new();
+    let mut connections = JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(error) = joined {
+                    if error.is_panic() {
+                        tracing::error!(%error, "connection task panicked");
+                    }
+                }
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let connection = Connection {
+                        peer,
+                        tls: tls.clone(),
+                        builder: builder.clone(),
+                        proxy: proxy.clone(),
+                        // Taken before the task starts, so a shutdown that
+                        // begins meanwhile still reaches this connection.
+                        watcher: graceful.watcher(),
+                        first_head_by: Instant::now() + settings.header_read_timeout,
+                    };
+                    connections.spawn(connection.run(stream));
+                }
+                Err(error) if is_per_connection(&error) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+        }
+    }
+
+    drop(listener);
+    let deadline = Instant::now() + settings.shutdown_grace;
+    tracing::debug!(open = connections.len(), "stopped accepting; draining");
+    let drained = tokio::time::timeout_at(deadline, graceful.shutdown())
+        .await
+        .is_ok();
+    proxy.drain_tunnels(deadline).await;
+    if !drained {
+        tracing::warn!(
+            open = connections.len(),
+            "shutdown grace expired; closing the connections still open"
+        );
+    }
+    connections.shutdown().await;
+}
+
+fn builder(settings: &Settings) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .keep_alive(true)
+        .max_buf_size(settings.max_header_bytes.max(MIN_H1_BUFFER));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
+/// Errors about one connection that died while queued, not the listener.
+fn is_per_connection(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// One accepted connection, before its protocol is known.
+struct Connection {
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    builder: Arc<Builder<TokioExecutor>>,
+    proxy: Arc<Proxy>,
+    watcher: Watcher,
+    /// The TLS handshake and the first request head must be done by then.
+    first_head_by: Instant,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream) {
+        // Small writes (response heads, WebSocket frames) go out at once.
+        let _ = stream.set_nodelay(true);
+        let local = match stream.local_addr() {
+            Ok(local) => local,
+            Err(error) => {
+                tracing::debug!(%error, "connection gone before it was served");
+                return;
+            }
+        };
+        let info = ConnInfo {
+            peer: self.peer,
+            local,
+            tls: self.tls.is_some(),
+        };
+        match self.tls.clone() {
+            None => self.serve(TokioIo::new(stream), info).await,
+            Some(acceptor) => {
+                match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => self.serve(TokioIo::new(stream), info).await,
+                    Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            }
+        }
+    }
+
+    async fn serve<I>(self, io: I, info: ConnInfo)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let started = Arc::new(AtomicBool::new(false));
+        let service = {
+            let started = started.clone();
+            let proxy = self.proxy;
+            service_fn(move |request| {
+                started.store(true, Ordering::Relaxed);
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(proxy.handle(request, &info).await) }
+            })
+        };
+        let conn = self
+            .watcher
+            .watch(self.builder.serve_connection_with_upgrades(io, service));
+        let mut conn = std::pin::pin!(conn);
+
+        tokio::select! {
+            result = conn.as_mut() => return finished(result),
+            () = tokio::time::sleep_until(self.first_head_by) => {}
+        }
+        if !started.load(Ordering::Relaxed) {
+            // Still sniffing the protocol or reading the first head: a
+            // slowloris, or a client that connected and said nothing.
+            tracing::debug!(peer = %info.peer, "no request head within header_read_timeout");
+            return;
+        }
+        finished(conn.await);
+    }
+}
+
+fn finished(result: Result<(), Box<dyn std::error::Error + Send + Sync>>) {
+    if let Err(error) = result {
+        tracing::debug!(%error, "connection ended with an error");
+    }
+}

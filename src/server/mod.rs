@@ -1,0 +1,39 @@
+//! Listeners (TCP, TLS through rustls) and the accept-and-drain loop.
+//!
+//! - `listener`: [`serve`], accept until shutdown, then drain with a grace.
+//! - [`tls`]: the rustls acceptor built from the configured PEM files.
+
+mod listener;
+pub mod tls;
+
+use std::time::Duration;
+
+use crate::config;
+
+pub use listener::serve;
+
+/// How connections are served. Fixed at start: a reload does not change
+/// the listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// From accept (TLS handshake included) to the end of the first request
+    /// head, and for each later HTTP/1.1 request head; an idle keep-alive
+    /// connection is closed after it too.
+    pub header_read_timeout: Duration,
+    /// Largest request head: the HTTP/1.1 read buffer (at least hyper's
+    /// 8 KiB minimum) and the HTTP/2 header list.
+    pub max_header_bytes: usize,
+    /// How long in-flight requests and upgraded connections may run on
+    /// after shutdown begins.
+    pub shutdown_grace: Duration,
+}
+
+impl From<&config::Server> for Settings {
+    fn from(server: &config::Server) -> Settings {
+        Settings {
+            header_read_timeout: server.header_read_timeout,
+            max_header_bytes: server.max_header_bytes,
+            shutdown_grace: server.shutdown_grace,
+        }
+    }
+}

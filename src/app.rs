@@ -18,6 +18,7 @@ use crate::server;
 use crate::store::memory::MemoryStore;
 use crate::store::Store;
 use crate::subject::PseudonymKey;
+use crate::{reload, telemetry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -66,6 +67,7 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
         Some(addr) => Some(listen("admin", addr).await?),
         None => None,
     };
+    telemetry::config_loaded(&config);
     let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(Arc::new(config), key)));
     Ok(Bound {
         runtime,
@@ -109,6 +111,7 @@ impl Bound {
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let sweeper = spawn_sweeper(self.store.clone());
+        let reloader = tokio::spawn(reload::watch(config.source.clone(), self.runtime.clone()));
         let admin = self.admin.map(|listener| {
             let health = health.clone();
             let mut stop = stop_rx.clone();
@@ -145,6 +148,7 @@ impl Bound {
             admin.abort();
         }
         sweeper.abort();
+        reloader.abort();
         tracing::info!("stopped");
     }
 }
@@ -159,6 +163,7 @@ fn spawn_sweeper(store: Arc<Store>) -> tokio::task::JoinHandle<()> {
             #[allow(irrefutable_let_patterns)]
             if let Store::Memory(memory) = &*store {
                 memory.sweep();
+                telemetry::memory_subjects(memory.len());
             }
         }
     })

@@ -7,31 +7,49 @@
 use http::Method;
 
 use crate::config::{Config, PathMatch, Route, Segment};
+use crate::telemetry::RouteMetrics;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RouteTable {
-    routes: Vec<Route>,
-    default: Route,
+    routes: Vec<Entry>,
+    default: Entry,
+}
+
+/// A route and the metric handles counted under its name.
+#[derive(Debug)]
+pub struct Entry {
+    pub route: Route,
+    pub metrics: RouteMetrics,
+}
+
+impl Entry {
+    fn new(route: &Route) -> Entry {
+        let policy = route.policy.as_ref().map(|p| &*p.name);
+        Entry {
+            metrics: RouteMetrics::new(&route.name, policy),
+            route: route.clone(),
+        }
+    }
 }
 
 impl RouteTable {
     pub fn new(config: &Config) -> RouteTable {
+        RouteTable::from_routes(&config.routes, &config.default)
+    }
+
+    fn from_routes(routes: &[Route], default: &Route) -> RouteTable {
         RouteTable {
-            routes: config.routes.clone(),
-            default: config.default.clone(),
+            routes: routes.iter().map(Entry::new).collect(),
+            default: Entry::new(default),
         }
     }
 
     /// `path` is the request path without the query.
-    pub fn find(&self, method: &Method, path: &str) -> &Route {
+    pub fn find(&self, method: &Method, path: &str) -> &Entry {
         self.routes
             .iter()
-            .find(|route| matches(route, method, path))
+            .find(|entry| matches(&entry.route, method, path))
             .unwrap_or(&self.default)
-    }
-
-    pub fn routes(&self) -> impl Iterator<Item = &Route> {
-        self.routes.iter().chain(std::iter::once(&self.default))
     }
 }
 
@@ -96,10 +114,7 @@ mod tests {
     }
 
     fn table(routes: Vec<Route>) -> RouteTable {
-        RouteTable {
-            routes,
-            default: route("default", &[], PathMatch::Any),
-        }
+        RouteTable::from_routes(&routes, &route("default", &[], PathMatch::Any))
     }
 
     fn lit(s: &str) -> Segment {
@@ -117,14 +132,14 @@ mod tests {
             ("/ap", "default"),
             ("/", "default"),
         ] {
-            assert_eq!(&*t.find(&Method::GET, path).name, want, "{path}");
+            assert_eq!(&*t.find(&Method::GET, path).route.name, want, "{path}");
         }
     }
 
     #[test]
     fn root_prefix_matches_everything() {
         let t = table(vec![route("all", &[], PathMatch::Prefix("/".into()))]);
-        assert_eq!(&*t.find(&Method::GET, "/anything/at/all").name, "all");
+        assert_eq!(&*t.find(&Method::GET, "/anything/at/all").route.name, "all");
     }
 
     #[test]
@@ -134,23 +149,26 @@ mod tests {
             &[Method::POST],
             PathMatch::Exact("/login".into()),
         )]);
-        assert_eq!(&*t.find(&Method::POST, "/login").name, "login");
-        assert_eq!(&*t.find(&Method::GET, "/login").name, "default");
-        assert_eq!(&*t.find(&Method::POST, "/login/").name, "default");
+        assert_eq!(&*t.find(&Method::POST, "/login").route.name, "login");
+        assert_eq!(&*t.find(&Method::GET, "/login").route.name, "default");
+        assert_eq!(&*t.find(&Method::POST, "/login/").route.name, "default");
     }
 
     #[test]
     fn templates_capture_exactly_one_segment() {
         let segments = vec![lit("users"), Segment::Param("id".into()), lit("posts")];
         let t = table(vec![route("posts", &[], PathMatch::Template(segments))]);
-        assert_eq!(&*t.find(&Method::GET, "/users/42/posts").name, "posts");
+        assert_eq!(
+            &*t.find(&Method::GET, "/users/42/posts").route.name,
+            "posts"
+        );
         for path in [
             "/users//posts",
             "/users/42",
             "/users/42/posts/1",
             "/users/4/2/posts",
         ] {
-            assert_eq!(&*t.find(&Method::GET, path).name, "default", "{path}");
+            assert_eq!(&*t.find(&Method::GET, path).route.name, "default", "{path}");
         }
     }
 
@@ -161,7 +179,7 @@ mod tests {
             route("api", &[], PathMatch::Prefix("/api".into())),
             route("never", &[], PathMatch::Exact("/api/login".into())),
         ]);
-        assert_eq!(&*t.find(&Method::GET, "/api/login").name, "specific");
-        assert_eq!(&*t.find(&Method::GET, "/api/other").name, "api");
+        assert_eq!(&*t.find(&Method::GET, "/api/login").route.name, "specific");
+        assert_eq!(&*t.find(&Method::GET, "/api/other").route.name, "api");
     }
 }

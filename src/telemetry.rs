@@ -159,3 +159,138 @@ pub fn config_loaded(config: &crate::config::Config) {
     metrics::gauge!(CONFIG_INFO, "hash" => hash).set(1.0);
     metrics::gauge!(CONFIG_REVISION).increment(1.0);
 }
+
+/// Every `outcome` label value, in [`RouteMetrics`] index order.
+pub const OUTCOMES: [&str; 7] = [
+    "unlimited",
+    "allowed",
+    "denied",
+    "shadow_denied",
+    "unavailable",
+    "indeterminate",
+    "incompatible",
+];
+
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Metric handles of one route, registered once when a configuration is
+/// loaded so the request path does no registry lookups or label
+/// allocations. Every series exists (at 0) from the start, which also makes
+/// `rate()` well defined before the first event.
+pub struct RouteMetrics {
+    requests: [metrics::Counter; OUTCOMES.len()],
+    upstream_responses: [metrics::Counter; STATUS_CLASSES.len()],
+    upstream_duration: metrics::Histogram,
+    log_budget: LogBudget,
+}
+
+impl RouteMetrics {
+    pub fn new(route: &str, policy: Option<&str>) -> RouteMetrics {
+        let route = route.to_owned();
+        let policy = policy.unwrap_or("none").to_owned();
+        RouteMetrics {
+            requests: OUTCOMES.map(|outcome| {
+                metrics::counter!(REQUESTS, "route" => route.clone(), "policy" => policy.clone(), "outcome" => outcome)
+            }),
+            upstream_responses: STATUS_CLASSES.map(|class| {
+                metrics::counter!(UPSTREAM_RESPONSES, "route" => route.clone(), "status_class" => class)
+            }),
+            upstream_duration: metrics::histogram!(UPSTREAM_DURATION, "route" => route.clone()),
+            log_budget: LogBudget::default(),
+        }
+    }
+
+    /// Counts one request under `outcome` (one of [`OUTCOMES`]).
+    pub fn request(&self, outcome: &str) {
+        if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
+            self.requests[i].increment(1);
+        }
+    }
+
+    /// Counts the response to a forwarded request (the upstream's, or
+    /// sluice's 502/504 when the upstream failed).
+    pub fn upstream(&self, status: http::StatusCode, elapsed: std::time::Duration) {
+        let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
+        self.upstream_responses[class].increment(1);
+        self.upstream_duration.record(elapsed.as_secs_f64());
+    }
+
+    /// Whether a decision other than Allowed may be logged now: at most
+    /// [`LogBudget::PER_SECOND`] a second per route, so a flood of denials
+    /// cannot flood the logs.
+    pub fn may_log(&self) -> bool {
+        self.log_budget.take()
+    }
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMetrics").finish_non_exhaustive()
+    }
+}
+
+/// A per-second allowance packed in one atomic: high 32 bits the second,
+/// low 32 bits how many were taken in it.
+#[derive(Default)]
+struct LogBudget(std::sync::atomic::AtomicU64);
+
+impl LogBudget {
+    const PER_SECOND: u64 = 5;
+
+    fn take(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let second = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() & 0xffff_ffff)
+            .unwrap_or(0);
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            let (at, taken) = (current >> 32, current & 0xffff_ffff);
+            let next = if at == second {
+                if taken >= Self::PER_SECOND {
+                    return false;
+                }
+                current + 1
+            } else {
+                (second << 32) | 1
+            };
+            match self
+                .0
+                .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(seen) => current = seen,
+            }
+        }
+    }
+}
+
+/// The decision-latency histogram of a store (`store` label).
+pub fn decision_duration(store: &'static str) -> metrics::Histogram {
+    metrics::histogram!(DECISION_DURATION, "store" => store)
+}
+
+pub fn forwarded_without_decision() -> metrics::Counter {
+    metrics::counter!(FORWARDED_WITHOUT_DECISION)
+}
+
+pub fn memory_subjects(n: usize) {
+    metrics::gauge!(MEMORY_SUBJECTS).set(n as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_budget_allows_a_few_per_second() {
+        let budget = LogBudget::default();
+        let taken = (0..100).filter(|_| budget.take()).count() as u64;
+        // Normally exactly PER_SECOND; a second boundary in the middle of
+        // the loop may allow one more batch.
+        assert!(
+            taken >= LogBudget::PER_SECOND && taken <= 2 * LogBudget::PER_SECOND,
+            "{taken}"
+        );
+    }
+}

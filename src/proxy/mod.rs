@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 pub use body::{Body, BodyIdleTimeout, BoxError};
 pub use forward::Upstream;
 pub use service::Proxy;
-pub use verdict::{observe, Failure, Observation, Verdict};
+pub use verdict::{Failure, Verdict};
 
 /// The connection a request arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

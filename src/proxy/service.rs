@@ -14,13 +14,14 @@ use crate::limit::{Decision, Outcome, Policy};
 use crate::runtime::SharedRuntime;
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject;
+use crate::telemetry::{self, RouteMetrics};
 
 use super::body::Body;
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::respond;
 use super::upgrade::Tunnels;
-use super::verdict::{observe, Failure, Observation, Verdict};
+use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
 
 pub struct Proxy {
@@ -28,6 +29,8 @@ pub struct Proxy {
     store: Arc<Store>,
     upstream: Upstream,
     tunnels: Tunnels,
+    decision_duration: metrics::Histogram,
+    forwarded_without_decision: metrics::Counter,
 }
 
 /// What the outcome asks of the request.
@@ -43,6 +46,8 @@ enum Action {
 impl Proxy {
     pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
         Proxy {
+            decision_duration: telemetry::decision_duration(store.kind()),
+            forwarded_without_decision: telemetry::forwarded_without_decision(),
             runtime,
             store,
             upstream,
@@ -66,18 +71,15 @@ impl Proxy {
         // is judged by.
         let runtime = self.runtime.load_full();
         let config = &*runtime.config;
-        let route = runtime.routes.find(request.method(), request.uri().path());
+        let entry = runtime.routes.find(request.method(), request.uri().path());
+        let (route, metrics) = (&entry.route, &entry.metrics);
         if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
             return refuse(&invalid);
         }
 
         let Some(policy) = route.policy.as_deref() else {
-            observe(&Observation {
-                route: &route.name,
-                policy: None,
-                verdict: Verdict::Unlimited,
-            });
-            return self.forward(request, conn, config).await;
+            metrics.request(Verdict::Unlimited.label());
+            return self.forward(request, conn, config, metrics).await;
         };
 
         let (subject, _) = subject::resolve(
@@ -96,15 +98,16 @@ impl Proxy {
             id: EvaluationId::random(),
         };
         let outcome = self.store.evaluate(&evaluation).await;
+        self.decision_duration
+            .record(arrival.elapsed().as_secs_f64());
         let (verdict, action) = decide(outcome, route, policy, config);
 
-        observe(&Observation {
-            route: &route.name,
-            policy: Some(&policy.name),
-            verdict,
-        });
-        if verdict != Verdict::Allowed {
-            tracing::debug!(
+        metrics.request(verdict.label());
+        if verdict.forwarded_without_decision() {
+            self.forwarded_without_decision.increment(1);
+        }
+        if verdict != Verdict::Allowed && metrics.may_log() {
+            tracing::info!(
                 route = %route.name,
                 policy = %policy.name,
                 outcome = verdict.label(),
@@ -116,7 +119,7 @@ impl Proxy {
         match action {
             Action::Respond(response) => response,
             Action::Forward { ratelimit } => {
-                let mut response = self.forward(request, conn, config).await;
+                let mut response = self.forward(request, conn, config, metrics).await;
                 if let Some(decision) = ratelimit {
                     if !response.status().is_informational() {
                         respond::add_ratelimit_headers(response.headers_mut(), policy, &decision);
@@ -132,8 +135,12 @@ impl Proxy {
         request: Request<Incoming>,
         conn: &ConnInfo,
         config: &Config,
+        metrics: &RouteMetrics,
     ) -> Response<Body> {
-        forward::forward(&self.upstream, request, conn, config, &self.tunnels).await
+        let sent = Instant::now();
+        let response = forward::forward(&self.upstream, request, conn, config, &self.tunnels).await;
+        metrics.upstream(response.status(), sent.elapsed());
+        response
     }
 
     /// Lets upgraded connections run until `deadline`, then cuts them.

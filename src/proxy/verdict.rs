@@ -1,8 +1,7 @@
-//! What became of one request: the hook metrics attach to.
+//! What became of one request, as counted in `sluice_requests_total`.
 //!
-//! [`observe`] is called exactly once per routed request, after the
-//! decision and before any byte goes upstream. Every label is bounded
-//! (route and policy names come from the configuration, never a subject).
+//! Counted exactly once per routed request, after the decision and before
+//! any byte goes upstream.
 
 use crate::limit::{Incompatible, Unavailable};
 
@@ -68,18 +67,6 @@ impl Failure {
         }
     }
 }
-
-/// One request's verdict with the names it is counted under.
-#[derive(Debug, Clone, Copy)]
-pub struct Observation<'a> {
-    pub route: &'a str,
-    /// `None` for `policy: none`.
-    pub policy: Option<&'a str>,
-    pub verdict: Verdict,
-}
-
-/// Records one request's verdict. Does nothing yet: metrics attach here.
-pub fn observe(_observation: &Observation<'_>) {}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,348 @@
+//! Limits enforced end to end: the built binary in front of a recording
+//! upstream, counting what really got through.
+
+mod support;
+
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::Value;
+use support::{
+    burst, clear_of_window_edge, count, eventually, get, header, parse_ratelimit,
+    released_together, Sidecar, Upstream,
+};
+
+const HOUR: Duration = Duration::from_secs(3600);
+/// Enough for any of these tests to finish inside one aligned window.
+const EDGE_MARGIN: Duration = Duration::from_secs(10);
+
+/// One route `/limited` (name `api`) under policy `p`, written as `policy`
+/// (the YAML mapping below `p:`, indented four spaces).
+fn one_policy(upstream: &Upstream, policy: &str) -> String {
+    format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+upstream:
+  url: {url}
+policies:
+  p:
+{policy}
+routes:
+  - name: api
+    match: {{ path_prefix: /limited }}
+    subject: client_ip
+    policy: p
+",
+        url = upstream.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_5_admits_exactly_5_then_answers_429_with_headers_and_problem_body() {
+    let upstream = Upstream::start().await;
+    let yaml = one_policy(
+        &upstream,
+        "    algorithm: fixed-window\n    limit: 5\n    window: 1h",
+    )
+    .replace(
+        "  listen: 127.0.0.1:0\n",
+        "  listen: 127.0.0.1:0\n  admin: 127.0.0.1:0\n",
+    );
+    let sluice = Sidecar::start(&yaml);
+    let admin = sluice.admin_addr().expect("the admin address is logged");
+    assert_ne!(admin, sluice.addr());
+    assert_eq!(get(admin, "/healthz", &[]).await.0, StatusCode::OK);
+    assert_eq!(upstream.count(), 0, "the admin port is not proxied");
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    for expected_remaining in (0..5).rev() {
+        let (status, headers, _) = get(sluice.addr(), "/limited/x", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        let ratelimit = header(&headers, "ratelimit")
+            .and_then(parse_ratelimit)
+            .unwrap_or_else(|| panic!("allowed response without a RateLimit field: {headers:?}"));
+        assert_eq!(ratelimit.name, "p");
+        assert_eq!(ratelimit.param("r"), Some(expected_remaining));
+    }
+    assert_eq!(upstream.count(), 5);
+
+    let (status, headers, body) = get(sluice.addr(), "/limited/x", &[]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(upstream.count(), 5, "a denied request reached the upstream");
+
+    let retry_after: u64 = header(&headers, "retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("429 without an integer Retry-After: {headers:?}"));
+    assert!(
+        (1..=3600).contains(&retry_after),
+        "Retry-After {retry_after}"
+    );
+
+    let policy = header(&headers, "ratelimit-policy")
+        .and_then(parse_ratelimit)
+        .unwrap_or_else(|| panic!("429 without RateLimit-Policy: {headers:?}"));
+    assert_eq!(policy.name, "p");
+    assert_eq!(policy.param("q"), Some(5));
+    assert_eq!(policy.param("w"), Some(3600));
+
+    let ratelimit = header(&headers, "ratelimit")
+        .and_then(parse_ratelimit)
+        .unwrap_or_else(|| panic!("429 without RateLimit: {headers:?}"));
+    assert_eq!(ratelimit.name, "p");
+    assert_eq!(ratelimit.param("r"), Some(0));
+    let reset = ratelimit.param("t").expect("RateLimit t=");
+    assert!((1..=3600).contains(&reset), "t={reset}");
+
+    let content_type = header(&headers, "content-type").unwrap_or_default();
+    assert!(
+        content_type.starts_with("application/problem+json"),
+        "content-type {content_type:?}"
+    );
+    let problem: Value = serde_json::from_slice(&body).expect("a JSON problem body");
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["route"], "api");
+    assert_eq!(problem["policy"], "p");
+    assert!(problem["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(problem["detail"].as_str().is_some_and(|d| !d.is_empty()));
+}
+
+/// Seed 002: 100 requests at concurrency 20 against a limit of 10 must let
+/// exactly 10 through, whatever the interleaving.
+async fn seed_002(policy: &str) {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&one_policy(&upstream, policy));
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    let statuses = burst(sluice.addr(), "/limited", 100, 20).await;
+
+    assert_eq!(count(&statuses, StatusCode::OK), 10, "{statuses:?}");
+    assert_eq!(count(&statuses, StatusCode::TOO_MANY_REQUESTS), 90);
+    assert_eq!(upstream.count(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_002_fixed_window_admits_exactly_the_limit_under_concurrency() {
+    seed_002("    algorithm: fixed-window\n    limit: 10\n    window: 1h").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_002_sliding_log_admits_exactly_the_limit_under_concurrency() {
+    seed_002("    algorithm: sliding-log\n    limit: 10\n    window: 1h").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_002_token_bucket_admits_exactly_the_capacity_under_concurrency() {
+    seed_002(
+        "    algorithm: token-bucket\n    capacity: 10\n    refill_tokens: 1\n    refill_every: 1h",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_002_gcra_with_burst_equal_to_limit_admits_exactly_the_limit_under_concurrency() {
+    seed_002("    algorithm: gcra\n    limit: 10\n    window: 1h\n    burst: 10").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_requests_released_together_admit_exactly_the_limit() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&one_policy(
+        &upstream,
+        "    algorithm: sliding-log\n    limit: 10\n    window: 1h",
+    ));
+
+    let statuses = released_together(sluice.addr(), "/limited", 100).await;
+
+    assert_eq!(count(&statuses, StatusCode::OK), 10, "{statuses:?}");
+    assert_eq!(count(&statuses, StatusCode::TOO_MANY_REQUESTS), 90);
+    assert_eq!(upstream.count(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_3_on_a_limit_of_10_admits_3_requests_for_every_exact_algorithm() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+upstream:
+  url: {url}
+policies:
+  fw: {{ algorithm: fixed-window, limit: 10, window: 1h }}
+  sl: {{ algorithm: sliding-log, limit: 10, window: 1h }}
+  tb: {{ algorithm: token-bucket, capacity: 10, refill_tokens: 1, refill_every: 1h }}
+  gcra: {{ algorithm: gcra, limit: 10, window: 1h, burst: 10 }}
+routes:
+  - {{ name: fw, match: {{ path: /fw }}, subject: client_ip, policy: fw, cost: 3 }}
+  - {{ name: sl, match: {{ path: /sl }}, subject: client_ip, policy: sl, cost: 3 }}
+  - {{ name: tb, match: {{ path: /tb }}, subject: client_ip, policy: tb, cost: 3 }}
+  - {{ name: gcra, match: {{ path: /gcra }}, subject: client_ip, policy: gcra, cost: 3 }}
+",
+        url = upstream.url()
+    );
+    let sluice = Sidecar::start(&yaml);
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    for route in ["/fw", "/sl", "/tb", "/gcra"] {
+        let before = upstream.count();
+        let mut statuses = Vec::new();
+        for _ in 0..4 {
+            statuses.push(get(sluice.addr(), route, &[]).await.0);
+        }
+        assert_eq!(
+            statuses,
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS
+            ],
+            "route {route}"
+        );
+        assert_eq!(upstream.count() - before, 3, "route {route}");
+    }
+}
+
+/// A 1-per-second band and a 3-per-hour band. While the short band denies,
+/// requests keep arriving (a burst, then polling every 20 ms); if a denied
+/// request charged the hour band, it would be spent long before the short
+/// band reopens. Correct: exactly three requests pass in all.
+async fn denied_by_one_band_consumes_nothing_of_the_other(algorithm: &str) {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&one_policy(
+        &upstream,
+        &format!(
+            "    algorithm: {algorithm}
+    bands:
+      - {{ limit: 1, window: 1s }}
+      - {{ limit: 3, window: 1h }}"
+        ),
+    ));
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    // Room for the first request and the burst inside one aligned second.
+    clear_of_window_edge(Duration::from_secs(1), Duration::from_millis(700)).await;
+
+    let addr = sluice.addr();
+    assert_eq!(get(addr, "/limited", &[]).await.0, StatusCode::OK);
+    for _ in 0..5 {
+        assert_eq!(
+            get(addr, "/limited", &[]).await.0,
+            StatusCode::TOO_MANY_REQUESTS,
+            "the 1-per-second band must deny within the same second"
+        );
+    }
+    for nth in [2, 3] {
+        eventually(Duration::from_secs(5), || async move {
+            let status = get(addr, "/limited", &[]).await.0;
+            assert!(
+                status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS,
+                "unexpected {status}"
+            );
+            (status == StatusCode::OK).then_some(())
+        })
+        .await;
+        assert_eq!(upstream.count(), nth);
+    }
+
+    // The short band has reopened; the hour band alone is spent now.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _, body) = get(addr, "/limited", &[]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let problem: Value = serde_json::from_slice(&body).expect("a JSON problem body");
+    assert_eq!(problem["policy"], "p");
+    assert_eq!(upstream.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_bands_a_request_denied_by_one_band_consumes_nothing() {
+    denied_by_one_band_consumes_nothing_of_the_other("fixed-window").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_bands_a_request_denied_by_one_band_consumes_nothing() {
+    denied_by_one_band_consumes_nothing_of_the_other("sliding-log").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_none_route_is_never_limited() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+upstream:
+  url: {url}
+policies:
+  one: {{ algorithm: fixed-window, limit: 1, window: 1h }}
+routes:
+  - name: health
+    match: {{ path: /health }}
+    policy: none
+  - name: api
+    match: {{ path_prefix: /api }}
+    subject: client_ip
+    policy: one
+default: {{ policy: one, subject: client_ip }}
+",
+        url = upstream.url()
+    );
+    let sluice = Sidecar::start(&yaml);
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    let statuses = burst(sluice.addr(), "/health", 30, 5).await;
+    assert_eq!(count(&statuses, StatusCode::OK), 30, "{statuses:?}");
+    assert_eq!(upstream.count(), 30);
+
+    // The same client is limited elsewhere: the route really was exempt.
+    assert_eq!(get(sluice.addr(), "/api/x", &[]).await.0, StatusCode::OK);
+    assert_eq!(
+        get(sluice.addr(), "/api/x", &[]).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(upstream.count(), 31);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_requests_use_the_default_policy() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+upstream:
+  url: {url}
+policies:
+  big: {{ algorithm: fixed-window, limit: 100, window: 1h }}
+  tiny: {{ algorithm: fixed-window, limit: 2, window: 1h }}
+routes:
+  - name: api
+    match: {{ path_prefix: /api }}
+    subject: client_ip
+    policy: big
+default: {{ policy: tiny, subject: client_ip }}
+",
+        url = upstream.url()
+    );
+    let sluice = Sidecar::start(&yaml);
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    let addr = sluice.addr();
+
+    // Different unmatched paths share the default route's bucket.
+    assert_eq!(get(addr, "/a", &[]).await.0, StatusCode::OK);
+    assert_eq!(get(addr, "/b/c", &[]).await.0, StatusCode::OK);
+    let (status, headers, body) = get(addr, "/d", &[]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let policy = header(&headers, "ratelimit-policy").and_then(parse_ratelimit);
+    assert_eq!(
+        policy.map(|p| (p.name.clone(), p.param("q"))),
+        Some(("tiny".to_owned(), Some(2)))
+    );
+    let problem: Value = serde_json::from_slice(&body).expect("a JSON problem body");
+    assert_eq!(problem["route"], "default");
+    assert_eq!(problem["policy"], "tiny");
+
+    // A matched route is not charged by the default's denial.
+    assert_eq!(get(addr, "/api/x", &[]).await.0, StatusCode::OK);
+    assert_eq!(upstream.count(), 3);
+}

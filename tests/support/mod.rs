@@ -1,0 +1,109 @@
+//! Shared harness for the end-to-end tests: they run the built binary, never
+//! the crate's internals, so they test what a user runs.
+//!
+//! - [`upstream`]: `Upstream`, the recording application behind sluice.
+//! - [`sidecar`]: `Sidecar`, the `sluice` binary on a temporary config.
+//! - [`client`]: requests, bursts, raw bytes.
+//!
+//! Each test file compiles this module on its own and uses only part of it.
+#![allow(dead_code, unused_imports)]
+
+pub mod client;
+pub mod sidecar;
+pub mod upstream;
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+pub use client::{burst, count, get, header, raw_exchange, released_together, request, Reply};
+pub use sidecar::Sidecar;
+pub use upstream::{Recorded, Upstream};
+
+/// Polls `probe` every 20 ms until it yields `Some`, or panics once `within`
+/// has passed. Use it instead of sleeping and hoping.
+pub async fn eventually<T, F, Fut>(within: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A port that was free a moment ago (bound to 0 and released). Something
+/// else may take it before it is used; good enough for "nothing listens
+/// here" and "this port must stay closed".
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// `len` deterministic bytes with no short period (xorshift), so a
+/// truncated, reordered or duplicated chunk cannot compare equal.
+pub fn pattern(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// The parameters of a `RateLimit` or `RateLimit-Policy` field
+/// (draft-ietf-httpapi-ratelimit-headers-10): the quoted policy name and
+/// its `key=integer` parameters, e.g. `"api";r=0;t=17`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitItem {
+    pub name: String,
+    pub params: Vec<(String, u64)>,
+}
+
+impl RateLimitItem {
+    pub fn param(&self, key: &str) -> Option<u64> {
+        self.params.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+}
+
+/// Parses the first list member of a structured-field value such as
+/// `"api";q=100;w=60`; `None` when it does not have that shape.
+pub fn parse_ratelimit(value: &str) -> Option<RateLimitItem> {
+    let first = value.split(',').next()?.trim();
+    let mut parts = first.split(';');
+    let name = parts.next()?.trim();
+    let name = name.strip_prefix('"')?.strip_suffix('"')?.to_owned();
+    let mut params = Vec::new();
+    for p in parts {
+        let (k, v) = p.trim().split_once('=')?;
+        params.push((k.trim().to_owned(), v.trim().parse().ok()?));
+    }
+    Some(RateLimitItem { name, params })
+}
+
+/// Waits, if needed, until at least `margin` is left in the current window
+/// of `window` aligned to the Unix epoch (how sluice aligns fixed windows),
+/// so a test's requests do not straddle a window boundary by chance.
+pub async fn clear_of_window_edge(window: Duration, margin: Duration) {
+    assert!(margin < window, "a margin must be shorter than the window");
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let window_us = window.as_micros();
+    let left_us = window_us - since_epoch.as_micros() % window_us;
+    let left = Duration::from_micros(u64::try_from(left_us).expect("a window fits in u64 µs"));
+    if left < margin {
+        tokio::time::sleep(left + Duration::from_millis(5)).await;
+    }
+}

@@ -3,8 +3,10 @@
 //! `raw` mirrors the YAML with serde (unknown keys rejected), `env` replaces
 //! `${NAME}`, `locate` maps key paths to file positions, and `validate` turns
 //! the raw tree into [`Config`], collecting every error with its file, line,
-//! column and key path before anything listens.
+//! column and key path before anything listens. `describe` renders the
+//! route table `sluice check` prints.
 
+mod describe;
 mod env;
 mod error;
 mod locate;
@@ -210,4 +212,24 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         validate::parse(path, text)
     }
+
+    /// As [`Config::parse`], with `${NAME}` looked up by `lookup` instead of
+    /// the process environment (tests; embedding).
+    pub fn parse_with_env(
+        path: &Path,
+        text: &str,
+        lookup: &dyn Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Config, ConfigErrors> {
+        validate::parse_with_env(path, text, lookup)
+    }
+
+    /// The table `sluice check` prints: one aligned line per route, the
+    /// default last, with its match, subjects, policy, limits, cost, shadow
+    /// and revision.
+    pub fn route_table(&self) -> String {
+        describe::route_table(self)
+    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,1 +1,286 @@
-//! stub
+//! The YAML as written: a serde mirror of each section, unknown keys refused.
+//!
+//! Leaves are kept as [`Scalar`] text, so serde only checks the shape (known
+//! keys, mapping vs list vs scalar) and `validate` reports every bad value,
+//! not just the first one per section. It also lets a number arrive through
+//! `${NAME}` substitution, which always yields text.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// A scalar leaf as text (`10`, `true`, `10s`, `/login`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scalar(pub String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScalarVisitor).map(Scalar)
+    }
+}
+
+struct ScalarVisitor;
+
+impl Visitor<'_> for ScalarVisitor {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a single value (text, number or true/false)")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+}
+
+/// One value or a list of them (`subject: client_ip` or `subject: [a, b]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScalarList {
+    One(Scalar),
+    Many(Vec<Scalar>),
+}
+
+impl<'de> Deserialize<'de> for ScalarList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScalarListVisitor)
+    }
+}
+
+struct ScalarListVisitor;
+
+impl<'de> Visitor<'de> for ScalarListVisitor {
+    type Value = ScalarList;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a value or a list of values")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ScalarList, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Scalar>()? {
+            items.push(item);
+        }
+        Ok(ScalarList::Many(items))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<ScalarList, E> {
+        ScalarVisitor
+            .visit_str(v)
+            .map(|s| ScalarList::One(Scalar(s)))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<ScalarList, E> {
+        Ok(ScalarList::One(Scalar(v)))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<ScalarList, E> {
+        ScalarVisitor
+            .visit_bool(v)
+            .map(|s| ScalarList::One(Scalar(s)))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<ScalarList, E> {
+        ScalarVisitor
+            .visit_i64(v)
+            .map(|s| ScalarList::One(Scalar(s)))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<ScalarList, E> {
+        ScalarVisitor
+            .visit_u64(v)
+            .map(|s| ScalarList::One(Scalar(s)))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<ScalarList, E> {
+        ScalarVisitor
+            .visit_f64(v)
+            .map(|s| ScalarList::One(Scalar(s)))
+    }
+}
+
+/// The top-level keys, in the order `validate` reads them.
+pub const SECTIONS: [&str; 9] = [
+    "version",
+    "server",
+    "upstream",
+    "store",
+    "identity",
+    "responses",
+    "policies",
+    "routes",
+    "default",
+];
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Server {
+    pub listen: Option<Scalar>,
+    pub admin: Option<Scalar>,
+    pub tls: Option<Tls>,
+    pub shutdown_grace: Option<Scalar>,
+    pub header_read_timeout: Option<Scalar>,
+    pub body_idle_timeout: Option<Scalar>,
+    pub max_header_bytes: Option<Scalar>,
+    pub workers: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Tls {
+    pub cert: Option<Scalar>,
+    pub key: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Upstream {
+    pub url: Option<Scalar>,
+    pub connect_timeout: Option<Scalar>,
+    pub timeout: Option<Scalar>,
+}
+
+/// Both kinds' keys, so a key of the other kind is reported by name rather
+/// than as unknown.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Store {
+    pub kind: Option<Scalar>,
+    pub budget: Option<Scalar>,
+    pub on_failure: Option<Scalar>,
+    pub failure_retry_after: Option<Scalar>,
+    pub ttl_grace: Option<Scalar>,
+    // memory
+    pub max_entries: Option<Scalar>,
+    // redis
+    pub url: Option<Scalar>,
+    pub pool_size: Option<Scalar>,
+    pub ca_file: Option<Scalar>,
+    pub key_prefix: Option<Scalar>,
+    pub max_clock_regression: Option<Scalar>,
+    pub dedupe_window: Option<Scalar>,
+    pub dedupe_max: Option<Scalar>,
+    pub breaker_failures: Option<Scalar>,
+    pub breaker_cooldown: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Identity {
+    pub trusted_proxies: Option<ScalarList>,
+    pub ipv6_prefix: Option<Scalar>,
+    pub pseudonym_key: Option<Scalar>,
+    pub pseudonym_key_version: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Responses {
+    pub ratelimit_headers_on_allowed: Option<Scalar>,
+}
+
+/// The parameters of one band, of any algorithm; `validate` refuses those
+/// that do not belong to the policy's algorithm.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Params {
+    pub limit: Option<Scalar>,
+    pub window: Option<Scalar>,
+    pub capacity: Option<Scalar>,
+    pub refill_tokens: Option<Scalar>,
+    pub refill_every: Option<Scalar>,
+    pub burst: Option<Scalar>,
+}
+
+impl Params {
+    /// Every parameter written, by name, in a fixed order.
+    pub fn written(&self) -> Vec<(&'static str, &Scalar)> {
+        [
+            ("limit", &self.limit),
+            ("window", &self.window),
+            ("capacity", &self.capacity),
+            ("refill_tokens", &self.refill_tokens),
+            ("refill_every", &self.refill_every),
+            ("burst", &self.burst),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| v.as_ref().map(|v| (name, v)))
+        .collect()
+    }
+}
+
+/// serde cannot combine `flatten` with `deny_unknown_fields`, so the flat
+/// parameters are repeated here and gathered by [`Policy::flat`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Policy {
+    pub algorithm: Option<Scalar>,
+    pub limit: Option<Scalar>,
+    pub window: Option<Scalar>,
+    pub capacity: Option<Scalar>,
+    pub refill_tokens: Option<Scalar>,
+    pub refill_every: Option<Scalar>,
+    pub burst: Option<Scalar>,
+    pub bands: Option<Vec<Params>>,
+    pub shadow: Option<Scalar>,
+    pub revision: Option<Scalar>,
+}
+
+impl Policy {
+    pub fn flat(&self) -> Params {
+        Params {
+            limit: self.limit.clone(),
+            window: self.window.clone(),
+            capacity: self.capacity.clone(),
+            refill_tokens: self.refill_tokens.clone(),
+            refill_every: self.refill_every.clone(),
+            burst: self.burst.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Route {
+    pub name: Option<Scalar>,
+    #[serde(rename = "match")]
+    pub matcher: Option<Match>,
+    pub subject: Option<ScalarList>,
+    pub policy: Option<Scalar>,
+    pub cost: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Match {
+    pub methods: Option<ScalarList>,
+    pub path: Option<Scalar>,
+    pub path_prefix: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct DefaultRoute {
+    pub policy: Option<Scalar>,
+    pub subject: Option<ScalarList>,
+}

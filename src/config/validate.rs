@@ -1,8 +1,194 @@
-//! stub
-use super::{Config, ConfigError, ConfigErrors};
+//! From text to [`Config`]: every error in the file, or a config that cannot
+//! be wrong.
+//!
+//! Steps: positions of every key (`locate`), the YAML value tree
+//! (serde_yaml), `${NAME}` substitution (`env`), then each section, each
+//! policy and each route deserialized on its own (`raw`) and checked, so one
+//! mistake never hides another in a different place.
+
+mod check;
+mod policy;
+mod route;
+mod sections;
+
+use std::collections::HashMap;
 use std::path::Path;
-pub fn parse(path: &Path, _text: &str) -> Result<Config, ConfigErrors> {
-    Err(ConfigErrors::single(ConfigError {
-        message: format!("{}: not implemented", path.display()),
-    }))
+
+use serde_yaml::Value;
+
+use self::check::Checker;
+use super::env::{self, key_text, Lookup};
+use super::locate::{At, KeyPath, Locations};
+use super::raw::{self, SECTIONS};
+use super::{Config, ConfigError, ConfigErrors};
+
+/// Reads `${NAME}` from the process environment.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+    parse_with_env(path, text, &|name| std::env::var(name))
+}
+
+/// As [`parse`], with variables looked up by `lookup`.
+pub fn parse_with_env(path: &Path, text: &str, lookup: Lookup<'_>) -> Result<Config, ConfigErrors> {
+    let locations = match Locations::build(text) {
+        Ok(l) => l,
+        Err(syntax) => {
+            return Err(ConfigErrors(
+                syntax
+                    .into_iter()
+                    .map(|e| ConfigError {
+                        file: path.to_path_buf(),
+                        line: e.pos.line,
+                        column: e.pos.column,
+                        key: e.path.to_string(),
+                        message: e.message,
+                    })
+                    .collect(),
+            ))
+        }
+    };
+    let mut root: Value = match serde_yaml::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+            return Err(ConfigErrors::single(ConfigError {
+                file: path.to_path_buf(),
+                line,
+                column,
+                key: String::new(),
+                message: e.to_string(),
+            }));
+        }
+    };
+    let mut cx = Checker::new(path, &locations);
+    for (at, e) in env::substitute_tree(&mut root, &KeyPath::root(), lookup) {
+        cx.poison(&at, e.message());
+    }
+    let config = build(&mut cx, root);
+    match config {
+        Some(config) if !cx.has_errors() => Ok(config),
+        _ => {
+            let mut errors = cx.into_errors();
+            if errors.is_empty() {
+                // Every failing step reports before giving up; this only
+                // guards against a step that forgot to.
+                errors.push(ConfigError {
+                    file: path.to_path_buf(),
+                    line: 1,
+                    column: 1,
+                    key: String::new(),
+                    message: "the configuration is invalid".to_owned(),
+                });
+            }
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+/// The top-level keys, unknown ones reported.
+fn sections(cx: &mut Checker<'_>, root: Value) -> Option<HashMap<&'static str, Value>> {
+    let mut out = HashMap::new();
+    let map = match root {
+        Value::Mapping(map) => map,
+        Value::Null => {
+            cx.error(
+                &KeyPath::root(),
+                At::Value,
+                "the file is empty; start with `version: 1`",
+            );
+            return None;
+        }
+        _ => {
+            cx.error(
+                &KeyPath::root(),
+                At::Value,
+                "expected a mapping of sections (version, server, upstream, ...)",
+            );
+            return None;
+        }
+    };
+    for (key, value) in map {
+        let name = key_text(&key);
+        match SECTIONS.iter().find(|s| **s == name) {
+            Some(section) => {
+                out.insert(*section, value);
+            }
+            None => cx.error(
+                &KeyPath::root().key(&name),
+                At::Key,
+                format!(
+                    "unknown key `{name}`, expected one of {}",
+                    SECTIONS.join(", ")
+                ),
+            ),
+        }
+    }
+    Some(out)
+}
+
+fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
+    let mut sections = sections(cx, root)?;
+    let top = KeyPath::root();
+
+    let version = top.key("version");
+    match sections.remove("version") {
+        None => cx.error(
+            &version,
+            At::Key,
+            "required key is missing; write `version: 1`",
+        ),
+        Some(Value::Number(n)) if n.as_u64() == Some(1) => {}
+        Some(Value::String(s)) if s == "1" => {}
+        Some(other) => cx.error(
+            &version,
+            At::Value,
+            format!(
+                "unsupported version {}; this sluice reads `version: 1`",
+                serde_yaml::to_string(&other).unwrap_or_default().trim()
+            ),
+        ),
+    }
+
+    let p = top.key("server");
+    let server = cx
+        .shape::<raw::Server>(&p, sections.remove("server"))
+        .and_then(|raw| sections::server(cx, &p, raw));
+    let p = top.key("upstream");
+    let upstream = cx
+        .shape::<raw::Upstream>(&p, sections.remove("upstream"))
+        .and_then(|raw| sections::upstream(cx, &p, raw));
+    let p = top.key("store");
+    let raw_store = cx.shape::<raw::Store>(&p, sections.remove("store"));
+    let kind = raw_store
+        .as_ref()
+        .and_then(|raw| sections::store_kind(cx, &p, raw));
+    let store = raw_store.and_then(|raw| sections::store(cx, &p, raw, kind));
+    let p = top.key("identity");
+    let identity = cx
+        .shape::<raw::Identity>(&p, sections.remove("identity"))
+        .and_then(|raw| sections::identity(cx, &p, raw, kind));
+    let p = top.key("responses");
+    let responses = cx
+        .shape::<raw::Responses>(&p, sections.remove("responses"))
+        .and_then(|raw| sections::responses(cx, &p, raw));
+
+    let policies = policy::policies(cx, &top.key("policies"), sections.remove("policies"));
+    let routes = route::routes(cx, &top.key("routes"), sections.remove("routes"), &policies);
+    let default = route::default_route(
+        cx,
+        &top.key("default"),
+        sections.remove("default"),
+        &policies,
+    );
+
+    Some(Config {
+        source: cx.file().to_path_buf(),
+        server: server?,
+        upstream: upstream?,
+        store: store?,
+        identity: identity?,
+        responses: responses?,
+        policies: policies.valid,
+        routes,
+        default: default?,
+    })
 }

@@ -1,0 +1,756 @@
+//! The whole loader, from YAML text to a `Config` or to every error in it.
+//!
+//! Error fixtures live in `tests/fixtures/config/`, one per class of
+//! mistake; `tests/config_check.rs` runs the same files through the binary.
+
+use std::env::VarError;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+use crate::limit::{Bands, BucketBand, GcraBand, WindowBand};
+
+const PSEUDONYM_KEY: &str = "0123456789abcdef0123456789abcdef";
+
+fn env(name: &str) -> Result<String, VarError> {
+    match name {
+        "REDIS_URL" => Ok("redis://:hunter2@redis.internal:6379/0".to_owned()),
+        "SLUICE_PSEUDONYM_KEY" => Ok(PSEUDONYM_KEY.to_owned()),
+        "POOL" => Ok("32".to_owned()),
+        _ => Err(VarError::NotPresent),
+    }
+}
+
+fn fixture_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/config")
+        .join(name)
+}
+
+fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let text = std::fs::read_to_string(path).expect("fixture is readable");
+    Config::parse_with_env(path, &text, &env)
+}
+
+fn fixture_errors(name: &str) -> (PathBuf, Vec<String>) {
+    let path = fixture_path(name);
+    match load(&path) {
+        Ok(_) => panic!("{name} should be refused"),
+        Err(errors) => (path, errors.iter().map(|e| e.to_string()).collect()),
+    }
+}
+
+/// The fixture fails with exactly one error, at `line:col` on `key`, whose
+/// message contains `says`.
+fn assert_single(name: &str, line: usize, col: usize, key: &str, says: &str) {
+    let (path, errors) = fixture_errors(name);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let prefix = format!("{}:{line}:{col}: {key}: ", path.display());
+    assert!(errors[0].starts_with(&prefix), "{} !~ {prefix}", errors[0]);
+    assert!(errors[0].contains(name), "{}", errors[0]);
+    assert!(errors[0].contains(says), "{} !~ {says}", errors[0]);
+}
+
+/// A valid file with a memory store, to which a test appends.
+const BASE: &str = "\
+version: 1
+server:
+  listen: 127.0.0.1:8080
+upstream:
+  url: http://127.0.0.1:3000
+";
+
+fn parse(text: &str) -> Result<Config, ConfigErrors> {
+    Config::parse_with_env(Path::new("test.yaml"), text, &env)
+}
+
+fn parse_ok(text: &str) -> Config {
+    match parse(text) {
+        Ok(c) => c,
+        Err(e) => panic!("should parse:\n{e}"),
+    }
+}
+
+fn parse_err(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(_) => panic!("should be refused:\n{text}"),
+        Err(e) => e.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("non-zero")
+}
+
+fn policy<'c>(c: &'c Config, name: &str) -> &'c crate::limit::Policy {
+    c.policies
+        .iter()
+        .find(|p| &*p.name == name)
+        .unwrap_or_else(|| panic!("policy {name}"))
+}
+
+#[test]
+fn the_product_example_parses_into_domain_values() {
+    let c = load(&fixture_path("product.yaml")).unwrap_or_else(|e| panic!("{e}"));
+
+    let addr = |s: &str| s.parse::<SocketAddr>().expect("address");
+    assert_eq!(c.server.listen, addr("0.0.0.0:8080"));
+    assert_eq!(c.server.admin, Some(addr("0.0.0.0:9901")));
+    let tls = c.server.tls.as_ref().expect("tls");
+    assert_eq!(tls.cert, PathBuf::from("/etc/sluice/tls.crt"));
+    assert_eq!(tls.key, PathBuf::from("/etc/sluice/tls.key"));
+    assert_eq!(c.server.shutdown_grace, Duration::from_secs(20));
+    assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.server.body_idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.server.max_header_bytes, 65_536);
+    assert_eq!(c.server.workers, 0);
+
+    assert_eq!(c.upstream.url.to_string(), "http://127.0.0.1:3000/");
+    assert_eq!(c.upstream.connect_timeout, Duration::from_secs(1));
+    assert_eq!(c.upstream.timeout, Duration::from_secs(60));
+
+    assert_eq!(c.store.budget, Duration::from_millis(25));
+    assert_eq!(c.store.on_failure, OnFailure::Deny);
+    assert_eq!(c.store.failure_retry_after, Duration::from_secs(1));
+    assert_eq!(c.store.ttl_grace, Duration::from_secs(5));
+    let StoreKind::Redis(redis) = &c.store.kind else {
+        panic!("redis store expected, got {:?}", c.store.kind)
+    };
+    assert_eq!(redis.url.expose(), "redis://:hunter2@redis.internal:6379/0");
+    assert_eq!(redis.pool_size, 16);
+    assert_eq!(redis.ca_file, None);
+    assert_eq!(redis.key_prefix, "sluice");
+    assert_eq!(redis.max_clock_regression, Duration::from_secs(1));
+    assert_eq!(redis.dedupe_window, Duration::from_secs(5));
+    assert_eq!(redis.dedupe_max, 256);
+    assert_eq!(redis.breaker_failures, 5);
+    assert_eq!(redis.breaker_cooldown, Duration::from_secs(1));
+    assert!(
+        !format!("{c:?}").contains("hunter2"),
+        "Debug shows a secret"
+    );
+
+    assert_eq!(
+        c.identity.trusted_proxies,
+        vec!["10.0.0.0/8".parse::<IpNet>().expect("net")]
+    );
+    assert_eq!(c.identity.ipv6_prefix, 64);
+    assert_eq!(
+        c.identity.pseudonym_key.as_ref().map(Secret::expose),
+        Some(PSEUDONYM_KEY)
+    );
+    assert_eq!(c.identity.pseudonym_key_version, 1);
+    assert!(c.responses.ratelimit_headers_on_allowed);
+
+    let names: Vec<&str> = c.policies.iter().map(|p| &*p.name).collect();
+    assert_eq!(names, ["api", "login", "search", "upload", "export"]);
+    let window = |limit, secs| WindowBand {
+        limit: nz(limit),
+        window: Duration::from_secs(secs),
+    };
+    assert_eq!(
+        policy(&c, "api").bands,
+        Bands::SlidingCounter(vec![window(100, 60)])
+    );
+    assert_eq!(
+        policy(&c, "login").bands,
+        Bands::TokenBucket(vec![BucketBand {
+            capacity: nz(5),
+            refill_tokens: nz(1),
+            refill_every: Duration::from_secs(10),
+        }])
+    );
+    assert_eq!(
+        policy(&c, "search").bands,
+        Bands::SlidingLog(vec![window(20, 10)])
+    );
+    assert_eq!(
+        policy(&c, "upload").bands,
+        Bands::Gcra(vec![GcraBand {
+            limit: nz(60),
+            window: Duration::from_secs(60),
+            burst: nz(10),
+        }])
+    );
+    assert_eq!(
+        policy(&c, "export").bands,
+        Bands::FixedWindow(vec![window(10, 1), window(1000, 3600)])
+    );
+    assert!(policy(&c, "export").shadow);
+    assert!(!policy(&c, "api").shadow);
+    for p in &c.policies {
+        assert_eq!(p.revision.len(), 12, "{}", p.revision);
+        assert!(p
+            .revision
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+    }
+
+    let route_names: Vec<&str> = c.routes.iter().map(|r| &*r.name).collect();
+    assert_eq!(route_names, ["login", "api", "health"]);
+    let login = &c.routes[0];
+    assert_eq!(login.matcher.methods, vec![http::Method::POST]);
+    assert!(matches!(&login.matcher.path, PathMatch::Exact(p) if p == "/login"));
+    assert_eq!(login.subject, vec![SubjectSource::ClientIp]);
+    assert_eq!(login.policy.as_deref().map(|p| &*p.name), Some("login"));
+    assert_eq!(login.cost, 1);
+    let api = &c.routes[1];
+    assert!(api.matcher.methods.is_empty());
+    assert!(matches!(&api.matcher.path, PathMatch::Prefix(p) if p == "/api"));
+    assert_eq!(
+        api.subject,
+        vec![
+            SubjectSource::Header(http::HeaderName::from_static("x-api-key")),
+            SubjectSource::ClientIp
+        ]
+    );
+    assert!(c.routes[2].policy.is_none());
+    assert_eq!(&*c.default.name, "default");
+    assert_eq!(c.default.policy.as_deref().map(|p| &*p.name), Some("api"));
+    assert_eq!(c.default.subject, vec![SubjectSource::ClientIp]);
+    assert!(matches!(c.default.matcher.path, PathMatch::Any));
+}
+
+#[test]
+fn an_unknown_key_is_refused_where_it_is_written() {
+    assert_single(
+        "unknown_key.yaml",
+        4,
+        3,
+        "server.shutdown_grase",
+        "unknown key `shutdown_grase`",
+    );
+}
+
+#[test]
+fn a_route_naming_a_missing_policy_lists_the_known_ones() {
+    assert_single(
+        "missing_policy.yaml",
+        17,
+        13,
+        "routes[1].policy",
+        "unknown policy `login`; defined: api, or `none`",
+    );
+}
+
+#[test]
+fn an_unset_variable_is_named_and_comments_are_not_substituted() {
+    assert_single(
+        "unset_variable.yaml",
+        9,
+        8,
+        "store.url",
+        "environment variable `SLUICE_FIXTURE_REDIS_URL` is not set",
+    );
+}
+
+#[test]
+fn a_bad_duration_is_refused() {
+    assert_single(
+        "bad_duration.yaml",
+        7,
+        12,
+        "upstream.timeout",
+        "`60x` is not a duration",
+    );
+}
+
+#[test]
+fn a_policy_needs_at_least_one_band() {
+    assert_single(
+        "empty_bands.yaml",
+        9,
+        12,
+        "policies.export.bands",
+        "needs at least one band",
+    );
+}
+
+#[test]
+fn a_zero_limit_is_refused_in_its_band() {
+    assert_single(
+        "zero_limit.yaml",
+        11,
+        18,
+        "policies.export.bands[1].limit",
+        "must be at least 1",
+    );
+}
+
+#[test]
+fn a_cost_above_the_policy_maximum_names_the_maximum() {
+    assert_single(
+        "cost_above_maximum.yaml",
+        15,
+        11,
+        "routes[0].cost",
+        "cost 6 is above the maximum 5 of policy `login`",
+    );
+}
+
+#[test]
+fn a_parameter_of_another_algorithm_is_refused() {
+    assert_single(
+        "foreign_parameter.yaml",
+        11,
+        5,
+        "policies.api.capacity",
+        "`capacity` is not a parameter of fixed-window; it takes limit, window",
+    );
+}
+
+#[test]
+fn a_redis_key_under_the_memory_store_is_named() {
+    assert_single(
+        "store_kind_mismatch.yaml",
+        8,
+        3,
+        "store.pool_size",
+        "`pool_size` applies only to `kind: redis`",
+    );
+}
+
+#[test]
+fn redis_requires_a_shared_pseudonym_key() {
+    // Missing keys point at the mapping that should hold them.
+    assert_single(
+        "redis_without_pseudonym_key.yaml",
+        10,
+        3,
+        "identity.pseudonym_key",
+        "required with `store.kind: redis`",
+    );
+}
+
+#[test]
+fn route_names_are_unique() {
+    assert_single(
+        "duplicate_route.yaml",
+        10,
+        11,
+        "routes[1].name",
+        "route name `health` is already used by routes[0]",
+    );
+}
+
+#[test]
+fn a_yaml_syntax_error_has_a_position() {
+    let (path, errors) = fixture_errors("yaml_syntax.yaml");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].starts_with(&format!("{}:4:", path.display())),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn every_error_in_a_file_is_reported_at_once_in_file_order() {
+    let (path, errors) = fixture_errors("several_errors.yaml");
+    let expected = [
+        (
+            4,
+            3,
+            "server.listen_backlog",
+            "unknown key `listen_backlog`",
+        ),
+        (
+            6,
+            8,
+            "upstream.url",
+            "`SLUICE_FIXTURE_UPSTREAM_URL` is not set",
+        ),
+        (8, 11, "store.budget", "`25` has no unit"),
+        (16, 12, "policies.export.bands", "needs at least one band"),
+        (
+            21,
+            11,
+            "routes[0].cost",
+            "above the maximum 100 of policy `api`",
+        ),
+        (24, 13, "routes[1].policy", "unknown policy `login`"),
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for (got, (line, col, key, says)) in errors.iter().zip(expected) {
+        let prefix = format!("{}:{line}:{col}: {key}: ", path.display());
+        assert!(got.starts_with(&prefix), "{got} !~ {prefix}");
+        assert!(got.contains(says), "{got} !~ {says}");
+    }
+}
+
+#[test]
+fn errors_display_one_per_line() {
+    let errors =
+        parse(&format!("{BASE}bogus: 1\nstore: {{ kind: disk }}\n")).expect_err("two errors");
+    let text = errors.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "test.yaml:6:1: bogus: unknown key `bogus`, expected one of version, server, \
+             upstream, store, identity, responses, policies, routes, default",
+            "test.yaml:7:16: store.kind: unknown store kind `disk`; expected memory or redis",
+        ]
+    );
+    let io = ConfigError::io(
+        Path::new("/nope.yaml"),
+        &std::io::Error::from(std::io::ErrorKind::NotFound),
+    );
+    assert!(io
+        .to_string()
+        .starts_with("/nope.yaml: cannot read the configuration: "));
+}
+
+fn with_policy(params: &str) -> String {
+    format!("{BASE}policies:\n  p:\n{params}")
+}
+
+fn revision(params: &str) -> String {
+    policy(&parse_ok(&with_policy(params)), "p")
+        .revision
+        .to_string()
+}
+
+#[test]
+fn derived_revisions_follow_the_parameters_not_shadow() {
+    let base = revision("    algorithm: fixed-window\n    limit: 10\n    window: 1s\n");
+    let other_limit = revision("    algorithm: fixed-window\n    limit: 11\n    window: 1s\n");
+    let other_window = revision("    algorithm: fixed-window\n    limit: 10\n    window: 2s\n");
+    let other_algorithm = revision("    algorithm: sliding-log\n    limit: 10\n    window: 1s\n");
+    let shadowed =
+        revision("    algorithm: fixed-window\n    limit: 10\n    window: 1s\n    shadow: true\n");
+    let as_band =
+        revision("    algorithm: fixed-window\n    bands: [{ limit: 10, window: 1000ms }]\n");
+    assert_ne!(base, other_limit);
+    assert_ne!(base, other_window);
+    assert_ne!(base, other_algorithm);
+    assert_eq!(base, shadowed);
+    assert_eq!(
+        base, as_band,
+        "one flat band and one listed band are the same policy"
+    );
+
+    // Writing a default out changes nothing; changing it does.
+    let gcra = revision("    algorithm: gcra\n    limit: 6\n    window: 1m\n");
+    let gcra_burst = revision("    algorithm: gcra\n    limit: 6\n    window: 1m\n    burst: 6\n");
+    let gcra_other = revision("    algorithm: gcra\n    limit: 6\n    window: 1m\n    burst: 2\n");
+    assert_eq!(gcra, gcra_burst);
+    assert_ne!(gcra, gcra_other);
+}
+
+#[test]
+fn an_explicit_revision_wins() {
+    let r =
+        revision("    algorithm: fixed-window\n    limit: 10\n    window: 1s\n    revision: v7\n");
+    assert_eq!(r, "v7");
+    let errors = parse_err(&with_policy(
+        "    algorithm: fixed-window\n    limit: 10\n    window: 1s\n    revision: \"{a}\"\n",
+    ));
+    assert!(
+        errors[0].contains("policies.p.revision: `{a}` contains `{`"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn omitted_keys_take_their_documented_defaults() {
+    let c = parse_ok(BASE);
+    assert_eq!(c.server.admin, None);
+    assert!(c.server.tls.is_none());
+    assert_eq!(c.server.shutdown_grace, Duration::from_secs(20));
+    assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.server.body_idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.server.max_header_bytes, 65_536);
+    assert_eq!(c.server.workers, 0);
+    let StoreKind::Memory(memory) = &c.store.kind else {
+        panic!("memory store is the default")
+    };
+    assert_eq!(memory.max_entries, 1_000_000);
+    assert_eq!(c.store.budget, Duration::from_millis(25));
+    assert_eq!(c.store.on_failure, OnFailure::Deny);
+    assert!(c.identity.trusted_proxies.is_empty());
+    assert_eq!(c.identity.ipv6_prefix, 64);
+    assert!(c.identity.pseudonym_key.is_none());
+    assert_eq!(c.identity.pseudonym_key_version, 1);
+    assert!(c.responses.ratelimit_headers_on_allowed);
+    assert!(c.policies.is_empty() && c.routes.is_empty());
+    // No `default:`: unmatched requests are forwarded unlimited.
+    assert!(c.default.policy.is_none());
+    assert_eq!(c.default.subject, vec![SubjectSource::ClientIp]);
+}
+
+#[test]
+fn required_keys_are_reported_at_their_parent() {
+    let errors = parse_err("version: 1\nserver:\n  admin: 127.0.0.1:9901\n");
+    assert_eq!(
+        errors,
+        [
+            "test.yaml:1:1: upstream.url: required key is missing",
+            "test.yaml:3:3: server.listen: required key is missing",
+        ]
+    );
+    let errors = parse_err("server: {}\n");
+    assert!(errors
+        .iter()
+        .any(|e| e.contains("version: required key is missing")));
+    let errors = parse_err(&BASE.replace("version: 1", "version: 2"));
+    assert_eq!(
+        errors,
+        ["test.yaml:1:10: version: unsupported version 2; this sluice reads `version: 1`"]
+    );
+    assert_eq!(
+        parse_err(""),
+        ["test.yaml:1:1: the file is empty; start with `version: 1`"]
+    );
+}
+
+#[test]
+fn paths_compile_into_matchers() {
+    let c = parse_ok(&format!(
+        "{BASE}routes:
+  - {{ name: a, match: {{ path: \"/users/{{id}}/posts\" }}, policy: none }}
+  - {{ name: b, match: {{ path_prefix: /static/ }}, policy: none }}
+  - {{ name: c, match: {{ path_prefix: / }}, policy: none }}
+  - {{ name: d, match: {{ methods: [get, Post] }}, policy: none }}
+"
+    ));
+    let PathMatch::Template(segments) = &c.routes[0].matcher.path else {
+        panic!("template expected")
+    };
+    assert_eq!(
+        segments,
+        &[
+            Segment::Literal("users".into()),
+            Segment::Param("id".into()),
+            Segment::Literal("posts".into())
+        ]
+    );
+    assert!(matches!(&c.routes[1].matcher.path, PathMatch::Prefix(p) if p == "/static"));
+    assert!(matches!(&c.routes[2].matcher.path, PathMatch::Prefix(p) if p == "/"));
+    assert_eq!(
+        c.routes[3].matcher.methods,
+        [http::Method::GET, http::Method::POST]
+    );
+    assert!(matches!(c.routes[3].matcher.path, PathMatch::Any));
+}
+
+#[test]
+fn bad_matchers_are_refused() {
+    let errors = parse_err(&format!(
+        "{BASE}routes:
+  - {{ name: a, match: {{ path: /a, path_prefix: /b }}, policy: none }}
+  - {{ name: b, match: {{ path: login }}, policy: none }}
+  - {{ name: c, match: {{ path: \"/u/x{{id}}\" }}, policy: none }}
+  - {{ name: d, match: {{ methods: [\"GE T\"] }}, policy: none }}
+  - {{ name: default, policy: none }}
+"
+    ));
+    let expected = [
+        "routes[0].match.path_prefix: `path` and `path_prefix` exclude each other",
+        "routes[1].match.path: `login` must start with `/`",
+        "routes[2].match.path: `x{id}` in `/u/x{id}`: a `{name}` parameter must be a whole segment",
+        "routes[3].match.methods[0]: `GE T` is not an HTTP method",
+        "routes[4].name: `default` is reserved",
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for (got, want) in errors.iter().zip(expected) {
+        assert!(got.contains(want), "{got} !~ {want}");
+    }
+}
+
+#[test]
+fn subjects_are_a_value_or_a_list() {
+    let c = parse_ok(&format!(
+        "{BASE}routes:\n  - {{ name: a, subject: header:X-Tenant, policy: none }}\n"
+    ));
+    assert_eq!(
+        c.routes[0].subject,
+        [SubjectSource::Header(http::HeaderName::from_static(
+            "x-tenant"
+        ))]
+    );
+    let errors = parse_err(&format!(
+        "{BASE}routes:\n  - {{ name: a, subject: [client_ip, \"header:bad name\", ip], policy: none }}\n  - {{ name: b, subject: [], policy: none }}\n"
+    ));
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert!(errors[0].contains("routes[0].subject[1]: `bad name` is not a valid header name"));
+    assert!(errors[1].contains("routes[0].subject[2]: unknown subject `ip`"));
+    assert!(errors[2].contains("routes[1].subject: needs at least one subject"));
+}
+
+#[test]
+fn the_upstream_url_is_normalised() {
+    let url = |u: &str| {
+        parse(&BASE.replace("http://127.0.0.1:3000", u)).map(|c| c.upstream.url.to_string())
+    };
+    assert_eq!(url("http://app").ok().as_deref(), Some("http://app:80/"));
+    assert_eq!(
+        url("http://app:3000/base/").ok().as_deref(),
+        Some("http://app:3000/base")
+    );
+    assert_eq!(
+        url("http://[::1]:3000").ok().as_deref(),
+        Some("http://[::1]:3000/")
+    );
+    for bad in [
+        "https://app:443",
+        "http://app:3000/?x=1",
+        "app:3000",
+        "http://u:p@app:1",
+    ] {
+        assert!(url(bad).is_err(), "{bad} accepted");
+    }
+}
+
+#[test]
+fn secrets_never_appear_in_messages() {
+    let errors = parse_err(&format!(
+        "{BASE}store:\n  kind: redis\n  url: http://:s3cr3t@redis:6379\nidentity:\n  pseudonym_key: tooshort-s3cr3t\n"
+    ));
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors[0].contains("store.url: must start with redis:// or rediss://"));
+    assert!(errors[1].contains("identity.pseudonym_key: must be at least 16 bytes"));
+    assert!(errors.iter().all(|e| !e.contains("s3cr3t")), "{errors:#?}");
+}
+
+#[test]
+fn variables_fill_any_scalar_and_dollar_dollar_escapes() {
+    let c = parse_ok(&format!(
+        "{BASE}store:
+  kind: redis
+  url: ${{REDIS_URL}}
+  pool_size: ${{POOL}}
+identity:
+  pseudonym_key: \"$${{literal}}-$$-${{SLUICE_PSEUDONYM_KEY}}\"
+"
+    ));
+    let StoreKind::Redis(redis) = &c.store.kind else {
+        panic!("redis")
+    };
+    assert_eq!(redis.pool_size, 32);
+    assert_eq!(
+        c.identity.pseudonym_key.as_ref().map(Secret::expose),
+        Some(format!("${{literal}}-$$-{PSEUDONYM_KEY}").as_str())
+    );
+}
+
+#[test]
+fn policy_parameter_rules() {
+    let errors = parse_err(&format!(
+        "{BASE}policies:
+  flat_and_bands:
+    algorithm: fixed-window
+    limit: 5
+    bands: [{{ limit: 5, window: 1s }}]
+  too_fine:
+    algorithm: sliding-log
+    limit: 5
+    window: 1500us
+  huge_counter:
+    algorithm: sliding-counter
+    limit: 4000000000
+    window: 30d
+  bucket:
+    algorithm: token-bucket
+    capacity: 5
+    refill_every: 0s
+  nope:
+    algorithm: leaky-bucket
+  none:
+    algorithm: gcra
+    limit: 1
+    window: 1s
+"
+    ));
+    let expected = [
+        "policies.flat_and_bands.limit: `limit` is written beside `bands`",
+        "policies.too_fine.window: `1500us` is not a whole number of milliseconds",
+        "policies.huge_counter.limit: limit × window in milliseconds must stay below 2^53",
+        "policies.bucket.refill_every: `0s` is shorter than the minimum of 1ms",
+        "policies.nope.algorithm: unknown algorithm `leaky-bucket`; expected one of fixed-window, \
+         sliding-counter, sliding-log, token-bucket, gcra",
+        "policies.none: `none` is reserved",
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for (got, want) in errors.iter().zip(expected) {
+        assert!(got.contains(want), "{got} !~ {want}");
+    }
+}
+
+#[test]
+fn a_route_on_an_invalid_policy_adds_no_second_error() {
+    let errors = parse_err(&format!(
+        "{BASE}policies:\n  p:\n    algorithm: fixed-window\n    limit: 0\n    window: 1s\nroutes:\n  - {{ name: a, policy: p, cost: 3 }}\n"
+    ));
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(errors[0].contains("policies.p.limit"));
+}
+
+#[test]
+fn trusted_proxies_take_networks_and_addresses() {
+    let c = parse_ok(&format!(
+        "{BASE}identity:\n  trusted_proxies: [10.0.0.0/8, 192.168.1.7, \"fd00::/8\"]\n"
+    ));
+    let nets: Vec<String> = c
+        .identity
+        .trusted_proxies
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(nets, ["10.0.0.0/8", "192.168.1.7/32", "fd00::/8"]);
+    let errors = parse_err(&format!(
+        "{BASE}identity:\n  trusted_proxies: [10.0.0.1/8, proxy]\n  ipv6_prefix: 129\n"
+    ));
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert!(errors[0]
+        .contains("trusted_proxies[0]: `10.0.0.1/8` has host bits set; did you mean 10.0.0.0/8?"));
+    assert!(errors[1].contains("trusted_proxies[1]: `proxy` is neither"));
+    assert!(errors[2].contains("identity.ipv6_prefix: must be at most 128, not 129"));
+}
+
+#[test]
+fn the_shipped_configs_pass_without_any_environment() {
+    for name in ["config/example.yaml", "config/quickstart.yaml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let c = Config::parse_with_env(&path, &text, &|_| Err(VarError::NotPresent))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let table = c.route_table();
+        for route in c.routes.iter().chain([&c.default]) {
+            assert!(table.contains(&*route.name), "{table}");
+        }
+    }
+}
+
+#[test]
+fn the_route_table_shows_limits_per_band() {
+    let c = load(&fixture_path("product.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let table = c.route_table();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 1 + c.routes.len() + 1, "{table}");
+    assert!(lines[0].starts_with("ROUTE"));
+    assert!(lines[1].starts_with("login "), "{table}");
+    assert!(lines[1].contains("POST"));
+    assert!(lines[1].contains("exact /login"));
+    assert!(lines[1].contains("token-bucket 5 (+1/10s)"));
+    assert!(lines[2].contains("header:x-api-key,client_ip"));
+    assert!(lines[2].contains("sliding-counter 100/1m"));
+    assert!(lines[3].contains("none") && lines[3].contains("unlimited"));
+    assert!(lines[4].starts_with("default "));
+    // Columns are aligned: every row's POLICY cell starts at the same place.
+    let col = lines[0].find("POLICY").expect("header");
+    for line in &lines[1..] {
+        assert_ne!(line.as_bytes()[col], b' ', "{line}");
+        assert_eq!(&line[col - 2..col], "  ", "{line}");
+    }
+
+    let exported = parse_ok(&format!(
+        "{BASE}policies:\n  export:\n    algorithm: fixed-window\n    bands: [{{limit: 10, window: 1s}}, {{limit: 1000, window: 1h}}]\n    shadow: true\nroutes:\n  - {{ name: export, policy: export, cost: 2 }}\n"
+    ));
+    let row = exported.route_table();
+    let row = row.lines().nth(1).expect("row");
+    assert!(row.contains("fixed-window 10/1s + 1000/1h"), "{row}");
+    assert!(row.contains(" 2 ") && row.contains(" yes "), "{row}");
+}

@@ -1,0 +1,349 @@
+//! `routes:` and `default:`: matchers, subjects, policies and costs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{HeaderName, Method};
+use serde_yaml::Value;
+
+use super::check::{self, Checker};
+use super::policy::{Found, Policies};
+use crate::config::locate::{At, KeyPath};
+use crate::config::raw::{self, Scalar, ScalarList};
+use crate::config::{Match, PathMatch, Route, Segment, SubjectSource};
+
+/// The name `check` and metrics give the route for requests no route matched.
+pub const DEFAULT_ROUTE: &str = "default";
+
+pub fn routes(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    value: Option<Value>,
+    policies: &Policies,
+) -> Vec<Route> {
+    let items = match value {
+        None | Some(Value::Null) => return Vec::new(),
+        Some(Value::Sequence(items)) => items,
+        Some(_) => {
+            cx.error(path, At::Value, "expected a list of routes");
+            return Vec::new();
+        }
+    };
+    let mut names: HashMap<String, usize> = HashMap::new();
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let at = path.index(i);
+        let Some(raw) = cx.shape::<raw::Route>(&at, Some(item)) else {
+            continue;
+        };
+        let name = cx.required(&at.key("name"), raw.name.as_ref(), check::name);
+        if let Some(name) = &name {
+            if name == DEFAULT_ROUTE {
+                cx.error(
+                    &at.key("name"),
+                    At::Value,
+                    "`default` is reserved for the top-level `default:` route",
+                );
+            } else if let Some(first) = names.get(name) {
+                cx.error(
+                    &at.key("name"),
+                    At::Value,
+                    format!(
+                        "route name `{name}` is already used by {}",
+                        path.index(*first)
+                    ),
+                );
+            } else {
+                names.insert(name.clone(), i);
+            }
+        }
+        let matcher = match raw.matcher {
+            None => Some(Match::default()),
+            Some(m) => matcher(cx, &at.key("match"), m),
+        };
+        let subject = subjects(cx, &at.key("subject"), raw.subject);
+        let policy = route_policy(cx, &at.key("policy"), raw.policy.as_ref(), policies);
+        let cost = cost(cx, &at.key("cost"), raw.cost.as_ref(), policy.as_ref());
+        if let (Some(name), Some(matcher), Some(subject), Some(policy), Some(cost)) =
+            (name, matcher, subject, policy, cost)
+        {
+            out.push(Route {
+                name: Arc::from(name.as_str()),
+                matcher,
+                subject,
+                policy,
+                cost,
+            });
+        }
+    }
+    out
+}
+
+/// `default:` absent: requests no route matched are forwarded unlimited.
+pub fn default_route(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    value: Option<Value>,
+    policies: &Policies,
+) -> Option<Route> {
+    let raw = match value {
+        None | Some(Value::Null) => {
+            return Some(Route {
+                name: Arc::from(DEFAULT_ROUTE),
+                matcher: Match::default(),
+                subject: vec![SubjectSource::ClientIp],
+                policy: None,
+                cost: 1,
+            })
+        }
+        Some(v) => cx.shape::<raw::DefaultRoute>(path, Some(v))?,
+    };
+    let subject = subjects(cx, &path.key("subject"), raw.subject);
+    let policy = route_policy(cx, &path.key("policy"), raw.policy.as_ref(), policies);
+    Some(Route {
+        name: Arc::from(DEFAULT_ROUTE),
+        matcher: Match::default(),
+        subject: subject?,
+        policy: policy?,
+        cost: 1,
+    })
+}
+
+fn matcher(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Match) -> Option<Match> {
+    let methods = methods(cx, &path.key("methods"), raw.methods);
+    let exact = raw
+        .path
+        .as_ref()
+        .and_then(|s| cx.value(&path.key("path"), s, exact_path));
+    let prefix = raw
+        .path_prefix
+        .as_ref()
+        .and_then(|s| cx.value(&path.key("path_prefix"), s, prefix_path));
+    let path_match = match (&raw.path, &raw.path_prefix) {
+        (None, None) => Some(PathMatch::Any),
+        (Some(_), None) => exact,
+        (None, Some(_)) => prefix,
+        (Some(_), Some(_)) => {
+            cx.error(
+                &path.key("path_prefix"),
+                At::Key,
+                "`path` and `path_prefix` exclude each other; write one",
+            );
+            None
+        }
+    };
+    Some(Match {
+        methods: methods?,
+        path: path_match?,
+    })
+}
+
+fn list(path: &KeyPath, raw: ScalarList) -> Vec<(KeyPath, Scalar)> {
+    match raw {
+        ScalarList::One(s) => vec![(path.clone(), s)],
+        ScalarList::Many(v) => v
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (path.index(i), s))
+            .collect(),
+    }
+}
+
+fn methods(cx: &mut Checker<'_>, path: &KeyPath, raw: Option<ScalarList>) -> Option<Vec<Method>> {
+    let Some(raw) = raw else {
+        return Some(Vec::new());
+    };
+    let items = list(path, raw);
+    if items.is_empty() {
+        cx.error(
+            path,
+            At::Value,
+            "an empty list matches nothing; leave `methods` out to match any method",
+        );
+        return None;
+    }
+    let mut out: Vec<Method> = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (p, s) in &items {
+        match cx.value(p, s, method) {
+            Some(m) if !out.contains(&m) => out.push(m),
+            Some(_) => {}
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
+}
+
+/// Methods are matched upper-case, as every standard method is written.
+fn method(s: &str) -> Result<Method, String> {
+    let upper = s.to_ascii_uppercase();
+    if upper.is_empty() || !upper.bytes().all(|b| b.is_ascii_alphabetic() || b == b'-') {
+        return Err(format!("`{s}` is not an HTTP method"));
+    }
+    Method::from_bytes(upper.as_bytes()).map_err(|_| format!("`{s}` is not an HTTP method"))
+}
+
+fn check_path(s: &str) -> Result<(), String> {
+    if !s.starts_with('/') {
+        return Err(format!("`{s}` must start with `/`"));
+    }
+    if let Some(bad) = s
+        .chars()
+        .find(|c| matches!(c, '?' | '#') || c.is_whitespace())
+    {
+        return Err(format!(
+            "`{s}` contains `{bad}`; a path has no query, fragment or spaces"
+        ));
+    }
+    Ok(())
+}
+
+/// `/login` (exact) or `/users/{id}` (a template).
+fn exact_path(s: &str) -> Result<PathMatch, String> {
+    check_path(s)?;
+    if !s.contains(['{', '}']) {
+        return Ok(PathMatch::Exact(s.to_owned()));
+    }
+    let mut segments = Vec::new();
+    let mut params: Vec<&str> = Vec::new();
+    for part in s[1..].split('/') {
+        match part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+            Some(name) => {
+                let valid =
+                    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    return Err(format!(
+                        "`{{{name}}}` in `{s}`: a parameter name is letters, digits and `_`"
+                    ));
+                }
+                if params.contains(&name) {
+                    return Err(format!("`{{{name}}}` appears twice in `{s}`"));
+                }
+                params.push(name);
+                segments.push(Segment::Param(name.to_owned()));
+            }
+            None if part.contains(['{', '}']) => {
+                return Err(format!(
+                    "`{part}` in `{s}`: a `{{name}}` parameter must be a whole segment"
+                ))
+            }
+            None => segments.push(Segment::Literal(part.to_owned())),
+        }
+    }
+    Ok(PathMatch::Template(segments))
+}
+
+/// Segment-aware prefix, kept without its trailing slash (`/` stays `/`).
+fn prefix_path(s: &str) -> Result<PathMatch, String> {
+    check_path(s)?;
+    if s.contains(['{', '}']) {
+        return Err(format!(
+            "`{s}`: `{{name}}` parameters work in `path`, not in `path_prefix`"
+        ));
+    }
+    let trimmed = s.trim_end_matches('/');
+    Ok(PathMatch::Prefix(
+        if trimmed.is_empty() { "/" } else { trimmed }.to_owned(),
+    ))
+}
+
+fn subjects(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<ScalarList>,
+) -> Option<Vec<SubjectSource>> {
+    let Some(raw) = raw else {
+        return Some(vec![SubjectSource::ClientIp]);
+    };
+    let items = list(path, raw);
+    if items.is_empty() {
+        cx.error(
+            path,
+            At::Value,
+            "needs at least one subject (client_ip or header:NAME)",
+        );
+        return None;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (p, s) in &items {
+        match cx.value(p, s, subject) {
+            Some(source) => out.push(source),
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
+}
+
+fn subject(s: &str) -> Result<SubjectSource, String> {
+    if s == "client_ip" {
+        return Ok(SubjectSource::ClientIp);
+    }
+    let Some(name) = s.strip_prefix("header:") else {
+        return Err(format!(
+            "unknown subject `{s}`; expected client_ip or header:NAME"
+        ));
+    };
+    // HeaderName stores names lower-case, as HTTP/2 sends them.
+    HeaderName::from_bytes(name.trim().as_bytes())
+        .map(SubjectSource::Header)
+        .map_err(|_| format!("`{name}` is not a valid header name"))
+}
+
+/// `Some(None)` for `policy: none`.
+fn route_policy(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<&Scalar>,
+    policies: &Policies,
+) -> Option<Option<std::sync::Arc<crate::limit::Policy>>> {
+    let Some(s) = raw else {
+        cx.error(
+            path,
+            At::Key,
+            "required key is missing (name a policy, or `none` for no limit)",
+        );
+        return None;
+    };
+    if s.0 == "none" {
+        return Some(None);
+    }
+    match policies.find(&s.0) {
+        Found::Valid(p) => Some(Some(p.clone())),
+        Found::Invalid => None,
+        Found::Unknown => {
+            cx.error(
+                path,
+                At::Value,
+                format!("unknown policy `{}`; {}", s.0, policies.known()),
+            );
+            None
+        }
+    }
+}
+
+/// `policy` is `None` when it could not be resolved: the range is then not
+/// known, and the policy error already stands.
+fn cost(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<&Scalar>,
+    policy: Option<&Option<Arc<crate::limit::Policy>>>,
+) -> Option<u32> {
+    let cost = cx.optional(path, raw, 1, check::number_u32(1))?;
+    if let Some(Some(policy)) = policy {
+        let max = policy.bands.max_cost();
+        if cost > max {
+            cx.error(
+                path,
+                At::Value,
+                format!(
+                    "cost {cost} is above the maximum {max} of policy `{}` (its smallest band)",
+                    policy.name
+                ),
+            );
+            return None;
+        }
+    }
+    Some(cost)
+}

@@ -1,0 +1,492 @@
+//! The plain sections: server, upstream, store, identity, responses.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::Uri;
+use ipnet::IpNet;
+
+use super::check::{self, Checker};
+use crate::config::locate::{At, KeyPath};
+use crate::config::raw::{self, Scalar, ScalarList};
+use crate::config::{
+    Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, Server, Store, StoreKind, Tls,
+    Upstream,
+};
+
+pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<Server> {
+    let listen = cx.required(&path.key("listen"), raw.listen.as_ref(), socket_addr);
+    let admin = match &raw.admin {
+        None => Some(None),
+        Some(s) => cx.value(&path.key("admin"), s, socket_addr).map(Some),
+    };
+    if let (Some(listen), Some(Some(admin))) = (listen, admin) {
+        if listen == admin && listen.port() != 0 {
+            cx.error(&path.key("admin"), At::Value, "must differ from `listen`");
+        }
+    }
+    let tls = match raw.tls {
+        None => Some(None),
+        Some(tls) => {
+            let p = path.key("tls");
+            let cert = cx.required(&p.key("cert"), tls.cert.as_ref(), file_path);
+            let key = cx.required(&p.key("key"), tls.key.as_ref(), file_path);
+            match (cert, key) {
+                (Some(cert), Some(key)) => Some(Some(Tls { cert, key })),
+                _ => None,
+            }
+        }
+    };
+    let shutdown_grace = cx.optional(
+        &path.key("shutdown_grace"),
+        raw.shutdown_grace.as_ref(),
+        Duration::from_secs(20),
+        check::duration,
+    );
+    let header_read_timeout = cx.optional(
+        &path.key("header_read_timeout"),
+        raw.header_read_timeout.as_ref(),
+        Duration::from_secs(10),
+        check::positive_duration,
+    );
+    let body_idle_timeout = cx.optional(
+        &path.key("body_idle_timeout"),
+        raw.body_idle_timeout.as_ref(),
+        Duration::from_secs(30),
+        check::positive_duration,
+    );
+    // hyper refuses an HTTP/1 read buffer below 8 KiB.
+    let max_header_bytes = cx.optional(
+        &path.key("max_header_bytes"),
+        raw.max_header_bytes.as_ref(),
+        65_536,
+        check::number(8_192, 16 * 1024 * 1024),
+    );
+    let workers = cx.optional(
+        &path.key("workers"),
+        raw.workers.as_ref(),
+        0,
+        check::number(0, 1024),
+    );
+    Some(Server {
+        listen: listen?,
+        admin: admin?,
+        tls: tls?,
+        shutdown_grace: shutdown_grace?,
+        header_read_timeout: header_read_timeout?,
+        body_idle_timeout: body_idle_timeout?,
+        max_header_bytes: usize::try_from(max_header_bytes?).ok()?,
+        workers: usize::try_from(workers?).ok()?,
+    })
+}
+
+fn socket_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!("`{s}` is not an address; write IP:PORT such as 0.0.0.0:8080 or [::]:8080")
+    })
+}
+
+fn file_path(s: &str) -> Result<PathBuf, String> {
+    check::text(s).map(PathBuf::from)
+}
+
+pub fn upstream(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Upstream) -> Option<Upstream> {
+    let url = cx.required(&path.key("url"), raw.url.as_ref(), upstream_url);
+    let connect_timeout = cx.optional(
+        &path.key("connect_timeout"),
+        raw.connect_timeout.as_ref(),
+        Duration::from_secs(1),
+        check::positive_duration,
+    );
+    let timeout = cx.optional(
+        &path.key("timeout"),
+        raw.timeout.as_ref(),
+        Duration::from_secs(60),
+        check::positive_duration,
+    );
+    Some(Upstream {
+        url: url?,
+        connect_timeout: connect_timeout?,
+        timeout: timeout?,
+    })
+}
+
+/// `http://host[:port][/base]`, normalised to an explicit port and a base
+/// path without a trailing slash (`/` when there is none), so the forwarder
+/// only ever appends the request path.
+pub fn upstream_url(s: &str) -> Result<Uri, String> {
+    let uri: Uri = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a URL; write http://host:port"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(other) => {
+            return Err(format!(
+                "scheme `{other}` is not supported; the upstream is spoken to in plain http://"
+            ))
+        }
+        None => return Err(format!("`{s}` has no scheme; write http://{s}")),
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("`{s}` has no host"))?;
+    if authority.as_str().contains('@') {
+        return Err("must not contain credentials (user@)".to_owned());
+    }
+    if authority.host().is_empty() {
+        return Err(format!("`{s}` has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{s}` must not have a query (`?...`)"));
+    }
+    let port = authority.port_u16().unwrap_or(80);
+    let base = uri.path().trim_end_matches('/');
+    let base = if base.is_empty() { "/" } else { base };
+    format!("http://{}:{port}{base}", authority.host())
+        .parse()
+        .map_err(|_| format!("`{s}` is not a URL; write http://host:port"))
+}
+
+/// Which store the file asks for; `None` when `kind` is invalid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Memory,
+    Redis,
+}
+
+const MEMORY_ONLY: [&str; 1] = ["max_entries"];
+const REDIS_ONLY: [&str; 9] = [
+    "url",
+    "pool_size",
+    "ca_file",
+    "key_prefix",
+    "max_clock_regression",
+    "dedupe_window",
+    "dedupe_max",
+    "breaker_failures",
+    "breaker_cooldown",
+];
+
+pub fn store_kind(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Kind> {
+    cx.optional(
+        &path.key("kind"),
+        raw.kind.as_ref(),
+        Kind::Memory,
+        |s| match s {
+            "memory" => Ok(Kind::Memory),
+            "redis" => Ok(Kind::Redis),
+            _ => Err(format!(
+                "unknown store kind `{s}`; expected memory or redis"
+            )),
+        },
+    )
+}
+
+pub fn store(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::Store,
+    kind: Option<Kind>,
+) -> Option<Store> {
+    let budget = cx.optional(
+        &path.key("budget"),
+        raw.budget.as_ref(),
+        Duration::from_millis(25),
+        check::positive_duration,
+    );
+    let on_failure = cx.optional(
+        &path.key("on_failure"),
+        raw.on_failure.as_ref(),
+        OnFailure::Deny,
+        |s| match s {
+            "deny" => Ok(OnFailure::Deny),
+            "allow" => Ok(OnFailure::Allow),
+            _ => Err(format!("expected deny or allow, not `{s}`")),
+        },
+    );
+    let failure_retry_after = cx.optional(
+        &path.key("failure_retry_after"),
+        raw.failure_retry_after.as_ref(),
+        Duration::from_secs(1),
+        check::positive_duration,
+    );
+    let ttl_grace = cx.optional(
+        &path.key("ttl_grace"),
+        raw.ttl_grace.as_ref(),
+        Duration::from_secs(5),
+        check::duration,
+    );
+    let kind = match kind? {
+        Kind::Memory => {
+            refuse_other_kind(cx, path, &raw, &REDIS_ONLY, "redis");
+            memory(cx, path, &raw).map(StoreKind::Memory)
+        }
+        Kind::Redis => {
+            refuse_other_kind(cx, path, &raw, &MEMORY_ONLY, "memory");
+            redis(cx, path, &raw).map(StoreKind::Redis)
+        }
+    };
+    Some(Store {
+        kind: kind?,
+        budget: budget?,
+        on_failure: on_failure?,
+        failure_retry_after: failure_retry_after?,
+        ttl_grace: ttl_grace?,
+    })
+}
+
+fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {
+    match key {
+        "max_entries" => raw.max_entries.as_ref(),
+        "url" => raw.url.as_ref(),
+        "pool_size" => raw.pool_size.as_ref(),
+        "ca_file" => raw.ca_file.as_ref(),
+        "key_prefix" => raw.key_prefix.as_ref(),
+        "max_clock_regression" => raw.max_clock_regression.as_ref(),
+        "dedupe_window" => raw.dedupe_window.as_ref(),
+        "dedupe_max" => raw.dedupe_max.as_ref(),
+        "breaker_failures" => raw.breaker_failures.as_ref(),
+        "breaker_cooldown" => raw.breaker_cooldown.as_ref(),
+        _ => None,
+    }
+}
+
+fn refuse_other_kind(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: &raw::Store,
+    keys: &[&str],
+    other: &str,
+) {
+    for key in keys {
+        if store_key(raw, key).is_some() {
+            cx.error(
+                &path.key(key),
+                At::Key,
+                format!("`{key}` applies only to `kind: {other}`"),
+            );
+        }
+    }
+}
+
+fn memory(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<MemoryStore> {
+    let max_entries = cx.optional(
+        &path.key("max_entries"),
+        raw.max_entries.as_ref(),
+        1_000_000,
+        check::number(1, u64::from(u32::MAX)),
+    )?;
+    Some(MemoryStore {
+        max_entries: usize::try_from(max_entries).ok()?,
+    })
+}
+
+fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<RedisStore> {
+    let url = cx.required(&path.key("url"), raw.url.as_ref(), redis_url);
+    let pool_size = cx.optional(
+        &path.key("pool_size"),
+        raw.pool_size.as_ref(),
+        16,
+        check::number(1, 1024),
+    );
+    let ca_file = match &raw.ca_file {
+        None => Some(None),
+        Some(s) => cx.value(&path.key("ca_file"), s, file_path).map(Some),
+    };
+    if let (Some(url), Some(Some(_))) = (&url, &ca_file) {
+        if !url.expose().starts_with("rediss://") {
+            cx.error(
+                &path.key("ca_file"),
+                At::Key,
+                "`ca_file` applies only to a rediss:// (TLS) url",
+            );
+        }
+    }
+    let key_prefix = cx.optional(
+        &path.key("key_prefix"),
+        raw.key_prefix.as_ref(),
+        "sluice".to_owned(),
+        key_prefix,
+    );
+    let max_clock_regression = cx.optional(
+        &path.key("max_clock_regression"),
+        raw.max_clock_regression.as_ref(),
+        Duration::from_secs(1),
+        check::duration,
+    );
+    let dedupe_window = cx.optional(
+        &path.key("dedupe_window"),
+        raw.dedupe_window.as_ref(),
+        Duration::from_secs(5),
+        check::positive_duration,
+    );
+    let dedupe_max = cx.optional(
+        &path.key("dedupe_max"),
+        raw.dedupe_max.as_ref(),
+        256,
+        check::number_u32(1),
+    );
+    let breaker_failures = cx.optional(
+        &path.key("breaker_failures"),
+        raw.breaker_failures.as_ref(),
+        5,
+        check::number_u32(1),
+    );
+    let breaker_cooldown = cx.optional(
+        &path.key("breaker_cooldown"),
+        raw.breaker_cooldown.as_ref(),
+        Duration::from_secs(1),
+        check::positive_duration,
+    );
+    Some(RedisStore {
+        url: url?,
+        pool_size: usize::try_from(pool_size?).ok()?,
+        ca_file: ca_file?,
+        key_prefix: key_prefix?,
+        max_clock_regression: max_clock_regression?,
+        dedupe_window: dedupe_window?,
+        dedupe_max: dedupe_max?,
+        breaker_failures: breaker_failures?,
+        breaker_cooldown: breaker_cooldown?,
+    })
+}
+
+/// The URL carries credentials: no message here repeats it.
+fn redis_url(s: &str) -> Result<Secret, String> {
+    let rest = s
+        .strip_prefix("redis://")
+        .or_else(|| s.strip_prefix("rediss://"))
+        .ok_or("must start with redis:// or rediss://")?;
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    if host.is_empty() || host.starts_with('/') || host.starts_with(':') {
+        return Err("has no host after redis:// or rediss://".to_owned());
+    }
+    Ok(Secret(s.to_owned()))
+}
+
+/// Letters, digits, `_`, `-`, `.`, `:`; never `{`/`}`, which would pick
+/// a Redis Cluster hash slot for every key at once.
+fn key_prefix(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 64 {
+        return Err("must be 1 to 64 characters".to_owned());
+    }
+    if let Some(bad) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
+    {
+        return Err(format!(
+            "`{s}` contains `{bad}`; use letters, digits, `_`, `-`, `.` and `:`"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+pub fn identity(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::Identity,
+    kind: Option<Kind>,
+) -> Option<Identity> {
+    let trusted_proxies = trusted_proxies(cx, &path.key("trusted_proxies"), raw.trusted_proxies);
+    let ipv6_prefix = cx.optional(
+        &path.key("ipv6_prefix"),
+        raw.ipv6_prefix.as_ref(),
+        64,
+        check::number(1, 128),
+    );
+    let pseudonym_key = match &raw.pseudonym_key {
+        None => {
+            if kind == Some(Kind::Redis) {
+                cx.error(
+                    &path.key("pseudonym_key"),
+                    At::Key,
+                    "required with `store.kind: redis`: every replica must derive the same pseudonyms",
+                );
+                None
+            } else {
+                Some(None)
+            }
+        }
+        Some(s) => cx
+            .value(&path.key("pseudonym_key"), s, pseudonym_key)
+            .map(Some),
+    };
+    let pseudonym_key_version = cx.optional(
+        &path.key("pseudonym_key_version"),
+        raw.pseudonym_key_version.as_ref(),
+        1,
+        check::number_u32(1),
+    );
+    Some(Identity {
+        trusted_proxies: trusted_proxies?,
+        ipv6_prefix: u8::try_from(ipv6_prefix?).ok()?,
+        pseudonym_key: pseudonym_key?,
+        pseudonym_key_version: pseudonym_key_version?,
+    })
+}
+
+/// A secret: never repeated in a message.
+fn pseudonym_key(s: &str) -> Result<Secret, String> {
+    if s.len() < 16 {
+        return Err(format!(
+            "must be at least 16 bytes long (it is {})",
+            s.len()
+        ));
+    }
+    Ok(Secret(s.to_owned()))
+}
+
+fn trusted_proxies(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<ScalarList>,
+) -> Option<Vec<IpNet>> {
+    let items: Vec<(KeyPath, Scalar)> = match raw {
+        None => Vec::new(),
+        Some(ScalarList::One(s)) => vec![(path.clone(), s)],
+        Some(ScalarList::Many(v)) => v
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (path.index(i), s))
+            .collect(),
+    };
+    let mut nets = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (p, s) in &items {
+        match cx.value(p, s, network) {
+            Some(net) => nets.push(net),
+            None => ok = false,
+        }
+    }
+    ok.then_some(nets)
+}
+
+/// A CIDR (`10.0.0.0/8`) or a bare address (one host).
+fn network(s: &str) -> Result<IpNet, String> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(IpNet::from(ip));
+    }
+    let net: IpNet = s
+        .parse()
+        .map_err(|_| format!("`{s}` is neither an IP address nor a CIDR such as 10.0.0.0/8"))?;
+    if net.trunc() != net {
+        return Err(format!(
+            "`{s}` has host bits set; did you mean {}?",
+            net.trunc()
+        ));
+    }
+    Ok(net)
+}
+
+pub fn responses(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Responses) -> Option<Responses> {
+    let on_allowed = cx.optional(
+        &path.key("ratelimit_headers_on_allowed"),
+        raw.ratelimit_headers_on_allowed.as_ref(),
+        true,
+        check::boolean,
+    )?;
+    Some(Responses {
+        ratelimit_headers_on_allowed: on_allowed,
+    })
+}

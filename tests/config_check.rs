@@ -1,0 +1,272 @@
+//! `sluice check` and `sluice run` on configuration files, through the
+//! built binary: a bad file exits 2 with `FILE:LINE:COL: KEY: message` on
+//! stderr and never opens a port; a good one prints the route table.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sluice::config::Config;
+
+/// A refused configuration exits with this code.
+const INVALID_CONFIG: i32 = 2;
+
+/// How long the binary may take to validate a file and exit.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Each error fixture with where its (first) error is, and its key path.
+const ERROR_FIXTURES: [(&str, &str, &str); 13] = [
+    ("unknown_key.yaml", "4:3", "server.shutdown_grase"),
+    ("missing_policy.yaml", "17:13", "routes[1].policy"),
+    ("unset_variable.yaml", "9:8", "store.url"),
+    ("bad_duration.yaml", "7:12", "upstream.timeout"),
+    ("empty_bands.yaml", "9:12", "policies.export.bands"),
+    ("zero_limit.yaml", "11:18", "policies.export.bands[1].limit"),
+    ("cost_above_maximum.yaml", "15:11", "routes[0].cost"),
+    ("foreign_parameter.yaml", "11:5", "policies.api.capacity"),
+    ("store_kind_mismatch.yaml", "8:3", "store.pool_size"),
+    (
+        "redis_without_pseudonym_key.yaml",
+        "10:3",
+        "identity.pseudonym_key",
+    ),
+    ("duplicate_route.yaml", "10:11", "routes[1].name"),
+    ("several_errors.yaml", "4:3", "server.listen_backlog"),
+    ("yaml_syntax.yaml", "4:9", ""),
+];
+
+/// Variables the fixtures name, removed so the host cannot set them.
+const FIXTURE_VARIABLES: [&str; 5] = [
+    "SLUICE_FIXTURE_REDIS_URL",
+    "SLUICE_FIXTURE_UPSTREAM_URL",
+    "SLUICE_FIXTURE_IN_COMMENT",
+    "REDIS_URL",
+    "SLUICE_PSEUDONYM_KEY",
+];
+
+fn repo_file(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo_file("tests/fixtures/config").join(name)
+}
+
+fn sluice() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.env_remove("SLUICE_CONFIG");
+    for var in FIXTURE_VARIABLES {
+        cmd.env_remove(var);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs `cmd` to its exit; kills it and panics past [`DEADLINE`].
+fn run(mut cmd: Command) -> Output {
+    let mut child = cmd.spawn().expect("spawn the sluice binary");
+    let deadline = Instant::now() + DEADLINE;
+    while child.try_wait().expect("poll the child").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("reap the child");
+            panic!(
+                "sluice still running after {DEADLINE:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn check(path: &Path) -> Output {
+    let mut cmd = sluice();
+    cmd.arg("check").arg("--config").arg(path);
+    run(cmd)
+}
+
+#[test]
+fn check_refuses_every_error_fixture_naming_file_line_and_key() {
+    for (name, position, key) in ERROR_FIXTURES {
+        let path = fixture(name);
+        let out = check(&path);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(INVALID_CONFIG),
+            "{name}: stderr:\n{stderr}"
+        );
+        let expected = if key.is_empty() {
+            format!("{}:{position}: ", path.display())
+        } else {
+            format!("{}:{position}: {key}: ", path.display())
+        };
+        assert!(
+            stderr.lines().any(|line| line.starts_with(&expected)),
+            "{name}: no line starting with {expected:?} in:\n{stderr}"
+        );
+        assert!(
+            !text(&out.stdout).contains("ROUTE"),
+            "{name}: a refused file printed a route table"
+        );
+    }
+}
+
+#[test]
+fn check_reports_every_error_of_a_file_one_per_line() {
+    let out = check(&fixture("several_errors.yaml"));
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG));
+    let stderr = text(&out.stderr);
+    for key in [
+        "server.listen_backlog",
+        "upstream.url",
+        "store.budget",
+        "policies.export.bands",
+        "routes[0].cost",
+        "routes[1].policy",
+    ] {
+        let found = stderr
+            .lines()
+            .filter(|line| line.contains(&format!(": {key}: ")))
+            .count();
+        assert_eq!(found, 1, "{key} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn check_prints_every_route_of_the_shipped_configs() {
+    for name in ["config/example.yaml", "config/quickstart.yaml"] {
+        let path = repo_file(name);
+        let config = Config::parse_with_env(
+            &path,
+            &std::fs::read_to_string(&path).expect("readable"),
+            &|_| Err(std::env::VarError::NotPresent),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let out = check(&path);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}: stderr:\n{}",
+            text(&out.stderr)
+        );
+        for route in config.routes.iter().chain([&config.default]) {
+            assert!(
+                stdout
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{} ", route.name))),
+                "{name}: route {} missing from:\n{stdout}",
+                route.name
+            );
+        }
+    }
+}
+
+#[test]
+fn variables_come_from_the_environment() {
+    let path = fixture("product.yaml");
+    let out = check(&path);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG), "{stderr}");
+    assert!(stderr.contains(": store.url: environment variable `REDIS_URL` is not set"));
+    assert!(stderr.contains(
+        ": identity.pseudonym_key: environment variable `SLUICE_PSEUDONYM_KEY` is not set"
+    ));
+
+    let mut cmd = sluice();
+    cmd.arg("check")
+        .arg("--config")
+        .arg(&path)
+        .env("REDIS_URL", "redis://127.0.0.1:6379")
+        .env("SLUICE_PSEUDONYM_KEY", "0123456789abcdef0123456789abcdef");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("login"));
+}
+
+#[test]
+fn the_config_path_may_come_from_sluice_config() {
+    let mut cmd = sluice();
+    cmd.arg("check")
+        .env("SLUICE_CONFIG", repo_file("config/quickstart.yaml"));
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("everything"));
+
+    let bad = fixture("missing_policy.yaml");
+    let mut cmd = sluice();
+    cmd.arg("check").env("SLUICE_CONFIG", &bad);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG));
+    assert!(text(&out.stderr).contains(&format!("{}:17:13: routes[1].policy: ", bad.display())));
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address")
+}
+
+#[test]
+fn run_refuses_an_invalid_config_before_opening_any_port() {
+    let traffic = free_port();
+    let admin = free_port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sluice.yaml");
+    let mut file = std::fs::File::create(&path).expect("create config");
+    write!(
+        file,
+        "version: 1
+server:
+  listen: {traffic}
+  admin: {admin}
+upstream:
+  url: http://127.0.0.1:9
+routes:
+  - name: everything
+    policy: missing
+"
+    )
+    .expect("write config");
+    drop(file);
+
+    let mut cmd = sluice();
+    cmd.arg("run").arg("--config").arg(&path);
+    let mut child = cmd.spawn().expect("spawn the sluice binary");
+    let deadline = Instant::now() + DEADLINE;
+    let mut accepted = Vec::new();
+    // Probe both ports for as long as the process lives.
+    while child.try_wait().expect("poll the child").is_none() {
+        for addr in [traffic, admin] {
+            let connected = TcpStream::connect_timeout(&addr, Duration::from_millis(50)).is_ok();
+            if connected && !accepted.contains(&addr) {
+                accepted.push(addr);
+            }
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice run on an invalid config still running after {DEADLINE:?}");
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().expect("collect output");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:9:13: routes[0].policy: ", path.display())),
+        "{stderr}"
+    );
+    assert!(accepted.is_empty(), "connections accepted on {accepted:?}");
+}

@@ -289,7 +289,7 @@ mod tests {
         // Normally exactly PER_SECOND; a second boundary in the middle of
         // the loop may allow one more batch.
         assert!(
-            taken >= LogBudget::PER_SECOND && taken <= 2 * LogBudget::PER_SECOND,
+            (LogBudget::PER_SECOND..=2 * LogBudget::PER_SECOND).contains(&taken),
             "{taken}"
         );
     }

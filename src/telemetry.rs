@@ -137,6 +137,10 @@ fn describe() {
         "Always 1; the version label says which sluice runs."
     );
     describe_gauge!(MEMORY_SUBJECTS, "Subjects tracked by the embedded store.");
+    describe_counter!(
+        DENY_CACHE_HITS,
+        "Requests denied by the local over-limit cache without asking the store."
+    );
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
 }
 
@@ -293,4 +297,11 @@ mod tests {
             "{taken}"
         );
     }
+}
+
+pub const DENY_CACHE_HITS: &str = "sluice_local_deny_cache_hits_total";
+
+/// Requests denied from the local over-limit cache, without a store call.
+pub fn deny_cache_hits() -> metrics::Counter {
+    metrics::counter!(DENY_CACHE_HITS)
 }

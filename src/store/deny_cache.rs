@@ -1,0 +1,256 @@
+//! The local over-limit cache: once the shared store says a subject is
+//! denied until T, this sidecar denies that subject locally until T without
+//! asking the store again.
+//!
+//! Exact for every algorithm: a denial's `retry_after` is the earliest
+//! instant the request could pass, and nothing but time can make room
+//! (other sidecars can only consume more). The entry remembers the cost it
+//! was denied at; a cheaper request is asked of the store. The deadline is
+//! taken from the request's arrival, before the store was asked, so it can
+//! only end early, never late.
+//!
+//! Bounded in entries; when full, the entry closest to expiry is evicted
+//! (it would have been asked of the store again soonest anyway). The cache
+//! never answers "allowed".
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::limit::{Decision, Policy};
+use crate::subject::Pseudonym;
+
+const SHARDS: usize = 16;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    policy: Arc<str>,
+    revision: Arc<str>,
+    subject: Pseudonym,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    until: Instant,
+    cost: u32,
+    decision: Decision,
+}
+
+pub struct DenyCache {
+    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+    hasher: std::collections::hash_map::RandomState,
+    per_shard: usize,
+    hits: metrics::Counter,
+}
+
+impl DenyCache {
+    /// `capacity` entries in all (at least one per shard).
+    pub fn new(capacity: usize) -> DenyCache {
+        DenyCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+            hits: crate::telemetry::deny_cache_hits(),
+        }
+    }
+
+    /// A local denial for this subject at `now`, if the store already said
+    /// so for at least this cost.
+    pub fn check(
+        &self,
+        policy: &Policy,
+        subject: &Pseudonym,
+        cost: u32,
+        now: Instant,
+    ) -> Option<Decision> {
+        let key = key(policy, subject);
+        let mut shard = self.shard(&key);
+        let entry = *shard.get(&key)?;
+        if entry.until <= now {
+            shard.remove(&key);
+            return None;
+        }
+        if cost < entry.cost {
+            return None;
+        }
+        drop(shard);
+        self.hits.increment(1);
+        let left = entry.until - now;
+        Some(Decision {
+            retry_after: left,
+            reset_after: entry
+                .decision
+                .reset_after
+                .saturating_sub(entry.decision.retry_after)
+                + left,
+            ..entry.decision
+        })
+    }
+
+    /// Records a store denial of a request that arrived at `arrival`.
+    pub fn remember(
+        &self,
+        policy: &Policy,
+        subject: &Pseudonym,
+        cost: u32,
+        arrival: Instant,
+        decision: &Decision,
+    ) {
+        if decision.allowed || decision.retry_after == Duration::ZERO {
+            return;
+        }
+        let key = key(policy, subject);
+        let until = arrival + decision.retry_after;
+        let mut shard = self.shard(&key);
+        if shard.len() >= self.per_shard && !shard.contains_key(&key) {
+            let now = Instant::now();
+            shard.retain(|_, e| e.until > now);
+            if shard.len() >= self.per_shard {
+                // Evict the entry closest to expiry.
+                if let Some(soonest) = shard
+                    .iter()
+                    .min_by_key(|(_, e)| e.until)
+                    .map(|(k, _)| k.clone())
+                {
+                    shard.remove(&soonest);
+                }
+            }
+        }
+        shard.insert(
+            key,
+            Entry {
+                until,
+                cost,
+                decision: *decision,
+            },
+        );
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().map(|m| m.len()).unwrap_or(0))
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
+        // A poisoned shard holds whole entries only; keep using it.
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn key(policy: &Policy, subject: &Pseudonym) -> Key {
+    Key {
+        policy: policy.name.clone(),
+        revision: policy.revision.clone(),
+        subject: *subject,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Bands, WindowBand};
+    use crate::subject::PseudonymKey;
+    use std::num::NonZeroU32;
+
+    fn policy() -> Policy {
+        Policy {
+            name: "p".into(),
+            revision: "r1".into(),
+            bands: Bands::FixedWindow(vec![WindowBand {
+                limit: NonZeroU32::new(1).unwrap(),
+                window: Duration::from_secs(10),
+            }]),
+            shadow: false,
+        }
+    }
+
+    fn denied(retry: Duration) -> Decision {
+        Decision {
+            allowed: false,
+            band: 0,
+            remaining: 0,
+            reset_after: retry,
+            retry_after: retry,
+            approximate: false,
+        }
+    }
+
+    fn subject(s: &str) -> Pseudonym {
+        PseudonymKey::new(b"k", 1).pseudonym("ip", s.as_bytes(), "r")
+    }
+
+    #[test]
+    fn denies_until_the_recorded_instant_and_not_after() {
+        let cache = DenyCache::new(100);
+        let (p, s) = (policy(), subject("a"));
+        let t0 = Instant::now();
+        cache.remember(&p, &s, 1, t0, &denied(Duration::from_secs(2)));
+        let d = cache
+            .check(&p, &s, 1, t0 + Duration::from_millis(500))
+            .expect("denied locally");
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Duration::from_millis(1500));
+        assert!(cache
+            .check(&p, &s, 1, t0 + Duration::from_secs(2))
+            .is_none());
+        assert!(cache.is_empty(), "an expired entry is dropped when seen");
+    }
+
+    #[test]
+    fn a_cheaper_request_or_another_subject_asks_the_store() {
+        let cache = DenyCache::new(100);
+        let p = policy();
+        let t0 = Instant::now();
+        cache.remember(&p, &subject("a"), 3, t0, &denied(Duration::from_secs(5)));
+        assert!(cache.check(&p, &subject("a"), 1, t0).is_none());
+        assert!(cache.check(&p, &subject("a"), 3, t0).is_some());
+        assert!(cache.check(&p, &subject("b"), 3, t0).is_none());
+        let mut changed = policy();
+        changed.revision = "r2".into();
+        assert!(
+            cache.check(&changed, &subject("a"), 3, t0).is_none(),
+            "a new revision starts over"
+        );
+    }
+
+    #[test]
+    fn allowed_decisions_are_never_cached() {
+        let cache = DenyCache::new(100);
+        let mut d = denied(Duration::from_secs(5));
+        d.allowed = true;
+        cache.remember(&policy(), &subject("a"), 1, Instant::now(), &d);
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn full_shards_evict_the_entry_closest_to_expiry() {
+        let cache = DenyCache::new(SHARDS); // one entry per shard
+        let p = policy();
+        let t0 = Instant::now();
+        // Find two subjects in the same shard.
+        let first = subject("s0");
+        let shard_of = |s: &Pseudonym| (cache.hasher.hash_one(key(&p, s)) as usize) % SHARDS;
+        let second = (1..10_000)
+            .map(|i| subject(&format!("s{i}")))
+            .find(|s| shard_of(s) == shard_of(&first))
+            .expect("some subject shares a shard");
+        cache.remember(&p, &first, 1, t0, &denied(Duration::from_secs(60)));
+        cache.remember(&p, &second, 1, t0, &denied(Duration::from_secs(30)));
+        assert!(cache.check(&p, &second, 1, t0).is_some());
+        assert!(
+            cache.check(&p, &first, 1, t0).is_none(),
+            "the sooner-expiring entry was evicted"
+        );
+        assert_eq!(cache.len(), 1);
+    }
+}

@@ -39,6 +39,9 @@ pub struct Bound {
     traffic: TcpListener,
     admin: Option<TcpListener>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Installed before the addresses are reported, so a SIGHUP sent as
+    /// soon as sluice is up reloads instead of killing the process.
+    hangup: Option<tokio::signal::unix::Signal>,
 }
 
 /// Builds the store and runtime and binds the listeners. The configuration
@@ -69,7 +72,15 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
     };
     telemetry::config_loaded(&config);
     let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(Arc::new(config), key)));
+    let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(signal) => Some(signal),
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGHUP; reloading on file change only");
+            None
+        }
+    };
     Ok(Bound {
+        hangup,
         runtime,
         store,
         traffic,
@@ -111,13 +122,20 @@ impl Bound {
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let sweeper = spawn_sweeper(self.store.clone());
-        let reloader = tokio::spawn(reload::watch(config.source.clone(), self.runtime.clone()));
+        let reloader = tokio::spawn(reload::watch(
+            config.source.clone(),
+            self.runtime.clone(),
+            self.hangup,
+        ));
+        // The admin listener outlives traffic so probes see the drain
+        // (readiness 503) instead of a refused connection; it stops with the
+        // process.
         let admin = self.admin.map(|listener| {
-            let health = health.clone();
-            let mut stop = stop_rx.clone();
-            tokio::spawn(admin::serve(listener, health, async move {
-                let _ = stop.wait_for(|s| *s).await;
-            }))
+            tokio::spawn(admin::serve(
+                listener,
+                health.clone(),
+                std::future::pending(),
+            ))
         });
 
         let upstream = Upstream::new(&config.upstream);
@@ -143,7 +161,6 @@ impl Bound {
         tracing::info!(grace = ?config.server.shutdown_grace, "shutting down: draining");
         let _ = stop_tx.send(true);
         let _ = traffic.await;
-        // The admin listener outlives traffic so probes see the drain.
         if let Some(admin) = admin {
             admin.abort();
         }

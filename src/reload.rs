@@ -22,17 +22,14 @@ use crate::telemetry;
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
 
 /// Watches `path` until the task is dropped.
-pub async fn watch(path: PathBuf, runtime: SharedRuntime) {
+pub async fn watch(
+    path: PathBuf,
+    runtime: SharedRuntime,
+    mut hangup: Option<tokio::signal::unix::Signal>,
+) {
     let mut last = digest_of(&path).await;
     let mut tick = tokio::time::interval(POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(signal) => Some(signal),
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGHUP; reloading on file change only");
-            None
-        }
-    };
     loop {
         let forced = tokio::select! {
             _ = tick.tick() => false,

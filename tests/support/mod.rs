@@ -9,6 +9,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod ops;
 pub mod sidecar;
 pub mod upstream;
 

@@ -1,7 +1,10 @@
 //! Where limiter state lives. One `evaluate` per request, ending in exactly
 //! one [`Outcome`], whatever the store.
 
+pub mod breaker;
+pub mod deny_cache;
 pub mod memory;
+pub mod redis;
 
 use std::fmt;
 
@@ -50,12 +53,14 @@ pub struct Evaluation<'a> {
 /// async methods, no boxing on the hot path.
 pub enum Store {
     Memory(memory::MemoryStore),
+    Redis(redis::RedisStore),
 }
 
 impl Store {
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         match self {
             Store::Memory(store) => store.evaluate(evaluation),
+            Store::Redis(store) => store.evaluate(evaluation).await,
         }
     }
 
@@ -63,6 +68,7 @@ impl Store {
     pub fn kind(&self) -> &'static str {
         match self {
             Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
         }
     }
 
@@ -70,6 +76,7 @@ impl Store {
     pub fn ready(&self) -> bool {
         match self {
             Store::Memory(_) => true,
+            Store::Redis(store) => store.ready(),
         }
     }
 }

@@ -1,0 +1,282 @@
+//! One evaluation's round trips: a lane's connection, `EVALSHA`, the
+//! `NOSCRIPT` reload, the single retry of an ambiguous attempt, and the
+//! classification of every failure by how far the command got.
+
+use redis::{Cmd, ErrorKind, RedisError, Value};
+use tokio::time::{timeout_at, Instant};
+
+use crate::limit::{Incompatible, Outcome, Unavailable};
+use crate::store::breaker::Health;
+
+use super::pool::{AcquireError, Checkout, Stage};
+use super::reply::{self, Reply};
+use super::scripts::Script;
+use super::{Inner, RedisStats};
+
+/// One evaluation's command and how to read its reply.
+pub(super) struct Request<'a> {
+    pub script: &'a Script,
+    pub cmd: Cmd,
+    pub bands: usize,
+    pub approximate: bool,
+    pub deadline: Instant,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    /// Redis answered; the outcome follows from the reply.
+    Answered(Outcome),
+    /// Nothing was applied: the script never ran.
+    NotApplied(Unavailable, Health),
+    /// Sent, then no confirmed reply: the script may have run.
+    Ambiguous,
+}
+
+/// How far one attempt got, read when its deadline cuts it short.
+struct Progress {
+    stage: Stage,
+    loading: bool,
+    sent: Option<Checkout>,
+}
+
+impl Inner {
+    pub(super) async fn decide(&self, request: &Request<'_>) -> (Outcome, Health) {
+        match self.attempt(request).await {
+            Attempt::Answered(outcome) => (outcome, Health::Answered),
+            Attempt::NotApplied(unavailable, health) => (Outcome::Unavailable(unavailable), health),
+            Attempt::Ambiguous if Instant::now() < request.deadline => {
+                // Safe to repeat: the same evaluation id makes the script
+                // return what it decided the first time, if it ran.
+                RedisStats::bump(&self.stats.retries);
+                match self.attempt(request).await {
+                    Attempt::Answered(outcome @ (Outcome::Allowed(_) | Outcome::Denied(_))) => {
+                        (outcome, Health::Answered)
+                    }
+                    // Whatever the retry says, the first attempt may have
+                    // been charged.
+                    Attempt::Answered(_) => (Outcome::Indeterminate, Health::Answered),
+                    Attempt::NotApplied(_, health) => (Outcome::Indeterminate, health),
+                    Attempt::Ambiguous => (Outcome::Indeterminate, Health::Failed),
+                }
+            }
+            Attempt::Ambiguous => (Outcome::Indeterminate, Health::Failed),
+        }
+    }
+
+    async fn attempt(&self, request: &Request<'_>) -> Attempt {
+        let mut progress = Progress {
+            stage: Stage::Waiting,
+            loading: false,
+            sent: None,
+        };
+        let exchange = self.exchange(request, &mut progress);
+        if let Ok(attempt) = timeout_at(request.deadline, exchange).await {
+            return attempt;
+        }
+        // Dropping the future does not take back a command already written:
+        // classify by how far it got.
+        if let Some(checkout) = &progress.sent {
+            RedisStats::bump(&self.stats.timeouts);
+            // A connection that stopped answering may be dead without an
+            // error (a partition): the lane reconnects on next use.
+            self.lanes.retire(checkout);
+            return Attempt::Ambiguous;
+        }
+        if progress.loading || progress.stage == Stage::Connecting {
+            RedisStats::bump(&self.stats.unreachable);
+            return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
+        }
+        RedisStats::bump(&self.stats.budget_spent);
+        Attempt::NotApplied(Unavailable::AdmissionRejected, Health::Unknown)
+    }
+
+    async fn exchange(&self, request: &Request<'_>, progress: &mut Progress) -> Attempt {
+        let checkout = match self.lanes.acquire(&mut progress.stage).await {
+            Ok(checkout) => checkout,
+            Err(AcquireError::Exhausted) => {
+                RedisStats::bump(&self.stats.budget_spent);
+                return Attempt::NotApplied(Unavailable::AdmissionRejected, Health::Unknown);
+            }
+            Err(AcquireError::Connect(e)) => {
+                RedisStats::bump(&self.stats.unreachable);
+                tracing::debug!(error = %e, "redis: connecting failed");
+                return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
+            }
+        };
+        if let Some(not_sent) = self.past_deadline(request) {
+            return not_sent;
+        }
+        let mut conn = checkout.conn.clone();
+        progress.sent = Some(checkout);
+        let first = request.cmd.query_async::<Value>(&mut conn).await;
+        let error = match first {
+            Ok(value) => return self.answer(request, &value),
+            Err(e) if e.kind() == ErrorKind::NoScriptError => e,
+            Err(e) => return self.failed_after_send(e, progress),
+        };
+
+        // NOSCRIPT: the script did not run, nothing was charged. Redis lost
+        // its script cache (a restart, a failover, SCRIPT FLUSH).
+        RedisStats::bump(&self.stats.noscript);
+        tracing::debug!(error = %error, "redis: script missing, loading it again");
+        let checkout = progress.sent.take();
+        progress.loading = true;
+        if let Err(e) = self.load(request.script, &mut conn).await {
+            if let Some(checkout) = &checkout {
+                if broken_connection(&e) {
+                    self.lanes.retire(checkout);
+                }
+            }
+            RedisStats::bump(&self.stats.unreachable);
+            return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
+        }
+        progress.loading = false;
+        if let Some(not_sent) = self.past_deadline(request) {
+            return not_sent;
+        }
+        progress.sent = checkout;
+        match request.cmd.query_async::<Value>(&mut conn).await {
+            Ok(value) => self.answer(request, &value),
+            // Flushed again between the load and the call: still nothing ran.
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                RedisStats::bump(&self.stats.noscript);
+                Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
+            }
+            Err(e) => self.failed_after_send(e, progress),
+        }
+    }
+
+    /// Sending after the deadline would only add load for an answer nobody
+    /// waits for.
+    fn past_deadline(&self, request: &Request<'_>) -> Option<Attempt> {
+        if Instant::now() < request.deadline {
+            return None;
+        }
+        RedisStats::bump(&self.stats.budget_spent);
+        Some(Attempt::NotApplied(
+            Unavailable::AdmissionRejected,
+            Health::Unknown,
+        ))
+    }
+
+    fn answer(&self, request: &Request<'_>, value: &Value) -> Attempt {
+        match reply::decode(value, request.bands, request.approximate) {
+            Ok(Reply::Decided {
+                decision,
+                replayed,
+                skew,
+            }) => {
+                if replayed {
+                    RedisStats::bump(&self.stats.dedupe_hits);
+                }
+                if skew > 0 {
+                    RedisStats::bump(&self.stats.clock_steps_absorbed);
+                }
+                Attempt::Answered(Outcome::from_decision(decision))
+            }
+            Ok(Reply::ClockUnsafe { skew }) => {
+                RedisStats::bump(&self.stats.clock_unsafe);
+                if self.stats.may_warn() {
+                    tracing::warn!(
+                        behind_us = skew,
+                        "redis: clock went back past store.redis.max_clock_regression"
+                    );
+                }
+                Attempt::Answered(Outcome::Unavailable(Unavailable::ClockUnsafe))
+            }
+            Err(malformed) => {
+                RedisStats::bump(&self.stats.malformed);
+                if self.stats.may_warn() {
+                    tracing::warn!(
+                        reason = malformed.0,
+                        algorithm = request.script.algorithm.name(),
+                        "redis: malformed script reply"
+                    );
+                }
+                Attempt::Answered(Outcome::Incompatible(Incompatible::MalformedReply))
+            }
+        }
+    }
+
+    fn failed_after_send(&self, error: RedisError, progress: &Progress) -> Attempt {
+        match error.code() {
+            // Refused before the script ran: nothing was applied.
+            Some(
+                "OOM" | "BUSY" | "LOADING" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" | "CLUSTERDOWN"
+                | "MOVED" | "ASK" | "MISCONF" | "NOREPLICAS" | "NOAUTH",
+            ) => {
+                RedisStats::bump(&self.stats.refused);
+                if self.stats.may_warn() {
+                    tracing::warn!(error = %error, "redis: refused the evaluation");
+                }
+                Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
+            }
+            // The script raised an error (its argument checks run before any
+            // write), or Redis refused a command inside it (NOPERM): sluice
+            // and this Redis disagree; retrying cannot help.
+            Some(_) => {
+                RedisStats::bump(&self.stats.script_errors);
+                if self.stats.may_warn() {
+                    tracing::warn!(error = %error, "redis: script failed");
+                }
+                Attempt::Answered(Outcome::Incompatible(Incompatible::MalformedReply))
+            }
+            None => {
+                RedisStats::bump(&self.stats.connection_lost);
+                tracing::debug!(error = %error, "redis: no reply to a sent evaluation");
+                if let Some(checkout) = &progress.sent {
+                    if broken_connection(&error) {
+                        self.lanes.retire(checkout);
+                    }
+                }
+                Attempt::Ambiguous
+            }
+        }
+    }
+
+    async fn load(
+        &self,
+        script: &Script,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), RedisError> {
+        let sha: String = script.load_command().query_async(conn).await?;
+        RedisStats::bump(&self.stats.script_loads);
+        if sha != script.sha {
+            return Err(RedisError::from((
+                ErrorKind::ResponseError,
+                "SCRIPT LOAD returned another SHA-1",
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn load_all(&self) -> Result<(), RedisError> {
+        let mut stage = Stage::Waiting;
+        let checkout = match self.lanes.acquire(&mut stage).await {
+            Ok(checkout) => checkout,
+            Err(AcquireError::Connect(e)) => return Err(e),
+            Err(AcquireError::Exhausted) => {
+                return Err(RedisError::from((
+                    ErrorKind::ClientError,
+                    "no connection available",
+                )))
+            }
+        };
+        let mut conn = checkout.conn.clone();
+        for script in self.scripts.all() {
+            if let Err(e) = self.load(script, &mut conn).await {
+                if broken_connection(&e) {
+                    self.lanes.retire(&checkout);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Errors after which the connection cannot be trusted with another
+/// command: the socket failed, or the reply stream lost its framing.
+fn broken_connection(error: &RedisError) -> bool {
+    error.code().is_none()
+}

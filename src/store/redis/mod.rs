@@ -1,0 +1,180 @@
+//! The Redis store: every replica of an app shares one limit.
+//!
+//! One evaluation is one `EVALSHA` of the policy's algorithm script
+//! (`lua/`), single-key per subject, deciding with Redis `TIME`. Around it:
+//!
+//! - one deadline (`evaluation.deadline`) covers the lane wait, connecting,
+//!   the `EVALSHA`, a `NOSCRIPT` reload and the second `EVALSHA`;
+//! - failures are classified by how far the command got: not sent
+//!   (Unavailable), sent without a confirmed reply (Indeterminate);
+//! - an Indeterminate attempt is retried once, with the same evaluation id,
+//!   while the deadline allows: the script returns the decision it recorded
+//!   for that id instead of charging twice;
+//! - a [`Breaker`] answers at once while Redis keeps failing.
+//!
+//! sluice never sends `EVAL`: scripts are loaded with `SCRIPT LOAD` (by a
+//! background task at start, and again after `NOSCRIPT`).
+
+mod call;
+mod pool;
+mod reply;
+mod scripts;
+mod stats;
+
+pub use stats::RedisStats;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config;
+use crate::limit::{Incompatible, Outcome, Unavailable};
+
+use super::breaker::Breaker;
+use super::Evaluation;
+use call::Request;
+use pool::Lanes;
+use scripts::{Common, Scripts};
+
+/// How long the start-up task gives one attempt at connecting and loading
+/// the scripts (a TLS handshake over a real network included).
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(2);
+const PREPARE_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedisSetupError {
+    // Never quotes the URL: it carries the password.
+    #[error("store.redis.url is not a valid redis:// or rediss:// URL")]
+    Url,
+    #[error("store.redis.ca_file is set but store.redis.url is not rediss://")]
+    CaFileWithoutTls,
+    #[error("store.redis.ca_file {}: {reason}", path.display())]
+    CaFile { path: PathBuf, reason: String },
+    #[error("the Redis connection pool could not be built: {0}")]
+    Pool(String),
+    #[error("the Redis store must be created inside a Tokio runtime")]
+    NoRuntime,
+}
+
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    lanes: Lanes,
+    scripts: Scripts,
+    common: Common,
+    breaker: Breaker,
+    /// Redis answered and every script is loaded (readiness).
+    prepared: AtomicBool,
+    stats: RedisStats,
+}
+
+impl RedisStore {
+    /// Builds the pool and starts connecting in the background: Redis need
+    /// not be up yet. [`RedisStore::ready`] turns true once Redis answered
+    /// and every script is loaded.
+    pub fn connect(
+        redis: &config::RedisStore,
+        store: &config::Store,
+    ) -> Result<RedisStore, RedisSetupError> {
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
+        let inner = Arc::new(Inner {
+            lanes: Lanes::new(redis)?,
+            scripts: Scripts::new(),
+            common: Common {
+                key_prefix: redis.key_prefix.clone(),
+                ttl_grace: store.ttl_grace,
+                max_clock_regression: redis.max_clock_regression,
+                dedupe_window: redis.dedupe_window,
+                dedupe_max: redis.dedupe_max,
+            },
+            breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
+            prepared: AtomicBool::new(false),
+            stats: RedisStats::default(),
+        });
+        runtime.spawn(prepare(Arc::downgrade(&inner)));
+        Ok(RedisStore { inner })
+    }
+
+    pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        let inner = &*self.inner;
+        let policy = evaluation.policy;
+        if evaluation.cost == 0 || evaluation.cost > policy.bands.max_cost() {
+            return Outcome::Incompatible(Incompatible::CostAboveMaximum);
+        }
+        let now = Instant::now();
+        if evaluation.deadline <= now {
+            RedisStats::bump(&inner.stats.budget_spent);
+            return Outcome::Unavailable(Unavailable::AdmissionRejected);
+        }
+        let Some(permit) = inner.breaker.try_acquire(now) else {
+            RedisStats::bump(&inner.stats.breaker_rejected);
+            return Outcome::Unavailable(Unavailable::AdmissionRejected);
+        };
+        let script = inner.scripts.get(policy.algorithm());
+        let request = Request {
+            script,
+            cmd: scripts::evalsha(script, &inner.common, evaluation),
+            bands: policy.bands.len(),
+            approximate: !policy.algorithm().is_exact(),
+            deadline: evaluation.deadline,
+        };
+        let (outcome, health) = inner.decide(&request).await;
+        permit.report(health, Instant::now());
+        outcome
+    }
+
+    /// Redis answered and the scripts are loaded, and the breaker is not
+    /// refusing requests.
+    pub fn ready(&self) -> bool {
+        self.inner.prepared.load(Ordering::Acquire) && self.inner.breaker.admits(Instant::now())
+    }
+
+    pub fn stats(&self) -> &RedisStats {
+        &self.inner.stats
+    }
+
+    /// Whether the breaker is currently refusing requests.
+    pub fn breaker_open(&self) -> bool {
+        !self.inner.breaker.admits(Instant::now())
+    }
+
+    /// How many times the breaker has opened.
+    pub fn breaker_opened_total(&self) -> u64 {
+        self.inner.breaker.opened_total()
+    }
+
+    /// Connections currently open: at most one per lane, and there are
+    /// `pool_size` lanes or one per core, whichever is fewer.
+    pub fn connections(&self) -> usize {
+        self.inner.lanes.connected()
+    }
+}
+
+/// Connects and loads every script, retrying with backoff until it works
+/// or the store is dropped. Readiness waits for it.
+async fn prepare(inner: Weak<Inner>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let Some(store) = inner.upgrade() else {
+            return;
+        };
+        match tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await {
+            Ok(Ok(())) => {
+                store.prepared.store(true, Ordering::Release);
+                tracing::info!("redis: connected, scripts loaded");
+                return;
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "redis: not ready yet"),
+            Err(_) => tracing::warn!("redis: not ready yet: timed out"),
+        }
+        drop(store);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(PREPARE_BACKOFF_MAX);
+    }
+}

@@ -1,0 +1,201 @@
+//! The Lua scripts (one per algorithm, `lua/`) and the one command that
+//! runs them: `EVALSHA` with the keys and arguments `lua/README.md` states.
+
+use std::time::Duration;
+
+use redis::Cmd;
+
+use crate::limit::{micros, Algorithm, Bands, Policy};
+use crate::subject::Pseudonym;
+
+use crate::store::Evaluation;
+
+/// One embedded script and its SHA-1, computed here so sluice never needs
+/// `EVAL` (which a least-privilege Redis user may not run).
+pub struct Script {
+    pub algorithm: Algorithm,
+    pub source: &'static str,
+    pub sha: String,
+}
+
+impl Script {
+    fn new(algorithm: Algorithm, source: &'static str) -> Script {
+        Script {
+            algorithm,
+            source,
+            sha: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    pub fn load_command(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.source);
+        cmd
+    }
+}
+
+pub struct Scripts([Script; 5]);
+
+pub const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingCounter,
+    Algorithm::SlidingLog,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+];
+
+impl Scripts {
+    pub fn new() -> Scripts {
+        Scripts(ALGORITHMS.map(|a| Script::new(a, source(a))))
+    }
+
+    pub fn get(&self, algorithm: Algorithm) -> &Script {
+        // ALGORITHMS lists every variant once, in this order.
+        &self.0[index(algorithm)]
+    }
+
+    pub fn all(&self) -> &[Script] {
+        &self.0
+    }
+}
+
+fn index(algorithm: Algorithm) -> usize {
+    match algorithm {
+        Algorithm::FixedWindow => 0,
+        Algorithm::SlidingCounter => 1,
+        Algorithm::SlidingLog => 2,
+        Algorithm::TokenBucket => 3,
+        Algorithm::Gcra => 4,
+    }
+}
+
+pub fn source(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow => include_str!("../../../lua/fixed_window.lua"),
+        Algorithm::SlidingCounter => include_str!("../../../lua/sliding_counter.lua"),
+        Algorithm::SlidingLog => include_str!("../../../lua/sliding_log.lua"),
+        Algorithm::TokenBucket => include_str!("../../../lua/token_bucket.lua"),
+        Algorithm::Gcra => include_str!("../../../lua/gcra.lua"),
+    }
+}
+
+/// The per-store arguments every script takes besides the policy's bands.
+#[derive(Debug, Clone)]
+pub struct Common {
+    pub key_prefix: String,
+    pub ttl_grace: Duration,
+    pub max_clock_regression: Duration,
+    pub dedupe_window: Duration,
+    pub dedupe_max: u32,
+}
+
+/// The state key of one (policy, revision, subject) and the two keys that
+/// remember applied evaluation ids. The braces are a Redis Cluster hash
+/// tag around the per-subject part, so all three share one slot.
+pub fn keys(prefix: &str, policy: &Policy, subject: &Pseudonym) -> [String; 3] {
+    let state = format!("{prefix}:{{{}:{}:{subject}}}", policy.name, policy.revision);
+    let ids = format!("{state}:ids");
+    let decisions = format!("{state}:dec");
+    [state, ids, decisions]
+}
+
+/// `EVALSHA sha 3 state ids decisions id cost ttl_ms max_regression_us
+/// dedupe_window_ms dedupe_max bands <per band...>`.
+pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
+    let policy = evaluation.policy;
+    let bands = &policy.bands;
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&script.sha).arg(3);
+    for key in keys(&common.key_prefix, policy, evaluation.subject) {
+        cmd.arg(key);
+    }
+    cmd.arg(evaluation.id.to_string())
+        .arg(evaluation.cost)
+        .arg(ceil_ms(bands.horizon() + common.ttl_grace))
+        .arg(micros(common.max_clock_regression))
+        .arg(ceil_ms(common.dedupe_window))
+        .arg(common.dedupe_max)
+        .arg(bands.len());
+    match bands {
+        Bands::FixedWindow(b) | Bands::SlidingCounter(b) | Bands::SlidingLog(b) => {
+            for band in b {
+                cmd.arg(band.limit.get()).arg(micros(band.window));
+            }
+        }
+        Bands::TokenBucket(b) => {
+            for band in b {
+                cmd.arg(band.capacity.get())
+                    .arg(band.refill_tokens.get())
+                    .arg(micros(band.refill_every));
+            }
+        }
+        Bands::Gcra(b) => {
+            for band in b {
+                cmd.arg(band.limit.get())
+                    .arg(micros(band.window))
+                    .arg(band.burst.get());
+            }
+        }
+    }
+    cmd
+}
+
+/// Whole milliseconds, rounded up and at least one: a TTL or window cut
+/// short would forget state that still matters.
+fn ceil_ms(d: Duration) -> u64 {
+    micros(d).div_ceil(1000).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEGIN: &str = "-- common:begin";
+    const END: &str = "-- common:end";
+
+    fn common_block(source: &str) -> &str {
+        let start = source.find(BEGIN).expect("common:begin marker");
+        let end = source.find(END).expect("common:end marker");
+        &source[start..end]
+    }
+
+    #[test]
+    fn every_script_starts_with_a_shebang_and_shares_the_common_block() {
+        let scripts = Scripts::new();
+        let first = common_block(scripts.all()[0].source);
+        for script in scripts.all() {
+            assert!(
+                script.source.starts_with("#!lua\n"),
+                "{}",
+                script.algorithm.name()
+            );
+            assert_eq!(
+                common_block(script.source),
+                first,
+                "{} drifted from the common block",
+                script.algorithm.name()
+            );
+            assert!(!script.source.contains("EVAL"), "scripts never nest EVAL");
+        }
+    }
+
+    #[test]
+    fn scripts_are_distinct_and_indexed_by_algorithm() {
+        let scripts = Scripts::new();
+        for a in ALGORITHMS {
+            assert_eq!(scripts.get(a).algorithm, a);
+            assert_eq!(scripts.get(a).sha.len(), 40);
+        }
+        let mut shas: Vec<_> = scripts.all().iter().map(|s| &s.sha).collect();
+        shas.dedup();
+        assert_eq!(shas.len(), 5);
+    }
+
+    #[test]
+    fn ceil_ms_never_shortens() {
+        assert_eq!(ceil_ms(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_ms(Duration::from_micros(1001)), 2);
+        assert_eq!(ceil_ms(Duration::from_millis(5)), 5);
+        assert_eq!(ceil_ms(Duration::ZERO), 1);
+    }
+}

@@ -1,0 +1,1085 @@
+//! The Redis store against real `redis-server` processes: the same decisions
+//! as the memory store, exact limits under concurrency, all-or-nothing
+//! bands, and the failure classification (kill, restart, SCRIPT FLUSH,
+//! CLIENT PAUSE, a lost reply, ACL, TLS).
+
+mod support_redis;
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use redis::Commands;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use sluice::config::{self, OnFailure, Secret, StoreKind};
+use sluice::limit::{
+    Bands, BucketBand, Decision, GcraBand, Incompatible, Micros, Outcome, Policy, Unavailable,
+    WindowBand,
+};
+use sluice::store::memory::MemoryStore;
+use sluice::store::redis::RedisStore;
+use sluice::store::{Evaluation, EvaluationId};
+use sluice::subject::{Pseudonym, PseudonymKey};
+use support_redis::RedisServer;
+
+const BUDGET: Duration = Duration::from_millis(500);
+/// Scheduling slack on a loaded two-core machine.
+const MARGIN: Duration = Duration::from_millis(150);
+
+fn redis_config(url: String) -> config::RedisStore {
+    config::RedisStore {
+        url: Secret(url),
+        pool_size: 2,
+        ca_file: None,
+        key_prefix: "sluice".to_owned(),
+        max_clock_regression: Duration::from_secs(1),
+        dedupe_window: Duration::from_secs(5),
+        dedupe_max: 256,
+        breaker_failures: 5,
+        breaker_cooldown: Duration::from_secs(1),
+    }
+}
+
+fn store_config(redis: &config::RedisStore, budget: Duration) -> config::Store {
+    config::Store {
+        kind: StoreKind::Redis(redis.clone()),
+        budget,
+        on_failure: OnFailure::Deny,
+        failure_retry_after: Duration::from_secs(1),
+        ttl_grace: Duration::from_secs(1),
+    }
+}
+
+async fn connect_with(redis: config::RedisStore, budget: Duration) -> RedisStore {
+    let store = RedisStore::connect(&redis, &store_config(&redis, budget)).expect("connect");
+    wait_ready(&store).await;
+    store
+}
+
+async fn connect(server: &RedisServer) -> RedisStore {
+    connect_with(redis_config(server.url()), BUDGET).await
+}
+
+async fn wait_ready(store: &RedisStore) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !store.ready() {
+        assert!(Instant::now() < deadline, "store never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("non-zero")
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn window(limit: u32, window_ms: u64) -> WindowBand {
+    WindowBand {
+        limit: nz(limit),
+        window: ms(window_ms),
+    }
+}
+
+fn bucket(capacity: u32, refill: u32, every_ms: u64) -> BucketBand {
+    BucketBand {
+        capacity: nz(capacity),
+        refill_tokens: nz(refill),
+        refill_every: ms(every_ms),
+    }
+}
+
+fn gcra(limit: u32, window_ms: u64, burst: u32) -> GcraBand {
+    GcraBand {
+        limit: nz(limit),
+        window: ms(window_ms),
+        burst: nz(burst),
+    }
+}
+
+fn policy(name: &str, bands: Bands) -> Policy {
+    Policy {
+        name: name.into(),
+        revision: "r1".into(),
+        bands,
+        shadow: false,
+    }
+}
+
+fn subject(identity: &str) -> Pseudonym {
+    PseudonymKey::new(b"redis store test key", 1).pseudonym(
+        "header:x-api-key",
+        identity.as_bytes(),
+        "api",
+    )
+}
+
+/// The documented key layout, written out independently of the store.
+fn state_key(policy: &Policy, subject: &Pseudonym) -> String {
+    format!("sluice:{{{}:{}:{subject}}}", policy.name, policy.revision)
+}
+
+fn evaluation<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32) -> Evaluation<'a> {
+    Evaluation {
+        policy,
+        subject,
+        cost,
+        deadline: Instant::now() + BUDGET,
+        id: EvaluationId::random(),
+    }
+}
+
+async fn eval(store: &RedisStore, policy: &Policy, subject: &Pseudonym, cost: u32) -> Outcome {
+    store.evaluate(&evaluation(policy, subject, cost)).await
+}
+
+fn allowed(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Allowed(_))
+}
+
+fn decision(outcome: &Outcome) -> Decision {
+    match outcome {
+        Outcome::Allowed(d) | Outcome::Denied(d) => *d,
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+fn redis_time(conn: &mut redis::Connection) -> Micros {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(conn).expect("TIME");
+    s * 1_000_000 + us
+}
+
+fn commandstats(conn: &mut redis::Connection) -> Vec<(String, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO");
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+fn all_bands() -> Vec<(&'static str, Bands)> {
+    vec![
+        (
+            "fixed",
+            Bands::FixedWindow(vec![window(4, 1000), window(7, 3000)]),
+        ),
+        (
+            "counter",
+            Bands::SlidingCounter(vec![window(4, 1000), window(7, 3000)]),
+        ),
+        (
+            "log",
+            Bands::SlidingLog(vec![window(4, 1000), window(7, 3000)]),
+        ),
+        (
+            "bucket",
+            Bands::TokenBucket(vec![bucket(4, 1, 250), bucket(7, 2, 1000)]),
+        ),
+        (
+            "gcra",
+            Bands::Gcra(vec![gcra(8, 1000, 4), gcra(20, 10_000, 7)]),
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Conformance: the same decisions as the memory store.
+// ---------------------------------------------------------------------------
+
+/// (advance µs, cost) per request.
+type Steps = Vec<(Micros, u32)>;
+
+/// Runs `steps` of (advance µs, cost) against both stores at exactly the
+/// same times. Redis decides at `max(TIME, t)`, `t` being the key's last
+/// write: pinning `t` ahead of `TIME` (within `max_clock_regression`) makes
+/// Redis decide at a chosen instant, so decisions and every duration must
+/// match to the microsecond.
+async fn conform_pinned(
+    server: &RedisServer,
+    store: &RedisStore,
+    name: &str,
+    bands: Bands,
+    steps: &[(Micros, u32)],
+) {
+    let memory = MemoryStore::new(1000, Duration::from_secs(1));
+    let policy = policy(name, bands);
+    let subject = subject(name);
+    let key = state_key(&policy, &subject);
+    let mut conn = server.connection();
+    let mut now = redis_time(&mut conn) + 60_000_000;
+    for (i, &(advance, cost)) in steps.iter().enumerate() {
+        now += advance;
+        let _: () = conn.hset(&key, "t", now).expect("pin t");
+        let ev = evaluation(&policy, &subject, cost);
+        let from_redis = store.evaluate(&ev).await;
+        let from_memory = memory.evaluate_at(&ev, now);
+        assert_eq!(
+            from_redis, from_memory,
+            "{name}: step {i} (advance {advance} us, cost {cost}) differs"
+        );
+    }
+}
+
+fn random_steps(seed: u64, bands: &Bands, longest: Micros, n: usize) -> Steps {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let max_cost = bands.max_cost();
+    (0..n)
+        .map(|_| {
+            let advance = match rng.random_range(0..10) {
+                0..=3 => 0,
+                4..=7 => rng.random_range(0..longest / 4),
+                _ => rng.random_range(0..longest * 3 / 2),
+            };
+            let cost = if rng.random_bool(0.7) {
+                1
+            } else {
+                rng.random_range(1..=max_cost)
+            };
+            (advance, cost)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_table_matches_the_memory_store() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    // Room for pinning Redis' decision time ahead of its clock.
+    config.max_clock_regression = Duration::from_secs(24 * 3600);
+    let store = connect_with(config, BUDGET).await;
+
+    // Hand-written sequences: fill a band, deny, cross window boundaries,
+    // multi-unit costs, long idle gaps.
+    let ms = 1000;
+    let designed: Vec<(&str, Bands, Steps)> = vec![
+        (
+            "fixed-designed",
+            Bands::FixedWindow(vec![window(3, 1000), window(5, 2000)]),
+            vec![
+                (150 * ms, 1),
+                (0, 1),
+                (0, 1),
+                (0, 1),
+                (1000 * ms, 1),
+                (0, 1),
+                (0, 1),
+                (0, 2),
+                (900 * ms, 2),
+                (5000 * ms, 3),
+            ],
+        ),
+        (
+            "counter-designed",
+            Bands::SlidingCounter(vec![window(10, 1000)]),
+            vec![
+                (310 * ms, 4),
+                (0, 6),
+                (0, 1),
+                (1000 * ms, 3),
+                (0, 2),
+                (200 * ms, 2),
+                (2000 * ms, 1),
+                (999 * ms, 10),
+                (ms, 1),
+            ],
+        ),
+        (
+            "bucket-designed",
+            Bands::TokenBucket(vec![bucket(4, 1, 500), bucket(10, 5, 2000)]),
+            vec![
+                (100 * ms, 3),
+                (0, 2),
+                (600 * ms, 2),
+                (0, 1),
+                (2000 * ms, 4),
+                (0, 1),
+                (499 * ms, 1),
+                (ms, 1),
+            ],
+        ),
+        (
+            "gcra-designed",
+            Bands::Gcra(vec![gcra(10, 1000, 3), gcra(20, 10_000, 10)]),
+            vec![
+                (100 * ms, 1),
+                (0, 2),
+                (0, 1),
+                (150 * ms, 1),
+                (0, 1),
+                (1000 * ms, 3),
+                (99 * ms, 1),
+                (ms, 1),
+            ],
+        ),
+    ];
+    for (name, bands, steps) in designed {
+        conform_pinned(&server, &store, name, bands, &steps).await;
+    }
+
+    // Random sequences, every pinned algorithm, two bands each.
+    let random: Vec<(&str, Bands, Micros)> = vec![
+        (
+            "fixed-random",
+            Bands::FixedWindow(vec![window(5, 700), window(12, 3000)]),
+            3_000_000,
+        ),
+        (
+            "counter-random",
+            Bands::SlidingCounter(vec![window(5, 700), window(12, 3000)]),
+            3_000_000,
+        ),
+        (
+            "bucket-random",
+            Bands::TokenBucket(vec![bucket(5, 2, 300), bucket(12, 3, 1100)]),
+            4_000_000,
+        ),
+        (
+            "gcra-random",
+            Bands::Gcra(vec![gcra(7, 1000, 3), gcra(30, 9000, 8)]),
+            9_000_000,
+        ),
+    ];
+    for (seed, (name, bands, longest)) in random.into_iter().enumerate() {
+        let steps = random_steps(seed as u64, &bands, longest, 300);
+        conform_pinned(&server, &store, name, bands, &steps).await;
+    }
+}
+
+/// The sliding log keeps one entry per admitted unit, so its time cannot be
+/// pinned through a field. Instead the log is aged by moving every entry
+/// back by the step's advance: Redis decides at its own `TIME`, a few
+/// milliseconds of real time apart between steps. The steps keep every
+/// entry at least 40 ms away from a window edge, so decisions must match
+/// exactly and durations within that slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_conforms_with_redis_time() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let bands = Bands::SlidingLog(vec![window(3, 1000), window(5, 3000)]);
+    let ms = 1000;
+    let steps: Vec<(Micros, u32)> = vec![
+        (100 * ms, 1),
+        (100 * ms, 2),
+        (100 * ms, 1),
+        (850 * ms, 1),
+        (0, 1),
+        (500 * ms, 1),
+        (0, 1),
+        (1500 * ms, 2),
+        (0, 3),
+        (3100 * ms, 3),
+    ];
+    let slack = Duration::from_millis(40);
+
+    for attempt in 0.. {
+        let name = format!("log-designed-{attempt}");
+        let policy = policy(&name, bands.clone());
+        let subject = subject(&name);
+        let key = state_key(&policy, &subject);
+        let memory = MemoryStore::new(1000, Duration::from_secs(1));
+        let mut conn = server.connection();
+        let started = std::time::Instant::now();
+        let mut now = redis_time(&mut conn);
+        let mut results = Vec::new();
+        for &(advance, cost) in &steps {
+            now += advance;
+            let entries: Vec<(String, f64)> = conn.zrange_withscores(&key, 0, -1).expect("ZRANGE");
+            for (member, score) in entries {
+                let _: () = redis::cmd("ZADD")
+                    .arg(&key)
+                    .arg("XX")
+                    .arg(score - advance as f64)
+                    .arg(member)
+                    .query(&mut conn)
+                    .expect("ZADD XX");
+            }
+            let ev = evaluation(&policy, &subject, cost);
+            results.push((
+                store.evaluate(&ev).await,
+                memory.evaluate_at(&ev, now + started.elapsed().as_micros() as u64),
+            ));
+        }
+        // On a machine too loaded to keep the slack, run it again.
+        if started.elapsed() > slack {
+            assert!(attempt < 5, "machine too loaded for this test");
+            continue;
+        }
+        for (i, (from_redis, from_memory)) in results.iter().enumerate() {
+            let (r, m) = (decision(from_redis), decision(from_memory));
+            let close = |a: Duration, b: Duration| a.abs_diff(b) <= slack;
+            assert!(
+                r.allowed == m.allowed
+                    && r.band == m.band
+                    && r.remaining == m.remaining
+                    && close(r.reset_after, m.reset_after)
+                    && close(r.retry_after, m.retry_after),
+                "step {i}: redis {r:?} memory {m:?}"
+            );
+        }
+        break;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Exactness
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    config.pool_size = 4;
+    let store = Arc::new(connect_with(config, Duration::from_secs(5)).await);
+    let hour = 3_600_000;
+    let cases = [
+        ("log", Bands::SlidingLog(vec![window(10, hour)])),
+        ("fixed", Bands::FixedWindow(vec![window(10, hour)])),
+        ("bucket", Bands::TokenBucket(vec![bucket(10, 1, hour)])),
+        ("gcra", Bands::Gcra(vec![gcra(10, hour, 10)])),
+    ];
+    for (name, bands) in cases {
+        let policy = Arc::new(policy(name, bands));
+        let subject = subject(name);
+        let release = Arc::new(tokio::sync::Barrier::new(100));
+        let tasks: Vec<_> = (0..100)
+            .map(|_| {
+                let (store, policy, release) = (store.clone(), policy.clone(), release.clone());
+                tokio::spawn(async move {
+                    release.wait().await;
+                    let ev = Evaluation {
+                        policy: &policy,
+                        subject: &subject,
+                        cost: 1,
+                        deadline: Instant::now() + Duration::from_secs(5),
+                        id: EvaluationId::random(),
+                    };
+                    store.evaluate(&ev).await
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for task in tasks {
+            let outcome = task.await.expect("task");
+            assert!(
+                matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_)),
+                "{name}: {outcome:?}"
+            );
+            admitted += usize::from(allowed(&outcome));
+        }
+        assert_eq!(admitted, 10, "{name}");
+    }
+}
+
+/// A request denied by one band leaves every band's stored state as it was:
+/// checked in Redis itself, not through the next decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_writes_nothing_to_any_band() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let hour = 3_600_000;
+    let cases = [
+        (
+            "fixed",
+            Bands::FixedWindow(vec![window(100, hour), window(2, hour)]),
+        ),
+        (
+            "counter",
+            Bands::SlidingCounter(vec![window(100, hour), window(2, hour)]),
+        ),
+        (
+            "log",
+            Bands::SlidingLog(vec![window(100, hour), window(2, hour)]),
+        ),
+        (
+            "bucket",
+            Bands::TokenBucket(vec![bucket(100, 1, hour), bucket(2, 1, hour)]),
+        ),
+        (
+            "gcra",
+            Bands::Gcra(vec![gcra(100, hour, 100), gcra(2, hour, 2)]),
+        ),
+    ];
+    for (name, bands) in cases {
+        let policy = policy(name, bands);
+        let subject = subject(name);
+        let key = state_key(&policy, &subject);
+        for _ in 0..2 {
+            assert!(allowed(&eval(&store, &policy, &subject, 1).await), "{name}");
+        }
+        let snapshot = |conn: &mut redis::Connection| -> Vec<(String, String)> {
+            if name == "log" {
+                conn.zrange_withscores(&key, 0, -1).expect("ZRANGE")
+            } else {
+                conn.hgetall(&key).expect("HGETALL")
+            }
+        };
+        let before = snapshot(&mut conn);
+        assert!(!before.is_empty(), "{name}: nothing stored");
+        let denied = eval(&store, &policy, &subject, 1).await;
+        assert_eq!(decision(&denied).band, 1, "{name}: {denied:?}");
+        assert!(!decision(&denied).allowed);
+        assert_eq!(
+            snapshot(&mut conn),
+            before,
+            "{name}: a denied request wrote"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Failures
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_fails_fast_and_a_fresh_one_recovers() {
+    let mut server = RedisServer::start();
+    let budget = ms(100);
+    let mut config = redis_config(server.url());
+    config.breaker_failures = 3;
+    config.breaker_cooldown = ms(300);
+    let store = connect_with(config, budget).await;
+    let policy = policy("kill", Bands::FixedWindow(vec![window(1000, 3_600_000)]));
+    let subject = subject("kill");
+    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+
+    server.kill();
+    let mut seen_rejected = false;
+    for _ in 0..40 {
+        let started = Instant::now();
+        let ev = Evaluation {
+            deadline: started + budget,
+            ..evaluation(&policy, &subject, 1)
+        };
+        let outcome = store.evaluate(&ev).await;
+        assert!(
+            started.elapsed() <= budget + MARGIN,
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            matches!(outcome, Outcome::Unavailable(_) | Outcome::Indeterminate),
+            "{outcome:?}"
+        );
+        seen_rejected |= outcome == Outcome::Unavailable(Unavailable::AdmissionRejected);
+        tokio::time::sleep(ms(10)).await;
+    }
+    assert!(seen_rejected, "the breaker never opened");
+    assert!(store.breaker_opened_total() >= 1);
+    assert!(store.stats().unreachable.load(Ordering::Relaxed) >= 1);
+
+    let loads_before = store.stats().script_loads.load(Ordering::Relaxed);
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if allowed(&eval(&store, &policy, &subject, 1).await) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no recovery within 5 s");
+        tokio::time::sleep(ms(50)).await;
+    }
+    // The fresh server had no scripts: NOSCRIPT, then loaded again.
+    assert!(store.stats().noscript.load(Ordering::Relaxed) >= 1);
+    assert!(store.stats().script_loads.load(Ordering::Relaxed) > loads_before);
+    assert!(store.ready());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_absorbed() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let policy = policy("flush", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let subject = subject("flush");
+    for _ in 0..3 {
+        assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+    }
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut conn)
+        .expect("SCRIPT FLUSH");
+    let outcomes = [
+        eval(&store, &policy, &subject, 1).await,
+        eval(&store, &policy, &subject, 1).await,
+        eval(&store, &policy, &subject, 1).await,
+    ];
+    assert!(
+        allowed(&outcomes[0]) && allowed(&outcomes[1]),
+        "{outcomes:?}"
+    );
+    assert!(matches!(outcomes[2], Outcome::Denied(_)), "{outcomes:?}");
+    assert!(store.stats().noscript.load(Ordering::Relaxed) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_pause_longer_than_the_budget_answers_within_it() {
+    let server = RedisServer::start();
+    let budget = ms(100);
+    let mut config = redis_config(server.url());
+    config.breaker_cooldown = ms(200);
+    let store = connect_with(config, budget).await;
+    let mut conn = server.connection();
+    let policy = policy("pause", Bands::SlidingLog(vec![window(1000, 3_600_000)]));
+    let subject = subject("pause");
+    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("ALL")
+        .query(&mut conn)
+        .expect("CLIENT PAUSE");
+    let paused = Instant::now();
+    while paused.elapsed() < ms(1000) {
+        let started = Instant::now();
+        let ev = Evaluation {
+            deadline: started + budget,
+            ..evaluation(&policy, &subject, 1)
+        };
+        let outcome = store.evaluate(&ev).await;
+        assert!(
+            started.elapsed() <= budget + MARGIN,
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            matches!(outcome, Outcome::Unavailable(_) | Outcome::Indeterminate),
+            "{outcome:?}"
+        );
+    }
+    assert!(store.stats().timeouts.load(Ordering::Relaxed) >= 1);
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !allowed(&eval(&store, &policy, &subject, 1).await) {
+        assert!(Instant::now() < deadline, "no recovery after the pause");
+        tokio::time::sleep(ms(50)).await;
+    }
+}
+
+/// A relay between the store and Redis that, once armed, forwards the next
+/// `EVALSHA` and then drops its reply and the connection: the script ran
+/// but the store never hears of it.
+struct Relay {
+    port: u16,
+    armed: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
+}
+
+async fn relay(target: u16) -> Relay {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind relay");
+    let port = listener.local_addr().expect("addr").port();
+    let armed = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (a, d) = (armed.clone(), dropped.clone());
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                continue;
+            };
+            tokio::spawn(pipe(client, server, a.clone(), d.clone()));
+        }
+    });
+    Relay {
+        port,
+        armed,
+        dropped,
+    }
+}
+
+async fn pipe(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    armed: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
+) {
+    let (mut client_rx, mut client_tx) = client.into_split();
+    let (mut server_rx, mut server_tx) = server.into_split();
+    let doomed = AtomicBool::new(false);
+    let up = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = client_rx.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let evalsha = buf[..n].windows(7).any(|w| w == b"EVALSHA");
+            if evalsha && armed.swap(false, Ordering::SeqCst) {
+                doomed.store(true, Ordering::SeqCst);
+            }
+            if server_tx.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    let down = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = server_rx.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            if doomed.load(Ordering::SeqCst) {
+                dropped.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            if client_tx.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    // Either side ending drops both sockets.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_retried_once_and_charged_once() {
+    let server = RedisServer::start();
+    let relay = relay(server.port()).await;
+    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
+    config.pool_size = 1;
+    let store = connect_with(config, Duration::from_secs(2)).await;
+    let mut conn = server.connection();
+
+    let cases = [
+        ("fixed", Bands::FixedWindow(vec![window(5, 3_600_000)])),
+        ("log", Bands::SlidingLog(vec![window(5, 3_600_000)])),
+    ];
+    for (round, (name, bands)) in cases.into_iter().enumerate() {
+        let policy = policy(name, bands);
+        let subject = subject(name);
+        let key = state_key(&policy, &subject);
+        relay.armed.store(true, Ordering::SeqCst);
+        let outcome = eval(&store, &policy, &subject, 2).await;
+        assert_eq!(relay.dropped.load(Ordering::SeqCst), round + 1, "{name}");
+        // The recorded decision: the first (and only) charge of 2 out of 5.
+        let d = decision(&outcome);
+        assert!(d.allowed && d.remaining == 3, "{name}: {outcome:?}");
+        let charged: u64 = if name == "log" {
+            conn.zcard(&key).expect("ZCARD")
+        } else {
+            conn.hget(&key, "c1").expect("HGET")
+        };
+        assert_eq!(charged, 2, "{name}: charged twice or not at all");
+        assert_eq!(
+            store.stats().retries.load(Ordering::Relaxed),
+            round as u64 + 1
+        );
+        assert_eq!(
+            store.stats().dedupe_hits.load(Ordering::Relaxed),
+            round as u64 + 1
+        );
+    }
+
+    // A recorded denial replays as that denial.
+    let policy = policy("deny", Bands::FixedWindow(vec![window(1, 3_600_000)]));
+    let subject = subject("deny");
+    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+    relay.armed.store(true, Ordering::SeqCst);
+    let outcome = eval(&store, &policy, &subject, 1).await;
+    assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_evaluation_id_is_applied_once() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let policy = policy("dedupe", Bands::TokenBucket(vec![bucket(5, 1, 3_600_000)]));
+    let subject = subject("dedupe");
+    let ev = evaluation(&policy, &subject, 2);
+    let first = store.evaluate(&ev).await;
+    let again = store
+        .evaluate(&Evaluation {
+            deadline: Instant::now() + BUDGET,
+            ..ev
+        })
+        .await;
+    assert_eq!(first, again);
+    assert_eq!(decision(&first).remaining, 3);
+    let next = eval(&store, &policy, &subject, 1).await;
+    assert_eq!(decision(&next).remaining, 2, "the repeat charged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_far_behind_the_last_write_is_unsafe() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let policy = policy("clock", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let subject = subject("clock");
+    let key = state_key(&policy, &subject);
+    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+
+    // Within max_clock_regression (1 s): decided, no time counted.
+    let now = redis_time(&mut conn);
+    let _: () = conn.hset(&key, "t", now + 500_000).expect("HSET");
+    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+    assert_eq!(
+        store.stats().clock_steps_absorbed.load(Ordering::Relaxed),
+        1
+    );
+
+    // Beyond it: no decision, nothing written.
+    let _: () = conn.hset(&key, "t", now + 10_000_000).expect("HSET");
+    let before: Vec<(String, String)> = conn.hgetall(&key).expect("HGETALL");
+    assert_eq!(
+        eval(&store, &policy, &subject, 1).await,
+        Outcome::Unavailable(Unavailable::ClockUnsafe)
+    );
+    let after: Vec<(String, String)> = conn.hgetall(&key).expect("HGETALL");
+    assert_eq!(before, after);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_state_and_bad_costs_are_incompatible() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let policy = policy("corrupt", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+
+    let subject_a = subject("corrupt-a");
+    let key = state_key(&policy, &subject_a);
+    let _: () = conn.hset(&key, "c1", "not a number").expect("HSET");
+    assert_eq!(
+        eval(&store, &policy, &subject_a, 1).await,
+        Outcome::Incompatible(Incompatible::MalformedReply)
+    );
+    let _: () = conn.del(&key).expect("DEL");
+    let _: () = conn.set(&key, "a string").expect("SET");
+    assert_eq!(
+        eval(&store, &policy, &subject_a, 1).await,
+        Outcome::Incompatible(Incompatible::MalformedReply)
+    );
+
+    let before = commandstats(&mut conn);
+    let subject_b = subject("corrupt-b");
+    assert_eq!(
+        eval(&store, &policy, &subject_b, 6).await,
+        Outcome::Incompatible(Incompatible::CostAboveMaximum)
+    );
+    assert_eq!(
+        eval(&store, &policy, &subject_b, 0).await,
+        Outcome::Incompatible(Incompatible::CostAboveMaximum)
+    );
+    let spent = Evaluation {
+        deadline: Instant::now() - ms(1),
+        ..evaluation(&policy, &subject_b, 1)
+    };
+    assert_eq!(
+        store.evaluate(&spent).await,
+        Outcome::Unavailable(Unavailable::AdmissionRejected)
+    );
+    let evalsha = |stats: &[(String, u64)]| {
+        stats
+            .iter()
+            .find(|(n, _)| n == "evalsha")
+            .map_or(0, |(_, c)| *c)
+    };
+    assert_eq!(
+        evalsha(&commandstats(&mut conn)),
+        evalsha(&before),
+        "Redis was asked anyway"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_redis_and_the_scripts() {
+    let port = support_redis::free_port();
+    let config = redis_config(format!("redis://127.0.0.1:{port}"));
+    let store = RedisStore::connect(&config, &store_config(&config, BUDGET)).expect("connect");
+    tokio::time::sleep(ms(300)).await;
+    assert!(!store.ready(), "ready with no Redis");
+    let policy = policy("ready", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let subject = subject("ready");
+    assert_eq!(
+        eval(&store, &policy, &subject, 1).await,
+        Outcome::Unavailable(Unavailable::BeforeSend)
+    );
+    let _server = RedisServer::builder().start_on(port);
+    wait_ready(&store).await;
+    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+}
+
+// ---------------------------------------------------------------------------
+// Least privilege, TLS, privacy, cost per request
+// ---------------------------------------------------------------------------
+
+/// The ACL a deployment needs (lua/README.md): EVALSHA, SCRIPT LOAD and
+/// exactly the commands the scripts call, on the key prefix; never EVAL.
+const SLUICE_ACL: &str = "user sluice on >sluice-pw resetchannels ~sluice:* -@all \
+     +evalsha +script|load +ping +time +hget +hmget +hset +hdel +pexpire \
+     +zadd +zcard +zcount +zrange +zrangebyscore +zremrangebyrank +zremrangebyscore";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_eval_limits_exactly() {
+    let server = RedisServer::builder()
+        .config("user default off")
+        .config("user admin on >admin-pw ~* &* +@all")
+        .config(SLUICE_ACL)
+        .admin("admin", "admin-pw")
+        .start();
+    let store = connect_with(redis_config(server.url_as("sluice", "sluice-pw")), BUDGET).await;
+
+    // The user really cannot EVAL.
+    let client = redis::Client::open(server.url_as("sluice", "sluice-pw")).expect("client");
+    let mut plain = client.get_connection().expect("connect as sluice");
+    let eval: redis::RedisResult<i64> = redis::cmd("EVAL").arg("return 1").arg(0).query(&mut plain);
+    assert!(eval.is_err(), "EVAL allowed");
+
+    for (name, bands) in all_bands() {
+        let policy = policy(name, bands);
+        let subject = subject(name);
+        let mut admitted = 0;
+        for _ in 0..12 {
+            let outcome = eval_one(&store, &policy, &subject).await;
+            assert!(
+                matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_)),
+                "{name}: {outcome:?}"
+            );
+            admitted += usize::from(allowed(&outcome));
+        }
+        assert_eq!(admitted, 4, "{name}");
+    }
+}
+
+async fn eval_one(store: &RedisStore, policy: &Policy, subject: &Pseudonym) -> Outcome {
+    eval(store, policy, subject, 1).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_over_tls_with_a_private_ca() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let files = support_redis::tls_files(dir.path());
+    let server = RedisServer::builder().tls(files.clone()).start();
+    assert!(server.url().starts_with("rediss://"));
+
+    let mut config = redis_config(server.url());
+    config.ca_file = Some(files.ca.clone());
+    let store = connect_with(config, BUDGET).await;
+    let policy = policy("tls", Bands::SlidingLog(vec![window(3, 3_600_000)]));
+    let subject = subject("tls");
+    let outcomes = [
+        eval(&store, &policy, &subject, 1).await,
+        eval(&store, &policy, &subject, 2).await,
+        eval(&store, &policy, &subject, 1).await,
+    ];
+    assert!(
+        allowed(&outcomes[0]) && allowed(&outcomes[1]),
+        "{outcomes:?}"
+    );
+    assert!(matches!(outcomes[2], Outcome::Denied(_)), "{outcomes:?}");
+
+    // Without the CA the server is not trusted: nothing is sent.
+    let untrusting = redis_config(server.url());
+    let store =
+        RedisStore::connect(&untrusting, &store_config(&untrusting, BUDGET)).expect("connect");
+    assert_eq!(
+        eval(&store, &policy, &subject, 1).await,
+        Outcome::Unavailable(Unavailable::BeforeSend)
+    );
+    assert!(!store.ready());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_hold_no_identity_and_all_expire() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let identities = ["alice-api-key-7f3a9", "203.0.113.77", "2001:db8::42"];
+    for (name, bands) in all_bands() {
+        let policy = policy(name, bands);
+        for identity in identities {
+            let subject = PseudonymKey::new(b"redis store test key", 1).pseudonym(
+                "header:x-api-key",
+                identity.as_bytes(),
+                "api",
+            );
+            for _ in 0..6 {
+                eval(&store, &policy, &subject, 1).await;
+            }
+        }
+    }
+    let keys: Vec<String> = conn.keys("*").expect("KEYS");
+    assert_eq!(keys.len(), 5 * 3 * 3, "{keys:?}");
+    for key in keys {
+        // Three keys per subject share one Redis Cluster hash slot.
+        let tag = &key[key.find('{').expect("hash tag")..=key.find('}').expect("hash tag")];
+        assert!(tag.contains(":v1:"), "{key}");
+        let ttl: i64 = conn.pttl(&key).expect("PTTL");
+        assert!(ttl > 0, "{key} has no TTL");
+        let dump = match conn.key_type::<_, String>(&key).expect("TYPE").as_str() {
+            "hash" => format!(
+                "{:?}",
+                conn.hgetall::<_, Vec<(String, String)>>(&key)
+                    .expect("HGETALL")
+            ),
+            "zset" => format!(
+                "{:?}",
+                conn.zrange_withscores::<_, Vec<(String, f64)>>(&key, 0, -1)
+                    .expect("ZRANGE")
+            ),
+            other => panic!("{key}: unexpected type {other}"),
+        };
+        for identity in identities {
+            assert!(!key.contains(identity) && !dump.contains(identity), "{key}");
+        }
+    }
+}
+
+/// The commands the scripts call, which `INFO commandstats` counts too.
+const SCRIPT_COMMANDS: [&str; 13] = [
+    "time",
+    "hget",
+    "hmget",
+    "hset",
+    "hdel",
+    "pexpire",
+    "zadd",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zrangebyscore",
+    "zremrangebyrank",
+    "zremrangebyscore",
+];
+
+/// The target cost of a decision: one EVALSHA sent, nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evalsha_per_decision() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .expect("RESETSTAT");
+    let policy = policy("cost", Bands::Gcra(vec![gcra(1000, 1000, 1000)]));
+    for i in 0..200 {
+        let outcome = eval(&store, &policy, &subject(&format!("cost-{}", i % 7)), 1).await;
+        assert!(allowed(&outcome), "{outcome:?}");
+    }
+    let stats = commandstats(&mut conn);
+    let sent: Vec<_> = stats
+        .iter()
+        .filter(|(name, _)| {
+            !SCRIPT_COMMANDS.contains(&name.as_str())
+                && !matches!(name.as_str(), "info" | "config|resetstat")
+        })
+        .collect();
+    assert_eq!(sent, [&("evalsha".to_owned(), 200)], "{stats:?}");
+}

@@ -1,0 +1,307 @@
+//! A real `redis-server` for tests: started on a free loopback port with no
+//! persistence, killed on drop, restartable on the same port (empty, with
+//! no scripts loaded: what a failover or restart looks like).
+//!
+//! A missing `redis-server` binary fails the test: the Redis store is only
+//! ever tested against the real thing, never skipped.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// `REDIS_SERVER` overrides where the binary is looked up.
+fn binary() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// PEM files for a TLS listener, and the CA clients should trust.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+#[derive(Default)]
+pub struct Builder {
+    config: Vec<String>,
+    tls: Option<TlsFiles>,
+    admin: Option<(String, String)>,
+}
+
+impl Builder {
+    /// A line of `redis.conf` (e.g. `user app on >pw ~app:* +get`).
+    pub fn config(mut self, line: &str) -> Builder {
+        self.config.push(line.to_owned());
+        self
+    }
+
+    /// Serve TLS only (`tls-port`; the plain port is closed).
+    pub fn tls(mut self, files: TlsFiles) -> Builder {
+        self.tls = Some(files);
+        self
+    }
+
+    /// The user the helper itself connects as (when `default` is off).
+    pub fn admin(mut self, user: &str, password: &str) -> Builder {
+        self.admin = Some((user.to_owned(), password.to_owned()));
+        self
+    }
+
+    pub fn start(self) -> RedisServer {
+        let mut server = self.server(0);
+        // A free port can be taken between probing and binding: retry.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start; see {}", server.log().display());
+    }
+
+    /// On a port chosen by the caller (e.g. one a store already points at).
+    pub fn start_on(self, port: u16) -> RedisServer {
+        let mut server = self.server(port);
+        assert!(
+            server.spawn(),
+            "redis-server did not start on {port}; see {}",
+            server.log().display()
+        );
+        server
+    }
+
+    fn server(self, port: u16) -> RedisServer {
+        RedisServer {
+            port,
+            dir: tempfile::tempdir().expect("temp dir"),
+            config: self.config,
+            tls: self.tls,
+            admin: self.admin,
+            child: None,
+        }
+    }
+}
+
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    config: Vec<String>,
+    tls: Option<TlsFiles>,
+    admin: Option<(String, String)>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Builder::default().start()
+    }
+
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:port` (or `rediss://`), without credentials.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The same URL with a user and password.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        self.url()
+            .replacen("://", &format!("://{user}:{password}@"), 1)
+    }
+
+    /// A plain (blocking) client as the admin user, for inspecting keys.
+    pub fn client(&self) -> redis::Client {
+        let url = match &self.admin {
+            Some((user, password)) => self.url_as(user, password),
+            None => self.url(),
+        };
+        match &self.tls {
+            None => redis::Client::open(url).expect("client"),
+            Some(tls) => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(&tls.ca).expect("read CA")),
+                },
+            )
+            .expect("TLS client"),
+        }
+    }
+
+    pub fn connection(&self) -> redis::Connection {
+        self.client()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("connect to redis-server")
+    }
+
+    /// Stops the server at once (SIGKILL): no clean shutdown, connections
+    /// reset, like a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A fresh, empty server on the same port (no keys, no scripts).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + START_TIMEOUT;
+        // The port may linger briefly after the kill.
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}; see {}",
+                self.port,
+                self.log().display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// Starts the process and waits until it answers PING. False if it
+    /// exited (the port was taken).
+    fn spawn(&mut self) -> bool {
+        let conf = self.write_config();
+        let child = Command::new(binary())
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) => panic!(
+                "cannot run `{}` ({e}): the Redis store tests need redis-server installed",
+                binary()
+            ),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return false;
+                }
+            }
+            if self.pings() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        false
+    }
+
+    fn pings(&self) -> bool {
+        let Ok(mut conn) = self
+            .client()
+            .get_connection_with_timeout(Duration::from_millis(500))
+        else {
+            return false;
+        };
+        redis::cmd("PING")
+            .query::<String>(&mut conn)
+            .is_ok_and(|p| p == "PONG")
+    }
+
+    fn write_config(&self) -> PathBuf {
+        let path = self.dir.path().join("redis.conf");
+        let mut conf = String::new();
+        let dir = self.dir.path().display();
+        conf.push_str(&format!(
+            "bind 127.0.0.1\nsave \"\"\nappendonly no\ndir {dir}\nlogfile {}\n",
+            self.log().display()
+        ));
+        match &self.tls {
+            None => conf.push_str(&format!("port {}\n", self.port)),
+            Some(tls) => conf.push_str(&format!(
+                "port 0\ntls-port {}\ntls-cert-file {}\ntls-key-file {}\n\
+                 tls-ca-cert-file {}\ntls-auth-clients no\n",
+                self.port,
+                tls.cert.display(),
+                tls.key.display(),
+                tls.ca.display()
+            )),
+        }
+        for line in &self.config {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        let mut file = std::fs::File::create(&path).expect("write redis.conf");
+        file.write_all(conf.as_bytes()).expect("write redis.conf");
+        path
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A CA and a server certificate for 127.0.0.1 / localhost, written as PEM
+/// files into `dir`.
+pub fn tls_files(dir: &Path) -> TlsFiles {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sluice test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("CA cert");
+
+    let server_key = KeyPair::generate().expect("server key");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+    let cert = params
+        .signed_by(&server_key, &ca, &ca_key)
+        .expect("server cert");
+
+    let files = TlsFiles {
+        cert: dir.join("server.pem"),
+        key: dir.join("server.key"),
+        ca: dir.join("ca.pem"),
+    };
+    std::fs::write(&files.cert, cert.pem()).expect("write cert");
+    std::fs::write(&files.key, server_key.serialize_pem()).expect("write key");
+    std::fs::write(&files.ca, ca.pem()).expect("write CA");
+    files
+}

@@ -100,10 +100,13 @@ fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
                 serde_json::json!({"status": "not ready", "reason": why}).to_string(),
             ),
         },
-        "/metrics" => Response::builder()
-            .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
-            .body(Full::new(Bytes::from(crate::telemetry::render_metrics())))
-            .unwrap_or_default(),
+        "/metrics" => {
+            crate::telemetry::sync_store(&health.store);
+            Response::builder()
+                .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
+                .body(Full::new(Bytes::from(crate::telemetry::render_metrics())))
+                .unwrap_or_default()
+        }
         _ => json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.into()),
     }
 }

@@ -15,7 +15,9 @@ use crate::config::{Config, StoreKind};
 use crate::proxy::{Proxy, Upstream};
 use crate::runtime::{Runtime, SharedRuntime};
 use crate::server;
+use crate::store::deny_cache::DenyCache;
 use crate::store::memory::MemoryStore;
+use crate::store::redis::{RedisSetupError, RedisStore};
 use crate::store::Store;
 use crate::subject::PseudonymKey;
 use crate::{reload, telemetry};
@@ -30,6 +32,8 @@ pub enum AppError {
     },
     #[error("TLS: {0}")]
     Tls(#[from] server::tls::TlsError),
+    #[error("Redis store: {0}")]
+    Redis(#[from] RedisSetupError),
 }
 
 /// Listeners bound and everything built, nothing served yet.
@@ -60,7 +64,7 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
             PseudonymKey::random()
         }
     };
-    let store = Arc::new(build_store(&config));
+    let store = Arc::new(build_store(&config)?);
     let tls = match &config.server.tls {
         Some(tls) => Some(server::tls::acceptor(tls)?),
         None => None,
@@ -89,13 +93,20 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
     })
 }
 
-fn build_store(config: &Config) -> Store {
-    match &config.store.kind {
+fn build_store(config: &Config) -> Result<Store, AppError> {
+    Ok(match &config.store.kind {
         StoreKind::Memory(memory) => {
             Store::Memory(MemoryStore::new(memory.max_entries, config.store.ttl_grace))
         }
-        StoreKind::Redis(_) => unimplemented!("redis store"),
-    }
+        StoreKind::Redis(redis) => {
+            // Connects in the background: readiness turns true once Redis
+            // answered and the scripts are loaded.
+            let store = RedisStore::connect(redis, &config.store)?;
+            let cache =
+                (redis.deny_cache_entries > 0).then(|| DenyCache::new(redis.deny_cache_entries));
+            Store::Redis(store, cache)
+        }
+    })
 }
 
 async fn listen(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {

@@ -305,3 +305,29 @@ pub const DENY_CACHE_HITS: &str = "sluice_local_deny_cache_hits_total";
 pub fn deny_cache_hits() -> metrics::Counter {
     metrics::counter!(DENY_CACHE_HITS)
 }
+
+pub const STORE_RETRIES: &str = "sluice_store_retries_total";
+pub const STORE_EVENTS: &str = "sluice_store_events_total";
+pub const BREAKER_OPENED: &str = "sluice_store_breaker_opened_total";
+
+/// Copies the store's own counters into the exported metrics. Called when
+/// `/metrics` is scraped, so the request path only touches atomics.
+pub fn sync_store(store: &crate::store::Store) {
+    let crate::store::Store::Redis(redis, _) = store else {
+        return;
+    };
+    for (kind, value) in redis.stats().counters() {
+        match kind {
+            "script_loads" => metrics::counter!(SCRIPT_LOADS).absolute(value),
+            "dedupe_hits" => metrics::counter!(DEDUPE_HITS).absolute(value),
+            "retries" => metrics::counter!(STORE_RETRIES).absolute(value),
+            // Recovered conditions rather than failed decisions.
+            "noscript" | "clock_steps_absorbed" => {
+                metrics::counter!(STORE_EVENTS, "kind" => kind).absolute(value)
+            }
+            _ => metrics::counter!(STORE_ERRORS, "kind" => kind).absolute(value),
+        }
+    }
+    metrics::gauge!(BREAKER_OPEN).set(if redis.breaker_open() { 1.0 } else { 0.0 });
+    metrics::counter!(BREAKER_OPENED).absolute(redis.breaker_opened_total());
+}

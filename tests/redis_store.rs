@@ -41,6 +41,7 @@ fn redis_config(url: String) -> config::RedisStore {
         dedupe_max: 256,
         breaker_failures: 5,
         breaker_cooldown: Duration::from_secs(1),
+        deny_cache_entries: 0,
     }
 }
 

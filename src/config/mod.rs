@@ -119,6 +119,9 @@ pub struct RedisStore {
     pub dedupe_max: u32,
     pub breaker_failures: u32,
     pub breaker_cooldown: Duration,
+    /// Subjects remembered as denied-until-T on this sidecar, answered
+    /// without a store call until T; 0 turns the cache off.
+    pub deny_cache_entries: usize,
 }
 
 #[derive(Debug, Clone)]

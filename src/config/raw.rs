@@ -182,6 +182,7 @@ pub struct Store {
     pub dedupe_max: Option<Scalar>,
     pub breaker_failures: Option<Scalar>,
     pub breaker_cooldown: Option<Scalar>,
+    pub deny_cache_entries: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

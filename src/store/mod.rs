@@ -53,14 +53,36 @@ pub struct Evaluation<'a> {
 /// async methods, no boxing on the hot path.
 pub enum Store {
     Memory(memory::MemoryStore),
-    Redis(redis::RedisStore),
+    /// Redis, with this sidecar's local over-limit cache in front (`None`
+    /// when `deny_cache_entries: 0`). The memory store needs no such cache:
+    /// asking it costs what asking the cache would.
+    Redis(redis::RedisStore, Option<deny_cache::DenyCache>),
 }
 
 impl Store {
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         match self {
             Store::Memory(store) => store.evaluate(evaluation),
-            Store::Redis(store) => store.evaluate(evaluation).await,
+            Store::Redis(store, None) => store.evaluate(evaluation).await,
+            Store::Redis(store, Some(cache)) => {
+                let Evaluation {
+                    policy,
+                    subject,
+                    cost,
+                    ..
+                } = *evaluation;
+                // Taken before the store is asked, so a remembered denial
+                // can only end early, never late.
+                let asked = Instant::now();
+                if let Some(decision) = cache.check(policy, subject, cost, asked) {
+                    return Outcome::Denied(decision);
+                }
+                let outcome = store.evaluate(evaluation).await;
+                if let Outcome::Denied(decision) = &outcome {
+                    cache.remember(policy, subject, cost, asked, decision);
+                }
+                outcome
+            }
         }
     }
 
@@ -68,7 +90,7 @@ impl Store {
     pub fn kind(&self) -> &'static str {
         match self {
             Store::Memory(_) => "memory",
-            Store::Redis(_) => "redis",
+            Store::Redis(..) => "redis",
         }
     }
 
@@ -76,7 +98,7 @@ impl Store {
     pub fn ready(&self) -> bool {
         match self {
             Store::Memory(_) => true,
-            Store::Redis(store) => store.ready(),
+            Store::Redis(store, _) => store.ready(),
         }
     }
 }

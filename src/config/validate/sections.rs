@@ -156,7 +156,7 @@ pub enum Kind {
 }
 
 const MEMORY_ONLY: [&str; 1] = ["max_entries"];
-const REDIS_ONLY: [&str; 9] = [
+const REDIS_ONLY: [&str; 10] = [
     "url",
     "pool_size",
     "ca_file",
@@ -166,6 +166,7 @@ const REDIS_ONLY: [&str; 9] = [
     "dedupe_max",
     "breaker_failures",
     "breaker_cooldown",
+    "deny_cache_entries",
 ];
 
 pub fn store_kind(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Kind> {
@@ -248,6 +249,7 @@ fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {
         "dedupe_max" => raw.dedupe_max.as_ref(),
         "breaker_failures" => raw.breaker_failures.as_ref(),
         "breaker_cooldown" => raw.breaker_cooldown.as_ref(),
+        "deny_cache_entries" => raw.deny_cache_entries.as_ref(),
         _ => None,
     }
 }
@@ -339,7 +341,14 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         Duration::from_secs(1),
         check::positive_duration,
     );
+    let deny_cache_entries = cx.optional(
+        &path.key("deny_cache_entries"),
+        raw.deny_cache_entries.as_ref(),
+        100_000,
+        check::number_u32(0),
+    );
     Some(RedisStore {
+        deny_cache_entries: usize::try_from(deny_cache_entries?).ok()?,
         url: url?,
         pool_size: usize::try_from(pool_size?).ok()?,
         ca_file: ca_file?,

@@ -95,6 +95,12 @@ pub const MEMORY_SUBJECTS: &str = "sluice_memory_store_subjects";
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS, "Requests by route, policy and decision outcome.");
+    describe_counter!(
+        STORE_RETRIES,
+        "Indeterminate store calls retried with the same evaluation id."
+    );
+    describe_counter!(STORE_EVENTS, "Store conditions recovered from, by kind.");
+    describe_counter!(BREAKER_OPENED, "Times the store breaker opened.");
     describe_histogram!(
         DECISION_DURATION,
         Unit::Seconds,
@@ -282,23 +288,6 @@ pub fn memory_subjects(n: usize) {
     metrics::gauge!(MEMORY_SUBJECTS).set(n as f64);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_budget_allows_a_few_per_second() {
-        let budget = LogBudget::default();
-        let taken = (0..100).filter(|_| budget.take()).count() as u64;
-        // Normally exactly PER_SECOND; a second boundary in the middle of
-        // the loop may allow one more batch.
-        assert!(
-            (LogBudget::PER_SECOND..=2 * LogBudget::PER_SECOND).contains(&taken),
-            "{taken}"
-        );
-    }
-}
-
 pub const DENY_CACHE_HITS: &str = "sluice_local_deny_cache_hits_total";
 
 /// Requests denied from the local over-limit cache, without a store call.
@@ -330,4 +319,21 @@ pub fn sync_store(store: &crate::store::Store) {
     }
     metrics::gauge!(BREAKER_OPEN).set(if redis.breaker_open() { 1.0 } else { 0.0 });
     metrics::counter!(BREAKER_OPENED).absolute(redis.breaker_opened_total());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_budget_allows_a_few_per_second() {
+        let budget = LogBudget::default();
+        let taken = (0..100).filter(|_| budget.take()).count() as u64;
+        // Normally exactly PER_SECOND; a second boundary in the middle of
+        // the loop may allow one more batch.
+        assert!(
+            (LogBudget::PER_SECOND..=2 * LogBudget::PER_SECOND).contains(&taken),
+            "{taken}"
+        );
+    }
 }

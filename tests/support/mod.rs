@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod ops;
+pub mod redis_sidecar;
 pub mod sidecar;
 pub mod upstream;
 

@@ -652,6 +652,15 @@ fn policy_parameter_rules() {
     algorithm: sliding-counter
     limit: 4000000000
     window: 30d
+  huge_bucket:
+    algorithm: token-bucket
+    capacity: 4000000000
+    refill_every: 30d
+  huge_gcra:
+    algorithm: gcra
+    limit: 1
+    window: 300d
+    burst: 4000000
   bucket:
     algorithm: token-bucket
     capacity: 5
@@ -668,6 +677,8 @@ fn policy_parameter_rules() {
         "policies.flat_and_bands.limit: `limit` is written beside `bands`",
         "policies.too_fine.window: `1500us` is not a whole number of milliseconds",
         "policies.huge_counter.limit: limit × window in milliseconds must stay below 2^53",
+        "policies.huge_bucket.capacity: capacity × refill_every in microseconds must stay below 2^53",
+        "policies.huge_gcra.burst: burst × window / limit in microseconds must stay below 2^53",
         "policies.bucket.refill_every: `0s` is shorter than the minimum of 1ms",
         "policies.nope.algorithm: unknown algorithm `leaky-bucket`; expected one of fixed-window, \
          sliding-counter, sliding-log, token-bucket, gcra",

@@ -222,22 +222,33 @@ fn band(cx: &mut Checker<'_>, path: &KeyPath, a: Algorithm, p: &Params) -> Optio
                 p.refill_every.as_ref(),
                 check::window,
             );
-            Band::Bucket(BucketBand {
+            let band = BucketBand {
                 capacity: capacity?,
                 refill_tokens: refill_tokens?,
                 refill_every: refill_every?,
-            })
+            };
+            let product = u128::from(band.capacity.get()) * band.refill_every.as_micros();
+            exact_in_lua(
+                cx,
+                &path.key("capacity"),
+                product,
+                "capacity × refill_every",
+            )?;
+            Band::Bucket(band)
         }
         Algorithm::Gcra => {
             let limit = cx.required(&path.key("limit"), p.limit.as_ref(), positive);
             let window = cx.required(&path.key("window"), p.window.as_ref(), check::window);
             let limit = limit?;
             let burst = cx.optional(&path.key("burst"), p.burst.as_ref(), limit, positive);
-            Band::Gcra(GcraBand {
+            let band = GcraBand {
                 limit,
                 window: window?,
                 burst: burst?,
-            })
+            };
+            let product = u128::from(band.burst.get()) * u128::from(band.emission_interval_us());
+            exact_in_lua(cx, &path.key("burst"), product, "burst × window / limit")?;
+            Band::Gcra(band)
         }
     };
     (!foreign).then_some(band)
@@ -262,6 +273,21 @@ fn sliding_counter_exact(
             path,
             At::Value,
             "limit × window in milliseconds must stay below 2^53 for sliding-counter",
+        );
+        return None;
+    }
+    Some(())
+}
+
+/// The Redis scripts compute in doubles, exact up to 2^53: a band whose
+/// time arithmetic could pass it is refused here rather than by the script
+/// at run time.
+fn exact_in_lua(cx: &mut Checker<'_>, path: &KeyPath, product_us: u128, what: &str) -> Option<()> {
+    if product_us >= 1 << 53 {
+        cx.error(
+            path,
+            At::Value,
+            &format!("{what} in microseconds must stay below 2^53 µs (about 285 years)"),
         );
         return None;
     }

@@ -1,0 +1,345 @@
+"""Plumbing for the benchmark: processes stopped by PID, free ports, /proc
+readings, perf, a minimal Redis client and the two load generators.
+
+Python 3 standard library only.
+"""
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class Processes:
+    """Every long-running process the harness starts, stopped by PID."""
+
+    def __init__(self):
+        self._procs = []
+
+    def start(self, name, argv, cpu, log_path):
+        """Starts `argv` pinned to `cpu` (taskset execs, so the PID is the
+        program's own), output to `log_path`, in its own session so a Ctrl-C
+        on the terminal reaches the harness only and the harness stops it."""
+        cmd = ["taskset", "-c", str(cpu)] + list(argv) if cpu is not None else list(argv)
+        log = open(log_path, "wb")
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self._procs.append((name, proc))
+        return proc
+
+    def stop(self, proc, sig=signal.SIGTERM, grace=5.0):
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, sig)
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace)
+            except ProcessLookupError:
+                pass
+        self._procs = [(n, p) for (n, p) in self._procs if p is not proc]
+
+    def stop_all(self):
+        for _, proc in reversed(list(self._procs)):
+            try:
+                self.stop(proc)
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_tcp(port, proc, timeout=10.0):
+    """True once 127.0.0.1:`port` accepts; False when `proc` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+def tail(path, lines=3):
+    try:
+        with open(path, "rb") as f:
+            text = f.read()[-4000:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " | ".join(x.strip() for x in text.strip().splitlines()[-lines:])
+
+
+def http_status(port, path, timeout=5.0):
+    """The status of one GET to 127.0.0.1:`port``path`; raises OSError."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+# --- /proc -------------------------------------------------------------------
+
+
+def cpu_seconds(pid):
+    """utime + stime of the whole process (all threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # After the command name: state is field 3, utime 14, stime 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return None
+
+
+class RssSampler:
+    """Samples VmRSS of `pid` every 100 ms on a thread; keeps the maximum."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.max_kb = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        while True:
+            try:
+                kb = rss_kb(self.pid)
+            except OSError:
+                kb = None
+            if kb is not None and (self.max_kb is None or kb > self.max_kb):
+                self.max_kb = kb
+            if self._stop.wait(0.1):
+                return
+
+
+# --- perf --------------------------------------------------------------------
+
+PERF_EVENT = "raw_syscalls:sys_enter"
+
+
+def perf_supported():
+    """None when `perf stat -e raw_syscalls:sys_enter` counts here, else why not."""
+    try:
+        out = subprocess.run(
+            ["perf", "stat", "-e", PERF_EVENT, "-x", ",", "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"perf not usable: {e}"
+    if out.returncode != 0 or _perf_count(out.stderr) is None:
+        return "perf cannot count " + PERF_EVENT + ": " + (out.stderr.strip().splitlines() or ["?"])[-1]
+    return None
+
+
+def _perf_count(text):
+    for line in text.splitlines():
+        if line.startswith("#") or PERF_EVENT not in line:
+            continue
+        first = line.split(",", 1)[0].strip()
+        return int(first) if first.isdigit() else None
+    return None
+
+
+class PerfSyscalls:
+    """Counts the syscalls of `pid` (all its threads) while the block runs."""
+
+    def __init__(self, procs, pid, out_path, cpu):
+        self.procs, self.pid, self.out_path, self.cpu = procs, pid, out_path, cpu
+        self.count = None
+        self._proc = None
+
+    def __enter__(self):
+        self._proc = self.procs.start(
+            "perf",
+            ["perf", "stat", "-e", PERF_EVENT, "-x", ",", "-o", self.out_path, "-p", str(self.pid)],
+            self.cpu,
+            self.out_path + ".log",
+        )
+        # perf needs a moment to open its counters on every thread.
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc):
+        # SIGINT makes perf stat print its counts and exit.
+        self.procs.stop(self._proc, sig=signal.SIGINT)
+        try:
+            with open(self.out_path) as f:
+                self.count = _perf_count(f.read())
+        except OSError:
+            self.count = None
+
+
+# --- Redis -------------------------------------------------------------------
+
+
+# Commands a client sends; every other command in `INFO commandstats` was
+# called by a script (Redis counts those too). sluice must work with a user
+# allowed only EVALSHA, SCRIPT LOAD and PING, so it cannot send data
+# commands itself.
+CLIENT_COMMAND_PREFIXES = ("eval", "script", "fcall", "function", "ping", "hello", "client", "select", "auth")
+
+
+def is_client_command(name):
+    return name.startswith(CLIENT_COMMAND_PREFIXES)
+
+
+class Redis:
+    """Just enough RESP for CONFIG RESETSTAT, INFO and CLIENT PAUSE."""
+
+    def __init__(self, port, timeout=10.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.file = self.sock.makefile("rb")
+
+    def close(self):
+        self.file.close()
+        self.sock.close()
+
+    def cmd(self, *args):
+        parts = [f"*{len(args)}\r\n".encode()]
+        for a in args:
+            b = str(a).encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        self.sock.sendall(b"".join(parts))
+        return self._read()
+
+    def _read(self):
+        line = self.file.readline()
+        if not line:
+            raise OSError("redis closed the connection")
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise OSError("redis: " + rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.file.read(n + 2)
+            return data[:-2].decode()
+        if kind == b"*":
+            return [self._read() for _ in range(int(rest))]
+        raise OSError(f"redis: unexpected reply {line!r}")
+
+    def info(self, section):
+        out = {}
+        for line in self.cmd("INFO", section).splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                out[k] = v
+        return out
+
+    def commandstats(self):
+        """{command: calls}, without the commands the harness itself sends."""
+        calls = {}
+        for k, v in self.info("commandstats").items():
+            name = k[len("cmdstat_"):]
+            if name.startswith(("config", "info")):
+                continue
+            m = re.search(r"calls=(\d+)", v)
+            if m:
+                calls[name] = int(m.group(1))
+        return calls
+
+    def cpu_seconds(self):
+        cpu = self.info("cpu")
+        return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+# --- load generators ---------------------------------------------------------
+
+
+def run_wrk(url, conns, seconds, cpu, timeout_s=5):
+    """Closed loop: `conns` connections each sending as fast as answered."""
+    argv = [
+        "taskset", "-c", str(cpu),
+        "wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", f"--timeout={timeout_s}s", url,
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+    text = out.stdout
+    m_req = re.search(r"(\d+) requests in", text)
+    m_rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    if out.returncode != 0 or not m_req or not m_rps:
+        raise RuntimeError("wrk failed: " + (out.stderr.strip() or text.strip())[-300:])
+    m_non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    m_err = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    return {
+        "requests": int(m_req.group(1)),
+        "rps": float(m_rps.group(1)),
+        "non_2xx": int(m_non2xx.group(1)) if m_non2xx else 0,
+        "socket_errors": sum(int(x) for x in m_err.groups()) if m_err else 0,
+    }
+
+
+def run_oha(oha, url, rate, seconds, conns, cpu):
+    """Open loop at `rate` requests/s with latency correction (the time a
+    request should have been sent counts, not when a busy connection got
+    round to it)."""
+    argv = [
+        "taskset", "-c", str(cpu),
+        oha, "-q", str(int(rate)), "-z", f"{seconds}s", "-c", str(conns), "-w",
+        "--latency-correction", "--no-tui", "--output-format", "json",
+        "--worker-threads", "1", url,
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+    if out.returncode != 0:
+        raise RuntimeError("oha failed: " + out.stderr.strip()[-300:])
+    data = json.loads(out.stdout)
+    pct = data.get("latencyPercentiles") or {}
+    summary = data.get("summary") or {}
+
+    def ms(v):
+        return None if v is None else v * 1000.0
+
+    return {
+        "rps": summary.get("requestsPerSec"),
+        "p50_ms": ms(pct.get("p50")),
+        "p99_ms": ms(pct.get("p99")),
+        "p999_ms": ms(pct.get("p99.9")),
+        "max_ms": ms(summary.get("slowest")),
+        "statuses": {str(k): int(v) for k, v in (data.get("statusCodeDistribution") or {}).items()},
+        "errors": {str(k): int(v) for k, v in (data.get("errorDistribution") or {}).items()},
+    }

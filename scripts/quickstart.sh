@@ -21,13 +21,24 @@ trap cleanup EXIT INT TERM
 python3 -m http.server 3000 --bind 127.0.0.1 --directory config >/dev/null 2>&1 &
 pids+=($!)
 
-./target/release/sluice run --config config/quickstart.yaml --log-format text &
+log=target/quickstart.log
+./target/release/sluice run --config config/quickstart.yaml --log-format text >"$log" 2>&1 &
 pids+=($!)
 
+# Wait until both the app and sluice answer.
+ready=0
 for _ in $(seq 1 100); do
-  curl -fsS -o /dev/null http://127.0.0.1:9901/readyz 2>/dev/null && break
+  if curl -fsS -o /dev/null http://127.0.0.1:3000/ 2>/dev/null &&
+     curl -fsS -o /dev/null http://127.0.0.1:9901/readyz 2>/dev/null; then
+    ready=1; break
+  fi
   sleep 0.1
 done
+if [ "$ready" != 1 ]; then
+  echo "sluice or the app did not come up; see $log (is port 8080, 9901 or 3000 in use?)" >&2
+  exit 1
+fi
+echo "== sluice is up (logs: $log)"
 
 echo "== 8 requests to http://127.0.0.1:8080/ (the policy admits 5 per 10s)"
 for i in $(seq 1 8); do

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::Config;
+use crate::config::{Config, StoreKind};
 use crate::runtime::{Runtime, SharedRuntime};
 use crate::subject::PseudonymKey;
 use crate::telemetry;
@@ -104,7 +104,7 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.server.workers != new.server.workers {
         changes.push("server.workers");
     }
-    if format!("{:?}", old.store.kind) != format!("{:?}", new.store.kind) {
+    if store_identity(&old.store.kind) != store_identity(&new.store.kind) {
         changes.push("store (kind and connection)");
     }
     if format!("{:?}", old.upstream) != format!("{:?}", new.upstream) {
@@ -113,7 +113,63 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     changes
 }
 
+/// What identifies a store connection. Debug output redacts the Redis URL
+/// (it carries credentials), so the URL is compared on its own.
+fn store_identity(kind: &StoreKind) -> (String, Option<&str>) {
+    match kind {
+        StoreKind::Redis(redis) => (format!("{kind:?}"), Some(redis.url.expose())),
+        StoreKind::Memory(_) => (format!("{kind:?}"), None),
+    }
+}
+
 async fn digest_of(path: &std::path::Path) -> Option<[u8; 32]> {
     let bytes = tokio::fs::read(path).await.ok()?;
     Some(Sha256::digest(&bytes).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(listen: &str, redis_url: &str, limit: u32) -> Config {
+        let text = format!(
+            "version: 1
+server: {{ listen: {listen} }}
+upstream: {{ url: http://127.0.0.1:3000 }}
+store: {{ kind: redis, url: {redis_url} }}
+identity: {{ pseudonym_key: 0123456789abcdef0123 }}
+policies:
+  p: {{ algorithm: fixed-window, limit: {limit}, window: 1s }}
+routes:
+  - {{ name: r, policy: p }}
+"
+        );
+        Config::parse(Path::new("test.yaml"), &text).expect("valid")
+    }
+
+    #[test]
+    fn only_what_a_running_process_cannot_change_needs_a_restart() {
+        let base = config("127.0.0.1:8080", "redis://127.0.0.1:6379", 5);
+        assert!(needs_restart(
+            &base,
+            &config("127.0.0.1:8080", "redis://127.0.0.1:6379", 9)
+        )
+        .is_empty());
+        assert_eq!(
+            needs_restart(
+                &base,
+                &config("127.0.0.1:8081", "redis://127.0.0.1:6379", 5)
+            ),
+            ["server.listen"]
+        );
+        // The URL is redacted in Debug output; a changed password must still count.
+        assert_eq!(
+            needs_restart(
+                &base,
+                &config("127.0.0.1:8080", "redis://u:other@127.0.0.1:6379", 5)
+            ),
+            ["store (kind and connection)"]
+        );
+    }
 }

@@ -107,8 +107,10 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if store_identity(&old.store.kind) != store_identity(&new.store.kind) {
         changes.push("store (kind and connection)");
     }
-    if format!("{:?}", old.upstream) != format!("{:?}", new.upstream) {
-        changes.push("upstream");
+    // The upstream URL and timeout are read per request; the connect
+    // timeout belongs to the pooled client built at start.
+    if old.upstream.connect_timeout != new.upstream.connect_timeout {
+        changes.push("upstream.connect_timeout");
     }
     changes
 }

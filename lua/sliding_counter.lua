@@ -8,27 +8,30 @@ local REPLY_VERSION = 1
 -- Lua numbers are doubles: every integer the scripts handle stays at or
 -- below 2^53 - 1, where doubles are exact and math.floor(a / b) is exact.
 local MAX_EXACT = 9007199254740991
+-- Most of what an evaluation costs Redis is this Lua, run anew for every
+-- request: each conversion between text and number (a C call: tonumber,
+-- string.format, or a number concatenated), each table grown an element
+-- at a time, each function defined here. Hence the library functions in
+-- locals, tables built whole, and numbers formatted once.
+local format, match, tonumber, unpack = string.format, string.match, tonumber, unpack
 
 local function fail(message)
   error({err = 'ERR sluice: ' .. message})
 end
 
--- Integers go back to Redis through '%d': concatenating a number would
--- format it with 14 significant digits and silently round a timestamp.
-local function str(n)
-  return string.format('%d', n)
+-- A whole number within [min, 2^53 - 1], or nil. The value is what is
+-- checked (tonumber also reads '1e3' or '0x10'; NaN fails every
+-- comparison, infinities the range).
+local function whole(raw, min)
+  local value = tonumber(raw)
+  if value and value >= min and value <= MAX_EXACT and value % 1 == 0 then
+    return value
+  end
+  return nil
 end
 
 local function int_arg(index, min)
-  local raw = ARGV[index]
-  if type(raw) ~= 'string' or not string.match(raw, '^%d+$') then
-    fail('ARGV[' .. index .. '] is not an integer')
-  end
-  local value = tonumber(raw)
-  if value < min or value > MAX_EXACT then
-    fail('ARGV[' .. index .. '] is out of range')
-  end
-  return value
+  return whole(ARGV[index], min) or fail('ARGV[' .. index .. '] is not an integer in range')
 end
 
 -- A stored integer, or nil when absent. Anything else is refused before a
@@ -37,18 +40,11 @@ local function stored(raw, what)
   if not raw then
     return nil
   end
-  local value = tonumber(raw)
-  if not value or value < 0 or value > MAX_EXACT or value ~= math.floor(value) then
-    fail('corrupt state: ' .. what)
-  end
-  return value
+  return whole(raw, 0) or fail('corrupt state: ' .. what)
 end
 
-if #KEYS ~= 3 then
-  fail('expects 3 keys')
-end
 local id = ARGV[1]
-if type(id) ~= 'string' or #id ~= 32 or not string.match(id, '^%x+$') then
+if not id or #id ~= 32 or not match(id, '^%x+$') then
   fail('ARGV[1] is not an evaluation id')
 end
 local cost = int_arg(2, 1)
@@ -58,37 +54,28 @@ local dedupe_window_ms = int_arg(5, 1)
 local dedupe_max = int_arg(6, 1)
 local bands = int_arg(7, 1)
 
-local function expect_params(per_band)
+-- Checks the number of keys and of arguments, and returns the per-band
+-- arguments, band after band, as integers of at least 1.
+local function band_args(keys, per_band)
+  if #KEYS ~= keys then
+    fail('expects ' .. keys .. ' keys')
+  end
   if #ARGV ~= 7 + bands * per_band then
     fail('expects ' .. per_band .. ' arguments per band')
   end
-end
-
--- The decision this id already got, if it was applied before: a retry
--- after an ambiguous failure must not charge twice.
-local function replay()
-  local recorded = redis.call('HGET', KEYS[3], id)
-  if not recorded then
-    return nil
+  local args = {unpack(ARGV, 8)}
+  for k = 1, #args do
+    args[k] = int_arg(7 + k, 1)
   end
-  local o, r, reset, retry, band = string.match(recorded, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
-  if not o then
-    fail('corrupt state: dedupe record')
-  end
-  return {REPLY_VERSION, tonumber(o), tonumber(r), tonumber(reset), tonumber(retry),
-    tonumber(band), 1, 0}
-end
-
-local function redis_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return args
 end
 
 -- The time to decide at, given the key's last write. A small step back of
 -- the Redis clock counts as no time passing; a large one is refused
 -- (nil, with how far back it went).
 local function decision_time(last)
-  local clock = redis_now()
+  local t = redis.call('TIME')
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if last <= clock then
     return clock, 0
   end
@@ -123,37 +110,115 @@ local function bind(verdicts)
   return {v[1] and 1 or 0, v[2], v[3], v[4], pick - 1}
 end
 
--- Reads what recording needs (so a wrong key type fails before any write)
--- and returns how many of the oldest ids to forget: those past the window,
--- and enough to keep at most dedupe_max once this id is added.
-local function dedupe_excess(now)
-  local cutoff = now - dedupe_window_ms * 1000
-  local stale = redis.call('ZCOUNT', KEYS[2], '-inf', str(cutoff))
-  local over = redis.call('ZCARD', KEYS[2]) + 1 - dedupe_max
-  return math.max(stale, over)
+-- De-duplication. A hash remembers the evaluation ids applied (the state
+-- hash itself, or the sliding log's `:dec` hash) in fields read by the
+-- same HMGET as the state and written by the same HSET:
+--   e:<id> = '<outcome>:<remaining>:<reset_us>:<retry_us>:<band>'
+--   q:<n>  = '<time_us>:<id>', the n-th id remembered (n counts up from 0)
+--   q:h    = the next n;  q:t = the oldest n still remembered
+--   q:o, q:i = the time and id of entry q:<q:t>
+-- Forgetting more ids than the oldest has to read their entries first
+-- (one more HMGET), so it is done in batches: once in many evaluations.
+-- The batch a full queue drops at once, and the most one evaluation drops
+-- (after dedupe_max was lowered, the excess goes a little at a time).
+local BATCH = dedupe_max < 512 and math.ceil(dedupe_max / 8) or 64
+local DROP_MAX = 1024
+
+-- The fields an HMGET starts with: this id's record, then the queue.
+local function dedupe_fields(...)
+  return {'e:' .. id, 'q:h', 'q:t', 'q:o', 'q:i', ...}
 end
 
-local function each_chunk(list, size, fn)
-  local i = 1
-  while i <= #list do
-    fn(unpack(list, i, math.min(i + size - 1, #list)))
-    i = i + size
+-- The decision this id already got, if it was applied before: a retry
+-- after an ambiguous failure must not charge twice.
+local function replay(read)
+  local recorded = read[1]
+  if not recorded then
+    return nil
   end
+  local o, r, reset, retry, band = match(recorded, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if not o then
+    fail('corrupt state: dedupe record')
+  end
+  return {REPLY_VERSION, tonumber(o), tonumber(r), tonumber(reset), tonumber(retry),
+    tonumber(band), 1, 0}
 end
 
-local function record(now, excess, decision)
-  if excess > 0 then
-    local old = redis.call('ZRANGE', KEYS[2], 0, excess - 1)
-    redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1)
-    each_chunk(old, 1000, function(...)
-      redis.call('HDEL', KEYS[3], ...)
-    end)
+-- Reads `count` entries from q:<tail>, the oldest first.
+local function dedupe_entries(key, tail, count)
+  local names = {}
+  for k = 1, count do
+    names[k] = format('q:%d', tail + k - 1)
   end
-  redis.call('ZADD', KEYS[2], now, id)
-  redis.call('HSET', KEYS[3], id, str(decision[1]) .. ':' .. str(decision[2]) .. ':'
-    .. str(decision[3]) .. ':' .. str(decision[4]) .. ':' .. str(decision[5]))
-  redis.call('PEXPIRE', KEYS[2], dedupe_window_ms)
-  redis.call('PEXPIRE', KEYS[3], dedupe_window_ms)
+  local raw = redis.call('HMGET', key, unpack(names))
+  local times, ids = {}, {}
+  for k = 1, count do
+    local at, old = match(raw[k] or '', '^(%d+):(%x+)$')
+    if not at then
+      fail('corrupt state: dedupe entry ' .. names[k])
+    end
+    times[k], ids[k] = tonumber(at), old
+  end
+  return names, times, ids
+end
+
+-- Given read, the HMGET that started with dedupe_fields(), reads whatever
+-- else forgetting needs. Returns the fields to delete and the fields to
+-- write (then `...`, appended). Dropped, oldest first: enough ids to hold
+-- at most dedupe_max with this one (a batch at a time), and those older
+-- than the window: the oldest alone as soon as it is, several once the
+-- oldest is two windows old. now_text is now, formatted.
+local function dedupe(key, read, now, now_text, decision, ...)
+  local head = stored(read[2], 'q:h') or 0
+  local tail = stored(read[3], 'q:t') or 0
+  local oldest = stored(read[4], 'q:o') or 0
+  local oldest_id = read[5]
+  local live, kept = head - tail, tail
+  if live < 0 or (live > 0 and not oldest_id) then
+    fail('corrupt state: dedupe queue')
+  end
+  local window = dedupe_window_ms * 1000
+  local must = live + 1 - dedupe_max
+  local dropped = {}
+  if live == 1 and (must > 0 or now - oldest >= window) then
+    dropped = {format('q:%d', tail), 'e:' .. oldest_id}
+    tail = head
+  elseif live > 1 and (must > 0 or now - oldest >= 2 * window) then
+    local want = must > BATCH and must or BATCH
+    want = want < DROP_MAX and want or DROP_MAX
+    if must > 0 then
+      must = want
+    end
+    local names, times, ids = dedupe_entries(key, tail, want < live and want + 1 or live)
+    for k = 1, #names do
+      if k > want or (k > must and now - times[k] < window) then
+        oldest, oldest_id = times[k], ids[k]
+        break
+      end
+      dropped[#dropped + 1] = names[k]
+      dropped[#dropped + 1] = 'e:' .. ids[k]
+      tail = tail + 1
+    end
+  end
+  if tail == head then
+    oldest, oldest_id = now, id
+  end
+  -- Unchanged, the queue's oldest end is written back as read (no
+  -- conversion).
+  local tail_text, oldest_text = read[3], read[4]
+  if tail ~= kept or tail == head then
+    tail_text, oldest_text = format('%d', tail), format('%d', oldest)
+  end
+  return dropped, {
+    'e:' .. id,
+    format('%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4], decision[5]),
+    format('q:%d', head), now_text .. ':' .. id,
+    'q:h', format('%d', head + 1),
+    'q:t', tail_text,
+    'q:o', oldest_text,
+    'q:i', oldest_id,
+    ...
+  }
 end
 
 local function reply(decision, skew)
@@ -161,50 +226,50 @@ local function reply(decision, skew)
 end
 -- common:end
 
--- Per band: limit, window_us (a whole number of milliseconds).
-expect_params(2)
-local limit, window = {}, {}
+-- One key, the subject's hash: state and remembered ids alike. Per band:
+-- limit, window_us (a whole number of milliseconds).
+local args = band_args(1, 2)
 for b = 1, bands do
-  limit[b] = int_arg(6 + 2 * b, 1)
-  window[b] = int_arg(7 + 2 * b, 1000)
-  if window[b] % 1000 ~= 0 then
+  local limit, w = args[2 * b - 1], args[2 * b]
+  if w % 1000 ~= 0 then
     fail('window is not whole milliseconds')
   end
   -- prev * window_ms must stay exact.
-  if limit[b] * (window[b] / 1000) > MAX_EXACT then
+  if limit * (w / 1000) > MAX_EXACT then
     fail('limit * window_ms exceeds 2^53')
   end
-  if cost > limit[b] then
+  if cost > limit then
     fail('cost above the policy maximum')
   end
 end
 
-local replayed = replay()
+-- State: t = last write (us); s<b> = window start, c<b> = current window's
+-- count, p<b> = previous window's count.
+local fields = dedupe_fields('t')
+local first = #fields
+for b = 1, bands do
+  fields[first + 3 * b - 2] = format('s%d', b)
+  fields[first + 3 * b - 1] = format('c%d', b)
+  fields[first + 3 * b] = format('p%d', b)
+end
+local state = redis.call('HMGET', KEYS[1], unpack(fields))
+local replayed = replay(state)
 if replayed then
   return replayed
 end
-
--- State: t = last write (us); s<b> = window start, c<b> = current window's
--- count, p<b> = previous window's count.
-local fields = {'t'}
-for b = 1, bands do
-  fields[#fields + 1] = 's' .. b
-  fields[#fields + 1] = 'c' .. b
-  fields[#fields + 1] = 'p' .. b
-end
-local state = redis.call('HMGET', KEYS[1], unpack(fields))
-local now, skew = decision_time(stored(state[1], 't') or 0)
+local now, skew = decision_time(stored(state[first], 't') or 0)
 if not now then
   return clock_unsafe(skew)
 end
-local excess = dedupe_excess(now)
+local now_text = format('%d', now)
 
-local verdicts, writes = {}, {'t', str(now)}
+local verdicts, writes = {}, {'t', now_text}
 for b = 1, bands do
-  local start = stored(state[3 * b - 1], 's' .. b)
-  local cur = stored(state[3 * b], 'c' .. b) or 0
-  local prev = stored(state[3 * b + 1], 'p' .. b) or 0
-  local l, w = limit[b], window[b]
+  local s, c, p = first + 3 * b - 2, first + 3 * b - 1, first + 3 * b
+  local start = stored(state[s], fields[s])
+  local cur = stored(state[c], fields[c]) or 0
+  local prev = stored(state[p], fields[p]) or 0
+  local l, w = args[2 * b - 1], args[2 * b]
   local ws = now - now % w
   if start == ws then
     -- same window: keep both counts
@@ -244,18 +309,22 @@ for b = 1, bands do
     retry = base + e2 * 1000 - now
   end
   verdicts[b] = {allowed, remaining, reset, retry}
-  writes[#writes + 1] = 's' .. b
-  writes[#writes + 1] = str(ws)
-  writes[#writes + 1] = 'c' .. b
-  writes[#writes + 1] = str(cur_after)
-  writes[#writes + 1] = 'p' .. b
-  writes[#writes + 1] = str(prev)
+  writes[6 * b - 3] = fields[s]
+  writes[6 * b - 2] = format('%d', ws)
+  writes[6 * b - 1] = fields[c]
+  writes[6 * b] = format('%d', cur_after)
+  writes[6 * b + 1] = fields[p]
+  writes[6 * b + 2] = format('%d', prev)
 end
 
 local decision = bind(verdicts)
-if decision[1] == 1 then
-  redis.call('HSET', KEYS[1], unpack(writes))
-  redis.call('PEXPIRE', KEYS[1], ttl_ms)
+-- A denied request writes nothing to any band.
+local dropped, remember = dedupe(KEYS[1], state, now, now_text, decision,
+  unpack(writes, 1, decision[1] == 1 and #writes or 0))
+if #dropped > 0 then
+  redis.call('HDEL', KEYS[1], unpack(dropped))
 end
-record(now, excess, decision)
+redis.call('HSET', KEYS[1], unpack(remember))
+-- The longer of the state's and the remembered ids' lifetimes.
+redis.call('PEXPIRE', KEYS[1], ttl_ms > dedupe_window_ms and ARGV[3] or ARGV[5])
 return reply(decision, skew)

@@ -411,8 +411,8 @@ async fn metrics_after_redis_traffic_pass_promtool() {
 /// The user a deployment should create (lua/README.md): `EVALSHA`,
 /// `SCRIPT LOAD` and the commands the scripts call, on the key prefix.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +hget +hmget +hset +hdel +pexpire \
-     +zadd +zcard +zcount +zrange +zrangebyscore +zremrangebyrank +zremrangebyscore";
+     +evalsha +script|load +ping +time +hmget +hset +hdel +pexpire \
+     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_user_that_may_not_eval_limits_exactly() {

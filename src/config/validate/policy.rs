@@ -287,7 +287,7 @@ fn exact_in_lua(cx: &mut Checker<'_>, path: &KeyPath, product_us: u128, what: &s
         cx.error(
             path,
             At::Value,
-            &format!("{what} in microseconds must stay below 2^53 µs (about 285 years)"),
+            format!("{what} in microseconds must stay below 2^53 (about 285 years)"),
         );
         return None;
     }

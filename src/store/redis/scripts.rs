@@ -89,25 +89,28 @@ pub struct Common {
     pub dedupe_max: u32,
 }
 
-/// The state key of one (policy, revision, subject) and the two keys that
-/// remember applied evaluation ids. The braces are a Redis Cluster hash
-/// tag around the per-subject part, so all three share one slot.
-pub fn keys(prefix: &str, policy: &Policy, subject: &Pseudonym) -> [String; 3] {
-    let state = format!("{prefix}:{{{}:{}:{subject}}}", policy.name, policy.revision);
-    let ids = format!("{state}:ids");
-    let decisions = format!("{state}:dec");
-    [state, ids, decisions]
+/// The state key of one (policy, revision, subject). The hash scripts keep
+/// the applied evaluation ids in it too; the sliding log, whose state is a
+/// sorted set, keeps them in a second key, the state key and `:dec`. The
+/// braces are a Redis Cluster hash tag around the per-subject part, so both
+/// share one slot.
+pub fn state_key(prefix: &str, policy: &Policy, subject: &Pseudonym) -> String {
+    format!("{prefix}:{{{}:{}:{subject}}}", policy.name, policy.revision)
 }
 
-/// `EVALSHA sha 3 state ids decisions id cost ttl_ms max_regression_us
-/// dedupe_window_ms dedupe_max bands <per band...>`.
+/// `EVALSHA sha 1 state id cost ttl_ms max_regression_us dedupe_window_ms
+/// dedupe_max bands <per band...>`; the sliding log takes `2 state dec`.
 pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
     let bands = &policy.bands;
+    let state = state_key(&common.key_prefix, policy, evaluation.subject);
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(&script.sha).arg(3);
-    for key in keys(&common.key_prefix, policy, evaluation.subject) {
-        cmd.arg(key);
+    cmd.arg(&script.sha);
+    if let Bands::SlidingLog(_) = bands {
+        let dec = format!("{state}:dec");
+        cmd.arg(2).arg(state).arg(dec);
+    } else {
+        cmd.arg(1).arg(state);
     }
     cmd.arg(evaluation.id.to_string())
         .arg(evaluation.cost)
@@ -189,6 +192,79 @@ mod tests {
         let mut shas: Vec<_> = scripts.all().iter().map(|s| &s.sha).collect();
         shas.dedup();
         assert_eq!(shas.len(), 5);
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                redis::Arg::Cursor => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hash_scripts_take_one_key_and_the_sliding_log_two_in_one_slot() {
+        use std::num::NonZeroU32;
+
+        use crate::limit::WindowBand;
+        use crate::store::EvaluationId;
+        use crate::subject::PseudonymKey;
+
+        let band = WindowBand {
+            limit: NonZeroU32::new(5).expect("non-zero"),
+            window: Duration::from_secs(1),
+        };
+        let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
+        let common = Common {
+            key_prefix: "sl".to_owned(),
+            ttl_grace: Duration::from_secs(1),
+            max_clock_regression: Duration::from_millis(250),
+            dedupe_window: Duration::from_secs(5),
+            dedupe_max: 256,
+        };
+        let scripts = Scripts::new();
+        for (bands, keys) in [
+            (Bands::FixedWindow(vec![band]), 1),
+            (Bands::SlidingLog(vec![band]), 2),
+        ] {
+            let policy = Policy {
+                name: "p".into(),
+                revision: "r".into(),
+                bands,
+                shadow: false,
+            };
+            let evaluation = Evaluation {
+                policy: &policy,
+                subject: &subject,
+                cost: 2,
+                deadline: tokio::time::Instant::now(),
+                id: EvaluationId(0xab),
+            };
+            let script = scripts.get(policy.algorithm());
+            let sent = args(&evalsha(script, &common, &evaluation));
+            let state = format!("sl:{{p:r:{subject}}}");
+            let mut expected = vec!["EVALSHA".to_owned(), script.sha.clone(), keys.to_string()];
+            expected.push(state.clone());
+            if keys == 2 {
+                expected.push(format!("{state}:dec"));
+            }
+            expected.extend(
+                [
+                    &format!("{:032x}", 0xab),
+                    "2",
+                    "2000",
+                    "250000",
+                    "5000",
+                    "256",
+                    "1",
+                    "5",
+                    "1000000",
+                ]
+                .map(str::to_owned),
+            );
+            assert_eq!(sent, expected);
+        }
     }
 
     #[test]

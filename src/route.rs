@@ -4,9 +4,13 @@
 //! Matching allocates nothing: paths are compared segment by segment against
 //! the matchers compiled once by `config::validate`.
 
+use std::sync::Arc;
+
 use http::Method;
 
 use crate::config::{Config, PathMatch, Route, Segment};
+use crate::limit::Policy;
+use crate::proxy::respond::Prepared;
 use crate::telemetry::RouteMetrics;
 
 #[derive(Debug)]
@@ -15,11 +19,21 @@ pub struct RouteTable {
     default: Entry,
 }
 
-/// A route and the metric handles counted under its name.
+/// A route, the metric handles counted under its name, and what its own
+/// answers need, all built when the configuration loads.
 #[derive(Debug)]
 pub struct Entry {
     pub route: Route,
     pub metrics: RouteMetrics,
+    /// `None` exactly when the route says `policy: none`.
+    pub limited: Option<Limited>,
+}
+
+/// A limited route's policy and its prepared responses.
+#[derive(Debug)]
+pub struct Limited {
+    pub policy: Arc<Policy>,
+    pub responses: Prepared,
 }
 
 impl Entry {
@@ -27,6 +41,10 @@ impl Entry {
         let policy = route.policy.as_ref().map(|p| &*p.name);
         Entry {
             metrics: RouteMetrics::new(&route.name, policy),
+            limited: route.policy.as_ref().map(|policy| Limited {
+                responses: Prepared::new(route, policy),
+                policy: policy.clone(),
+            }),
             route: route.clone(),
         }
     }
@@ -98,7 +116,6 @@ fn template_matches(segments: &[Segment], path: &str) -> bool {
 mod tests {
     use super::*;
     use crate::config::{Match, SubjectSource};
-    use std::sync::Arc;
 
     fn route(name: &str, methods: &[Method], path: PathMatch) -> Route {
         Route {

@@ -66,15 +66,44 @@ pub fn init_metrics() -> bool {
             metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
             SECONDS_BUCKETS,
         );
-        match builder {
+        let handle = match builder {
             Ok(builder) => builder.install_recorder().ok(),
             Err(_) => None,
+        };
+        if let Some(handle) = &handle {
+            spawn_upkeep(handle.clone());
         }
+        handle
     });
     if handle.is_some() {
         describe();
     }
     handle.is_some()
+}
+
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The recorder keeps every histogram sample until upkeep (or a scrape)
+/// folds it into buckets: without this, memory grows with traffic for as
+/// long as nobody scrapes `/metrics`.
+fn spawn_upkeep(handle: metrics_exporter_prometheus::PrometheusHandle) {
+    let upkeep = async move {
+        let mut tick = tokio::time::interval(UPKEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(upkeep);
+        }
+        // Outside a runtime (the library used on its own): metrics are
+        // still recorded, and folded on every scrape.
+        Err(_) => tracing::debug!("no runtime: histogram upkeep runs on scrape only"),
+    }
 }
 
 pub const REQUESTS: &str = "sluice_requests_total";
@@ -225,11 +254,12 @@ impl RouteMetrics {
         self.upstream_duration.record(elapsed.as_secs_f64());
     }
 
-    /// Whether a decision other than Allowed may be logged now: at most
-    /// [`LogBudget::PER_SECOND`] a second per route, so a flood of denials
-    /// cannot flood the logs.
-    pub fn may_log(&self) -> bool {
-        self.log_budget.take()
+    /// Whether a decision other than Allowed may be logged at `now`: at
+    /// most [`LogBudget::PER_SECOND`] a second per route, so a flood of
+    /// denials cannot flood the logs. The caller's clock reading is reused:
+    /// under a flood this is asked for every request.
+    pub fn may_log(&self, now: std::time::Instant) -> bool {
+        self.log_budget.take(now)
     }
 }
 
@@ -247,12 +277,13 @@ struct LogBudget(std::sync::atomic::AtomicU64);
 impl LogBudget {
     const PER_SECOND: u64 = 5;
 
-    fn take(&self) -> bool {
+    fn take(&self, now: std::time::Instant) -> bool {
         use std::sync::atomic::Ordering;
-        let second = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() & 0xffff_ffff)
-            .unwrap_or(0);
+        // Seconds since the first call in this process: any fixed origin
+        // will do, the budget only needs to know when a second turns.
+        static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let origin = *ORIGIN.get_or_init(|| now);
+        let second = now.saturating_duration_since(origin).as_secs() & 0xffff_ffff;
         let mut current = self.0.load(Ordering::Relaxed);
         loop {
             let (at, taken) = (current >> 32, current & 0xffff_ffff);
@@ -328,12 +359,12 @@ mod tests {
     #[test]
     fn log_budget_allows_a_few_per_second() {
         let budget = LogBudget::default();
-        let taken = (0..100).filter(|_| budget.take()).count() as u64;
-        // Normally exactly PER_SECOND; a second boundary in the middle of
-        // the loop may allow one more batch.
-        assert!(
-            (LogBudget::PER_SECOND..=2 * LogBudget::PER_SECOND).contains(&taken),
-            "{taken}"
-        );
+        let start = std::time::Instant::now();
+        let taken = (0..100).filter(|_| budget.take(start)).count() as u64;
+        assert_eq!(taken, LogBudget::PER_SECOND);
+        // The next second brings a fresh allowance.
+        let next = start + std::time::Duration::from_secs(1);
+        let taken = (0..100).filter(|_| budget.take(next)).count() as u64;
+        assert_eq!(taken, LogBudget::PER_SECOND);
     }
 }

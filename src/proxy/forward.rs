@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use http::uri::{Parts, PathAndQuery};
 use http::{Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -85,7 +86,12 @@ pub(super) async fn forward(
     // Server-side extensions (header case maps, HTTP/2 protocol) mean
     // nothing to the client connection.
     parts.extensions.clear();
-    let body = body::boxed(IdleTimeout::new(incoming, config.server.body_idle_timeout));
+    // A body already complete (most GETs) can never go quiet: no timer.
+    let body = if incoming.is_end_stream() {
+        body::boxed(incoming)
+    } else {
+        body::boxed(IdleTimeout::new(incoming, config.server.body_idle_timeout))
+    };
     let request = Request::from_parts(parts, body);
 
     let sent = tokio::time::timeout(config.upstream.timeout, upstream.client.request(request));

@@ -6,6 +6,7 @@
 //! relies on, which would make any proxy in front drop it (CVE-2025-48865,
 //! CVE-2025-64484).
 
+use std::io::Write as _;
 use std::net::IpAddr;
 
 use http::header::{
@@ -181,11 +182,16 @@ pub fn prepare_request(
     strip_hop_by_hop(headers);
 
     // Set after stripping, so a `Connection: host` cannot remove it.
-    headers.remove(HOST);
-    headers.remove(&X_FORWARDED_HOST);
-    if let Some(host) = host {
-        headers.insert(&X_FORWARDED_HOST, host.clone());
-        headers.insert(HOST, host);
+    // `insert` replaces every earlier value.
+    match host {
+        Some(host) => {
+            headers.insert(&X_FORWARDED_HOST, host.clone());
+            headers.insert(HOST, host);
+        }
+        None => {
+            headers.remove(HOST);
+            headers.remove(&X_FORWARDED_HOST);
+        }
     }
     append_forwarded_for(headers, forwarded.peer);
     let proto = if forwarded.tls { "https" } else { "http" };
@@ -216,14 +222,35 @@ pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
 /// Removes the hop-by-hop fields and every field the `Connection` header
 /// names (RFC 9110 §7.6.1).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = connection_tokens(headers)
-        .filter_map(|t| HeaderName::from_bytes(t).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    // One pass over the names present is cheaper than a removal (a hash
+    // and a probe) per hop-by-hop name, and most messages carry one or none.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = hop_by_hop().iter().position(|h| *h == name) {
+            present |= 1 << i;
+        }
     }
-    for name in hop_by_hop() {
-        headers.remove(name);
+    if present == 0 {
+        return;
+    }
+    // `Connection` is the first hop-by-hop name.
+    if present & 1 != 0 {
+        // Values are reference-counted: holding them costs no copy, and
+        // frees the map to change while their tokens are read.
+        for value in take_all(headers, &CONNECTION) {
+            for token in list(value.as_bytes()) {
+                // Looked up by `&str`, a token needs no `HeaderName` of its
+                // own; one that is no valid name matches nothing.
+                if let Ok(token) = std::str::from_utf8(token) {
+                    headers.remove(token);
+                }
+            }
+        }
+    }
+    for (i, name) in hop_by_hop().into_iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
@@ -231,34 +258,73 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// believed (the subject resolver decides whom to believe). The peer is
 /// appended to it as one list so upstreams reading a single field see it.
 fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
-    let peer = peer.to_canonical().to_string();
-    let mut joined = String::new();
+    let mut text = [0u8; IP_TEXT_MAX];
+    let peer = ip_text(peer.to_canonical(), &mut text);
+    if !headers.contains_key(&X_FORWARDED_FOR) {
+        // The usual case: the peer alone, one allocation.
+        if let Ok(value) = HeaderValue::from_bytes(peer) {
+            headers.insert(&X_FORWARDED_FOR, value);
+        }
+        return;
+    }
+    let mut joined = Vec::new();
     for member in headers
         .get_all(&X_FORWARDED_FOR)
         .iter()
         .flat_map(|v| list(v.as_bytes()))
     {
         // Only visible ASCII survives: the joined value must stay valid.
-        if let Ok(member) = std::str::from_utf8(member) {
-            if member.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
-                joined.push_str(member);
-                joined.push_str(", ");
-            }
+        if member.iter().all(|&b| b.is_ascii_graphic() || b == b' ') {
+            joined.extend_from_slice(member);
+            joined.extend_from_slice(b", ");
         }
     }
-    joined.push_str(&peer);
-    match HeaderValue::from_str(&joined) {
+    joined.extend_from_slice(peer);
+    match HeaderValue::from_bytes(&joined) {
         Ok(value) => {
             headers.insert(&X_FORWARDED_FOR, value);
         }
         Err(_) => {
             // Unreachable in practice (both parts were valid header text);
             // the peer alone is still the truth.
-            if let Ok(value) = HeaderValue::from_str(&peer) {
+            if let Ok(value) = HeaderValue::from_bytes(peer) {
                 headers.insert(&X_FORWARDED_FOR, value);
             }
         }
     }
+}
+
+/// The longest address text: an IPv6 address ending in dotted IPv4
+/// (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`).
+const IP_TEXT_MAX: usize = 45;
+
+/// `ip` as `Display` writes it, into `buf`. IPv4 digits are written
+/// directly: the formatting machinery costs more than the rest of the
+/// header work of a request.
+fn ip_text(ip: IpAddr, buf: &mut [u8; IP_TEXT_MAX]) -> &[u8] {
+    let len = match ip {
+        IpAddr::V4(v4) => {
+            let mut len = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[len] = b'.';
+                    len += 1;
+                }
+                let mut digits = itoa::Buffer::new();
+                let digits = digits.format(octet).as_bytes();
+                buf[len..len + digits.len()].copy_from_slice(digits);
+                len += digits.len();
+            }
+            len
+        }
+        IpAddr::V6(v6) => {
+            let mut cursor = std::io::Cursor::new(&mut buf[..]);
+            // At most IP_TEXT_MAX bytes: the write cannot run out of room.
+            let _ = write!(cursor, "{v6}");
+            usize::try_from(cursor.position()).unwrap_or(0)
+        }
+    };
+    &buf[..len]
 }
 
 fn take_all(headers: &HeaderMap, name: &HeaderName) -> Vec<HeaderValue> {

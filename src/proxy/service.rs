@@ -10,7 +10,8 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::config::{self, Config, OnFailure, Route};
-use crate::limit::{Decision, Outcome, Policy};
+use crate::limit::{Decision, Outcome};
+use crate::route::Limited;
 use crate::runtime::SharedRuntime;
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject;
@@ -77,10 +78,11 @@ impl Proxy {
             return refuse(&invalid);
         }
 
-        let Some(policy) = route.policy.as_deref() else {
+        let Some(limited) = &entry.limited else {
             metrics.request(Verdict::Unlimited.label());
             return self.forward(request, conn, config, metrics).await;
         };
+        let policy = &*limited.policy;
 
         let (subject, _) = subject::resolve(
             &route.subject,
@@ -100,13 +102,13 @@ impl Proxy {
         let outcome = self.store.evaluate(&evaluation).await;
         self.decision_duration
             .record(arrival.elapsed().as_secs_f64());
-        let (verdict, action) = decide(outcome, route, policy, config);
+        let (verdict, action) = decide(outcome, route, limited, config);
 
         metrics.request(verdict.label());
         if verdict.forwarded_without_decision() {
             self.forwarded_without_decision.increment(1);
         }
-        if verdict != Verdict::Allowed && metrics.may_log() {
+        if verdict != Verdict::Allowed && metrics.may_log(arrival.into_std()) {
             tracing::info!(
                 route = %route.name,
                 policy = %policy.name,
@@ -122,7 +124,11 @@ impl Proxy {
                 let mut response = self.forward(request, conn, config, metrics).await;
                 if let Some(decision) = ratelimit {
                     if !response.status().is_informational() {
-                        respond::add_ratelimit_headers(response.headers_mut(), policy, &decision);
+                        respond::add_ratelimit_headers(
+                            response.headers_mut(),
+                            &limited.responses,
+                            &decision,
+                        );
                     }
                 }
                 response
@@ -151,8 +157,13 @@ impl Proxy {
 
 /// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
 /// outcome must be decided here before sluice builds.
-fn decide(outcome: Outcome, route: &Route, policy: &Policy, config: &Config) -> (Verdict, Action) {
-    let store = &config.store;
+fn decide(
+    outcome: Outcome,
+    route: &Route,
+    limited: &Limited,
+    config: &Config,
+) -> (Verdict, Action) {
+    let (policy, store) = (&*limited.policy, &config.store);
     match outcome {
         Outcome::Allowed(decision) => {
             // A shadow policy is invisible to clients.
@@ -164,12 +175,12 @@ fn decide(outcome: Outcome, route: &Route, policy: &Policy, config: &Config) -> 
             if policy.shadow {
                 (Verdict::ShadowDenied, Action::Forward { ratelimit: None })
             } else {
-                let response = respond::too_many_requests(route, policy, &decision);
+                let response = respond::too_many_requests(&limited.responses, &decision);
                 (Verdict::Denied, Action::Respond(response))
             }
         }
-        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), route, policy, store),
-        Outcome::Indeterminate => fail(Failure::Indeterminate, route, policy, store),
+        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), limited, store),
+        Outcome::Indeterminate => fail(Failure::Indeterminate, limited, store),
         Outcome::Incompatible(reason) => {
             let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
             (Verdict::Incompatible(reason), Action::Respond(response))
@@ -178,15 +189,10 @@ fn decide(outcome: Outcome, route: &Route, policy: &Policy, config: &Config) -> 
 }
 
 /// No decision could be made: `on_failure` says what happens.
-fn fail(
-    failure: Failure,
-    route: &Route,
-    policy: &Policy,
-    store: &config::Store,
-) -> (Verdict, Action) {
+fn fail(failure: Failure, limited: &Limited, store: &config::Store) -> (Verdict, Action) {
     match store.on_failure {
         OnFailure::Deny => {
-            let response = respond::unavailable(route, policy, store.failure_retry_after);
+            let response = respond::unavailable(&limited.responses, store.failure_retry_after);
             (Verdict::FailedClosed(failure), Action::Respond(response))
         }
         OnFailure::Allow => (

@@ -156,13 +156,17 @@ impl Connection {
         };
         match self.tls.clone() {
             None => self.serve(TokioIo::new(stream), info).await,
-            Some(acceptor) => {
-                match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => self.serve(TokioIo::new(stream), info).await,
-                    Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
-                    Err(_) => tracing::debug!("TLS handshake timed out"),
-                }
-            }
+            // Boxed: the TLS state is twice the size of a plain connection's,
+            // and every connection task would be that large otherwise.
+            Some(acceptor) => Box::pin(self.serve_tls(acceptor, stream, info)).await,
+        }
+    }
+
+    async fn serve_tls(self, acceptor: TlsAcceptor, stream: TcpStream, info: ConnInfo) {
+        match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => self.serve(TokioIo::new(stream), info).await,
+            Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+            Err(_) => tracing::debug!("TLS handshake timed out"),
         }
     }
 

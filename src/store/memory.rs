@@ -12,7 +12,7 @@
 //! to make room, so no client is ever handed a fresh bucket early.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -27,11 +27,47 @@ use super::Evaluation;
 const SHARDS: usize = 64;
 
 /// (policy name, revision, pseudonym): a changed policy never mixes counters.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq)]
 struct Key {
+    /// Computed once per request from the pseudonym, and used for both the
+    /// shard and the map: hashing the names and the digest twice was a
+    /// visible part of every decision. The pseudonym already names the
+    /// route, hence its one policy; the rare keys that differ only in
+    /// policy or revision (after a reload) share a hash and are told apart
+    /// by `Eq`.
+    hash: u64,
     policy: Arc<str>,
     revision: Arc<str>,
     subject: Pseudonym,
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Hands the precomputed [`Key::hash`] to the map unchanged. It was made
+/// with a randomly keyed SipHash, so clients cannot aim collisions at it.
+#[derive(Default)]
+struct Precomputed(u64);
+
+impl Hasher for Precomputed {
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is ever called (see `Key`'s `Hash`); this keeps
+        // the hasher correct for anything else all the same (FxHash step).
+        for byte in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(*byte)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 struct Entry {
@@ -39,7 +75,7 @@ struct Entry {
     expires_at: Micros,
 }
 
-type Shard = Mutex<HashMap<Key, Entry>>;
+type Shard = Mutex<HashMap<Key, Entry, BuildHasherDefault<Precomputed>>>;
 
 pub struct MemoryStore {
     shards: Box<[Shard]>,
@@ -85,7 +121,9 @@ impl Default for Clock {
 impl MemoryStore {
     pub fn new(max_entries: usize, grace: Duration) -> MemoryStore {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
             hasher: Default::default(),
             len: AtomicUsize::new(0),
             max_entries,
@@ -111,19 +149,20 @@ impl MemoryStore {
     pub fn evaluate_at(&self, evaluation: &Evaluation<'_>, now: Micros) -> Outcome {
         let policy = evaluation.policy;
         let key = Key {
+            hash: self.hasher.hash_one(evaluation.subject.digest()),
             policy: policy.name.clone(),
             revision: policy.revision.clone(),
             subject: *evaluation.subject,
         };
-        let shard = &self.shards[self.shard_of(&key)];
+        let shard = &self.shards[shard_of(key.hash)];
         // A poisoned shard only means another thread panicked mid-step; the
         // map itself is still consistent (steps write whole entries).
         let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
 
         let horizon = micros(policy.bands.horizon()) + self.grace;
-        let live = map.get(&key).is_some_and(|e| e.expires_at > now);
-        if !live && !map.contains_key(&key) && self.len.load(Ordering::Relaxed) >= self.max_entries
-        {
+        // Only a subject the store does not hold yet needs room; the count
+        // is read first so the usual case looks the key up once.
+        if self.len.load(Ordering::Relaxed) >= self.max_entries && !map.contains_key(&key) {
             // Full: try to make room from expired entries of this shard
             // before refusing the newcomer.
             let before = map.len();
@@ -158,7 +197,11 @@ impl MemoryStore {
     /// Drops expired entries. Called periodically by the sweeper task; the
     /// lock is taken one shard at a time.
     pub fn sweep(&self) -> usize {
-        let now = self.clock.now();
+        self.sweep_at(self.clock.now())
+    }
+
+    /// [`MemoryStore::sweep`] at a given time.
+    pub fn sweep_at(&self, now: Micros) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
@@ -169,8 +212,111 @@ impl MemoryStore {
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
+}
 
-    fn shard_of(&self, key: &Key) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+/// Bits 32 and up: the map inside a shard indexes by the low bits and tags
+/// by the top seven, so the shard must come from neither or every key of a
+/// shard would crowd the same buckets.
+fn shard_of(hash: u64) -> usize {
+    ((hash >> 32) as usize) % SHARDS
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::limit::{Bands, Policy, WindowBand};
+    use crate::store::EvaluationId;
+    use crate::subject::PseudonymKey;
+
+    const SECOND: Micros = 1_000_000;
+
+    fn policy(name: &str, revision: &str, limit: u32) -> Policy {
+        Policy {
+            name: Arc::from(name),
+            revision: Arc::from(revision),
+            bands: Bands::FixedWindow(vec![WindowBand {
+                limit: NonZeroU32::new(limit).unwrap(),
+                window: Duration::from_secs(60),
+            }]),
+            shadow: false,
+        }
+    }
+
+    fn subject(n: u32) -> Pseudonym {
+        PseudonymKey::new(b"k", 1).pseudonym("ip", &n.to_be_bytes(), "r")
+    }
+
+    fn ask(store: &MemoryStore, policy: &Policy, subject: &Pseudonym, now: Micros) -> Outcome {
+        let evaluation = Evaluation {
+            policy,
+            subject,
+            cost: 1,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0),
+        };
+        store.evaluate_at(&evaluation, now)
+    }
+
+    fn allowed(outcome: Outcome) -> bool {
+        matches!(outcome, Outcome::Allowed(_))
+    }
+
+    #[test]
+    fn policy_and_revision_keep_counters_apart() {
+        let store = MemoryStore::new(100, Duration::ZERO);
+        let now = 3_600 * SECOND;
+        let (r1, r2, other) = (
+            policy("p", "r1", 1),
+            policy("p", "r2", 1),
+            policy("q", "r1", 1),
+        );
+        let s = subject(1);
+        assert!(allowed(ask(&store, &r1, &s, now)));
+        assert!(!allowed(ask(&store, &r1, &s, now)));
+        // Same subject and hash, another revision or policy: fresh counters.
+        assert!(allowed(ask(&store, &r2, &s, now)));
+        assert!(allowed(ask(&store, &other, &s, now)));
+        assert!(!allowed(ask(&store, &r1, &s, now)));
+        assert_eq!(store.len(), 3);
+        assert!(allowed(ask(&store, &r1, &subject(2), now)));
+    }
+
+    #[test]
+    fn a_full_store_refuses_newcomers_but_serves_known_subjects() {
+        let store = MemoryStore::new(2, Duration::ZERO);
+        let p = policy("p", "r1", 10);
+        let now = 3_600 * SECOND;
+        assert!(allowed(ask(&store, &p, &subject(1), now)));
+        assert!(allowed(ask(&store, &p, &subject(2), now)));
+        assert_eq!(
+            ask(&store, &p, &subject(3), now),
+            Outcome::Unavailable(Unavailable::AdmissionRejected)
+        );
+        assert!(allowed(ask(&store, &p, &subject(1), now)));
+        // Once the known subjects expire there is room again.
+        let later = now + 121 * SECOND;
+        store.sweep_at(later);
+        assert!(allowed(ask(&store, &p, &subject(3), later)));
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn subjects_spread_over_every_shard() {
+        let store = MemoryStore::new(100_000, Duration::ZERO);
+        let p = policy("p", "r1", 10);
+        for n in 0..4_096 {
+            assert!(allowed(ask(&store, &p, &subject(n), SECOND)));
+        }
+        let sizes: Vec<usize> = store
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().len())
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 4_096);
+        // 64 expected per shard; a shard under a quarter of that would mean
+        // the shard index is not drawn from the hash's spread bits.
+        assert!(sizes.iter().all(|&n| n >= 16), "{sizes:?}");
     }
 }

@@ -62,26 +62,13 @@ pub enum Store {
 impl Store {
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         match self {
+            // Decides at once; no future to hold.
             Store::Memory(store) => store.evaluate(evaluation),
-            Store::Redis(store, None) => store.evaluate(evaluation).await,
-            Store::Redis(store, Some(cache)) => {
-                let Evaluation {
-                    policy,
-                    subject,
-                    cost,
-                    ..
-                } = *evaluation;
-                // Taken before the store is asked, so a remembered denial
-                // can only end early, never late.
-                let asked = Instant::now();
-                if let Some(decision) = cache.check(policy, subject, cost, asked) {
-                    return Outcome::Denied(decision);
-                }
-                let outcome = store.evaluate(evaluation).await;
-                if let Outcome::Denied(decision) = &outcome {
-                    cache.remember(policy, subject, cost, asked, decision);
-                }
-                outcome
+            // Boxed: a Redis round trip is a large future (several KB), and
+            // held inline it would make every connection's in-flight request
+            // future that large, memory-store requests included.
+            Store::Redis(store, cache) => {
+                Box::pin(evaluate_shared(store, cache.as_ref(), evaluation)).await
             }
         }
     }
@@ -101,4 +88,32 @@ impl Store {
             Store::Redis(store, _) => store.ready(),
         }
     }
+}
+
+/// Redis behind the local over-limit cache.
+async fn evaluate_shared(
+    store: &redis::RedisStore,
+    cache: Option<&deny_cache::DenyCache>,
+    evaluation: &Evaluation<'_>,
+) -> Outcome {
+    let Some(cache) = cache else {
+        return store.evaluate(evaluation).await;
+    };
+    let Evaluation {
+        policy,
+        subject,
+        cost,
+        ..
+    } = *evaluation;
+    // Taken before the store is asked, so a remembered denial can only end
+    // early, never late.
+    let asked = Instant::now();
+    if let Some(decision) = cache.check(policy, subject, cost, asked) {
+        return Outcome::Denied(decision);
+    }
+    let outcome = store.evaluate(evaluation).await;
+    if let Outcome::Denied(decision) = &outcome {
+        cache.remember(policy, subject, cost, asked, decision);
+    }
+    outcome
 }

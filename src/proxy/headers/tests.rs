@@ -257,3 +257,42 @@ fn response_drops_a_content_length_that_chunking_overrode() {
     assert_eq!(h["connection"], "upgrade");
     assert_eq!(h["upgrade"], "websocket");
 }
+
+#[test]
+fn only_what_is_hop_by_hop_goes() {
+    let mut plain = headers(&[("host", "a"), ("accept", "*/*")]);
+    strip_hop_by_hop(&mut plain);
+    assert_eq!(plain.len(), 2);
+
+    // One hop-by-hop field, naming another by a token of odd case; a token
+    // that is no header name at all is ignored.
+    let mut h = headers(&[
+        ("x-a", "1"),
+        ("connection", "Keep-Alive, X-A, bad token, ,"),
+        ("keep-alive", "timeout=5"),
+        ("x-b", "2"),
+    ]);
+    strip_hop_by_hop(&mut h);
+    let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+    assert_eq!(left, ["x-b"]);
+}
+
+#[test]
+fn peer_addresses_are_written_as_display_writes_them() {
+    for ip in [
+        "0.0.0.0",
+        "1.2.3.4",
+        "10.200.30.255",
+        "255.255.255.255",
+        "::",
+        "::1",
+        "2001:db8::8a2e:370:7334",
+        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        "::ffff:255.255.255.255",
+        "64:ff9b::255.255.255.255",
+    ] {
+        let ip: IpAddr = ip.parse().unwrap();
+        let mut buf = [0u8; IP_TEXT_MAX];
+        assert_eq!(ip_text(ip, &mut buf), ip.to_string().as_bytes(), "{ip}");
+    }
+}

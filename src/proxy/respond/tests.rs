@@ -61,7 +61,7 @@ async fn too_many_requests_carries_fields_and_problem_body() {
         Duration::from_millis(16_200),
         Duration::from_millis(1_500),
     );
-    let response = too_many_requests(&route("api-route"), &api, &decision);
+    let response = too_many_requests(&Prepared::new(&route("api-route"), &api), &decision);
 
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     let h = response.headers();
@@ -91,7 +91,7 @@ async fn several_bands_are_listed_and_the_binding_one_is_named() {
         ]),
     );
     let decision = denied(1, 3, Duration::from_secs(1800), Duration::ZERO);
-    let response = too_many_requests(&route("export"), &export, &decision);
+    let response = too_many_requests(&Prepared::new(&route("export"), &export), &decision);
     let h = response.headers();
     assert_eq!(
         h["ratelimit-policy"],
@@ -136,7 +136,10 @@ async fn unavailable_has_retry_after_and_policy_but_no_decision() {
         "api",
         Bands::FixedWindow(vec![window(100, Duration::from_secs(60))]),
     );
-    let response = unavailable(&route("api"), &api, Duration::from_millis(200));
+    let response = unavailable(
+        &Prepared::new(&route("api"), &api),
+        Duration::from_millis(200),
+    );
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let h = response.headers();
     assert_eq!(h["retry-after"], "1");
@@ -165,4 +168,105 @@ async fn gateway_errors_are_problems_without_route() {
         assert!(body.get("route").is_none());
         assert!(body.get("policy").is_none());
     }
+}
+
+async fn bytes(response: Response<Body>) -> Bytes {
+    response.into_body().collect().await.unwrap().to_bytes()
+}
+
+/// What [`problem`] serializes for a limited route: the reference the
+/// prepared templates must match byte for byte.
+fn serialized(status: StatusCode, detail: &str, route: &str, policy: &str, secs: u64) -> Vec<u8> {
+    serde_json::to_vec(&Problem {
+        kind: "about:blank",
+        title: status.canonical_reason().unwrap(),
+        status: status.as_u16(),
+        detail,
+        route: Some(route),
+        policy: Some(policy),
+        retry_after: Some(secs),
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn prepared_bodies_are_what_serde_would_write() {
+    // Quotes, backslashes, control characters, non-ASCII and a slash: every
+    // kind of character JSON escapes, or does not.
+    for (route_name, policy_name) in [
+        ("api", "api"),
+        ("a\"b\\c", "tab\there/\u{1}\u{e9}\u{1f600}"),
+        ("", "\n"),
+    ] {
+        let p = policy(
+            policy_name,
+            Bands::FixedWindow(vec![window(1, Duration::from_secs(60))]),
+        );
+        let r = route(route_name);
+        let prepared = Prepared::new(&r, &p);
+        for secs in [1u64, 9, 10, 3600, u64::MAX / 1_000_000_000] {
+            let d = denied(0, 0, Duration::from_secs(secs), Duration::from_secs(secs));
+            let body = bytes(too_many_requests(&prepared, &d)).await;
+            let detail = format!(
+                "route \"{route_name}\" is limited by policy \"{policy_name}\"; retry after {secs} s"
+            );
+            let want = serialized(
+                StatusCode::TOO_MANY_REQUESTS,
+                &detail,
+                route_name,
+                policy_name,
+                secs,
+            );
+            assert_eq!(body, want, "{route_name:?} {policy_name:?} {secs}");
+
+            let body = bytes(unavailable(&prepared, Duration::from_secs(secs))).await;
+            let detail = format!(
+                "the rate limit of route \"{route_name}\" could not be checked; retry after {secs} s"
+            );
+            let want = serialized(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &detail,
+                route_name,
+                policy_name,
+                secs,
+            );
+            assert_eq!(body, want, "{route_name:?} {policy_name:?} {secs}");
+        }
+    }
+}
+
+#[test]
+fn ratelimit_fields_name_the_binding_band() {
+    let one = policy(
+        "a\"b\u{e9}",
+        Bands::FixedWindow(vec![window(5, Duration::from_secs(10))]),
+    );
+    let prepared = Prepared::new(&route("r"), &one);
+    let mut headers = HeaderMap::new();
+    let d = denied(0, 0, Duration::from_millis(9_001), Duration::ZERO);
+    add_ratelimit_headers(&mut headers, &prepared, &d);
+    assert_eq!(headers["ratelimit-policy"], r#""a\"b_";q=5;w=10"#);
+    assert_eq!(headers["ratelimit"], r#""a\"b_";r=0;t=10"#);
+
+    let two = policy(
+        "x",
+        Bands::FixedWindow(vec![
+            window(5, Duration::from_secs(1)),
+            window(50, Duration::from_secs(60)),
+        ]),
+    );
+    let prepared = Prepared::new(&route("r"), &two);
+    let mut headers = HeaderMap::new();
+    let allowed = Decision {
+        allowed: true,
+        ..denied(1, u64::MAX, Duration::ZERO, Duration::ZERO)
+    };
+    add_ratelimit_headers(&mut headers, &prepared, &allowed);
+    assert_eq!(
+        headers["ratelimit"],
+        format!(r#""x-1";r={};t=0"#, u64::MAX).as_str()
+    );
+    // Appended, never replacing the upstream's own fields.
+    add_ratelimit_headers(&mut headers, &prepared, &allowed);
+    assert_eq!(headers.get_all("ratelimit").iter().count(), 2);
 }

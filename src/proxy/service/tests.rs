@@ -44,8 +44,12 @@ fn decision(allowed: bool) -> Decision {
 /// `RateLimit` fields are to be added).
 fn run(config: &Config, outcome: Outcome) -> (Verdict, Result<bool, Response<Body>>) {
     let route = &config.routes[0];
-    let policy = route.policy.as_deref().expect("the route has a policy");
-    let (verdict, action) = decide(outcome, route, policy, config);
+    let policy = route.policy.clone().expect("the route has a policy");
+    let limited = Limited {
+        responses: respond::Prepared::new(route, &policy),
+        policy,
+    };
+    let (verdict, action) = decide(outcome, route, &limited, config);
     let action = match action {
         Action::Forward { ratelimit } => Ok(ratelimit.is_some()),
         Action::Respond(response) => Err(response),

@@ -14,22 +14,30 @@ use crate::store::Evaluation;
 /// `EVAL` (which a least-privilege Redis user may not run).
 pub struct Script {
     pub algorithm: Algorithm,
-    pub source: &'static str,
+    /// The algorithm's file with `lua/common.lua` spliced in.
+    pub source: String,
     pub sha: String,
 }
 
+/// Where an algorithm's script takes the shared part (`lua/common.lua`).
+const COMMON_AT: &str = "-- @common (lua/common.lua is spliced in here)\n";
+const COMMON: &str = include_str!("../../../lua/common.lua");
+
 impl Script {
-    fn new(algorithm: Algorithm, source: &'static str) -> Script {
+    fn new(algorithm: Algorithm, file: &'static str) -> Script {
+        // Every embedded file has the marker once (a unit test checks); a
+        // file without it would be sent as is and fail its own tests.
+        let source = file.replacen(COMMON_AT, COMMON, 1);
         Script {
             algorithm,
+            sha: redis::Script::new(&source).get_hash().to_owned(),
             source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
         }
     }
 
     pub fn load_command(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.source);
+        cmd.arg("LOAD").arg(&self.source);
         cmd
     }
 }
@@ -153,31 +161,17 @@ fn ceil_ms(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
-    const BEGIN: &str = "-- common:begin";
-    const END: &str = "-- common:end";
-
-    fn common_block(source: &str) -> &str {
-        let start = source.find(BEGIN).expect("common:begin marker");
-        let end = source.find(END).expect("common:end marker");
-        &source[start..end]
-    }
-
     #[test]
-    fn every_script_starts_with_a_shebang_and_shares_the_common_block() {
-        let scripts = Scripts::new();
-        let first = common_block(scripts.all()[0].source);
-        for script in scripts.all() {
-            assert!(
-                script.source.starts_with("#!lua\n"),
-                "{}",
-                script.algorithm.name()
-            );
-            assert_eq!(
-                common_block(script.source),
-                first,
-                "{} drifted from the common block",
-                script.algorithm.name()
-            );
+    fn every_script_starts_with_a_shebang_and_carries_the_common_part() {
+        for algorithm in ALGORITHMS {
+            let file = source(algorithm);
+            assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
+        }
+        for script in Scripts::new().all() {
+            let name = script.algorithm.name();
+            assert!(script.source.starts_with("#!lua\n"), "{name}");
+            assert!(script.source.contains(COMMON), "{name}");
+            assert!(!script.source.contains(COMMON_AT), "{name}");
             assert!(!script.source.contains("EVAL"), "scripts never nest EVAL");
         }
     }

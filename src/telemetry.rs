@@ -125,6 +125,10 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS, "Requests by route, policy and decision outcome.");
     describe_counter!(
+        REQUESTS_REFUSED,
+        "Malformed requests refused before routing (400/501), by reason."
+    );
+    describe_counter!(
         STORE_RETRIES,
         "Indeterminate store calls retried with the same evaluation id."
     );
@@ -317,6 +321,14 @@ pub fn forwarded_without_decision() -> metrics::Counter {
 
 pub fn memory_subjects(n: usize) {
     metrics::gauge!(MEMORY_SUBJECTS).set(n as f64);
+}
+
+pub const REQUESTS_REFUSED: &str = "sluice_requests_refused_total";
+
+/// Counts a request refused before routing (400/501), by a bounded reason.
+/// Rare by nature, so the registry lookup is acceptable here.
+pub fn request_refused(reason: &'static str) {
+    metrics::counter!(REQUESTS_REFUSED, "reason" => reason).increment(1);
 }
 
 pub const DENY_CACHE_HITS: &str = "sluice_local_deny_cache_hits_total";

@@ -668,3 +668,37 @@ async fn a_full_memory_store_forwards_and_counts_it_under_on_failure_allow() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn malformed_requests_are_counted_by_reason_and_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&fixed_window(&upstream, 100));
+    let twice = b"GET /api HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n";
+    let zipped =
+        b"POST /api HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n";
+    assert_eq!(
+        support::raw_exchange(sluice.addr(), twice).await.status,
+        400
+    );
+    assert_eq!(
+        support::raw_exchange(sluice.addr(), twice).await.status,
+        400
+    );
+    assert_eq!(
+        support::raw_exchange(sluice.addr(), zipped).await.status,
+        501
+    );
+
+    let text = scrape(admin(&sluice)).await;
+    let refused = |reason: &str| {
+        metric(
+            &text,
+            "sluice_requests_refused_total",
+            &[("reason", reason)],
+        )
+    };
+    assert_eq!(refused("duplicate_host"), Some(2.0), "{text}");
+    assert_eq!(refused("transfer_coding"), Some(1.0), "{text}");
+    assert_eq!(upstream.count(), 0);
+    promtool_check(&text);
+}

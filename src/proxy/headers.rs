@@ -62,6 +62,18 @@ pub enum Invalid {
 
 impl Invalid {
     /// A short, bounded reason for the response body and logs.
+    /// A short, bounded label for `sluice_requests_refused_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Invalid::MissingHost => "missing_host",
+            Invalid::DuplicateHost => "duplicate_host",
+            Invalid::HostMismatch => "host_mismatch",
+            Invalid::TransferCoding => "transfer_coding",
+            Invalid::ConnectionNamesIdentity(_) => "connection_names_identity",
+            Invalid::Connect => "connect",
+        }
+    }
+
     pub fn reason(&self) -> &'static str {
         match self {
             Invalid::MissingHost => "the request has no Host",

@@ -204,6 +204,7 @@ fn fail(failure: Failure, limited: &Limited, store: &config::Store) -> (Verdict,
 
 fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
+    telemetry::request_refused(invalid.label());
     match invalid {
         Invalid::TransferCoding | Invalid::Connect => respond::not_implemented(invalid.reason()),
         Invalid::MissingHost

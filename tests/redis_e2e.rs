@@ -7,18 +7,17 @@
 //! on two cores their bursts would otherwise crowd each other's budgets.
 
 mod support;
-mod support_redis;
 
 use std::time::Duration;
 
 use http::StatusCode;
 use redis::Commands;
 use support::ops::{metric, promtool_check, scrape};
+use support::redis::RedisServer;
 use support::redis_sidecar::{
     admin, commandstats, redis_yaml, reset_stats, sample, sent_by_clients, spread, start_ready,
 };
 use support::{burst, clear_of_window_edge, count, get, released_together, Upstream};
-use support_redis::RedisServer;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

@@ -7,17 +7,16 @@
 //! not about two tests fighting over two cores.
 
 mod support;
-mod support_redis;
 
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use support::ops::{samples, scrape};
+use support::redis::RedisServer;
 use support::redis_sidecar::{
     admin, readyz, readyz_becomes, redis_yaml, sample, start_ready, Load, Shot,
 };
 use support::{eventually, get, header, Upstream};
-use support_redis::RedisServer;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -320,7 +319,7 @@ async fn client_pause_longer_than_the_budget_fails_closed_fast_and_forwards_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_started_before_its_redis_is_not_ready_until_redis_answers() {
     let _serial = SERIAL.lock().await;
-    let port = support_redis::free_port();
+    let port = support::free_port();
     let upstream = Upstream::start().await;
     let sluice = support::Sidecar::start(&config(&upstream, &format!("redis://127.0.0.1:{port}")));
 

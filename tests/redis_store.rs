@@ -3,7 +3,7 @@
 //! bands, and the failure classification (kill, restart, SCRIPT FLUSH,
 //! CLIENT PAUSE, a lost reply, ACL, TLS).
 
-mod support_redis;
+mod support;
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,7 +24,7 @@ use sluice::store::memory::MemoryStore;
 use sluice::store::redis::RedisStore;
 use sluice::store::{Evaluation, EvaluationId};
 use sluice::subject::{Pseudonym, PseudonymKey};
-use support_redis::RedisServer;
+use support::redis::RedisServer;
 
 const BUDGET: Duration = Duration::from_millis(500);
 /// Scheduling slack on a loaded two-core machine.
@@ -964,7 +964,7 @@ async fn corrupt_state_and_bad_costs_are_incompatible() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_waits_for_redis_and_the_scripts() {
-    let port = support_redis::free_port();
+    let port = support::free_port();
     let config = redis_config(format!("redis://127.0.0.1:{port}"));
     let store = RedisStore::connect(&config, &store_config(&config, BUDGET)).expect("connect");
     tokio::time::sleep(ms(300)).await;
@@ -1029,7 +1029,7 @@ async fn eval_one(store: &RedisStore, policy: &Policy, subject: &Pseudonym) -> O
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_over_tls_with_a_private_ca() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let files = support_redis::tls_files(dir.path());
+    let files = support::redis::tls_files(dir.path());
     let server = RedisServer::builder().tls(files.clone()).start();
     assert!(server.url().starts_with("rediss://"));
 

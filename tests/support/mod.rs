@@ -4,12 +4,14 @@
 //! - [`upstream`]: `Upstream`, the recording application behind sluice.
 //! - [`sidecar`]: `Sidecar`, the `sluice` binary on a temporary config.
 //! - [`client`]: requests, bursts, raw bytes.
+//! - [`redis`]: `RedisServer`, a real redis-server on a free port (TLS, ACL).
 //!
 //! Each test file compiles this module on its own and uses only part of it.
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
 pub mod ops;
+pub mod redis;
 pub mod redis_sidecar;
 pub mod sidecar;
 pub mod upstream;

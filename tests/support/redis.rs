@@ -59,7 +59,7 @@ impl Builder {
         let mut server = self.server(0);
         // A free port can be taken between probing and binding: retry.
         for _ in 0..5 {
-            server.port = free_port();
+            server.port = super::free_port();
             if server.spawn() {
                 return server;
             }
@@ -266,11 +266,6 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
 }
 
 /// A CA and a server certificate for 127.0.0.1 / localhost, written as PEM

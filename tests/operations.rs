@@ -702,3 +702,34 @@ async fn malformed_requests_are_counted_by_reason_and_never_reach_the_upstream()
     assert_eq!(upstream.count(), 0);
     promtool_check(&text);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_without_waiting_for_the_drain() {
+    let upstream = Upstream::start().await;
+    let mut sluice = Sidecar::start(&slow_route(&upstream));
+    let in_flight = slow_request_in_flight(&sluice, &upstream).await;
+
+    sluice.signal("TERM");
+    let traffic = sluice.addr();
+    // The first signal has been taken once the listener refuses.
+    eventually(Duration::from_secs(1), || async {
+        refuses_connections(traffic).await.then_some(())
+    })
+    .await;
+    let second = Instant::now();
+    sluice.signal("TERM");
+    let exit = tokio::task::block_in_place(|| sluice.wait_exit(Duration::from_secs(5)))
+        .expect("exited after the second signal");
+    assert!(
+        second.elapsed() < Duration::from_millis(1000),
+        "took {:?}: the second signal waited for the drain",
+        second.elapsed()
+    );
+    assert_ne!(
+        exit.code(),
+        Some(0),
+        "an interrupted drain is not a clean exit"
+    );
+    // The request that was in flight was cut rather than completed.
+    assert!(in_flight.await.is_err());
+}

@@ -1,9 +1,10 @@
 //! The Lua scripts (one per algorithm, `lua/`) and the one command that
 //! runs them: `EVALSHA` with the keys and arguments `lua/README.md` states.
 
+use std::io::Write;
 use std::time::Duration;
 
-use redis::Cmd;
+use redis::{Cmd, RedisWrite};
 
 use crate::limit::{micros, Algorithm, Bands, Policy};
 use crate::subject::Pseudonym;
@@ -102,25 +103,55 @@ pub struct Common {
 /// sorted set, keeps them in a second key, the state key and `:dec`. The
 /// braces are a Redis Cluster hash tag around the per-subject part, so both
 /// share one slot.
-pub fn state_key(prefix: &str, policy: &Policy, subject: &Pseudonym) -> String {
-    format!("{prefix}:{{{}:{}:{subject}}}", policy.name, policy.revision)
+fn write_state_key(
+    out: &mut impl Write,
+    prefix: &str,
+    policy: &Policy,
+    subject: &Pseudonym,
+) -> std::io::Result<()> {
+    write!(
+        out,
+        "{prefix}:{{{}:{}:{subject}}}",
+        policy.name, policy.revision
+    )
 }
+
+/// Bytes reserved up front for one command: the fixed words, the SHA-1, the
+/// id and the integers fit; the keys are added on top. Growing the buffer
+/// as arguments arrive cost more than formatting them.
+const CMD_BYTES: usize = 192;
 
 /// `EVALSHA sha 1 state id cost ttl_ms max_regression_us dedupe_window_ms
 /// dedupe_max bands <per band...>`; the sliding log takes `2 state dec`.
 pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
     let bands = &policy.bands;
-    let state = state_key(&common.key_prefix, policy, evaluation.subject);
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(&script.sha);
-    if let Bands::SlidingLog(_) = bands {
-        let dec = format!("{state}:dec");
-        cmd.arg(2).arg(state).arg(dec);
-    } else {
-        cmd.arg(1).arg(state);
+    let per_band = match bands {
+        Bands::FixedWindow(_) | Bands::SlidingCounter(_) | Bands::SlidingLog(_) => 2,
+        Bands::TokenBucket(_) | Bands::Gcra(_) => 3,
+    };
+    // The key's length without the subject, which displays in under 64.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
+    let mut cmd = Cmd::with_capacity(
+        12 + per_band * bands.len(),
+        CMD_BYTES + 2 * key_bytes + 24 * per_band * bands.len(),
+    );
+    cmd.arg("EVALSHA").arg(script.sha.as_str());
+    let dec = matches!(bands, Bands::SlidingLog(_));
+    cmd.arg(if dec { 2u8 } else { 1u8 });
+    // Writing into the command's own buffer cannot fail.
+    let _ = write_state_key(
+        &mut cmd.writer_for_next_arg(),
+        &common.key_prefix,
+        policy,
+        evaluation.subject,
+    );
+    if dec {
+        let mut arg = cmd.writer_for_next_arg();
+        let _ = write_state_key(&mut arg, &common.key_prefix, policy, evaluation.subject);
+        let _ = arg.write_all(b":dec");
     }
-    cmd.arg(evaluation.id.to_string())
+    cmd.arg(&hex_id(evaluation.id.0)[..])
         .arg(evaluation.cost)
         .arg(ceil_ms(bands.horizon() + common.ttl_grace))
         .arg(micros(common.max_clock_regression))
@@ -151,6 +182,18 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
     cmd
 }
 
+/// The evaluation id as 32 lowercase hex digits, zero-padded: what
+/// `EvaluationId`'s `Display` gives, without the formatting machinery.
+fn hex_id(id: u128) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, digit) in out.iter_mut().enumerate() {
+        let nibble = (id >> (124 - 4 * i)) & 0xf;
+        *digit = DIGITS[nibble as usize];
+    }
+    out
+}
+
 /// Whole milliseconds, rounded up and at least one: a TTL or window cut
 /// short would forget state that still matters.
 fn ceil_ms(d: Duration) -> u64 {
@@ -160,6 +203,7 @@ fn ceil_ms(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::EvaluationId;
 
     #[test]
     fn every_script_starts_with_a_shebang_and_carries_the_common_part() {
@@ -202,7 +246,6 @@ mod tests {
         use std::num::NonZeroU32;
 
         use crate::limit::WindowBand;
-        use crate::store::EvaluationId;
         use crate::subject::PseudonymKey;
 
         let band = WindowBand {
@@ -258,6 +301,25 @@ mod tests {
                 .map(str::to_owned),
             );
             assert_eq!(sent, expected);
+        }
+    }
+
+    #[test]
+    fn ids_are_sent_as_evaluation_id_displays_them() {
+        for id in [
+            0,
+            1,
+            0xab,
+            0x0123_4567_89ab_cdef,
+            u128::MAX,
+            u128::MAX >> 4,
+            1 << 127,
+        ] {
+            let hex = hex_id(id);
+            assert_eq!(
+                std::str::from_utf8(&hex),
+                Ok(EvaluationId(id).to_string().as_str())
+            );
         }
     }
 

@@ -3,6 +3,8 @@
 //! A request flows through these modules, in order:
 //!
 //! - [`config`]: the YAML users write, validated into types that cannot be wrong.
+//! - [`path`]: one request path as the app will read it (dot segments,
+//!   slashes, escapes, parameters), used for matching and forwarded.
 //! - [`route`]: the compiled route table; `find(method, path)` → route.
 //! - [`subject`]: who is asking (client IP behind trusted proxies, a header)
 //!   and its pseudonym (versioned HMAC; raw identities never reach a store).
@@ -18,6 +20,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod limit;
+pub mod path;
 pub mod proxy;
 pub mod reload;
 pub mod route;

@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use http::Method;
+use http::{HeaderName, Method};
 
-use crate::config::{Config, PathMatch, Route, Segment};
+use crate::config::{Config, PathMatch, Route, Segment, SubjectSource};
 use crate::limit::Policy;
 use crate::proxy::respond::Prepared;
 use crate::telemetry::RouteMetrics;
@@ -17,6 +17,9 @@ use crate::telemetry::RouteMetrics;
 pub struct RouteTable {
     routes: Vec<Entry>,
     default: Entry,
+    /// Every header a subject is read from, in any route: a request
+    /// carrying one of them twice is refused before routing.
+    identity_headers: Vec<HeaderName>,
 }
 
 /// A route, the metric handles counted under its name, and what its own
@@ -56,13 +59,29 @@ impl RouteTable {
     }
 
     fn from_routes(routes: &[Route], default: &Route) -> RouteTable {
+        let mut identity_headers: Vec<HeaderName> = Vec::new();
+        for route in routes.iter().chain(std::iter::once(default)) {
+            for source in &route.subject {
+                if let SubjectSource::Header(name) = source {
+                    if !identity_headers.contains(name) {
+                        identity_headers.push(name.clone());
+                    }
+                }
+            }
+        }
         RouteTable {
             routes: routes.iter().map(Entry::new).collect(),
             default: Entry::new(default),
+            identity_headers,
         }
     }
 
-    /// `path` is the request path without the query.
+    pub fn identity_headers(&self) -> &[HeaderName] {
+        &self.identity_headers
+    }
+
+    /// `path` is the request path without the query, in its matching form
+    /// ([`crate::path::normalize`]).
     pub fn find(&self, method: &Method, path: &str) -> &Entry {
         self.routes
             .iter()
@@ -73,38 +92,74 @@ impl RouteTable {
 
 fn matches(route: &Route, method: &Method, path: &str) -> bool {
     let m = &route.matcher;
-    if !m.methods.is_empty() && !m.methods.contains(method) {
+    if !m.methods.is_empty() && !method_matches(&m.methods, method) {
         return false;
     }
+    let eq = if m.case_sensitive {
+        eq_exact
+    } else {
+        eq_ignore_case
+    };
     match &m.path {
         PathMatch::Any => true,
-        PathMatch::Exact(p) => path == p,
-        PathMatch::Prefix(p) => prefix_matches(p, path),
-        PathMatch::Template(segments) => template_matches(segments, path),
+        PathMatch::Exact(p) => exact_matches(p, path, eq),
+        PathMatch::Prefix(p) => prefix_matches(p, path, eq),
+        PathMatch::Template(segments) => template_matches(segments, path, eq),
+    }
+}
+
+/// Flask, Django, Rails and Express answer `HEAD` with the `GET` handler:
+/// a `GET` route limits `HEAD` too.
+fn method_matches(methods: &[Method], method: &Method) -> bool {
+    methods.contains(method) || (method == Method::HEAD && methods.contains(&Method::GET))
+}
+
+fn eq_exact(a: &str, b: &str) -> bool {
+    a == b
+}
+
+/// For `case_sensitive: false`. Byte-wise: escapes are upper-cased by
+/// normalization, and letters outside ASCII compare as written.
+fn eq_ignore_case(a: &str, b: &str) -> bool {
+    a.as_bytes().eq_ignore_ascii_case(b.as_bytes())
+}
+
+/// `path` without `prefix`, when it starts with it; `None` otherwise.
+fn strip<'p>(path: &'p str, prefix: &str, eq: fn(&str, &str) -> bool) -> Option<&'p str> {
+    let head = path.get(..prefix.len())?;
+    eq(head, prefix).then(|| &path[prefix.len()..])
+}
+
+/// `/login` matches `/login` and `/login/`.
+fn exact_matches(exact: &str, path: &str, eq: fn(&str, &str) -> bool) -> bool {
+    match strip(path, exact, eq) {
+        Some(rest) => rest.is_empty() || (rest == "/" && exact != "/"),
+        None => false,
     }
 }
 
 /// Segment-aware: `/api` matches `/api`, `/api/` and `/api/x`, never `/apix`.
-fn prefix_matches(prefix: &str, path: &str) -> bool {
+fn prefix_matches(prefix: &str, path: &str, eq: fn(&str, &str) -> bool) -> bool {
     if prefix == "/" {
         return path.starts_with('/');
     }
-    match path.strip_prefix(prefix) {
+    match strip(path, prefix, eq) {
         Some(rest) => rest.is_empty() || rest.starts_with('/'),
         None => false,
     }
 }
 
-/// `/users/{id}` matches `/users/42` but not `/users`, `/users/` or
-/// `/users/42/x`: a parameter is exactly one non-empty segment.
-fn template_matches(segments: &[Segment], path: &str) -> bool {
+/// `/users/{id}` matches `/users/42` and `/users/42/` but not `/users`,
+/// `/users/` or `/users/42/x`: a parameter is exactly one non-empty segment.
+fn template_matches(segments: &[Segment], path: &str, eq: fn(&str, &str) -> bool) -> bool {
     let Some(rest) = path.strip_prefix('/') else {
         return false;
     };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
     let mut parts = rest.split('/');
     for segment in segments {
         match (segment, parts.next()) {
-            (Segment::Literal(lit), Some(part)) if part == lit => {}
+            (Segment::Literal(lit), Some(part)) if eq(part, lit) => {}
             (Segment::Param(_), Some(part)) if !part.is_empty() => {}
             _ => return false,
         }
@@ -115,7 +170,7 @@ fn template_matches(segments: &[Segment], path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Match, SubjectSource};
+    use crate::config::Match;
 
     fn route(name: &str, methods: &[Method], path: PathMatch) -> Route {
         Route {
@@ -123,10 +178,12 @@ mod tests {
             matcher: Match {
                 methods: methods.to_vec(),
                 path,
+                case_sensitive: true,
             },
             subject: vec![SubjectSource::ClientIp],
             policy: None,
             cost: 1,
+            upgrades: Arc::from(Vec::new()),
         }
     }
 
@@ -168,7 +225,51 @@ mod tests {
         )]);
         assert_eq!(&*t.find(&Method::POST, "/login").route.name, "login");
         assert_eq!(&*t.find(&Method::GET, "/login").route.name, "default");
-        assert_eq!(&*t.find(&Method::POST, "/login/").route.name, "default");
+        // One trailing slash is the same resource to most apps.
+        assert_eq!(&*t.find(&Method::POST, "/login/").route.name, "login");
+        assert_eq!(&*t.find(&Method::POST, "/login/x").route.name, "default");
+        assert_eq!(&*t.find(&Method::POST, "/loginx").route.name, "default");
+        let root = table(vec![route("root", &[], PathMatch::Exact("/".into()))]);
+        assert_eq!(&*root.find(&Method::GET, "/").route.name, "root");
+        assert_eq!(&*root.find(&Method::GET, "//").route.name, "default");
+    }
+
+    #[test]
+    fn a_get_route_also_limits_head() {
+        let t = table(vec![
+            route("get", &[Method::GET], PathMatch::Exact("/get".into())),
+            route("head", &[Method::HEAD], PathMatch::Exact("/head".into())),
+        ]);
+        assert_eq!(&*t.find(&Method::HEAD, "/get").route.name, "get");
+        assert_eq!(&*t.find(&Method::HEAD, "/head").route.name, "head");
+        assert_eq!(&*t.find(&Method::GET, "/head").route.name, "default");
+    }
+
+    #[test]
+    fn case_insensitive_routes_match_any_letter_case() {
+        let mut login = route("login", &[], PathMatch::Exact("/Login".into()));
+        login.matcher.case_sensitive = false;
+        let mut api = route("api", &[], PathMatch::Prefix("/api".into()));
+        api.matcher.case_sensitive = false;
+        let mut user = route(
+            "user",
+            &[],
+            PathMatch::Template(vec![lit("users"), Segment::Param("id".into())]),
+        );
+        user.matcher.case_sensitive = false;
+        let sensitive = route("exact", &[], PathMatch::Exact("/Exact".into()));
+        let t = table(vec![login, api, user, sensitive]);
+        for (path, want) in [
+            ("/login", "login"),
+            ("/LOGIN/", "login"),
+            ("/API/v1", "api"),
+            ("/Users/7", "user"),
+            ("/Exact", "exact"),
+            ("/exact", "default"),
+            ("/apix", "default"),
+        ] {
+            assert_eq!(&*t.find(&Method::GET, path).route.name, want, "{path}");
+        }
     }
 
     #[test]
@@ -179,11 +280,16 @@ mod tests {
             &*t.find(&Method::GET, "/users/42/posts").route.name,
             "posts"
         );
+        assert_eq!(
+            &*t.find(&Method::GET, "/users/42/posts/").route.name,
+            "posts"
+        );
         for path in [
             "/users//posts",
             "/users/42",
             "/users/42/posts/1",
             "/users/4/2/posts",
+            "/users/42/posts//",
         ] {
             assert_eq!(&*t.find(&Method::GET, path).route.name, "default", "{path}");
         }

@@ -24,6 +24,7 @@ use http::{HeaderName, Method, Uri};
 use ipnet::IpNet;
 
 use crate::limit::Policy;
+use crate::path::PathRules;
 
 /// A whole, valid configuration.
 #[derive(Debug, Clone)]
@@ -57,6 +58,8 @@ pub struct Server {
     pub max_header_bytes: usize,
     /// Tokio worker threads; 0 = one per core.
     pub workers: usize,
+    /// How request paths are normalized before matching and forwarding.
+    pub paths: PathRules,
 }
 
 #[derive(Debug, Clone)]
@@ -166,25 +169,44 @@ pub struct Route {
     pub policy: Option<Arc<Policy>>,
     /// Units charged per request; 1..=policy max cost.
     pub cost: u32,
+    /// `Upgrade` protocols passed through (lower-case names, without a
+    /// version); `websocket` unless the route says otherwise, never `h2c`.
+    pub upgrades: Arc<[Box<str>]>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Match {
-    /// Empty: any method.
+    /// Empty: any method. `GET` also matches `HEAD`.
     pub methods: Vec<Method>,
+    /// Compared with the request path in its matching form (see
+    /// [`crate::path`]); literals are stored in that form.
     pub path: PathMatch,
+    /// `false`: ASCII letters compare regardless of case.
+    pub case_sensitive: bool,
+}
+
+impl Default for Match {
+    fn default() -> Self {
+        Match {
+            methods: Vec::new(),
+            path: PathMatch::Any,
+            case_sensitive: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
 pub enum PathMatch {
     #[default]
     Any,
+    /// Also matches the path with one trailing slash. Stored without one
+    /// (except the root `/`).
     Exact(String),
     /// Segment-aware: `/api` matches `/api` and `/api/x`, never `/apix`.
     /// Stored without a trailing slash (except the root `/`).
     Prefix(String),
     /// `/users/{id}`: segments, each literal or a `{name}` capturing one
-    /// non-empty segment.
+    /// non-empty segment; one trailing slash is allowed.
     Template(Vec<Segment>),
 }
 
@@ -236,3 +258,6 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+/// The `Upgrade` protocols a route passes when it names none.
+pub const DEFAULT_UPGRADES: [&str; 1] = ["websocket"];

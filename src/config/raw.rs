@@ -143,6 +143,15 @@ pub struct Server {
     pub body_idle_timeout: Option<Scalar>,
     pub max_header_bytes: Option<Scalar>,
     pub workers: Option<Scalar>,
+    pub paths: Option<Paths>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Paths {
+    pub merge_slashes: Option<Scalar>,
+    pub escaped_slashes: Option<Scalar>,
+    pub path_parameters: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -269,6 +278,7 @@ pub struct Route {
     pub subject: Option<ScalarList>,
     pub policy: Option<Scalar>,
     pub cost: Option<Scalar>,
+    pub upgrades: Option<ScalarList>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -277,6 +287,7 @@ pub struct Match {
     pub methods: Option<ScalarList>,
     pub path: Option<Scalar>,
     pub path_prefix: Option<Scalar>,
+    pub case_sensitive: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -284,4 +295,5 @@ pub struct Match {
 pub struct DefaultRoute {
     pub policy: Option<Scalar>,
     pub subject: Option<ScalarList>,
+    pub upgrades: Option<ScalarList>,
 }

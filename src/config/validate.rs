@@ -172,7 +172,16 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         .and_then(|raw| sections::responses(cx, &p, raw));
 
     let policies = policy::policies(cx, &top.key("policies"), sections.remove("policies"));
-    let routes = route::routes(cx, &top.key("routes"), sections.remove("routes"), &policies);
+    // Route paths are normalized as requests will be; a broken `server`
+    // section has already been reported, so its defaults stand in.
+    let rules = server.as_ref().map(|s| s.paths).unwrap_or_default();
+    let routes = route::routes(
+        cx,
+        &top.key("routes"),
+        sections.remove("routes"),
+        &policies,
+        &rules,
+    );
     let default = route::default_route(
         cx,
         &top.key("default"),

@@ -62,10 +62,13 @@ pub(super) async fn forward(
     mut request: Request<Incoming>,
     conn: &ConnInfo,
     config: &Config,
+    upgrades: &[Box<str>],
     tunnels: &Tunnels,
 ) -> Response<Body> {
-    let upgrade = headers::is_upgrade(request.version(), request.headers());
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+    // An upgrade the route does not allow goes as a plain request: an h2c
+    // tunnel would carry requests no route ever sees.
+    let upgrade = headers::allowed_upgrade(request.version(), request.headers(), upgrades);
+    let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (mut parts, incoming) = request.into_parts();
     let uri = match target(&config.upstream.url, &parts.uri) {
@@ -110,6 +113,11 @@ pub(super) async fn forward(
             tracing::debug!("upstream switched protocols unasked");
             return respond::bad_gateway();
         };
+        let chosen = response.headers().get(http::header::UPGRADE);
+        if !chosen.is_some_and(|p| headers::upgrade_allowed(p.as_bytes(), upgrades)) {
+            tracing::debug!("upstream switched to a protocol the route does not allow");
+            return respond::bad_gateway();
+        }
         tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
     }
     headers::prepare_response(response.headers_mut(), upgraded);

@@ -16,6 +16,7 @@ use http::header::{
 use http::{Method, Uri, Version};
 
 use crate::config::SubjectSource;
+use crate::path::PathError;
 use crate::subject::relied_on;
 use crate::subject::resolve::X_FORWARDED_FOR;
 
@@ -23,10 +24,17 @@ pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+/// Rewrite targets some frameworks (IIS URL Rewrite, Symfony, Zend) route
+/// by instead of the request line: a path sluice never matched.
+static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
+static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
 
 /// RFC 9110 §7.6.1, plus the pre-standard `Keep-Alive` and
-/// `Proxy-Connection` that clients still send.
-fn hop_by_hop() -> [&'static HeaderName; 9] {
+/// `Proxy-Connection` that clients still send, and `HTTP2-Settings`, which
+/// only means something on an h2c upgrade (RFC 7540 §3.2.1; removed
+/// everywhere, as Envoy does).
+fn hop_by_hop() -> [&'static HeaderName; 10] {
     [
         &CONNECTION,
         &KEEP_ALIVE,
@@ -37,6 +45,7 @@ fn hop_by_hop() -> [&'static HeaderName; 9] {
         &TRAILER,
         &TRANSFER_ENCODING,
         &UPGRADE,
+        &HTTP2_SETTINGS,
     ]
 }
 
@@ -58,6 +67,19 @@ pub enum Invalid {
     /// `CONNECT` asks for a tunnel to anywhere; a reverse proxy in front of
     /// one application has none to offer (501, RFC 9110 §9.1).
     Connect,
+    /// A method with lower-case letters: methods are case-sensitive (RFC
+    /// 9110 §9.1), yet many apps upper-case them (nginx refuses them too).
+    MethodCase,
+    /// A path that cannot be normalized safely.
+    Path(PathError),
+    /// A header a route's subject is read from, sent more than once: the
+    /// app may read another copy than the one sluice counted.
+    DuplicateIdentity(HeaderName),
+    /// Behind a trusted proxy, an `X-Forwarded-For` entry that is no
+    /// address where sluice must find the client.
+    ForwardedFor,
+    /// A method-override header sent twice, or naming no method.
+    MethodOverride,
 }
 
 impl Invalid {
@@ -71,6 +93,11 @@ impl Invalid {
             Invalid::TransferCoding => "transfer_coding",
             Invalid::ConnectionNamesIdentity(_) => "connection_names_identity",
             Invalid::Connect => "connect",
+            Invalid::MethodCase => "method_case",
+            Invalid::Path(error) => error.label(),
+            Invalid::DuplicateIdentity(_) => "duplicate_identity",
+            Invalid::ForwardedFor => "forwarded_for",
+            Invalid::MethodOverride => "method_override",
         }
     }
 
@@ -84,6 +111,13 @@ impl Invalid {
                 "Connection names a header that identifies the client"
             }
             Invalid::Connect => "CONNECT is not supported",
+            Invalid::MethodCase => "the method has lower-case letters",
+            Invalid::Path(error) => error.reason(),
+            Invalid::DuplicateIdentity(_) => {
+                "a header that identifies the client is sent more than once"
+            }
+            Invalid::ForwardedFor => "X-Forwarded-For holds an entry that is not an address",
+            Invalid::MethodOverride => "a method-override header is sent twice or names no method",
         }
     }
 }
@@ -98,6 +132,9 @@ pub fn check_head(
 ) -> Result<(), Invalid> {
     if method == Method::CONNECT {
         return Err(Invalid::Connect);
+    }
+    if method.as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(Invalid::MethodCase);
     }
     let mut hosts = headers.get_all(HOST).iter();
     let host = hosts.next();
@@ -143,6 +180,18 @@ fn check_transfer_coding(headers: &HeaderMap) -> Result<(), Invalid> {
     }
 }
 
+/// Refuses a request that carries one of `names` (the headers routes read
+/// subjects from) more than once.
+pub fn check_identity_headers(headers: &HeaderMap, names: &[HeaderName]) -> Result<(), Invalid> {
+    for name in names {
+        let mut values = headers.get_all(name).iter();
+        if values.next().is_some() && values.next().is_some() {
+            return Err(Invalid::DuplicateIdentity(name.clone()));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a `Connection` that names `X-Forwarded-For` or any header the
 /// route's subject is read from.
 pub fn check_connection(headers: &HeaderMap, subject: &[SubjectSource]) -> Result<(), Invalid> {
@@ -175,6 +224,48 @@ pub fn is_upgrade(version: Version, headers: &HeaderMap) -> bool {
         && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case(b"upgrade"))
 }
 
+/// The `Upgrade` value to forward: the protocols the client offers that
+/// `allowed` names (by name, any version), or `None` when it asks for no
+/// upgrade or for none of those. The request then goes as a plain one.
+pub fn allowed_upgrade(
+    version: Version,
+    headers: &HeaderMap,
+    allowed: &[Box<str>],
+) -> Option<HeaderValue> {
+    if !is_upgrade(version, headers) {
+        return None;
+    }
+    let mut kept: Vec<u8> = Vec::new();
+    for offer in headers
+        .get_all(UPGRADE)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()))
+    {
+        if upgrade_allowed(offer, allowed) {
+            if !kept.is_empty() {
+                kept.extend_from_slice(b", ");
+            }
+            kept.extend_from_slice(offer);
+        }
+    }
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(&kept).ok()
+}
+
+/// Whether `protocol` (`name` or `name/version`) is one `allowed` names.
+pub fn upgrade_allowed(protocol: &[u8], allowed: &[Box<str>]) -> bool {
+    let name = protocol
+        .split(|b| *b == b'/')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    allowed
+        .iter()
+        .any(|a| a.as_bytes().eq_ignore_ascii_case(name))
+}
+
 /// What the client's connection looked like, for the `X-Forwarded-*` fields.
 #[derive(Debug, Clone, Copy)]
 pub struct Forwarded {
@@ -183,15 +274,21 @@ pub struct Forwarded {
 }
 
 /// Rewrites a request's headers for the upstream: hop-by-hop removed,
-/// `Host` kept as the client addressed it, `X-Forwarded-*` set.
+/// `Host` kept as the client addressed it, `X-Forwarded-*` set, rewrite
+/// targets removed. `upgrade`: the `Upgrade` value to pass on (see
+/// [`allowed_upgrade`]); without it no upgrade reaches the upstream.
 pub fn prepare_request(
     headers: &mut HeaderMap,
     host: Option<HeaderValue>,
     forwarded: Forwarded,
-    upgrade: bool,
+    upgrade: Option<HeaderValue>,
 ) {
-    let upgrade_values = upgrade.then(|| take_all(headers, &UPGRADE));
+    let upgrade_values = upgrade.map(|value| vec![value]);
     strip_hop_by_hop(headers);
+    if headers.contains_key(&X_ORIGINAL_URL) || headers.contains_key(&X_REWRITE_URL) {
+        headers.remove(&X_ORIGINAL_URL);
+        headers.remove(&X_REWRITE_URL);
+    }
 
     // Set after stripping, so a `Connection: host` cannot remove it.
     // `insert` replaces every earlier value.
@@ -350,7 +447,7 @@ fn restore_upgrade(headers: &mut HeaderMap, upgrade: Vec<HeaderValue>) {
     }
 }
 
-fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+pub(super) fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
     headers
         .get_all(CONNECTION)
         .iter()
@@ -359,7 +456,7 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
 
 /// The members of a comma-separated field value, trimmed, empties skipped
 /// (RFC 9110 §5.6.1).
-fn list(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(super) fn list(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value
         .split(|b| *b == b',')
         .map(|m| m.trim_ascii())

@@ -3,6 +3,8 @@
 //! - `service`: [`Proxy::handle`], validate → route → subject → limit →
 //!   one exhaustive match on the outcome.
 //! - `headers`: request validation and hop-by-hop / `X-Forwarded-*` rewriting.
+//! - `overrides`: the methods a request may run as (method-override headers,
+//!   `_method`), each matched.
 //! - `forward`: the pooled upstream client and the streaming exchange.
 //! - `upgrade`: WebSocket and other HTTP/1.1 upgrades, tracked for shutdown.
 //! - `respond`: every synthetic response (400, 408, 429, 501, 502, 503, 504).
@@ -12,6 +14,7 @@
 mod body;
 mod forward;
 mod headers;
+mod overrides;
 pub mod respond;
 mod service;
 mod upgrade;

@@ -1,25 +1,29 @@
-//! The per-request service: validate → route → subject → limit → one
-//! exhaustive match on the outcome → forward or answer.
+//! The per-request service: validate → normalize the path → route (once
+//! per method the request may run as) → subjects → limits → one exhaustive
+//! match on each outcome → forward or answer.
 //!
 //! The decision is made before any byte of the request goes upstream.
 
 use std::sync::Arc;
 
-use http::{Request, Response};
+use http::uri::PathAndQuery;
+use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::config::{self, Config, OnFailure, Route};
 use crate::limit::{Decision, Outcome};
-use crate::route::Limited;
+use crate::path;
+use crate::route::{Entry, Limited, RouteTable};
 use crate::runtime::SharedRuntime;
 use crate::store::{Evaluation, EvaluationId, Store};
-use crate::subject;
-use crate::telemetry::{self, RouteMetrics};
+use crate::subject::{self, Pseudonym, UnreadableForwardedFor};
+use crate::telemetry;
 
 use super::body::Body;
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
+use super::overrides::{self, Methods, MAX_METHODS};
 use super::respond;
 use super::upgrade::Tunnels;
 use super::verdict::{Failure, Verdict};
@@ -56,7 +60,7 @@ impl Proxy {
         }
     }
 
-    pub async fn handle(&self, request: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
+    pub async fn handle(&self, mut request: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let arrival = Instant::now();
         let checked = headers::check_head(
             request.method(),
@@ -72,29 +76,89 @@ impl Proxy {
         // is judged by.
         let runtime = self.runtime.load_full();
         let config = &*runtime.config;
-        let entry = runtime.routes.find(request.method(), request.uri().path());
-        let (route, metrics) = (&entry.route, &entry.metrics);
-        if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
-            return refuse(&invalid);
+        let matched =
+            headers::check_identity_headers(request.headers(), runtime.routes.identity_headers())
+                .and_then(|()| {
+                    overrides::methods(request.method(), request.headers(), request.uri().query())
+                })
+                .and_then(|methods| route(&runtime.routes, &methods, request.uri(), config));
+        let (matched, rewritten) = match matched {
+            Ok(found) => found,
+            Err(invalid) => return refuse(&invalid),
+        };
+        // From here on the request carries the path that was matched, and
+        // the app receives exactly that.
+        if let Some(uri) = rewritten {
+            *request.uri_mut() = uri;
         }
 
-        let Some(limited) = &entry.limited else {
+        // Every subject is resolved before anything is charged, so a
+        // request refused for one route consumes nothing of another.
+        let mut subjects: [Option<Pseudonym>; MAX_METHODS] = Default::default();
+        for (entry, slot) in matched.iter().zip(subjects.iter_mut()) {
+            let route = &entry.route;
+            if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
+                return refuse(&invalid);
+            }
+            if entry.limited.is_some() {
+                let resolved = subject::resolve(
+                    &route.subject,
+                    &route.name,
+                    conn.peer.ip(),
+                    request.headers(),
+                    &config.identity,
+                    &runtime.key,
+                );
+                match resolved {
+                    Ok((pseudonym, _)) => *slot = Some(pseudonym),
+                    Err(UnreadableForwardedFor) => return refuse(&Invalid::ForwardedFor),
+                }
+            }
+        }
+
+        // Every route the request matched must let it through; the first
+        // to refuse answers, and the ones after it are not charged.
+        let mut ratelimit = None;
+        for (entry, subject) in matched.iter().zip(&subjects) {
+            match self.check(entry, subject.as_ref(), config, arrival).await {
+                Ok(allowed) => ratelimit = ratelimit.or(allowed),
+                Err(response) => return response,
+            }
+        }
+
+        let primary = matched.primary();
+        let mut response = self.forward(request, conn, config, primary).await;
+        if let Some((limited, decision)) = ratelimit {
+            if !response.status().is_informational() {
+                respond::add_ratelimit_headers(
+                    response.headers_mut(),
+                    &limited.responses,
+                    &decision,
+                );
+            }
+        }
+        response
+    }
+
+    /// One route's limit for this request: `Ok` to go on (with the
+    /// decision whose `RateLimit` fields the response should carry), or
+    /// the answer that ends the request.
+    async fn check<'r>(
+        &self,
+        entry: &'r Entry,
+        subject: Option<&Pseudonym>,
+        config: &Config,
+        arrival: Instant,
+    ) -> Result<Option<(&'r Limited, Decision)>, Response<Body>> {
+        let (route, metrics) = (&entry.route, &entry.metrics);
+        let (Some(limited), Some(subject)) = (&entry.limited, subject) else {
             metrics.request(Verdict::Unlimited.label());
-            return self.forward(request, conn, config, metrics).await;
+            return Ok(None);
         };
         let policy = &*limited.policy;
-
-        let (subject, _) = subject::resolve(
-            &route.subject,
-            &route.name,
-            conn.peer.ip(),
-            request.headers(),
-            &config.identity,
-            &runtime.key,
-        );
         let evaluation = Evaluation {
             policy,
-            subject: &subject,
+            subject,
             cost: route.cost,
             deadline: arrival + config.store.budget,
             id: EvaluationId::random(),
@@ -117,22 +181,9 @@ impl Proxy {
                 "decision"
             );
         }
-
         match action {
-            Action::Respond(response) => response,
-            Action::Forward { ratelimit } => {
-                let mut response = self.forward(request, conn, config, metrics).await;
-                if let Some(decision) = ratelimit {
-                    if !response.status().is_informational() {
-                        respond::add_ratelimit_headers(
-                            response.headers_mut(),
-                            &limited.responses,
-                            &decision,
-                        );
-                    }
-                }
-                response
-            }
+            Action::Respond(response) => Err(response),
+            Action::Forward { ratelimit } => Ok(ratelimit.map(|decision| (limited, decision))),
         }
     }
 
@@ -141,11 +192,19 @@ impl Proxy {
         request: Request<Incoming>,
         conn: &ConnInfo,
         config: &Config,
-        metrics: &RouteMetrics,
+        entry: &Entry,
     ) -> Response<Body> {
         let sent = Instant::now();
-        let response = forward::forward(&self.upstream, request, conn, config, &self.tunnels).await;
-        metrics.upstream(response.status(), sent.elapsed());
+        let response = forward::forward(
+            &self.upstream,
+            request,
+            conn,
+            config,
+            &entry.route.upgrades,
+            &self.tunnels,
+        )
+        .await;
+        entry.metrics.upstream(response.status(), sent.elapsed());
         response
     }
 
@@ -202,6 +261,68 @@ fn fail(failure: Failure, limited: &Limited, store: &config::Store) -> (Verdict,
     }
 }
 
+/// The routes a request matched: one per distinct route its methods
+/// found, the wire method's first. Nothing is allocated.
+struct Matched<'r> {
+    entries: [Option<&'r Entry>; MAX_METHODS],
+}
+
+impl<'r> Matched<'r> {
+    fn iter(&self) -> impl Iterator<Item = &'r Entry> + '_ {
+        self.entries.iter().flatten().copied()
+    }
+
+    /// The wire method's route: its metrics count the upstream's answer,
+    /// and it says which upgrades pass.
+    fn primary(&self) -> &'r Entry {
+        self.iter()
+            .next()
+            .expect("the wire method always finds a route (the default at worst)")
+    }
+}
+
+/// Normalizes the path and finds the route of each method the request may
+/// run as; the URI to forward when normalization changed the path.
+fn route<'r>(
+    routes: &'r RouteTable,
+    methods: &Methods,
+    uri: &Uri,
+    config: &Config,
+) -> Result<(Matched<'r>, Option<Uri>), Invalid> {
+    let normal = path::normalize(uri.path(), &config.server.paths).map_err(Invalid::Path)?;
+    let mut matched = Matched {
+        entries: [None; MAX_METHODS],
+    };
+    for (i, method) in methods.iter().enumerate() {
+        let entry = routes.find(method, &normal.matching);
+        if !matched_already(&matched.entries, entry) {
+            matched.entries[i] = Some(entry);
+        }
+    }
+    let rewritten = if normal.unchanged() {
+        None
+    } else {
+        Some(with_path(uri, &normal.forward))
+    };
+    Ok((matched, rewritten))
+}
+
+fn matched_already(entries: &[Option<&Entry>], entry: &Entry) -> bool {
+    entries.iter().flatten().any(|e| std::ptr::eq(*e, entry))
+}
+
+/// `uri` with its path replaced and its query kept as sent.
+fn with_path(uri: &Uri, path: &str) -> Uri {
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    // A normalized path holds only characters a URI path may: this parses.
+    parts.path_and_query = PathAndQuery::try_from(path_and_query).ok();
+    Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}
+
 fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
     telemetry::request_refused(invalid.label());
@@ -210,7 +331,12 @@ fn refuse(invalid: &Invalid) -> Response<Body> {
         Invalid::MissingHost
         | Invalid::DuplicateHost
         | Invalid::HostMismatch
-        | Invalid::ConnectionNamesIdentity(_) => respond::bad_request(invalid.reason()),
+        | Invalid::ConnectionNamesIdentity(_)
+        | Invalid::MethodCase
+        | Invalid::Path(_)
+        | Invalid::DuplicateIdentity(_)
+        | Invalid::ForwardedFor
+        | Invalid::MethodOverride => respond::bad_request(invalid.reason()),
     }
 }
 

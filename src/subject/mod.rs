@@ -4,4 +4,4 @@ pub mod pseudonym;
 pub mod resolve;
 
 pub use pseudonym::{Pseudonym, PseudonymKey};
-pub use resolve::{client_ip, relied_on, resolve, Resolved};
+pub use resolve::{client_ip, relied_on, resolve, Resolved, UnreadableForwardedFor};

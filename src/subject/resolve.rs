@@ -25,12 +25,24 @@ pub enum Resolved {
     Unresolved,
 }
 
+/// Behind trusted proxies only, an `X-Forwarded-For` entry that is no
+/// address, reached before the client was found. Guessing (the nearest
+/// trusted hop, the next entry) would count someone else; the request is
+/// refused instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnreadableForwardedFor;
+
 /// The client address as sluice believes it: the peer, or behind trusted
-/// proxies the right-most untrusted `X-Forwarded-For` entry.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+/// proxies the right-most untrusted `X-Forwarded-For` entry. What the
+/// client wrote left of that is its claim, not read.
+pub fn client_ip(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+) -> Result<IpAddr, UnreadableForwardedFor> {
     let peer = canonical(peer);
     if !is_trusted(peer, trusted) {
-        return peer;
+        return Ok(peer);
     }
     // Multiple X-Forwarded-For fields are one list in order (RFC 9110 §5.3).
     let mut last_trusted = peer;
@@ -41,23 +53,24 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         .collect();
     for field in fields.iter().rev() {
         for entry in field.rsplit(|b| *b == b',') {
-            let Some(ip) = parse_entry(entry) else {
-                // Junk reached with only trusted hops to its right: the
-                // nearest hop we can vouch for is the answer.
-                return last_trusted;
-            };
+            // A list may hold empty members (RFC 9110 §5.6.1).
+            if entry.trim_ascii().is_empty() {
+                continue;
+            }
+            let ip = parse_entry(entry).ok_or(UnreadableForwardedFor)?;
             if !is_trusted(ip, trusted) {
-                return ip;
+                return Ok(ip);
             }
             last_trusted = ip;
         }
     }
-    last_trusted
+    Ok(last_trusted)
 }
 
 /// Resolves `sources` in order (first present wins) and returns the
 /// pseudonym. An unresolvable subject gets the route's one shared bucket,
-/// never an unlimited pass.
+/// never an unlimited pass; a header whose value is empty (or blank) is
+/// absent. A header sent twice never gets here (refused before routing).
 pub fn resolve(
     sources: &[SubjectSource],
     route: &str,
@@ -65,30 +78,30 @@ pub fn resolve(
     headers: &HeaderMap,
     identity: &Identity,
     key: &PseudonymKey,
-) -> (Pseudonym, Resolved) {
+) -> Result<(Pseudonym, Resolved), UnreadableForwardedFor> {
     for source in sources {
         match source {
             SubjectSource::ClientIp => {
-                let ip = client_ip(peer, headers, &identity.trusted_proxies);
+                let ip = client_ip(peer, headers, &identity.trusted_proxies)?;
                 let p = match group(ip, identity.ipv6_prefix) {
                     IpAddr::V4(v4) => key.pseudonym("ip", &v4.octets(), route),
                     IpAddr::V6(v6) => key.pseudonym("ip6", &v6.octets(), route),
                 };
-                return (p, Resolved::ClientIp);
+                return Ok((p, Resolved::ClientIp));
             }
             SubjectSource::Header(name) => {
                 let value = headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
                 let value = value.trim_ascii();
                 if !value.is_empty() {
-                    return (key.pseudonym(name.as_str(), value, route), Resolved::Header);
+                    return Ok((key.pseudonym(name.as_str(), value, route), Resolved::Header));
                 }
             }
         }
     }
-    (
+    Ok((
         key.pseudonym("unresolved", b"", route),
         Resolved::Unresolved,
-    )
+    ))
 }
 
 /// The headers a route's subject relies on: a request whose `Connection`
@@ -169,7 +182,12 @@ mod tests {
         let h = xff(&["6.6.6.6"]);
         assert_eq!(
             client_ip(ip("1.2.3.4"), &h, &nets(&["10.0.0.0/8"])),
-            ip("1.2.3.4")
+            Ok(ip("1.2.3.4"))
+        );
+        // Not believed, so not read: junk from an untrusted peer is its own.
+        assert_eq!(
+            client_ip(ip("1.2.3.4"), &xff(&["junk"]), &nets(&["10.0.0.0/8"])),
+            Ok(ip("1.2.3.4"))
         );
     }
 
@@ -177,7 +195,28 @@ mod tests {
     fn trusted_chain_resolves_to_rightmost_untrusted() {
         let trusted = nets(&["10.0.0.0/8", "192.168.1.1/32"]);
         let h = xff(&["6.6.6.6, 203.0.113.7", "192.168.1.1, 10.1.1.1"]);
-        assert_eq!(client_ip(ip("10.0.0.2"), &h, &trusted), ip("203.0.113.7"));
+        assert_eq!(
+            client_ip(ip("10.0.0.2"), &h, &trusted),
+            Ok(ip("203.0.113.7"))
+        );
+        // Empty list members are skipped; junk left of the client is its claim.
+        let h = xff(&["junk, 203.0.113.7,, ", "10.1.1.1"]);
+        assert_eq!(
+            client_ip(ip("10.0.0.2"), &h, &trusted),
+            Ok(ip("203.0.113.7"))
+        );
+    }
+
+    #[test]
+    fn junk_where_the_client_must_be_found_is_refused() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        for chain in ["garbage, 10.3.3.3", "unknown", "10.1.1.1, 1.2.3.4.5"] {
+            assert_eq!(
+                client_ip(ip("10.0.0.2"), &xff(&[chain]), &trusted),
+                Err(UnreadableForwardedFor),
+                "{chain}"
+            );
+        }
     }
 
     #[test]
@@ -185,14 +224,12 @@ mod tests {
         let trusted = nets(&["10.0.0.0/8"]);
         assert_eq!(
             client_ip(ip("10.0.0.2"), &xff(&["10.9.9.9"]), &trusted),
-            ip("10.9.9.9")
+            Ok(ip("10.9.9.9"))
         );
         assert_eq!(
             client_ip(ip("10.0.0.2"), &xff(&[]), &trusted),
-            ip("10.0.0.2")
+            Ok(ip("10.0.0.2"))
         );
-        let junk = xff(&["garbage, 10.3.3.3"]);
-        assert_eq!(client_ip(ip("10.0.0.2"), &junk, &trusted), ip("10.3.3.3"));
     }
 
     #[test]
@@ -200,16 +237,28 @@ mod tests {
         let trusted = nets(&["10.0.0.0/8"]);
         assert_eq!(
             client_ip(ip("10.0.0.2"), &xff(&["[2001:db8::1]:443"]), &trusted),
-            ip("2001:db8::1")
+            Ok(ip("2001:db8::1"))
         );
         assert_eq!(
             client_ip(ip("10.0.0.2"), &xff(&["198.51.100.2:80"]), &trusted),
-            ip("198.51.100.2")
+            Ok(ip("198.51.100.2"))
         );
         assert_eq!(
             client_ip(ip("::ffff:10.0.0.2"), &xff(&["198.51.100.9"]), &trusted),
-            ip("198.51.100.9")
+            Ok(ip("198.51.100.9"))
         );
+    }
+
+    /// Every case here reads no `X-Forwarded-For`, so none can fail.
+    fn resolve(
+        sources: &[SubjectSource],
+        route: &str,
+        peer: IpAddr,
+        headers: &HeaderMap,
+        identity: &Identity,
+        key: &PseudonymKey,
+    ) -> (Pseudonym, Resolved) {
+        super::resolve(sources, route, peer, headers, identity, key).expect("no X-Forwarded-For")
     }
 
     fn identity(prefix: u8) -> Identity {

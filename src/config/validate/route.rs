@@ -10,7 +10,8 @@ use super::check::{self, Checker};
 use super::policy::{Found, Policies};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
-use crate::config::{Match, PathMatch, Route, Segment, SubjectSource};
+use crate::config::{Match, PathMatch, Route, Segment, SubjectSource, DEFAULT_UPGRADES};
+use crate::path::{self, PathRules};
 
 /// The name `check` and metrics give the route for requests no route matched.
 pub const DEFAULT_ROUTE: &str = "default";
@@ -20,6 +21,7 @@ pub fn routes(
     path: &KeyPath,
     value: Option<Value>,
     policies: &Policies,
+    rules: &PathRules,
 ) -> Vec<Route> {
     let items = match value {
         None | Some(Value::Null) => return Vec::new(),
@@ -59,13 +61,20 @@ pub fn routes(
         }
         let matcher = match raw.matcher {
             None => Some(Match::default()),
-            Some(m) => matcher(cx, &at.key("match"), m),
+            Some(m) => matcher(cx, &at.key("match"), m, rules),
         };
+        let upgrades = upgrades(cx, &at.key("upgrades"), raw.upgrades);
         let subject = subjects(cx, &at.key("subject"), raw.subject);
         let policy = route_policy(cx, &at.key("policy"), raw.policy.as_ref(), policies);
         let cost = cost(cx, &at.key("cost"), raw.cost.as_ref(), policy.as_ref());
-        if let (Some(name), Some(matcher), Some(subject), Some(policy), Some(cost)) =
-            (name, matcher, subject, policy, cost)
+        if let (
+            Some(name),
+            Some(matcher),
+            Some(subject),
+            Some(policy),
+            Some(cost),
+            Some(upgrades),
+        ) = (name, matcher, subject, policy, cost, upgrades)
         {
             out.push(Route {
                 name: Arc::from(name.as_str()),
@@ -73,6 +82,7 @@ pub fn routes(
                 subject,
                 policy,
                 cost,
+                upgrades,
             });
         }
     }
@@ -94,31 +104,45 @@ pub fn default_route(
                 subject: vec![SubjectSource::ClientIp],
                 policy: None,
                 cost: 1,
+                upgrades: default_upgrades(),
             })
         }
         Some(v) => cx.shape::<raw::DefaultRoute>(path, Some(v))?,
     };
     let subject = subjects(cx, &path.key("subject"), raw.subject);
     let policy = route_policy(cx, &path.key("policy"), raw.policy.as_ref(), policies);
+    let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
     Some(Route {
         name: Arc::from(DEFAULT_ROUTE),
         matcher: Match::default(),
         subject: subject?,
         policy: policy?,
         cost: 1,
+        upgrades: upgrades?,
     })
 }
 
-fn matcher(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Match) -> Option<Match> {
+fn matcher(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::Match,
+    rules: &PathRules,
+) -> Option<Match> {
     let methods = methods(cx, &path.key("methods"), raw.methods);
     let exact = raw
         .path
         .as_ref()
-        .and_then(|s| cx.value(&path.key("path"), s, exact_path));
+        .and_then(|s| cx.value(&path.key("path"), s, |s| exact_path(s, rules)));
     let prefix = raw
         .path_prefix
         .as_ref()
-        .and_then(|s| cx.value(&path.key("path_prefix"), s, prefix_path));
+        .and_then(|s| cx.value(&path.key("path_prefix"), s, |s| prefix_path(s, rules)));
+    let case_sensitive = cx.optional(
+        &path.key("case_sensitive"),
+        raw.case_sensitive.as_ref(),
+        true,
+        check::boolean,
+    );
     let path_match = match (&raw.path, &raw.path_prefix) {
         (None, None) => Some(PathMatch::Any),
         (Some(_), None) => exact,
@@ -135,6 +159,7 @@ fn matcher(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Match) -> Option<Matc
     Some(Match {
         methods: methods?,
         path: path_match?,
+        case_sensitive: case_sensitive?,
     })
 }
 
@@ -195,18 +220,33 @@ fn check_path(s: &str) -> Result<(), String> {
             "`{s}` contains `{bad}`; a path has no query, fragment or spaces"
         ));
     }
+    if s.contains(';') {
+        return Err(format!(
+            "`{s}` contains `;`; path parameters are left out of matching (server.paths.path_parameters)"
+        ));
+    }
     Ok(())
 }
 
+/// `s` in the form request paths are matched in, so `/log%69n` in the file
+/// means `/login`; without its trailing slash (a route matches with or
+/// without one), except the root.
+fn normal_path(s: &str, rules: &PathRules) -> Result<String, String> {
+    let normal = path::normalize(s, rules).map_err(|e| format!("`{s}`: {e}"))?;
+    let matching = normal.matching.trim_end_matches('/');
+    Ok(if matching.is_empty() { "/" } else { matching }.to_owned())
+}
+
 /// `/login` (exact) or `/users/{id}` (a template).
-fn exact_path(s: &str) -> Result<PathMatch, String> {
+fn exact_path(s: &str, rules: &PathRules) -> Result<PathMatch, String> {
     check_path(s)?;
     if !s.contains(['{', '}']) {
-        return Ok(PathMatch::Exact(s.to_owned()));
+        return Ok(PathMatch::Exact(normal_path(s, rules)?));
     }
     let mut segments = Vec::new();
     let mut params: Vec<&str> = Vec::new();
-    for part in s[1..].split('/') {
+    let body = s[1..].strip_suffix('/').unwrap_or(&s[1..]);
+    for part in body.split('/') {
         match part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
             Some(name) => {
                 let valid =
@@ -227,24 +267,79 @@ fn exact_path(s: &str) -> Result<PathMatch, String> {
                     "`{part}` in `{s}`: a `{{name}}` parameter must be a whole segment"
                 ))
             }
-            None => segments.push(Segment::Literal(part.to_owned())),
+            None => {
+                // A template is matched segment by segment: each literal
+                // must stay one segment once normalized.
+                let literal = normal_path(&format!("/{part}"), rules)?;
+                let literal = &literal[1..];
+                if literal.is_empty() || literal.contains('/') {
+                    return Err(format!(
+                        "`{s}`: `{part}` is not a path segment a template can match"
+                    ));
+                }
+                segments.push(Segment::Literal(literal.to_owned()));
+            }
         }
     }
     Ok(PathMatch::Template(segments))
 }
 
 /// Segment-aware prefix, kept without its trailing slash (`/` stays `/`).
-fn prefix_path(s: &str) -> Result<PathMatch, String> {
+fn prefix_path(s: &str, rules: &PathRules) -> Result<PathMatch, String> {
     check_path(s)?;
     if s.contains(['{', '}']) {
         return Err(format!(
             "`{s}`: `{{name}}` parameters work in `path`, not in `path_prefix`"
         ));
     }
-    let trimmed = s.trim_end_matches('/');
-    Ok(PathMatch::Prefix(
-        if trimmed.is_empty() { "/" } else { trimmed }.to_owned(),
-    ))
+    Ok(PathMatch::Prefix(normal_path(s, rules)?))
+}
+
+fn default_upgrades() -> Arc<[Box<str>]> {
+    DEFAULT_UPGRADES.iter().map(|p| Box::from(*p)).collect()
+}
+
+/// `upgrades: [websocket, ...]`: the `Upgrade` protocols a route passes,
+/// by name (any version); `[]` passes none. `h2c` never passes: an h2c
+/// tunnel would carry requests sluice never sees.
+fn upgrades(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<ScalarList>,
+) -> Option<Arc<[Box<str>]>> {
+    let Some(raw) = raw else {
+        return Some(default_upgrades());
+    };
+    let mut out: Vec<Box<str>> = Vec::new();
+    let mut ok = true;
+    for (p, s) in &list(path, raw) {
+        match cx.value(p, s, upgrade_protocol) {
+            Some(name) if !out.contains(&name) => out.push(name),
+            Some(_) => {}
+            None => ok = false,
+        }
+    }
+    ok.then(|| out.into())
+}
+
+fn upgrade_protocol(s: &str) -> Result<Box<str>, String> {
+    let name = s.trim().to_ascii_lowercase();
+    let token = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !token {
+        return Err(format!(
+            "`{s}` is not a protocol name; write it without a version, e.g. websocket"
+        ));
+    }
+    if name == "h2c" {
+        return Err(
+            "h2c is never passed: the tunnel would carry HTTP/2 requests sluice never limits"
+                .to_owned(),
+        );
+    }
+    Ok(name.into_boxed_str())
 }
 
 fn subjects(

@@ -7,6 +7,8 @@ use std::time::Duration;
 use http::Uri;
 use ipnet::IpNet;
 
+use crate::path::{EscapedSlashes, PathParameters, PathRules};
+
 use super::check::{self, Checker};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
@@ -69,6 +71,10 @@ pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<
         0,
         check::number(0, 1024),
     );
+    let paths = match raw.paths {
+        None => Some(PathRules::default()),
+        Some(raw) => paths(cx, &path.key("paths"), raw),
+    };
     Some(Server {
         listen: listen?,
         admin: admin?,
@@ -78,6 +84,49 @@ pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<
         body_idle_timeout: body_idle_timeout?,
         max_header_bytes: usize::try_from(max_header_bytes?).ok()?,
         workers: usize::try_from(workers?).ok()?,
+        paths: paths?,
+    })
+}
+
+/// `server.paths`: each default is the safe choice (see [`crate::path`]).
+fn paths(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Paths) -> Option<PathRules> {
+    let defaults = PathRules::default();
+    let merge_slashes = cx.optional(
+        &path.key("merge_slashes"),
+        raw.merge_slashes.as_ref(),
+        defaults.merge_slashes,
+        check::boolean,
+    );
+    let escaped_slashes = cx.optional(
+        &path.key("escaped_slashes"),
+        raw.escaped_slashes.as_ref(),
+        defaults.escaped_slashes,
+        |s| match s {
+            "reject" => Ok(EscapedSlashes::Reject),
+            "keep" => Ok(EscapedSlashes::Keep),
+            "decode" => Ok(EscapedSlashes::Decode),
+            _ => Err(format!(
+                "unknown value `{s}`; expected reject, keep or decode"
+            )),
+        },
+    );
+    let path_parameters = cx.optional(
+        &path.key("path_parameters"),
+        raw.path_parameters.as_ref(),
+        defaults.path_parameters,
+        |s| match s {
+            "ignore" => Ok(PathParameters::Ignore),
+            "strip" => Ok(PathParameters::Strip),
+            "reject" => Ok(PathParameters::Reject),
+            _ => Err(format!(
+                "unknown value `{s}`; expected ignore, strip or reject"
+            )),
+        },
+    );
+    Some(PathRules {
+        merge_slashes: merge_slashes?,
+        escaped_slashes: escaped_slashes?,
+        path_parameters: path_parameters?,
     })
 }
 

@@ -190,7 +190,7 @@ fn request_gets_forwarded_fields_and_keeps_host() {
         ("x-forwarded-host", "evil.example"),
     ]);
     let host = original_host(&origin(), &h);
-    prepare_request(&mut h, host, forwarded("::ffff:10.1.2.3", false), false);
+    prepare_request(&mut h, host, forwarded("::ffff:10.1.2.3", false), None);
     assert_eq!(h["host"], "app.example");
     assert_eq!(h["x-forwarded-host"], "app.example");
     assert_eq!(h["x-forwarded-proto"], "http");
@@ -204,7 +204,7 @@ fn http2_authority_becomes_host() {
     let mut h = headers(&[]);
     let uri = Uri::from_static("https://app.example:8443/x");
     let host = original_host(&uri, &h);
-    prepare_request(&mut h, host, forwarded("192.0.2.1", true), false);
+    prepare_request(&mut h, host, forwarded("192.0.2.1", true), None);
     assert_eq!(h["host"], "app.example:8443");
     assert_eq!(h["x-forwarded-proto"], "https");
     assert_eq!(h["x-forwarded-for"], "192.0.2.1");
@@ -221,11 +221,13 @@ fn upgrade_keeps_connection_and_upgrade_only() {
     ]);
     assert!(is_upgrade(Version::HTTP_11, &h));
     assert!(!is_upgrade(Version::HTTP_10, &h));
+    let upgrade = allowed_upgrade(Version::HTTP_11, &h, &websocket());
+    assert_eq!(upgrade, Some(HeaderValue::from_static("websocket")));
     prepare_request(
         &mut h,
         Some(HeaderValue::from_static("a")),
         forwarded("192.0.2.1", false),
-        true,
+        upgrade,
     );
     assert_eq!(h["connection"], "upgrade");
     assert_eq!(h["upgrade"], "websocket");
@@ -234,6 +236,100 @@ fn upgrade_keeps_connection_and_upgrade_only() {
 
     let without_token = headers(&[("connection", "keep-alive"), ("upgrade", "websocket")]);
     assert!(!is_upgrade(Version::HTTP_11, &without_token));
+}
+
+fn websocket() -> Vec<Box<str>> {
+    vec![Box::from("websocket")]
+}
+
+#[test]
+fn only_allowed_upgrades_are_offered_upstream() {
+    let offer = |upgrade: &str, allowed: &[&str]| {
+        let h = headers(&[("connection", "upgrade"), ("upgrade", upgrade)]);
+        let allowed: Vec<Box<str>> = allowed.iter().map(|a| Box::from(*a)).collect();
+        allowed_upgrade(Version::HTTP_11, &h, &allowed)
+    };
+    assert_eq!(offer("h2c", &["websocket"]), None);
+    assert_eq!(offer("foo/1.0", &["websocket"]), None);
+    assert_eq!(
+        offer("WebSocket", &["websocket"]),
+        Some(HeaderValue::from_static("WebSocket"))
+    );
+    assert_eq!(
+        offer("foo/1.0", &["foo"]),
+        Some(HeaderValue::from_static("foo/1.0"))
+    );
+    assert_eq!(
+        offer("h2c, websocket", &["websocket"]),
+        Some(HeaderValue::from_static("websocket"))
+    );
+    assert_eq!(offer("websocket", &[]), None);
+}
+
+#[test]
+fn a_refused_upgrade_goes_as_a_plain_request() {
+    let mut h = headers(&[
+        ("host", "a"),
+        ("connection", "Upgrade, HTTP2-Settings"),
+        ("upgrade", "h2c"),
+        ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+        ("x-original-url", "/login"),
+        ("x-rewrite-url", "/login"),
+    ]);
+    let upgrade = allowed_upgrade(Version::HTTP_11, &h, &websocket());
+    prepare_request(
+        &mut h,
+        Some(HeaderValue::from_static("a")),
+        forwarded("192.0.2.1", false),
+        upgrade,
+    );
+    for gone in [
+        "connection",
+        "upgrade",
+        "http2-settings",
+        "x-original-url",
+        "x-rewrite-url",
+    ] {
+        assert!(!h.contains_key(gone), "{gone} was forwarded");
+    }
+    // Not named by Connection, still removed.
+    let mut h = headers(&[("host", "a"), ("http2-settings", "AAMAAABk")]);
+    prepare_request(&mut h, None, forwarded("192.0.2.1", false), None);
+    assert!(!h.contains_key("http2-settings"));
+}
+
+#[test]
+fn lower_case_methods_are_refused() {
+    let v = Version::HTTP_11;
+    let h = headers(&[("host", "a")]);
+    for method in ["post", "PoSt", "get", "gET"] {
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        assert_eq!(
+            check_head(&method, v, &origin(), &h),
+            Err(Invalid::MethodCase),
+            "{method}"
+        );
+    }
+    for method in ["POST", "PROPFIND", "M-SEARCH"] {
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        assert_eq!(check_head(&method, v, &origin(), &h), Ok(()), "{method}");
+    }
+}
+
+#[test]
+fn an_identity_header_sent_twice_is_refused() {
+    let names = [HeaderName::from_static("x-api-key")];
+    assert_eq!(
+        check_identity_headers(&headers(&[("x-api-key", "a"), ("x-api-key", "b")]), &names),
+        Err(Invalid::DuplicateIdentity(names[0].clone()))
+    );
+    assert_eq!(
+        check_identity_headers(
+            &headers(&[("x-api-key", "a"), ("x-other", "b"), ("x-other", "c")]),
+            &names
+        ),
+        Ok(())
+    );
 }
 
 #[test]

@@ -30,6 +30,7 @@ fn route(name: &str) -> Route {
         subject: vec![SubjectSource::ClientIp],
         policy: None,
         cost: 1,
+        upgrades: Arc::from(Vec::new()),
     }
 }
 

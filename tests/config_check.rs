@@ -18,7 +18,7 @@ const INVALID_CONFIG: i32 = 2;
 const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Each error fixture with where its (first) error is, and its key path.
-const ERROR_FIXTURES: [(&str, &str, &str); 13] = [
+const ERROR_FIXTURES: [(&str, &str, &str); 16] = [
     ("unknown_key.yaml", "4:3", "server.shutdown_grase"),
     ("missing_policy.yaml", "17:13", "routes[1].policy"),
     ("unset_variable.yaml", "9:8", "store.url"),
@@ -36,6 +36,17 @@ const ERROR_FIXTURES: [(&str, &str, &str); 13] = [
     ("duplicate_route.yaml", "10:11", "routes[1].name"),
     ("several_errors.yaml", "4:3", "server.listen_backlog"),
     ("yaml_syntax.yaml", "4:9", ""),
+    ("h2c_upgrade.yaml", "10:27", "routes[0].upgrades[1]"),
+    (
+        "unsafe_route_path.yaml",
+        "8:27",
+        "routes[0].match.path_prefix",
+    ),
+    (
+        "bad_path_setting.yaml",
+        "6:22",
+        "server.paths.escaped_slashes",
+    ),
 ];
 
 /// Variables the fixtures name, removed so the host cannot set them.

@@ -53,6 +53,7 @@ struct Behaviour {
     body_len: Option<usize>,
     echo_body: bool,
     extra_headers: Vec<(HeaderName, HeaderValue)>,
+    any_upgrade: bool,
 }
 
 #[derive(Default)]
@@ -138,6 +139,12 @@ impl Upstream {
         self.state.behaviour().echo_body = true;
     }
 
+    /// Answers 101 to every upgrade asked for (h2c, anything), switching to
+    /// the first protocol offered, as an app that trusts its proxy would.
+    pub fn answer_any_upgrade(&self) {
+        self.state.behaviour().any_upgrade = true;
+    }
+
     /// Adds a header to every response (may be given several times).
     pub fn add_response_header(&self, name: &str, value: &str) {
         let name = HeaderName::from_bytes(name.as_bytes()).expect("a valid header name");
@@ -170,14 +177,30 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     }
 }
 
-fn wants_websocket(req: &Request<Incoming>) -> bool {
-    let has_token = |name: http::header::HeaderName, token: &str| {
-        req.headers().get_all(name).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-        })
+/// The protocol to switch to: `websocket` when asked for, or with
+/// `any_upgrade` the first protocol offered.
+fn wanted_upgrade(req: &Request<Incoming>, any_upgrade: bool) -> Option<String> {
+    let tokens = |name: http::header::HeaderName| -> Vec<String> {
+        req.headers()
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+            .collect()
     };
-    has_token(http::header::CONNECTION, "upgrade") && has_token(http::header::UPGRADE, "websocket")
+    let connection = tokens(http::header::CONNECTION);
+    if !connection.iter().any(|t| t.eq_ignore_ascii_case("upgrade")) {
+        return None;
+    }
+    let offered = tokens(http::header::UPGRADE);
+    if any_upgrade {
+        return offered.into_iter().next();
+    }
+    offered
+        .into_iter()
+        .find(|t| t.eq_ignore_ascii_case("websocket"))
 }
 
 async fn handle(
@@ -194,7 +217,7 @@ async fn handle(
     let version = req.version();
     let headers = req.headers().clone();
 
-    if wants_websocket(&req) {
+    if let Some(protocol) = wanted_upgrade(&req, behaviour.any_upgrade) {
         let on_upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
             if let Ok(upgraded) = on_upgrade.await {
@@ -211,7 +234,7 @@ async fn handle(
         let response = Response::builder()
             .status(StatusCode::SWITCHING_PROTOCOLS)
             .header(http::header::CONNECTION, "upgrade")
-            .header(http::header::UPGRADE, "websocket")
+            .header(http::header::UPGRADE, protocol)
             .body(Full::new(Bytes::new()))
             .expect("a valid 101 response");
         return Ok(response);

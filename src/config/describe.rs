@@ -6,12 +6,13 @@ use std::time::Duration;
 use super::{Config, PathMatch, Route, Segment, SubjectSource};
 use crate::limit::Bands;
 
-const HEADER: [&str; 9] = [
+const HEADER: [&str; 10] = [
     "ROUTE", "METHODS", "PATH", "SUBJECT", "POLICY", "LIMITS", "COST", "SHADOW", "REVISION",
+    "UPGRADES",
 ];
 
 pub fn route_table(config: &Config) -> String {
-    let rows: Vec<[String; 9]> = std::iter::once(HEADER.map(str::to_owned))
+    let rows: Vec<[String; 10]> = std::iter::once(HEADER.map(str::to_owned))
         .chain(
             config
                 .routes
@@ -20,7 +21,7 @@ pub fn route_table(config: &Config) -> String {
                 .map(row),
         )
         .collect();
-    let mut widths = [0usize; 9];
+    let mut widths = [0usize; 10];
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -44,7 +45,7 @@ pub fn route_table(config: &Config) -> String {
     out
 }
 
-fn row(route: &Route) -> [String; 9] {
+fn row(route: &Route) -> [String; 10] {
     let methods = if route.matcher.methods.is_empty() {
         "*".to_owned()
     } else {
@@ -71,13 +72,22 @@ fn row(route: &Route) -> [String; 9] {
     [
         route.name.to_string(),
         methods,
-        path(&route.matcher.path),
+        if route.matcher.case_sensitive {
+            path(&route.matcher.path)
+        } else {
+            format!("{} (any case)", path(&route.matcher.path))
+        },
         subject.join(","),
         policy,
         limits,
         cost,
         shadow,
         revision,
+        if route.upgrades.is_empty() {
+            "-".to_owned()
+        } else {
+            route.upgrades.join(",")
+        },
     ]
 }
 

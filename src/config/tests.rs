@@ -765,3 +765,86 @@ fn the_route_table_shows_limits_per_band() {
     assert!(row.contains("fixed-window 10/1s + 1000/1h"), "{row}");
     assert!(row.contains(" 2 ") && row.contains(" yes "), "{row}");
 }
+
+fn route_path(c: &Config, name: &str) -> PathMatch {
+    let route = c.routes.iter().find(|r| &*r.name == name).expect("route");
+    route.matcher.path.clone()
+}
+
+#[test]
+fn route_paths_are_stored_in_the_form_requests_are_matched_in() {
+    let c = parse_ok(&format!(
+        "{BASE}routes:
+  - {{ name: a, match: {{ path: /log%69n/ }}, policy: none }}
+  - {{ name: b, match: {{ path_prefix: //api/./v1/ }}, policy: none }}
+  - {{ name: c, match: {{ path: \"/Users/{{id}}/%70osts/\" }}, policy: none }}
+  - {{ name: d, match: {{ path: \"/v1/x%3AbatchGet\" }}, policy: none }}
+  - {{ name: e, match: {{ path: / }}, policy: none }}
+"
+    ));
+    assert!(matches!(route_path(&c, "a"), PathMatch::Exact(p) if p == "/login"));
+    assert!(matches!(route_path(&c, "b"), PathMatch::Prefix(p) if p == "/api/v1"));
+    assert!(matches!(
+        route_path(&c, "c"),
+        PathMatch::Template(s) if s == [
+            Segment::Literal("Users".into()),
+            Segment::Param("id".into()),
+            Segment::Literal("posts".into()),
+        ]
+    ));
+    assert!(matches!(route_path(&c, "d"), PathMatch::Exact(p) if p == "/v1/x:batchGet"));
+    assert!(matches!(route_path(&c, "e"), PathMatch::Exact(p) if p == "/"));
+}
+
+#[test]
+fn route_paths_that_requests_could_never_take_are_refused() {
+    for (path, says) in [
+        ("/files%2Fprivate", "encoded slash"),
+        ("/../admin", "above the root"),
+        ("/login;jsessionid", "contains `;`"),
+        ("/a%zz", "invalid percent-escape"),
+        ("\"/users/{id}/..\"", "not a path segment"),
+    ] {
+        let errors = parse_err(&format!(
+            "{BASE}routes:\n  - {{ name: r, match: {{ path: {path} }}, policy: none }}\n"
+        ));
+        assert_eq!(errors.len(), 1, "{path}: {errors:#?}");
+        assert!(
+            errors[0].contains("routes[0].match.path: "),
+            "{}",
+            errors[0]
+        );
+        assert!(errors[0].contains(says), "{path}: {} !~ {says}", errors[0]);
+    }
+}
+
+#[test]
+fn path_settings_case_and_upgrades_have_safe_defaults() {
+    let c = parse_ok(&format!(
+        "{BASE}routes:\n  - {{ name: r, match: {{ path: /x }}, policy: none }}\n"
+    ));
+    assert_eq!(c.server.paths, crate::path::PathRules::default());
+    assert!(c.routes[0].matcher.case_sensitive);
+    assert_eq!(&*c.routes[0].upgrades, [Box::from("websocket")]);
+    assert_eq!(&*c.default.upgrades, [Box::from("websocket")]);
+
+    let c = parse_ok(&format!(
+        "{BASE}routes:\n  - {{ name: r, match: {{ path: /x, case_sensitive: false }}, policy: none, upgrades: [WebSocket, foo, foo] }}\n  - {{ name: s, match: {{ path: /y }}, policy: none, upgrades: [] }}\n"
+    ));
+    assert!(!c.routes[0].matcher.case_sensitive);
+    assert_eq!(
+        &*c.routes[0].upgrades,
+        [Box::from("websocket"), Box::from("foo")]
+    );
+    assert!(c.routes[1].upgrades.is_empty());
+    let table = c.route_table();
+    assert!(table.contains("exact /x (any case)"), "{table}");
+    assert!(table.contains("websocket,foo"), "{table}");
+
+    let errors = parse_err(&format!(
+        "{BASE}routes:\n  - {{ name: r, policy: none, upgrades: [h2c, \"web socket\"] }}\n"
+    ));
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors[0].contains("routes[0].upgrades[0]: h2c is never passed"));
+    assert!(errors[1].contains("routes[0].upgrades[1]: `web socket` is not a protocol name"));
+}

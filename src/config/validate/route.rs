@@ -270,12 +270,15 @@ fn exact_path(s: &str, rules: &PathRules) -> Result<PathMatch, String> {
             None => {
                 // A template is matched segment by segment: each literal
                 // must stay one segment once normalized.
-                let literal = normal_path(&format!("/{part}"), rules)?;
-                let literal = &literal[1..];
+                let not_one = format!("`{s}`: `{part}` is not a path segment a template can match");
+                if matches!(part, "" | "." | "..") {
+                    return Err(not_one);
+                }
+                let segment = format!("/{part}");
+                let normal = path::normalize(&segment, rules).map_err(|e| format!("`{s}`: {e}"))?;
+                let literal = &normal.matching[1..];
                 if literal.is_empty() || literal.contains('/') {
-                    return Err(format!(
-                        "`{s}`: `{part}` is not a path segment a template can match"
-                    ));
+                    return Err(not_one);
                 }
                 segments.push(Segment::Literal(literal.to_owned()));
             }

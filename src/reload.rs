@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, StoreKind};
+use crate::config::{Config, StoreKind, Topology};
 use crate::runtime::{Runtime, SharedRuntime};
 use crate::subject::PseudonymKey;
 use crate::telemetry;
@@ -115,11 +115,33 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     changes
 }
 
+/// Every secret a topology holds, joined: a changed password counts.
+fn secrets(topology: &Topology) -> String {
+    match topology {
+        Topology::Standalone { url } => url.expose().to_owned(),
+        Topology::Cluster { nodes } => join(nodes),
+        Topology::Sentinel {
+            nodes, password, ..
+        } => format!(
+            "{}\n{}",
+            join(nodes),
+            password.as_ref().map_or("", |p| p.expose())
+        ),
+    }
+}
+
+fn join(urls: &[crate::config::Secret]) -> String {
+    urls.iter()
+        .map(|u| u.expose())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// What identifies a store connection. Debug output redacts the Redis URL
 /// (it carries credentials), so the URL is compared on its own.
-fn store_identity(kind: &StoreKind) -> (String, Option<&str>) {
+fn store_identity(kind: &StoreKind) -> (String, Option<String>) {
     match kind {
-        StoreKind::Redis(redis) => (format!("{kind:?}"), Some(redis.url.expose())),
+        StoreKind::Redis(redis) => (format!("{kind:?}"), Some(secrets(&redis.topology))),
         StoreKind::Memory(_) => (format!("{kind:?}"), None),
     }
 }

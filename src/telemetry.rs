@@ -354,7 +354,7 @@ pub fn sync_store(store: &crate::store::Store) {
             "dedupe_hits" => metrics::counter!(DEDUPE_HITS).absolute(value),
             "retries" => metrics::counter!(STORE_RETRIES).absolute(value),
             // Recovered conditions rather than failed decisions.
-            "noscript" | "clock_steps_absorbed" => {
+            "noscript" | "clock_steps_absorbed" | "reconnects" | "probes" => {
                 metrics::counter!(STORE_EVENTS, "kind" => kind).absolute(value)
             }
             _ => metrics::counter!(STORE_ERRORS, "kind" => kind).absolute(value),

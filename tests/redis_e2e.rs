@@ -262,7 +262,11 @@ async fn redis_holds_no_raw_identity_and_every_key_expires() {
     }
 
     let mut conn = redis.connection();
-    let keys: Vec<String> = conn.scan().expect("SCAN").collect();
+    let keys: Vec<String> = conn
+        .scan()
+        .expect("SCAN")
+        .collect::<Result<_, _>>()
+        .expect("SCAN items");
     // Five algorithms, two routes, two subjects each: at least one key each.
     assert!(keys.len() >= 20, "only {} keys: {keys:?}", keys.len());
     let mut without_ttl = Vec::new();

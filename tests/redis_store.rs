@@ -15,7 +15,7 @@ use redis::Commands;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use sluice::config::{self, OnFailure, Secret, StoreKind};
+use sluice::config::{self, OnFailure, Secret, StoreKind, Topology};
 use sluice::limit::{
     Bands, BucketBand, Decision, GcraBand, Incompatible, Micros, Outcome, Policy, Unavailable,
     WindowBand,
@@ -32,7 +32,7 @@ const MARGIN: Duration = Duration::from_millis(150);
 
 fn redis_config(url: String) -> config::RedisStore {
     config::RedisStore {
-        url: Secret(url),
+        topology: Topology::Standalone { url: Secret(url) },
         pool_size: 2,
         ca_file: None,
         key_prefix: "sluice".to_owned(),
@@ -47,7 +47,7 @@ fn redis_config(url: String) -> config::RedisStore {
 
 fn store_config(redis: &config::RedisStore, budget: Duration) -> config::Store {
     config::Store {
-        kind: StoreKind::Redis(redis.clone()),
+        kind: StoreKind::Redis(Box::new(redis.clone())),
         budget,
         on_failure: OnFailure::Deny,
         failure_retry_after: Duration::from_secs(1),

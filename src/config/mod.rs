@@ -99,7 +99,9 @@ pub struct Store {
 #[derive(Debug, Clone)]
 pub enum StoreKind {
     Memory(MemoryStore),
-    Redis(RedisStore),
+    // Boxed: a Redis store's settings are large and configurations are
+    // cloned on every reload.
+    Redis(Box<RedisStore>),
 }
 
 #[derive(Debug, Clone)]
@@ -109,10 +111,38 @@ pub struct MemoryStore {
     pub max_entries: usize,
 }
 
+/// Where the Redis store's primary is, and how it is found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One node, or a stable endpoint in front of the current primary.
+    /// `redis://` or `rediss://`, credentials included; redacted in Debug.
+    Standalone { url: Secret },
+    /// Redis Cluster: seed nodes (the rest are discovered), credentials and
+    /// TLS in their URLs.
+    Cluster { nodes: Vec<Secret> },
+    /// The primary the Sentinels name `master`. The nodes' URLs carry the
+    /// Sentinels' credentials; `username`/`password` are the primary's.
+    Sentinel {
+        master: String,
+        nodes: Vec<Secret>,
+        username: Option<String>,
+        password: Option<Secret>,
+    },
+}
+
+impl Topology {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Topology::Standalone { .. } => "standalone",
+            Topology::Cluster { .. } => "cluster",
+            Topology::Sentinel { .. } => "sentinel",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RedisStore {
-    /// `redis://` or `rediss://`, credentials included. Redacted in Debug.
-    pub url: Secret,
+    pub topology: Topology,
     pub pool_size: usize,
     /// PEM file of extra roots for `rediss://` with a private CA.
     pub ca_file: Option<PathBuf>,

@@ -192,6 +192,18 @@ pub struct Store {
     pub breaker_failures: Option<Scalar>,
     pub breaker_cooldown: Option<Scalar>,
     pub deny_cache_entries: Option<Scalar>,
+    pub topology: Option<Scalar>,
+    pub nodes: Option<ScalarList>,
+    pub sentinel: Option<Sentinel>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Sentinel {
+    pub master: Option<Scalar>,
+    pub nodes: Option<ScalarList>,
+    pub username: Option<Scalar>,
+    pub password: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -97,6 +97,19 @@ impl Breaker {
         }
     }
 
+    /// True only while the breaker is closed: the last decisions reached
+    /// the store. Readiness follows this, not [`Breaker::admits`]: a
+    /// breaker waiting for its probe, or probing, has not seen the store
+    /// decide again.
+    pub fn closed(&self) -> bool {
+        matches!(*self.lock(), State::Closed { .. })
+    }
+
+    /// True when the cool-down is over and nobody has taken the probe yet.
+    pub fn wants_probe(&self, now: Instant) -> bool {
+        matches!(*self.lock(), State::Open { until } if now >= until)
+    }
+
     /// How many times the breaker has opened (for metrics).
     pub fn opened_total(&self) -> u64 {
         self.opened.load(Ordering::Relaxed)

@@ -14,7 +14,7 @@ use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{
     Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, Server, Store, StoreKind, Tls,
-    Upstream,
+    Topology, Upstream,
 };
 
 pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<Server> {
@@ -205,8 +205,9 @@ pub enum Kind {
 }
 
 const MEMORY_ONLY: [&str; 1] = ["max_entries"];
-const REDIS_ONLY: [&str; 10] = [
+const REDIS_ONLY: [&str; 11] = [
     "url",
+    "topology",
     "pool_size",
     "ca_file",
     "key_prefix",
@@ -274,7 +275,7 @@ pub fn store(
         }
         Kind::Redis => {
             refuse_other_kind(cx, path, &raw, &MEMORY_ONLY, "memory");
-            redis(cx, path, &raw).map(StoreKind::Redis)
+            redis(cx, path, &raw).map(|r| StoreKind::Redis(Box::new(r)))
         }
     };
     Some(Store {
@@ -299,6 +300,7 @@ fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {
         "breaker_failures" => raw.breaker_failures.as_ref(),
         "breaker_cooldown" => raw.breaker_cooldown.as_ref(),
         "deny_cache_entries" => raw.deny_cache_entries.as_ref(),
+        "topology" => raw.topology.as_ref(),
         _ => None,
     }
 }
@@ -310,8 +312,20 @@ fn refuse_other_kind(
     keys: &[&str],
     other: &str,
 ) {
-    for key in keys {
-        if store_key(raw, key).is_some() {
+    // The two keys that are no scalars belong to Redis only.
+    let written = |key: &str| match key {
+        "nodes" => raw.nodes.is_some(),
+        "sentinel" => raw.sentinel.is_some(),
+        _ => store_key(raw, key).is_some(),
+    };
+    let redis_mappings = ["nodes", "sentinel"];
+    let also: &[&str] = if other == "redis" {
+        &redis_mappings
+    } else {
+        &[]
+    };
+    for key in keys.iter().chain(also) {
+        if written(key) {
             cx.error(
                 &path.key(key),
                 At::Key,
@@ -334,7 +348,7 @@ fn memory(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Memo
 }
 
 fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<RedisStore> {
-    let url = cx.required(&path.key("url"), raw.url.as_ref(), redis_url);
+    let topology = topology(cx, path, raw);
     let pool_size = cx.optional(
         &path.key("pool_size"),
         raw.pool_size.as_ref(),
@@ -345,12 +359,18 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         None => Some(None),
         Some(s) => cx.value(&path.key("ca_file"), s, file_path).map(Some),
     };
-    if let (Some(url), Some(Some(_))) = (&url, &ca_file) {
-        if !url.expose().starts_with("rediss://") {
+    if let (Some(topology), Some(Some(_))) = (&topology, &ca_file) {
+        let urls: Vec<&Secret> = match topology {
+            Topology::Standalone { url } => vec![url],
+            Topology::Cluster { nodes } | Topology::Sentinel { nodes, .. } => {
+                nodes.iter().collect()
+            }
+        };
+        if !urls.iter().all(|u| u.expose().starts_with("rediss://")) {
             cx.error(
                 &path.key("ca_file"),
                 At::Key,
-                "`ca_file` applies only to a rediss:// (TLS) url",
+                "`ca_file` applies only to rediss:// (TLS) urls",
             );
         }
     }
@@ -398,7 +418,7 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
     );
     Some(RedisStore {
         deny_cache_entries: usize::try_from(deny_cache_entries?).ok()?,
-        url: url?,
+        topology: topology?,
         pool_size: usize::try_from(pool_size?).ok()?,
         ca_file: ca_file?,
         key_prefix: key_prefix?,
@@ -408,6 +428,132 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         breaker_failures: breaker_failures?,
         breaker_cooldown: breaker_cooldown?,
     })
+}
+
+/// `store.topology` and the keys that say where its nodes are: `url` for
+/// standalone, `nodes` for cluster, `sentinel` for sentinel. A key of
+/// another topology is an error, not silently unused.
+fn topology(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Topology> {
+    let name = cx.optional(
+        &path.key("topology"),
+        raw.topology.as_ref(),
+        "standalone",
+        |s| match s {
+            "standalone" => Ok("standalone"),
+            "cluster" => Ok("cluster"),
+            "sentinel" => Ok("sentinel"),
+            _ => Err(format!(
+                "unknown topology `{s}`; expected standalone, cluster or sentinel"
+            )),
+        },
+    )?;
+    let foreign = [
+        ("url", raw.url.is_some(), "standalone"),
+        ("nodes", raw.nodes.is_some(), "cluster"),
+        ("sentinel", raw.sentinel.is_some(), "sentinel"),
+    ];
+    for (key, written, belongs) in foreign {
+        if written && belongs != name {
+            cx.error(
+                &path.key(key),
+                At::Key,
+                format!("`{key}` applies only to `topology: {belongs}` (this store is {name})"),
+            );
+        }
+    }
+    match name {
+        "cluster" => {
+            let nodes = redis_urls(cx, &path.key("nodes"), raw.nodes.clone())?;
+            Some(Topology::Cluster { nodes })
+        }
+        "sentinel" => {
+            let p = path.key("sentinel");
+            let Some(sentinel) = &raw.sentinel else {
+                cx.error(
+                    &p,
+                    At::Key,
+                    "required with `topology: sentinel`: { master: NAME, nodes: [URL, ...] }",
+                );
+                return None;
+            };
+            let master = cx.required(&p.key("master"), sentinel.master.as_ref(), check::text);
+            let nodes = redis_urls(cx, &p.key("nodes"), sentinel.nodes.clone());
+            let username = match &sentinel.username {
+                None => Some(None),
+                Some(s) => cx.value(&p.key("username"), s, check::text).map(Some),
+            };
+            let password = match &sentinel.password {
+                None => Some(None),
+                Some(s) => cx
+                    .value(&p.key("password"), s, |s| {
+                        Ok::<_, String>(Secret(s.to_owned()))
+                    })
+                    .map(Some),
+            };
+            Some(Topology::Sentinel {
+                master: master?,
+                nodes: nodes?,
+                username: username?,
+                password: password?,
+            })
+        }
+        _ => {
+            let url = cx.required(&path.key("url"), raw.url.as_ref(), redis_url)?;
+            Some(Topology::Standalone { url })
+        }
+    }
+}
+
+/// A required, non-empty list of `redis://` / `rediss://` URLs, all of one
+/// scheme.
+fn redis_urls(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<ScalarList>,
+) -> Option<Vec<Secret>> {
+    let items: Vec<(KeyPath, Scalar)> = match raw {
+        None => {
+            cx.error(
+                path,
+                At::Key,
+                "required: a list of redis:// or rediss:// URLs",
+            );
+            return None;
+        }
+        Some(ScalarList::One(s)) => vec![(path.clone(), s)],
+        Some(ScalarList::Many(v)) => v
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (path.index(i), s))
+            .collect(),
+    };
+    if items.is_empty() {
+        cx.error(path, At::Value, "needs at least one URL");
+        return None;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for (p, s) in &items {
+        match cx.value(p, s, redis_url) {
+            Some(url) => out.push(url),
+            None => ok = false,
+        }
+    }
+    if ok {
+        let tls = out
+            .iter()
+            .filter(|u| u.expose().starts_with("rediss://"))
+            .count();
+        if tls != 0 && tls != out.len() {
+            cx.error(
+                path,
+                At::Value,
+                "mixes redis:// and rediss://; use one scheme for every node",
+            );
+            return None;
+        }
+    }
+    ok.then_some(out)
 }
 
 /// The URL carries credentials: no message here repeats it.

@@ -2,13 +2,14 @@
 //! `NOSCRIPT` reload, the single retry of an ambiguous attempt, and the
 //! classification of every failure by how far the command got.
 
-use redis::{Cmd, ErrorKind, RedisError, Value};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{timeout_at, Instant};
 
 use crate::limit::{Incompatible, Outcome, Unavailable};
 use crate::store::breaker::Health;
 
-use super::pool::{AcquireError, Checkout, Stage};
+use super::connect::Conn;
+use super::pool::{Checkout, Stage};
 use super::reply::{self, Reply};
 use super::scripts::Script;
 use super::{Inner, RedisStats};
@@ -20,6 +21,16 @@ pub(super) struct Request<'a> {
     pub bands: usize,
     pub approximate: bool,
     pub deadline: Instant,
+}
+
+impl Request<'_> {
+    /// The state key (`EVALSHA sha numkeys KEY ...`): where the script runs.
+    fn key(&self) -> &[u8] {
+        match self.cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => b"",
+        }
+    }
 }
 
 /// How one attempt ended.
@@ -93,11 +104,7 @@ impl Inner {
     async fn exchange(&self, request: &Request<'_>, progress: &mut Progress) -> Attempt {
         let checkout = match self.lanes.acquire(&mut progress.stage).await {
             Ok(checkout) => checkout,
-            Err(AcquireError::Exhausted) => {
-                RedisStats::bump(&self.stats.budget_spent);
-                return Attempt::NotApplied(Unavailable::AdmissionRejected, Health::Unknown);
-            }
-            Err(AcquireError::Connect(e)) => {
+            Err(e) => {
                 RedisStats::bump(&self.stats.unreachable);
                 tracing::debug!(error = %e, "redis: connecting failed");
                 return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
@@ -111,17 +118,18 @@ impl Inner {
         let first = request.cmd.query_async::<Value>(&mut conn).await;
         let error = match first {
             Ok(value) => return self.answer(request, &value),
-            Err(e) if e.kind() == ErrorKind::NoScriptError => e,
+            Err(e) if no_script(&e) => e,
             Err(e) => return self.failed_after_send(e, progress),
         };
 
-        // NOSCRIPT: the script did not run, nothing was charged. Redis lost
-        // its script cache (a restart, a failover, SCRIPT FLUSH).
+        // NOSCRIPT: the script did not run, nothing was charged. The node
+        // lost its script cache (a restart, a promoted replica, a new
+        // cluster node, SCRIPT FLUSH): load it there and try once more.
         RedisStats::bump(&self.stats.noscript);
         tracing::debug!(error = %error, "redis: script missing, loading it again");
         let checkout = progress.sent.take();
         progress.loading = true;
-        if let Err(e) = self.load(request.script, &mut conn).await {
+        if let Err(e) = self.load(request.script, &mut conn, request.key()).await {
             if let Some(checkout) = &checkout {
                 if broken_connection(&e) {
                     self.lanes.retire(checkout);
@@ -138,7 +146,7 @@ impl Inner {
         match request.cmd.query_async::<Value>(&mut conn).await {
             Ok(value) => self.answer(request, &value),
             // Flushed again between the load and the call: still nothing ran.
-            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            Err(e) if no_script(&e) => {
                 RedisStats::bump(&self.stats.noscript);
                 Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
             }
@@ -200,10 +208,24 @@ impl Inner {
 
     fn failed_after_send(&self, error: RedisError, progress: &Progress) -> Attempt {
         match error.code() {
+            // This node cannot take writes now: a demoted primary keeps its
+            // connections (and its address, behind a stable endpoint), so
+            // only a new connection finds the new primary. Nothing ran.
+            Some("READONLY" | "MASTERDOWN" | "LOADING") => {
+                RedisStats::bump(&self.stats.refused);
+                RedisStats::bump(&self.stats.reconnects);
+                if self.stats.may_warn() {
+                    tracing::warn!(error = %error, "redis: node cannot take writes, reconnecting");
+                }
+                if let Some(checkout) = &progress.sent {
+                    self.lanes.retire(checkout);
+                }
+                Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
+            }
             // Refused before the script ran: nothing was applied.
             Some(
-                "OOM" | "BUSY" | "LOADING" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" | "CLUSTERDOWN"
-                | "MOVED" | "ASK" | "MISCONF" | "NOREPLICAS" | "NOAUTH",
+                "OOM" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK" | "MISCONF"
+                | "NOREPLICAS" | "NOAUTH",
             ) => {
                 RedisStats::bump(&self.stats.refused);
                 if self.stats.may_warn() {
@@ -234,16 +256,32 @@ impl Inner {
         }
     }
 
-    async fn load(
-        &self,
-        script: &Script,
-        conn: &mut redis::aio::MultiplexedConnection,
-    ) -> Result<(), RedisError> {
-        let sha: String = script.load_command().query_async(conn).await?;
+    /// Loads `script` on the node that serves `key`.
+    async fn load(&self, script: &Script, conn: &mut Conn, key: &[u8]) -> Result<(), RedisError> {
+        let reply = conn.load_script(script.load_command(), key).await?;
         RedisStats::bump(&self.stats.script_loads);
-        if sha != script.sha {
+        if !matches!(&reply, Value::BulkString(sha) if *sha == script.sha.as_bytes()) {
             return Err(RedisError::from((
-                ErrorKind::ResponseError,
+                ErrorKind::UnexpectedReturnType,
+                "SCRIPT LOAD returned another SHA-1",
+            )));
+        }
+        Ok(())
+    }
+
+    /// Loads every script on every node (a cluster routes `SCRIPT LOAD` to
+    /// all of them).
+    async fn load_everywhere(&self, script: &Script, conn: &mut Conn) -> Result<(), RedisError> {
+        let reply: Value = script.load_command().query_async(conn).await?;
+        RedisStats::bump(&self.stats.script_loads);
+        let loaded = match &reply {
+            Value::BulkString(sha) => *sha == script.sha.as_bytes(),
+            Value::SimpleString(sha) => *sha == script.sha,
+            _ => false,
+        };
+        if !loaded {
+            return Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
                 "SCRIPT LOAD returned another SHA-1",
             )));
         }
@@ -252,19 +290,10 @@ impl Inner {
 
     pub(super) async fn load_all(&self) -> Result<(), RedisError> {
         let mut stage = Stage::Waiting;
-        let checkout = match self.lanes.acquire(&mut stage).await {
-            Ok(checkout) => checkout,
-            Err(AcquireError::Connect(e)) => return Err(e),
-            Err(AcquireError::Exhausted) => {
-                return Err(RedisError::from((
-                    ErrorKind::ClientError,
-                    "no connection available",
-                )))
-            }
-        };
+        let checkout = self.lanes.acquire(&mut stage).await?;
         let mut conn = checkout.conn.clone();
         for script in self.scripts.all() {
-            if let Err(e) = self.load(script, &mut conn).await {
+            if let Err(e) = self.load_everywhere(script, &mut conn).await {
                 if broken_connection(&e) {
                     self.lanes.retire(&checkout);
                 }
@@ -273,6 +302,10 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+fn no_script(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// Errors after which the connection cannot be trusted with another

@@ -16,6 +16,7 @@
 //! background task at start, and again after `NOSCRIPT`).
 
 mod call;
+mod connect;
 mod pool;
 mod reply;
 mod scripts;
@@ -23,6 +24,7 @@ mod stats;
 
 pub use stats::RedisStats;
 
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -31,10 +33,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config;
-use crate::limit::{Incompatible, Outcome, Unavailable};
+use crate::limit::{Bands, Incompatible, Outcome, Policy, Unavailable, WindowBand};
+use crate::subject::{Pseudonym, PseudonymKey};
 
 use super::breaker::Breaker;
-use super::Evaluation;
+use super::{Evaluation, EvaluationId};
 use call::Request;
 use pool::Lanes;
 use scripts::{Common, Scripts};
@@ -53,8 +56,8 @@ pub enum RedisSetupError {
     CaFileWithoutTls,
     #[error("store.redis.ca_file {}: {reason}", path.display())]
     CaFile { path: PathBuf, reason: String },
-    #[error("the Redis connection pool could not be built: {0}")]
-    Pool(String),
+    #[error("store nodes mix redis:// and rediss://")]
+    MixedTls,
     #[error("the Redis store must be created inside a Tokio runtime")]
     NoRuntime,
 }
@@ -64,6 +67,9 @@ pub struct RedisStore {
 }
 
 struct Inner {
+    /// What the prober evaluates: a limit nobody reaches, on a key of its own.
+    probe: Probe,
+    budget: Duration,
     lanes: Lanes,
     scripts: Scripts,
     common: Common,
@@ -84,7 +90,9 @@ impl RedisStore {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
         let inner = Arc::new(Inner {
-            lanes: Lanes::new(redis)?,
+            probe: Probe::new(),
+            budget: store.budget,
+            lanes: Lanes::new(redis, store)?,
             scripts: Scripts::new(),
             common: Common {
                 key_prefix: redis.key_prefix.clone(),
@@ -98,11 +106,25 @@ impl RedisStore {
             stats: RedisStats::default(),
         });
         runtime.spawn(prepare(Arc::downgrade(&inner)));
+        runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
         Ok(RedisStore { inner })
     }
 
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
-        let inner = &*self.inner;
+        self.inner.evaluate(evaluation).await
+    }
+
+    /// Redis answered, the scripts are loaded, and the breaker is closed:
+    /// the last decisions reached Redis. While decisions fail, and while
+    /// the breaker waits for or runs its probe, this is false.
+    pub fn ready(&self) -> bool {
+        self.inner.prepared.load(Ordering::Acquire) && self.inner.breaker.closed()
+    }
+}
+
+impl Inner {
+    async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        let inner = self;
         let policy = evaluation.policy;
         if evaluation.cost == 0 || evaluation.cost > policy.bands.max_cost() {
             return Outcome::Incompatible(Incompatible::CostAboveMaximum);
@@ -128,13 +150,9 @@ impl RedisStore {
         permit.report(health, Instant::now());
         outcome
     }
+}
 
-    /// Redis answered and the scripts are loaded, and the breaker is not
-    /// refusing requests.
-    pub fn ready(&self) -> bool {
-        self.inner.prepared.load(Ordering::Acquire) && self.inner.breaker.admits(Instant::now())
-    }
-
+impl RedisStore {
     pub fn stats(&self) -> &RedisStats {
         &self.inner.stats
     }
@@ -153,6 +171,62 @@ impl RedisStore {
     /// `pool_size` lanes or one per core, whichever is fewer.
     pub fn connections(&self) -> usize {
         self.inner.lanes.connected()
+    }
+}
+
+/// A fixed window far above anything it is charged, on a key of its own
+/// under the store's prefix: evaluating it proves Redis runs the scripts
+/// and takes writes, and consumes nothing anyone else counts.
+struct Probe {
+    policy: Policy,
+    subject: Pseudonym,
+}
+
+impl Probe {
+    fn new() -> Probe {
+        let band = WindowBand {
+            limit: NonZeroU32::new(1_000_000).expect("non-zero"),
+            window: Duration::from_secs(1),
+        };
+        Probe {
+            policy: Policy {
+                name: Arc::from("sluice-probe"),
+                revision: Arc::from("1"),
+                bands: Bands::FixedWindow(vec![band]),
+                shadow: false,
+            },
+            subject: PseudonymKey::new(b"sluice-probe", 1).pseudonym("probe", b"", "probe"),
+        }
+    }
+}
+
+/// While the breaker waits for its probe and no request brings one (a pod
+/// whose readiness failed gets no traffic), sends the probe itself, so the
+/// store recovers, and readiness with it, within a cool-down of Redis
+/// deciding again.
+async fn probe(inner: Weak<Inner>, cooldown: Duration) {
+    let every = (cooldown / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(store) = inner.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        if !store.prepared.load(Ordering::Acquire) || !store.breaker.wants_probe(now) {
+            continue;
+        }
+        RedisStats::bump(&store.stats.probes);
+        let evaluation = Evaluation {
+            policy: &store.probe.policy,
+            subject: &store.probe.subject,
+            cost: 1,
+            deadline: now + store.budget,
+            id: EvaluationId::random(),
+        };
+        let outcome = store.evaluate(&evaluation).await;
+        tracing::debug!(?outcome, "redis: breaker probe");
     }
 }
 

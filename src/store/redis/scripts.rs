@@ -236,7 +236,7 @@ mod tests {
         cmd.args_iter()
             .map(|arg| match arg {
                 redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                redis::Arg::Cursor => "<cursor>".to_owned(),
+                _ => "<cursor>".to_owned(),
             })
             .collect()
     }

@@ -20,6 +20,13 @@ pub struct RedisStats {
     /// Decisions taken while the Redis clock was behind a key's last write
     /// (by less than the bound: no time counted as passing).
     pub clock_steps_absorbed: AtomicU64,
+    /// Connections retired because their node could no longer take writes
+    /// (READONLY, MASTERDOWN, LOADING: a failover), so the next one finds
+    /// the new primary.
+    pub reconnects: AtomicU64,
+    /// Probes the store sent on its own to learn whether Redis decides
+    /// again, while the breaker was open and no request came to probe.
+    pub probes: AtomicU64,
 
     /// Errors by kind. Unavailable(BeforeSend): connecting failed or timed out.
     pub unreachable: AtomicU64,
@@ -57,7 +64,7 @@ impl RedisStats {
     }
 
     /// Every counter with a short, bounded name (for a `kind` label).
-    pub fn counters(&self) -> [(&'static str, u64); 14] {
+    pub fn counters(&self) -> [(&'static str, u64); 16] {
         let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("script_loads", read(&self.script_loads)),
@@ -65,6 +72,8 @@ impl RedisStats {
             ("dedupe_hits", read(&self.dedupe_hits)),
             ("retries", read(&self.retries)),
             ("clock_steps_absorbed", read(&self.clock_steps_absorbed)),
+            ("reconnects", read(&self.reconnects)),
+            ("probes", read(&self.probes)),
             ("unreachable", read(&self.unreachable)),
             ("refused", read(&self.refused)),
             ("budget_spent", read(&self.budget_spent)),

@@ -1,0 +1,284 @@
+//! Opening a connection for each topology, with every timeout set here.
+//!
+//! - standalone: one node, or a stable endpoint in front of the current
+//!   primary (a DNS name, a cloud primary endpoint, a virtual IP). Each new
+//!   connection resolves the address again.
+//! - sentinel: each new connection asks the Sentinels for the primary of
+//!   `master` and checks its role before using it.
+//! - cluster: redis-rs's cluster client: slot routing, `MOVED` / `ASK`,
+//!   topology refresh on `READONLY` and failover, all inside one
+//!   multiplexed connection per lane.
+//!
+//! Timeouts are set explicitly (redis 1.x has defaults of its own that
+//! would decide how failures are classed): connecting is bounded by
+//! [`CONNECT_TIMEOUT`]; replies are not timed here, since every evaluation
+//! runs under its own deadline (arrival + `store.budget`), which also
+//! bounds whatever the cluster client retries by itself.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::io::tcp::TcpSettings;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+
+use super::RedisSetupError;
+use crate::config::{self, Topology};
+
+/// The longest a connection attempt may take outside a request's deadline
+/// (the start-up task); a request's own deadline cuts it shorter.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How many times the cluster client may re-send one command (a `MOVED`
+/// or `ASK` redirect, `TRYAGAIN`, a reconnect), all inside the deadline.
+/// Each re-send carries the same evaluation id, so a script that already
+/// ran replays its decision instead of charging twice.
+const CLUSTER_RETRIES: u32 = 3;
+
+/// A connection of any topology; clones share it.
+#[derive(Clone)]
+pub enum Conn {
+    Node(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// `SCRIPT LOAD` on the node that serves `key` (on a standalone node or
+    /// a Sentinel's primary: that node), so a node that answered
+    /// `NOSCRIPT` gets the script without waiting on every other node.
+    pub async fn load_script(&mut self, load: Cmd, key: &[u8]) -> RedisResult<Value> {
+        match self {
+            Conn::Node(conn) => load.query_async(conn).await,
+            Conn::Cluster(conn) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                conn.route_command(load, routing).await
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// How to open a new connection.
+pub enum Connector {
+    Standalone {
+        client: Client,
+        config: AsyncConnectionConfig,
+    },
+    /// `SentinelClient` keeps a cache of Sentinel connections and needs
+    /// `&mut`; connecting is rare (a lane's first use, or after a failure).
+    Sentinel {
+        client: tokio::sync::Mutex<SentinelClient>,
+        config: AsyncConnectionConfig,
+    },
+    Cluster {
+        client: redis::cluster::ClusterClient,
+    },
+}
+
+impl Connector {
+    pub fn new(
+        redis: &config::RedisStore,
+        store: &config::Store,
+    ) -> Result<Connector, RedisSetupError> {
+        let certs = certificates(redis)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(None);
+        match &redis.topology {
+            Topology::Standalone { url } => {
+                let info = connection_info(url.expose())?.set_tcp_settings(tcp_settings());
+                let tls = is_tls(&info);
+                check_ca(certs.is_some(), tls)?;
+                let client = match certs {
+                    Some(certs) if tls => Client::build_with_tls(info, certs),
+                    _ => Client::open(info),
+                }
+                .map_err(|_| RedisSetupError::Url)?;
+                Ok(Connector::Standalone { client, config })
+            }
+            Topology::Cluster { nodes } => {
+                let infos = nodes
+                    .iter()
+                    .map(|url| connection_info(url.expose()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let tls = infos.iter().any(is_tls);
+                if tls && !infos.iter().all(is_tls) {
+                    return Err(RedisSetupError::MixedTls);
+                }
+                check_ca(certs.is_some(), tls)?;
+                let mut builder = ClusterClientBuilder::new(infos)
+                    .retries(CLUSTER_RETRIES)
+                    // Redirects and TRYAGAIN waits stay short: the whole
+                    // decision has `budget`, 25 ms by default.
+                    .min_retry_wait(1)
+                    .max_retry_wait(budget_ms(store.budget))
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(store.budget)
+                    .overall_response_timeout(None)
+                    .tcp_settings(tcp_settings());
+                if let Some(certs) = certs {
+                    builder = builder.certs(certs);
+                }
+                let client = builder.build().map_err(|_| RedisSetupError::Url)?;
+                Ok(Connector::Cluster { client })
+            }
+            Topology::Sentinel {
+                master,
+                nodes,
+                username,
+                password,
+            } => {
+                let infos = nodes
+                    .iter()
+                    .map(|url| connection_info(url.expose()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let tls = infos.iter().any(is_tls);
+                if tls && !infos.iter().all(is_tls) {
+                    return Err(RedisSetupError::MixedTls);
+                }
+                check_ca(certs.is_some(), tls)?;
+                // The Sentinels' own credentials come from their URLs (the
+                // same on each); the primary's from `username`/`password`.
+                let sentinel_auth = infos[0].redis_settings().clone();
+                let addrs: Vec<ConnectionAddr> = infos.iter().map(|i| i.addr().clone()).collect();
+                let mut builder =
+                    SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+                        .map_err(|_| RedisSetupError::Url)?
+                        .set_client_to_redis_tcp_settings(tcp_settings())
+                        .set_client_to_sentinel_tcp_settings(tcp_settings());
+                if let Some(user) = sentinel_auth.username() {
+                    builder = builder.set_client_to_sentinel_username(user);
+                }
+                if let Some(pass) = sentinel_auth.password() {
+                    builder = builder.set_client_to_sentinel_password(pass);
+                }
+                if let Some(user) = username {
+                    builder = builder.set_client_to_redis_username(user);
+                }
+                if let Some(pass) = password {
+                    builder = builder.set_client_to_redis_password(pass.expose());
+                }
+                if tls {
+                    builder = builder
+                        .set_client_to_redis_tls_mode(TlsMode::Secure)
+                        .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+                    if let Some(certs) = certs {
+                        builder = builder
+                            .set_client_to_redis_certificates(certs.clone())
+                            .set_client_to_sentinel_certificates(certs);
+                    }
+                }
+                let client = builder.build().map_err(|_| RedisSetupError::Url)?;
+                Ok(Connector::Sentinel {
+                    client: tokio::sync::Mutex::new(client),
+                    config,
+                })
+            }
+        }
+    }
+
+    pub async fn connect(&self) -> RedisResult<Conn> {
+        match self {
+            Connector::Standalone { client, config } => client
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(Conn::Node),
+            Connector::Sentinel { client, config } => {
+                let mut client = client.lock().await;
+                client
+                    .get_async_connection_with_config(config)
+                    .await
+                    .map(Conn::Node)
+            }
+            Connector::Cluster { client } => client.get_async_connection().await.map(Conn::Cluster),
+        }
+    }
+}
+
+/// Small writes on a shared multiplexed socket must not wait for ACKs.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+fn budget_ms(budget: Duration) -> u64 {
+    u64::try_from(budget.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn connection_info(url: &str) -> Result<ConnectionInfo, RedisSetupError> {
+    // The error text is not passed on: it may quote the URL, password and all.
+    url.into_connection_info().map_err(|_| RedisSetupError::Url)
+}
+
+fn is_tls(info: &ConnectionInfo) -> bool {
+    matches!(info.addr(), ConnectionAddr::TcpTls { .. })
+}
+
+fn check_ca(has_ca: bool, tls: bool) -> Result<(), RedisSetupError> {
+    if tls {
+        // redis-rs builds its rustls config from the process default
+        // provider; install one unless the server's TLS already did.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    if has_ca && !tls {
+        return Err(RedisSetupError::CaFileWithoutTls);
+    }
+    Ok(())
+}
+
+/// `ca_file` as the only trust root for `rediss://`, when given.
+fn certificates(redis: &config::RedisStore) -> Result<Option<TlsCertificates>, RedisSetupError> {
+    let Some(ca_file) = &redis.ca_file else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(ca_file).map_err(|e| RedisSetupError::CaFile {
+        path: ca_file.clone(),
+        reason: e.to_string(),
+    })?;
+    // An empty trust store would only fail later, at every handshake.
+    if CertificateDer::pem_slice_iter(&pem).next().is_none() {
+        return Err(RedisSetupError::CaFile {
+            path: ca_file.clone(),
+            reason: "no PEM certificate in it".to_owned(),
+        });
+    }
+    Ok(Some(TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    }))
+}

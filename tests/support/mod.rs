@@ -14,6 +14,7 @@ pub mod ops;
 pub mod redis;
 pub mod redis_sidecar;
 pub mod sidecar;
+pub mod topology;
 pub mod upstream;
 
 use std::future::Future;

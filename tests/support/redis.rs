@@ -29,7 +29,7 @@ pub struct TlsFiles {
     pub ca: PathBuf,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Builder {
     config: Vec<String>,
     tls: Option<TlsFiles>,
@@ -65,6 +65,19 @@ impl Builder {
             }
         }
         panic!("redis-server did not start; see {}", server.log().display());
+    }
+
+    /// On a port whose cluster bus (port + 10000) is free too, below 55536
+    /// (a cluster node listens on both).
+    pub fn start_with_bus(self) -> RedisServer {
+        for _ in 0..20 {
+            let port = port_with_bus();
+            let mut server = self.clone().server(port);
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("no redis-server with a free bus port could start");
     }
 
     /// On a port chosen by the caller (e.g. one a store already points at).
@@ -217,6 +230,24 @@ impl RedisServer {
         false
     }
 
+    /// The process is running (not killed, not exited).
+    pub fn alive(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Pauses the process (SIGSTOP) or resumes it (SIGCONT).
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
     fn pings(&self) -> bool {
         let Ok(mut conn) = self
             .client()
@@ -266,6 +297,24 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A loopback port below 55536 that is free, and so is port + 10000.
+pub fn port_with_bus() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread over a range the kernel does not hand out for outgoing
+    // connections (32768-60999 here), walked from a per-process start.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 1000) as u16 * 20;
+    for _ in 0..2000 {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % 12_000;
+        let port = 20_000 + (start - 20_000 + offset) % 12_000;
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free port pair for a cluster node");
 }
 
 /// A CA and a server certificate for 127.0.0.1 / localhost, written as PEM

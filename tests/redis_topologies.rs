@@ -1,0 +1,611 @@
+//! The Redis store on the topologies production runs: a Redis Cluster
+//! (three primaries, a replica each), a Sentinel-managed primary, and a
+//! stable address in front of whichever node is primary. Through the built
+//! binary, on real servers: exact limits across sidecars and shards,
+//! failovers and resharding under load with nothing forwarded undecided,
+//! recovery within 2 s of the new primary taking writes, readiness that
+//! follows, TLS and a least-privilege user on the cluster.
+//!
+//! Every test takes [`SERIAL`]: each starts up to nine Redis processes and
+//! several sidecars, and on two cores they would crowd each other's
+//! budgets.
+
+mod support;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use tokio::task::JoinSet;
+
+use support::client::{build, http1_client, send};
+use support::redis::{tls_files, RedisServer};
+use support::redis_sidecar::{readyz, readyz_becomes, redis_yaml, start_ready, Load, Shot};
+use support::topology::{RedisCluster, Relay, SentinelSet};
+use support::{clear_of_window_edge, Sidecar, Upstream};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const HOUR: Duration = Duration::from_secs(3600);
+const EDGE_MARGIN: Duration = Duration::from_secs(30);
+
+/// The recovery target: decisions succeed again this soon after the new
+/// primary takes writes.
+const RECOVERY: Duration = Duration::from_secs(2);
+
+/// [`redis_yaml`] with `store.url` replaced by `store_lines` (each a
+/// complete line under `store:`) and the budget raised to `budget`.
+fn yaml_with(
+    upstream: &Upstream,
+    store_lines: &str,
+    budget: &str,
+    policies: &str,
+    routes: &str,
+) -> String {
+    let yaml = redis_yaml(upstream, "URL", policies, routes);
+    assert!(yaml.contains("  url: URL\n") && yaml.contains("  budget: 50ms\n"));
+    yaml.replace("  url: URL\n", store_lines)
+        .replace("  budget: 50ms\n", &format!("  budget: {budget}\n"))
+}
+
+fn cluster_lines(urls: &[String]) -> String {
+    format!(
+        "  topology: cluster\n  nodes: {}\n",
+        RedisCluster::yaml_list(urls)
+    )
+}
+
+/// One policy per algorithm, 5 an hour per API key, and a route to each.
+const POLICIES: &str = "  fw: { algorithm: fixed-window, limit: 5, window: 1h }
+  sc: { algorithm: sliding-counter, limit: 5, window: 1h }
+  sl: { algorithm: sliding-log, limit: 5, window: 1h }
+  tb: { algorithm: token-bucket, capacity: 5, refill_tokens: 1, refill_every: 1h }
+  gc: { algorithm: gcra, limit: 5, window: 1h, burst: 5 }
+";
+const ALGORITHMS: [&str; 5] = ["fw", "sc", "sl", "tb", "gc"];
+
+fn routes() -> String {
+    ALGORITHMS
+        .iter()
+        .map(|a| {
+            format!(
+                "  - {{ name: {a}, match: {{ path_prefix: /{a} }}, subject: header:X-API-Key, policy: {a} }}\n"
+            )
+        })
+        .collect()
+}
+
+/// `per_subject` requests for each of `subjects` API keys, round-robin
+/// over `addrs`, at most `concurrency` in flight; statuses per key.
+async fn per_subject(
+    addrs: &[SocketAddr],
+    path: &str,
+    subjects: usize,
+    per_subject: usize,
+    concurrency: usize,
+) -> HashMap<String, Vec<StatusCode>> {
+    let client = http1_client();
+    let gate = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let mut tasks = JoinSet::new();
+    for i in 0..subjects * per_subject {
+        let (client, gate) = (client.clone(), gate.clone());
+        let addr = addrs[i % addrs.len()];
+        let key = format!("key-{}", i % subjects);
+        let path = path.to_owned();
+        tasks.spawn(async move {
+            let _permit = gate.acquire_owned().await.expect("semaphore open");
+            let req = build(addr, Method::GET, &path, &[("x-api-key", &key)], Bytes::new());
+            (key, send(&client, req).await.0)
+        });
+    }
+    let mut out: HashMap<String, Vec<StatusCode>> = HashMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let (key, status) = done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        out.entry(key).or_default().push(status);
+    }
+    out
+}
+
+fn admitted(statuses: &[StatusCode]) -> usize {
+    statuses.iter().filter(|s| **s == StatusCode::OK).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml_with(
+        &upstream,
+        &cluster_lines(&cluster.urls()[..1]),
+        "1s",
+        POLICIES,
+        &routes(),
+    );
+    let sidecars = [
+        start_ready(&yaml).await,
+        start_ready(&yaml).await,
+        start_ready(&yaml).await,
+    ];
+    let addrs: Vec<_> = sidecars.iter().map(Sidecar::addr).collect();
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    let subjects = 12;
+    let mut forwarded = 0;
+    for a in ALGORITHMS {
+        let statuses = per_subject(&addrs, &format!("/{a}"), subjects, 25, 30).await;
+        assert_eq!(statuses.len(), subjects);
+        for (key, s) in &statuses {
+            let other = s
+                .iter()
+                .filter(|s| **s != StatusCode::OK && **s != StatusCode::TOO_MANY_REQUESTS)
+                .count();
+            assert_eq!(other, 0, "{a} {key}: {s:?}");
+            if a == "sc" {
+                // Approximate by design; with no previous window it may
+                // never admit more than the limit.
+                assert!(admitted(s) <= 5, "{a} {key}: {s:?}");
+            } else {
+                assert_eq!(admitted(s), 5, "{a} {key}: {s:?}");
+            }
+            forwarded += admitted(s);
+        }
+    }
+    assert_eq!(upstream.count(), forwarded, "requests that reached the app");
+    // The subjects really are spread over every primary.
+    for primary in cluster.primaries() {
+        let keys = cluster.keys(primary);
+        assert!(
+            keys.iter().any(|k| k.starts_with("sluice:")),
+            "primary {primary} holds no subject: {keys:?}"
+        );
+    }
+}
+
+/// What a least-privilege user on a cluster needs: the standalone line
+/// plus `CLUSTER SLOTS`, which the cluster client reads its slot map from.
+const CLUSTER_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
+     +evalsha +script|load +ping +time +hmget +hset +hdel +pexpire \
+     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +cluster|slots";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_with_a_least_privilege_user_limits_exactly() {
+    let _serial = SERIAL.lock().await;
+    let certs = tempfile::tempdir().expect("temp dir");
+    let tls = tls_files(certs.path());
+    let cluster = RedisCluster::builder()
+        .tls(tls.clone())
+        .config(CLUSTER_ACL)
+        .start();
+    let urls = cluster.urls_as("sluice", "pw");
+    assert!(urls.iter().all(|u| u.starts_with("rediss://sluice:pw@")));
+    // The user really cannot EVAL.
+    let client = redis::Client::build_with_tls(
+        urls[0].as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(&tls.ca).expect("CA")),
+        },
+    )
+    .expect("client");
+    let mut conn = client.get_connection().expect("connect as sluice");
+    let eval: redis::RedisResult<i64> = redis::cmd("EVAL").arg("return 1").arg(0).query(&mut conn);
+    assert!(eval.is_err(), "the sluice user may EVAL");
+
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "{}  ca_file: {}\n",
+        cluster_lines(&urls[..2]),
+        tls.ca.display()
+    );
+    let sluice = start_ready(&yaml_with(&upstream, &store, "1s", POLICIES, &routes())).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    for a in ALGORITHMS {
+        let statuses = per_subject(&[sluice.addr()], &format!("/{a}"), 6, 8, 8).await;
+        for (key, s) in &statuses {
+            assert_eq!(admitted(s), 5, "{a} {key}: {s:?}\n{}", sluice.logs().join("\n"));
+        }
+    }
+}
+
+/// A steady single-subject load and where each request ended.
+struct Run {
+    shots: Vec<Shot>,
+}
+
+impl Run {
+    /// Shots that started at or after `t`.
+    fn after(&self, t: Instant) -> impl Iterator<Item = &Shot> {
+        self.shots.iter().filter(move |s| s.started >= t)
+    }
+
+    fn count(&self, status: StatusCode) -> usize {
+        self.shots.iter().filter(|s| s.status == status).count()
+    }
+
+    /// Only 200 and 503 (with `Retry-After`) were answered.
+    fn only_decided_answers(&self) {
+        for shot in &self.shots {
+            match shot.status {
+                StatusCode::OK => {}
+                StatusCode::SERVICE_UNAVAILABLE => {
+                    assert!(shot.retry_after.is_some(), "a 503 without Retry-After")
+                }
+                other => panic!("answered {other}"),
+            }
+        }
+    }
+
+    /// The first request that started after `t` and ended in a 200, after
+    /// which every request succeeded: when decisions came back.
+    fn recovered_at(&self, t: Instant) -> Option<Instant> {
+        let after: Vec<&Shot> = self.after(t).collect();
+        let last_failure = after.iter().rposition(|s| s.status != StatusCode::OK);
+        match last_failure {
+            None => after.first().map(|s| s.started),
+            Some(i) => after.get(i + 1).map(|s| s.started),
+        }
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} requests: {} ok, {} 503",
+            self.shots.len(),
+            self.count(StatusCode::OK),
+            self.count(StatusCode::SERVICE_UNAVAILABLE)
+        )
+    }
+}
+
+/// A generous limit: under load every decided request is a 200.
+const OPEN_POLICY: &str = "  open: { algorithm: fixed-window, limit: 1000000, window: 1h }\n";
+const OPEN_ROUTE: &str =
+    "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: open }\n";
+
+fn load(sluice: &Sidecar) -> Load {
+    Load::start(sluice.addr(), "/api", 3, Duration::from_millis(5))
+}
+
+/// Waits until the load has seen at least one success, so a failover hits
+/// a sidecar that was deciding.
+async fn warmed(sluice: &Sidecar) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = support::get(sluice.addr(), "/api", &[]).await;
+        if status == StatusCode::OK {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the sidecar never decided");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The invariants of every failover: only decided answers, every 200 went
+/// to the app and nothing else did, and decisions came back within
+/// [`RECOVERY`] of `writable`.
+fn assert_recovered(what: &str, run: &Run, upstream: &Upstream, writable: Instant, sluice: &Sidecar) {
+    run.only_decided_answers();
+    assert_eq!(
+        upstream.count(),
+        run.count(StatusCode::OK) + 1,
+        "{what}: the app saw a request sluice did not allow ({})",
+        run.summary()
+    );
+    let back = run.recovered_at(writable).unwrap_or_else(|| {
+        panic!(
+            "{what}: decisions never came back ({})\n{}",
+            run.summary(),
+            sluice.logs().join("\n")
+        )
+    });
+    let took = back.saturating_duration_since(writable);
+    assert!(
+        took <= RECOVERY,
+        "{what}: decisions came back {took:?} after the new primary took writes ({})",
+        run.summary()
+    );
+    eprintln!("{what}: back {took:?} after the new primary took writes; {}", run.summary());
+}
+
+/// The primary holding the sidecar's one subject (the only `sluice:` key
+/// besides the probe's).
+fn primary_of_subject(cluster: &RedisCluster) -> u16 {
+    cluster
+        .primaries()
+        .into_iter()
+        .find(|p| {
+            cluster
+                .keys(*p)
+                .iter()
+                .any(|k| k.starts_with("sluice:{open:"))
+        })
+        .expect("a primary holds the subject")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_and_a_killed_primary_cost_no_undecided_request() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml_with(
+        &upstream,
+        &cluster_lines(&cluster.urls()),
+        "200ms",
+        OPEN_POLICY,
+        OPEN_ROUTE,
+    );
+    let sluice = start_ready(&yaml).await;
+    warmed(&sluice).await;
+
+    // A planned failover: the replica takes over with no write lost.
+    let primary = primary_of_subject(&cluster);
+    let replica = cluster.replica_of(primary);
+    let running = load(&sluice);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.failover(replica);
+    let writable = Instant::now();
+    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
+    let run = Run {
+        shots: running.stop().await,
+    };
+    assert_recovered("CLUSTER FAILOVER", &run, &upstream, writable, &sluice);
+    readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
+
+    // A crash: the primary is killed, the cluster promotes its replica.
+    cluster.wait_formed();
+    let primary = primary_of_subject(&cluster);
+    let replica = cluster.replica_of(primary);
+    let before = upstream.count();
+    let running = load(&sluice);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.node_mut(primary).kill();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.primaries().contains(&replica) {
+        assert!(Instant::now() < deadline, "the replica was never promoted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let writable = Instant::now();
+    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
+    let run = Run {
+        shots: running.stop().await,
+    };
+    run.only_decided_answers();
+    assert_eq!(upstream.count() - before, run.count(StatusCode::OK));
+    let back = run.recovered_at(writable).expect("decisions came back");
+    let took = back.saturating_duration_since(writable);
+    assert!(took <= RECOVERY, "kill -9: back after {took:?} ({})", run.summary());
+    eprintln!("kill -9 of a primary: back {took:?} after promotion; {}", run.summary());
+    readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_is_followed_without_a_restart() {
+    let _serial = SERIAL.lock().await;
+    let set = SentinelSet::start();
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "  topology: sentinel\n  sentinel: {{ master: {}, nodes: {} }}\n",
+        SentinelSet::MASTER,
+        RedisCluster::yaml_list(&set.urls())
+    );
+    let sluice = start_ready(&yaml_with(&upstream, &store, "200ms", OPEN_POLICY, OPEN_ROUTE)).await;
+    warmed(&sluice).await;
+    assert_eq!(set.current_primary(), set.primary.port());
+
+    let running = load(&sluice);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let promoted = set.failover();
+    let writable = Instant::now();
+    assert_eq!(promoted, set.replica.port());
+    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
+    let run = Run {
+        shots: running.stop().await,
+    };
+    assert_recovered("SENTINEL FAILOVER", &run, &upstream, writable, &sluice);
+    readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
+    // Decisions land on the new primary.
+    let mut conn = set.replica.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("sluice:{open:*").query(&mut conn).expect("KEYS");
+    assert!(!keys.is_empty(), "the new primary holds no state");
+}
+
+/// A primary and its replica behind a relay, and the failover a managed
+/// service performs: the replica is promoted, the relay sends new
+/// connections to it, and the old primary becomes a replica of it, keeping
+/// the connections it had (every script on them now gets `READONLY`).
+struct StablePair {
+    primary: RedisServer,
+    replica: RedisServer,
+    relay: Relay,
+}
+
+impl StablePair {
+    async fn start() -> StablePair {
+        let primary = RedisServer::start();
+        let replica = RedisServer::builder()
+            .config(&format!("replicaof 127.0.0.1 {}", primary.port()))
+            .start();
+        let relay = Relay::start(primary.port()).await;
+        StablePair {
+            primary,
+            replica,
+            relay,
+        }
+    }
+
+    fn demote_primary_only(&self) {
+        let mut old = self.primary.connection();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(self.replica.port())
+            .query(&mut old)
+            .expect("REPLICAOF on the old primary");
+    }
+
+    /// Returns when the new primary takes writes.
+    fn fail_over(&self) -> Instant {
+        let mut new = self.replica.connection();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query(&mut new)
+            .expect("promote the replica");
+        let writable = Instant::now();
+        self.relay.switch(self.replica.port());
+        self.demote_primary_only();
+        writable
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_behind_a_stable_address_is_followed_without_a_restart() {
+    let _serial = SERIAL.lock().await;
+    let pair = StablePair::start().await;
+    let upstream = Upstream::start().await;
+    let store = format!("  url: {}\n", pair.relay.url());
+    let sluice = start_ready(&yaml_with(&upstream, &store, "200ms", OPEN_POLICY, OPEN_ROUTE)).await;
+    warmed(&sluice).await;
+
+    let running = load(&sluice);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writable = pair.fail_over();
+    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
+    let run = Run {
+        shots: running.stop().await,
+    };
+    assert_recovered("failover behind a stable address", &run, &upstream, writable, &sluice);
+    readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_stays_failed_while_every_decision_fails_and_recovers_without_traffic() {
+    let _serial = SERIAL.lock().await;
+    let pair = StablePair::start().await;
+    let upstream = Upstream::start().await;
+    let store = format!("  url: {}\n", pair.relay.url());
+    let sluice = start_ready(&yaml_with(&upstream, &store, "200ms", OPEN_POLICY, OPEN_ROUTE)).await;
+    warmed(&sluice).await;
+
+    // Both nodes are replicas now: every decision fails, whatever sluice
+    // reconnects to.
+    let mut replica = pair.replica.connection();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(pair.primary.port())
+        .query(&mut replica)
+        .expect("keep the replica a replica");
+    pair.demote_primary_only();
+    let running = load(&sluice);
+    readyz_becomes(&sluice, StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(3)).await;
+    // Sampled for three seconds (six breaker cool-downs, each ending in a
+    // failed probe): never ready.
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut samples = 0;
+    while Instant::now() < until {
+        let (status, body) = readyz(&sluice).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "ready while failing: {body}");
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = Run {
+        shots: running.stop().await,
+    };
+    assert!(samples > 50, "only {samples} samples");
+    assert_eq!(run.count(StatusCode::OK), 0, "{}", run.summary());
+    assert_eq!(upstream.count(), 1, "nothing undecided reached the app");
+
+    // With no traffic at all (a pod Kubernetes stopped sending to), the
+    // store's own probe finds the new primary and readiness comes back.
+    let mut new = pair.replica.connection();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut new)
+        .expect("promote");
+    pair.relay.switch(pair.replica.port());
+    readyz_becomes(&sluice, StatusCode::OK, RECOVERY + Duration::from_secs(1)).await;
+    let (status, _, _) = support::get(sluice.addr(), "/api", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_under_load_forwards_nothing_undecided_and_never_over_admits() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml_with(
+        &upstream,
+        &cluster_lines(&cluster.urls()),
+        "200ms",
+        "  tight: { algorithm: sliding-log, limit: 40, window: 1h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: header:X-API-Key, policy: tight }\n",
+    );
+    let sidecars = [start_ready(&yaml).await, start_ready(&yaml).await];
+    let addrs: Vec<_> = sidecars.iter().map(Sidecar::addr).collect();
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    // Move a third of the slots from one primary to another while 24
+    // subjects keep asking, 60 requests each against a limit of 40.
+    let primaries = cluster.primaries();
+    let id = |port: u16| -> String {
+        let mut conn = cluster.connection(port);
+        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).expect("CLUSTER MYID")
+    };
+    let (from, to) = (id(primaries[0]), id(primaries[1]));
+    let seed = format!("127.0.0.1:{}", primaries[0]);
+    let load = tokio::spawn({
+        let addrs = addrs.clone();
+        async move { per_subject(&addrs, "/api", 24, 60, 12).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let out = tokio::task::spawn_blocking(move || {
+        let out = cluster.cli_cluster(&[
+            "reshard",
+            &seed,
+            "--cluster-from",
+            &from,
+            "--cluster-to",
+            &to,
+            "--cluster-slots",
+            "2000",
+            "--cluster-yes",
+            "--cluster-pipeline",
+            "10",
+        ]);
+        (out, cluster)
+    })
+    .await
+    .expect("reshard");
+    let (out, cluster) = out;
+    assert!(
+        out.status.success(),
+        "reshard failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let statuses = load.await.expect("load");
+    let mut refused = 0;
+    let mut allowed = 0;
+    for (key, s) in &statuses {
+        assert!(admitted(s) <= 40, "{key} admitted {} of 60", admitted(s));
+        for status in s {
+            match *status {
+                StatusCode::OK => allowed += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+                other => panic!("{key}: answered {other}"),
+            }
+        }
+    }
+    assert_eq!(upstream.count(), allowed, "the app saw an undecided request");
+    eprintln!(
+        "resharding 2000 slots under load: {allowed} allowed, {refused} answered 503 of {}",
+        24 * 60
+    );
+    // 503s come only from keys caught mid-migration, a small share.
+    assert!(refused * 10 < 24 * 60, "{refused} of {} answered 503", 24 * 60);
+    drop(cluster);
+}

@@ -97,7 +97,13 @@ async fn per_subject(
         let path = path.to_owned();
         tasks.spawn(async move {
             let _permit = gate.acquire_owned().await.expect("semaphore open");
-            let req = build(addr, Method::GET, &path, &[("x-api-key", &key)], Bytes::new());
+            let req = build(
+                addr,
+                Method::GET,
+                &path,
+                &[("x-api-key", &key)],
+                Bytes::new(),
+            );
             (key, send(&client, req).await.0)
         });
     }
@@ -206,7 +212,12 @@ async fn a_tls_cluster_with_a_least_privilege_user_limits_exactly() {
     for a in ALGORITHMS {
         let statuses = per_subject(&[sluice.addr()], &format!("/{a}"), 6, 8, 8).await;
         for (key, s) in &statuses {
-            assert_eq!(admitted(s), 5, "{a} {key}: {s:?}\n{}", sluice.logs().join("\n"));
+            assert_eq!(
+                admitted(s),
+                5,
+                "{a} {key}: {s:?}\n{}",
+                sluice.logs().join("\n")
+            );
         }
     }
 }
@@ -286,7 +297,13 @@ async fn warmed(sluice: &Sidecar) {
 /// The invariants of every failover: only decided answers, every 200 went
 /// to the app and nothing else did, and decisions came back within
 /// [`RECOVERY`] of `writable`.
-fn assert_recovered(what: &str, run: &Run, upstream: &Upstream, writable: Instant, sluice: &Sidecar) {
+fn assert_recovered(
+    what: &str,
+    run: &Run,
+    upstream: &Upstream,
+    writable: Instant,
+    sluice: &Sidecar,
+) {
     run.only_decided_answers();
     assert_eq!(
         upstream.count(),
@@ -307,7 +324,10 @@ fn assert_recovered(what: &str, run: &Run, upstream: &Upstream, writable: Instan
         "{what}: decisions came back {took:?} after the new primary took writes ({})",
         run.summary()
     );
-    eprintln!("{what}: back {took:?} after the new primary took writes; {}", run.summary());
+    eprintln!(
+        "{what}: back {took:?} after the new primary took writes; {}",
+        run.summary()
+    );
 }
 
 /// The primary holding the sidecar's one subject (the only `sluice:` key
@@ -376,8 +396,15 @@ async fn a_cluster_failover_and_a_killed_primary_cost_no_undecided_request() {
     assert_eq!(upstream.count() - before, run.count(StatusCode::OK));
     let back = run.recovered_at(writable).expect("decisions came back");
     let took = back.saturating_duration_since(writable);
-    assert!(took <= RECOVERY, "kill -9: back after {took:?} ({})", run.summary());
-    eprintln!("kill -9 of a primary: back {took:?} after promotion; {}", run.summary());
+    assert!(
+        took <= RECOVERY,
+        "kill -9: back after {took:?} ({})",
+        run.summary()
+    );
+    eprintln!(
+        "kill -9 of a primary: back {took:?} after promotion; {}",
+        run.summary()
+    );
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
 }
 
@@ -391,7 +418,14 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
         SentinelSet::MASTER,
         RedisCluster::yaml_list(&set.urls())
     );
-    let sluice = start_ready(&yaml_with(&upstream, &store, "200ms", OPEN_POLICY, OPEN_ROUTE)).await;
+    let sluice = start_ready(&yaml_with(
+        &upstream,
+        &store,
+        "200ms",
+        OPEN_POLICY,
+        OPEN_ROUTE,
+    ))
+    .await;
     warmed(&sluice).await;
     assert_eq!(set.current_primary(), set.primary.port());
 
@@ -408,7 +442,10 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
     // Decisions land on the new primary.
     let mut conn = set.replica.connection();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("sluice:{open:*").query(&mut conn).expect("KEYS");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sluice:{open:*")
+        .query(&mut conn)
+        .expect("KEYS");
     assert!(!keys.is_empty(), "the new primary holds no state");
 }
 
@@ -466,7 +503,14 @@ async fn a_failover_behind_a_stable_address_is_followed_without_a_restart() {
     let pair = StablePair::start().await;
     let upstream = Upstream::start().await;
     let store = format!("  url: {}\n", pair.relay.url());
-    let sluice = start_ready(&yaml_with(&upstream, &store, "200ms", OPEN_POLICY, OPEN_ROUTE)).await;
+    let sluice = start_ready(&yaml_with(
+        &upstream,
+        &store,
+        "200ms",
+        OPEN_POLICY,
+        OPEN_ROUTE,
+    ))
+    .await;
     warmed(&sluice).await;
 
     let running = load(&sluice);
@@ -476,7 +520,13 @@ async fn a_failover_behind_a_stable_address_is_followed_without_a_restart() {
     let run = Run {
         shots: running.stop().await,
     };
-    assert_recovered("failover behind a stable address", &run, &upstream, writable, &sluice);
+    assert_recovered(
+        "failover behind a stable address",
+        &run,
+        &upstream,
+        writable,
+        &sluice,
+    );
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
 }
 
@@ -486,7 +536,14 @@ async fn readiness_stays_failed_while_every_decision_fails_and_recovers_without_
     let pair = StablePair::start().await;
     let upstream = Upstream::start().await;
     let store = format!("  url: {}\n", pair.relay.url());
-    let sluice = start_ready(&yaml_with(&upstream, &store, "200ms", OPEN_POLICY, OPEN_ROUTE)).await;
+    let sluice = start_ready(&yaml_with(
+        &upstream,
+        &store,
+        "200ms",
+        OPEN_POLICY,
+        OPEN_ROUTE,
+    ))
+    .await;
     warmed(&sluice).await;
 
     // Both nodes are replicas now: every decision fails, whatever sluice
@@ -499,14 +556,23 @@ async fn readiness_stays_failed_while_every_decision_fails_and_recovers_without_
         .expect("keep the replica a replica");
     pair.demote_primary_only();
     let running = load(&sluice);
-    readyz_becomes(&sluice, StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(3)).await;
+    readyz_becomes(
+        &sluice,
+        StatusCode::SERVICE_UNAVAILABLE,
+        Duration::from_secs(3),
+    )
+    .await;
     // Sampled for three seconds (six breaker cool-downs, each ending in a
     // failed probe): never ready.
     let until = Instant::now() + Duration::from_secs(3);
     let mut samples = 0;
     while Instant::now() < until {
         let (status, body) = readyz(&sluice).await;
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "ready while failing: {body}");
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ready while failing: {body}"
+        );
         samples += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -552,7 +618,10 @@ async fn resharding_under_load_forwards_nothing_undecided_and_never_over_admits(
     let primaries = cluster.primaries();
     let id = |port: u16| -> String {
         let mut conn = cluster.connection(port);
-        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).expect("CLUSTER MYID")
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut conn)
+            .expect("CLUSTER MYID")
     };
     let (from, to) = (id(primaries[0]), id(primaries[1]));
     let seed = format!("127.0.0.1:{}", primaries[0]);
@@ -600,12 +669,131 @@ async fn resharding_under_load_forwards_nothing_undecided_and_never_over_admits(
             }
         }
     }
-    assert_eq!(upstream.count(), allowed, "the app saw an undecided request");
+    assert_eq!(
+        upstream.count(),
+        allowed,
+        "the app saw an undecided request"
+    );
     eprintln!(
         "resharding 2000 slots under load: {allowed} allowed, {refused} answered 503 of {}",
         24 * 60
     );
     // 503s come only from keys caught mid-migration, a small share.
-    assert!(refused * 10 < 24 * 60, "{refused} of {} answered 503", 24 * 60);
+    assert!(
+        refused * 10 < 24 * 60,
+        "{refused} of {} answered 503",
+        24 * 60
+    );
     drop(cluster);
+}
+
+/// The failover allowance, measured: a replica that lags (its replication
+/// link goes silent) is promoted after its primary dies. Every admission
+/// the primary had not passed on is lost, and the subject is admitted that
+/// many times again: over-admission equals what was lost, never more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_received() {
+    let _serial = SERIAL.lock().await;
+    let mut primary = RedisServer::start();
+    let link = Relay::start(primary.port()).await;
+    let replica = RedisServer::builder()
+        .config(&format!("replicaof 127.0.0.1 {}", link.port()))
+        .start();
+    let front = Relay::start(primary.port()).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut replica.connection())
+            .expect("INFO");
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never synced:\n{info}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let upstream = Upstream::start().await;
+    let store = format!("  url: {}\n", front.url());
+    let sluice = start_ready(&yaml_with(
+        &upstream,
+        &store,
+        "200ms",
+        "  twenty: { algorithm: sliding-log, limit: 20, window: 1h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: twenty }\n",
+    ))
+    .await;
+    let admit = |n: usize| {
+        let addr = sluice.addr();
+        async move {
+            let mut ok = 0;
+            for _ in 0..n {
+                if support::get(addr, "/api", &[]).await.0 == StatusCode::OK {
+                    ok += 1;
+                }
+            }
+            ok
+        }
+    };
+
+    // Five admitted and replicated.
+    assert_eq!(admit(5).await, 5);
+    let mut conn = primary.connection();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query(&mut conn)
+        .expect("WAIT");
+    assert_eq!(acked, 1, "the replica never acknowledged");
+
+    // The link goes silent; ten more are admitted on the primary alone.
+    link.hold(true);
+    assert_eq!(admit(10).await, 10);
+    let offset = |c: &mut redis::Connection| -> i64 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(c)
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("master_repl_offset:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("master_repl_offset")
+    };
+    let mut replica_conn = replica.connection();
+    assert!(
+        offset(&mut conn) > offset(&mut replica_conn),
+        "the replica kept up"
+    );
+
+    // The primary dies; the replica is promoted and the address moves.
+    primary.kill();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica_conn)
+        .expect("promote");
+    front.switch(replica.port());
+
+    // The promoted replica remembers 5 of the 15: the subject gets 15 more.
+    let mut again = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut denied = 0;
+    while denied < 5 {
+        assert!(Instant::now() < deadline, "never limited again");
+        match support::get(sluice.addr(), "/api", &[]).await.0 {
+            StatusCode::OK => again += 1,
+            StatusCode::TOO_MANY_REQUESTS => denied += 1,
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    let total = 15 + again;
+    let over = total - 20;
+    eprintln!(
+        "failover allowance: 10 admissions not replicated; {total} admitted against a limit of 20 \
+         (over-admission {over})"
+    );
+    assert_eq!(over, 10, "over-admission must equal the admissions lost");
+    assert_eq!(upstream.count(), total);
 }

@@ -57,7 +57,16 @@ pub fn methods(
         methods: Default::default(),
     };
     out.push(method.clone());
-    for name in &OVERRIDE_HEADERS {
+    // Most requests carry none: one pass over the names present is
+    // cheaper than a hash lookup per override header.
+    let any_header = headers
+        .keys()
+        .any(|name| OVERRIDE_HEADERS.iter().any(|o| o == name));
+    let any_query = query.is_some_and(|q| q.contains("_method="));
+    if !any_header && !any_query {
+        return Ok(out);
+    }
+    for name in OVERRIDE_HEADERS.iter().filter(|_| any_header) {
         let mut values = headers.get_all(name).iter();
         let Some(value) = values.next() else {
             continue;

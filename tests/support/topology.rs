@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -210,7 +210,10 @@ impl RedisCluster {
     }
 
     pub fn urls_as(&self, user: &str, password: &str) -> Vec<String> {
-        self.nodes.iter().map(|n| n.url_as(user, password)).collect()
+        self.nodes
+            .iter()
+            .map(|n| n.url_as(user, password))
+            .collect()
     }
 
     /// `[url, url, ...]` for a YAML flow list.
@@ -309,7 +312,10 @@ impl RedisCluster {
     /// Keys on a node, all of them (for the TTL and privacy checks).
     pub fn keys(&self, port: u16) -> Vec<String> {
         let mut conn = self.connection(port);
-        redis::cmd("KEYS").arg("*").query(&mut conn).unwrap_or_default()
+        redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut conn)
+            .unwrap_or_default()
     }
 
     pub fn log(&self, port: u16) -> PathBuf {
@@ -506,7 +512,10 @@ impl SentinelProcess {
                 }
                 let pong = redis::Client::open(sentinel.url())
                     .ok()
-                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)).ok())
+                    .and_then(|c| {
+                        c.get_connection_with_timeout(Duration::from_millis(300))
+                            .ok()
+                    })
                     .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok());
                 if pong.as_deref() == Some("PONG") {
                     return sentinel;
@@ -545,6 +554,7 @@ impl Drop for SentinelProcess {
 pub struct Relay {
     addr: SocketAddr,
     target: Arc<AtomicU16>,
+    held: Arc<AtomicBool>,
     accept: JoinHandle<()>,
 }
 
@@ -553,25 +563,34 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
         let addr = listener.local_addr().expect("relay address");
         let target = Arc::new(AtomicU16::new(target));
-        let to = target.clone();
+        let held = Arc::new(AtomicBool::new(false));
+        let (to, hold) = (target.clone(), held.clone());
         let accept = tokio::spawn(async move {
             loop {
-                let Ok((mut client, _)) = listener.accept().await else {
+                let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
                 let port = to.load(Ordering::SeqCst);
+                let hold = hold.clone();
                 tokio::spawn(async move {
-                    if let Ok(mut server) = TcpStream::connect(("127.0.0.1", port)).await {
-                        let _ = server.set_nodelay(true);
-                        let _ = client.set_nodelay(true);
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", port)).await else {
+                        return;
+                    };
+                    let _ = server.set_nodelay(true);
+                    let _ = client.set_nodelay(true);
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        pipe(client_read, server_write, hold.clone()),
+                        pipe(server_read, client_write, hold),
+                    );
                 });
             }
         });
         Relay {
             addr,
             target,
+            held,
             accept,
         }
     }
@@ -580,9 +599,41 @@ impl Relay {
         format!("redis://{}", self.addr)
     }
 
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// New connections go to `port` from now on.
     pub fn switch(&self, port: u16) {
         self.target.store(port, Ordering::SeqCst);
+    }
+
+    /// While held, bytes read from either side are dropped, never
+    /// delivered: a link that has gone silent (a partition), with both
+    /// sockets still open.
+    pub fn hold(&self, held: bool) {
+        self.held.store(held, Ordering::SeqCst);
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    held: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if held.load(Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
 

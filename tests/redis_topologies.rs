@@ -797,3 +797,29 @@ async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_receive
     assert_eq!(over, 10, "over-admission must equal the admissions lost");
     assert_eq!(upstream.count(), total);
 }
+
+/// On a Sentinel-managed primary the user also needs `ROLE`: the client
+/// checks that the node the Sentinels name really is the primary.
+const SENTINEL_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
+     +evalsha +script|load +ping +time +hmget +hset +hdel +pexpire \
+     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +role";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_primary_with_a_least_privilege_user_limits_exactly() {
+    let _serial = SERIAL.lock().await;
+    let set = SentinelSet::start_with(RedisServer::builder().config(SENTINEL_ACL));
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "  topology: sentinel\n  sentinel:\n    master: {}\n    nodes: {}\n    username: sluice\n    password: pw\n",
+        SentinelSet::MASTER,
+        RedisCluster::yaml_list(&set.urls())
+    );
+    let sluice = start_ready(&yaml_with(&upstream, &store, "1s", POLICIES, &routes())).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    for a in ALGORITHMS {
+        let statuses = per_subject(&[sluice.addr()], &format!("/{a}"), 4, 8, 8).await;
+        for (key, s) in &statuses {
+            assert_eq!(admitted(s), 5, "{a} {key}: {s:?}\n{}", sluice.logs().join("\n"));
+        }
+    }
+}

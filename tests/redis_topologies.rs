@@ -819,7 +819,12 @@ async fn a_sentinel_primary_with_a_least_privilege_user_limits_exactly() {
     for a in ALGORITHMS {
         let statuses = per_subject(&[sluice.addr()], &format!("/{a}"), 4, 8, 8).await;
         for (key, s) in &statuses {
-            assert_eq!(admitted(s), 5, "{a} {key}: {s:?}\n{}", sluice.logs().join("\n"));
+            assert_eq!(
+                admitted(s),
+                5,
+                "{a} {key}: {s:?}\n{}",
+                sluice.logs().join("\n")
+            );
         }
     }
 }

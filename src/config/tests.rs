@@ -851,3 +851,127 @@ fn path_settings_case_and_upgrades_have_safe_defaults() {
     assert!(errors[0].contains("routes[0].upgrades[0]: h2c is never passed"));
     assert!(errors[1].contains("routes[0].upgrades[1]: `web socket` is not a protocol name"));
 }
+
+const REDIS_BASE: &str = "\
+version: 1
+server:
+  listen: 127.0.0.1:8080
+upstream:
+  url: http://127.0.0.1:3000
+identity:
+  pseudonym_key: \"0123456789abcdef0123456789abcdef\"
+store:
+  kind: redis
+";
+
+fn topology(c: &Config) -> &Topology {
+    match &c.store.kind {
+        StoreKind::Redis(redis) => &redis.topology,
+        StoreKind::Memory(_) => panic!("a redis store"),
+    }
+}
+
+#[test]
+fn each_topology_reads_its_own_keys() {
+    let c = parse_ok(&format!("{REDIS_BASE}  url: redis://r:6379\n"));
+    assert!(
+        matches!(topology(&c), Topology::Standalone { url } if url.expose() == "redis://r:6379")
+    );
+
+    let c = parse_ok(&format!(
+        "{REDIS_BASE}  topology: cluster\n  nodes: [redis://a:7000, \"redis://u:p@b:7001\"]\n"
+    ));
+    let Topology::Cluster { nodes } = topology(&c) else {
+        panic!("cluster")
+    };
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[1].expose(), "redis://u:p@b:7001");
+
+    let c = parse_ok(&format!(
+        "{REDIS_BASE}  topology: sentinel\n  sentinel:\n    master: mymaster\n    nodes: [redis://s1:26379, redis://s2:26379]\n    username: sluice\n    password: ${{POOL}}\n"
+    ));
+    let Topology::Sentinel {
+        master,
+        nodes,
+        username,
+        password,
+    } = topology(&c)
+    else {
+        panic!("sentinel")
+    };
+    assert_eq!(master, "mymaster");
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(username.as_deref(), Some("sluice"));
+    assert_eq!(password.as_ref().map(|p| p.expose()), Some("32"));
+    // The password is a secret: Debug never shows it.
+    assert!(!format!("{c:?}").contains("32\""), "{c:?}");
+}
+
+#[test]
+fn a_topology_refuses_the_keys_of_another_and_needs_its_own() {
+    for (store, key, says) in [
+        (
+            "  topology: cluster\n  url: redis://r:6379\n  nodes: [redis://a:7000]\n",
+            "store.url",
+            "applies only to `topology: standalone`",
+        ),
+        ("  topology: cluster\n", "store.nodes", "required"),
+        (
+            "  topology: cluster\n  nodes: []\n",
+            "store.nodes",
+            "at least one URL",
+        ),
+        (
+            "  topology: cluster\n  nodes: [redis://a:7000, rediss://b:7001]\n",
+            "store.nodes",
+            "mixes redis:// and rediss://",
+        ),
+        (
+            "  topology: cluster\n  nodes: [http://a:7000]\n",
+            "store.nodes[0]",
+            "must start with redis://",
+        ),
+        (
+            "  topology: sentinel\n",
+            "store.sentinel",
+            "required with `topology: sentinel`",
+        ),
+        (
+            "  topology: sentinel\n  sentinel: { nodes: [redis://s:26379] }\n",
+            "store.sentinel.master",
+            "required",
+        ),
+        (
+            "  url: redis://r:6379\n  sentinel: { master: m, nodes: [redis://s:26379] }\n",
+            "store.sentinel",
+            "applies only to `topology: sentinel`",
+        ),
+        (
+            "  topology: cluster\n  nodes: [redis://a:7000]\n  ca_file: /ca.pem\n",
+            "store.ca_file",
+            "rediss://",
+        ),
+        (
+            "  topology: ring\n  url: redis://r:6379\n",
+            "store.topology",
+            "unknown topology",
+        ),
+    ] {
+        let errors = parse_err(&format!("{REDIS_BASE}{store}"));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains(&format!("{key}: ")) && e.contains(says)),
+            "{store:?}: no `{key}: ...{says}` in {errors:#?}"
+        );
+    }
+    let errors = parse_err(&format!(
+        "{BASE}store:\n  nodes: [redis://a:7000]\n  topology: cluster\n"
+    ));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("store.nodes: `nodes` applies only to `kind: redis`")),
+        "{errors:#?}"
+    );
+}

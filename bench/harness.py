@@ -20,6 +20,7 @@ import platform
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -125,6 +126,63 @@ def start_redis(procs, workdir):
         procs.stop(proc)
         return Server("redis", reason=f"redis-server did not start: {reason or 'no output'}")
     return Server("redis", proc, port)
+
+
+def bus_port():
+    """A free port below 55536 whose cluster bus (port + 10000) is free too."""
+    for _ in range(200):
+        port = tools.free_port()
+        if port >= 55536:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    return None
+
+
+def start_redis_cluster(procs, workdir, masters=3):
+    """Three cluster primaries (no replicas) on loopback, slots spread by
+    `redis-cli --cluster create`; the seed port, or a reason."""
+    ports = []
+    first = None
+    for i in range(masters):
+        port = bus_port()
+        if port is None:
+            return Server("redis-cluster", reason="no free port pair for a cluster node")
+        node_dir = os.path.join(workdir, f"cluster-{i}")
+        os.makedirs(node_dir, exist_ok=True)
+        logf = os.path.join(node_dir, "redis.log")
+        argv = [
+            "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--daemonize", "no", "--dir", node_dir,
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+        ]
+        proc = procs.start(f"redis-cluster-{i}", argv, CPU_REST, logf)
+        if not tools.wait_tcp(port, proc):
+            return Server("redis-cluster", reason=f"cluster node did not start: {tools.tail(logf) or 'no output'}")
+        first = first or proc
+        ports.append(port)
+    create = subprocess.run(
+        ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+         "--cluster-replicas", "0", "--cluster-yes"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    if create.returncode != 0:
+        return Server("redis-cluster", reason=f"redis-cli --cluster create failed: {create.stdout[-300:]}{create.stderr[-300:]}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            r = Redis(ports[0])
+            ok = "cluster_state:ok" in r.cmd("CLUSTER", "INFO")
+            r.close()
+        except OSError:
+            ok = False
+        if ok:
+            return Server("redis-cluster", first, ports[0])
+        time.sleep(0.1)
+    return Server("redis-cluster", reason="the cluster never reached cluster_state:ok")
 
 
 def listening_line(path):
@@ -479,10 +537,12 @@ def session(procs, workdir, args, settings):
         raise SystemExit(f"bench: cannot run anything: {upstream.reason}")
     nginx = start_nginx(procs, workdir, "proxy", "proxy.nginx.conf", CPU_PROXY, UPSTREAM_PORT=upstream.port)
     redis_srv = start_redis(procs, workdir)
+    cluster_srv = start_redis_cluster(procs, workdir)
     if not os.access(args.sluice, os.X_OK):
         missing = f"no sluice binary at {args.sluice}"
         mem = Server("sluice-memory", reason=missing)
         red = Server("sluice-redis", reason=missing)
+        clu = Server("sluice-redis-cluster", reason=missing)
     else:
         mem = start_sluice(procs, workdir, args.sluice, "sluice-memory", "sluice-memory.yaml",
                            UPSTREAM_PORT=upstream.port)
@@ -491,7 +551,13 @@ def session(procs, workdir, args, settings):
         else:
             red = start_sluice(procs, workdir, args.sluice, "sluice-redis", "sluice-redis.yaml",
                                UPSTREAM_PORT=upstream.port, REDIS_PORT=redis_srv.port)
-    for s in (nginx, mem, red):
+        if cluster_srv.reason:
+            clu = Server("sluice-redis-cluster", reason=cluster_srv.reason)
+        else:
+            clu = start_sluice(procs, workdir, args.sluice, "sluice-redis-cluster",
+                               "sluice-redis-cluster.yaml",
+                               UPSTREAM_PORT=upstream.port, REDIS_PORT=cluster_srv.port)
+    for s in (nginx, mem, red, clu):
         if s.reason:
             log(f"{s.name}: {s.reason}")
 
@@ -505,6 +571,8 @@ def session(procs, workdir, args, settings):
         Scenario("sluice-blocked-memory", mem, "/blocked", proxy=True, blocked=True),
         Scenario("sluice-redis", red, "/allowed", proxy=True, redis=True),
         Scenario("sluice-blocked-redis", red, "/blocked", proxy=True, redis=True, blocked=True),
+        # Redis statistics are read from the standalone Redis only.
+        Scenario("sluice-redis-cluster", clu, "/allowed", proxy=True),
     ]
     for scn in scenarios:
         probe(scn)
@@ -621,7 +689,7 @@ def summarize(scenarios):
     # Ratios within each round: both figures come from the same round.
     for key, entry in out.items():
         entry["ratio"] = {}
-        for ref in ("direct", "nginx-proxy", "nginx-limit-blocked", "sluice-none"):
+        for ref in ("direct", "nginx-proxy", "nginx-limit-blocked", "sluice-none", "sluice-redis"):
             a, b = by_key[key], by_key[ref]
             if a.closed and b.closed and len(a.closed) == len(b.closed):
                 entry["ratio"][ref] = med_range([x["rps"] / y["rps"] for x, y in zip(a.closed, b.closed) if y["rps"]])

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# redis-cli builds the test clusters (redis-cli --cluster create / reshard).
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -17,6 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # A missing server fails the run; tests never skip.
 command -v redis-server >/dev/null
+command -v redis-cli >/dev/null
 command -v promtool >/dev/null
 
 echo "== cargo tests"

@@ -828,3 +828,50 @@ async fn a_sentinel_primary_with_a_least_privilege_user_limits_exactly() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_that_lost_its_scripts_gets_them_back_within_the_budget() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let sluice = start_ready(&yaml_with(
+        &upstream,
+        &cluster_lines(&cluster.urls()),
+        "1s",
+        POLICIES,
+        &routes(),
+    ))
+    .await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    // Every node forgets every script (a restart, a new node, a promoted
+    // replica that never had them).
+    for node in &cluster.nodes {
+        let mut conn = node.connection();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).expect("SCRIPT FLUSH");
+    }
+    let loads_before = support::redis_sidecar::sample(&sluice, "sluice_store_script_loads_total", &[])
+        .await
+        .unwrap_or(0.0);
+    // Subjects on every primary; not one request may fail for it.
+    for a in ALGORITHMS {
+        let statuses = per_subject(&[sluice.addr()], &format!("/{a}"), 12, 6, 6).await;
+        for (key, s) in &statuses {
+            assert_eq!(admitted(s), 5, "{a} {key}: {s:?}\n{}", sluice.logs().join("\n"));
+        }
+    }
+    let noscript = support::redis_sidecar::sample(
+        &sluice,
+        "sluice_store_events_total",
+        &[("kind", "noscript")],
+    )
+    .await
+    .unwrap_or(0.0);
+    let loads = support::redis_sidecar::sample(&sluice, "sluice_store_script_loads_total", &[])
+        .await
+        .unwrap_or(0.0);
+    // Each primary answered NOSCRIPT at least once per script it was asked
+    // to run, and got that script loaded on it alone.
+    assert!(noscript >= 3.0, "{noscript} NOSCRIPT replies");
+    assert!(loads - loads_before >= 3.0, "{} loads", loads - loads_before);
+    assert!(loads - loads_before <= noscript, "loads {} > NOSCRIPTs {noscript}", loads - loads_before);
+}

@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use support::client::{build, http1_client, send};
 use support::redis::{tls_files, RedisServer};
 use support::redis_sidecar::{readyz, readyz_becomes, redis_yaml, start_ready, Load, Shot};
-use support::topology::{RedisCluster, Relay, SentinelSet};
+use support::topology::{sentinel_tls_builder, RedisCluster, Relay, SentinelSet};
 use support::{clear_of_window_edge, Sidecar, Upstream};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -847,16 +847,25 @@ async fn a_cluster_node_that_lost_its_scripts_gets_them_back_within_the_budget()
     // replica that never had them).
     for node in &cluster.nodes {
         let mut conn = node.connection();
-        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).expect("SCRIPT FLUSH");
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut conn)
+            .expect("SCRIPT FLUSH");
     }
-    let loads_before = support::redis_sidecar::sample(&sluice, "sluice_store_script_loads_total", &[])
-        .await
-        .unwrap_or(0.0);
+    let loads_before =
+        support::redis_sidecar::sample(&sluice, "sluice_store_script_loads_total", &[])
+            .await
+            .unwrap_or(0.0);
     // Subjects on every primary; not one request may fail for it.
     for a in ALGORITHMS {
         let statuses = per_subject(&[sluice.addr()], &format!("/{a}"), 12, 6, 6).await;
         for (key, s) in &statuses {
-            assert_eq!(admitted(s), 5, "{a} {key}: {s:?}\n{}", sluice.logs().join("\n"));
+            assert_eq!(
+                admitted(s),
+                5,
+                "{a} {key}: {s:?}\n{}",
+                sluice.logs().join("\n")
+            );
         }
     }
     let noscript = support::redis_sidecar::sample(
@@ -872,6 +881,54 @@ async fn a_cluster_node_that_lost_its_scripts_gets_them_back_within_the_budget()
     // Each primary answered NOSCRIPT at least once per script it was asked
     // to run, and got that script loaded on it alone.
     assert!(noscript >= 3.0, "{noscript} NOSCRIPT replies");
-    assert!(loads - loads_before >= 3.0, "{} loads", loads - loads_before);
-    assert!(loads - loads_before <= noscript, "loads {} > NOSCRIPTs {noscript}", loads - loads_before);
+    assert!(
+        loads - loads_before >= 3.0,
+        "{} loads",
+        loads - loads_before
+    );
+    assert!(
+        loads - loads_before <= noscript,
+        "loads {} > NOSCRIPTs {noscript}",
+        loads - loads_before
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_set_over_tls_limits_exactly_and_fails_over() {
+    let _serial = SERIAL.lock().await;
+    let certs = tempfile::tempdir().expect("temp dir");
+    let tls = tls_files(certs.path());
+    let set = SentinelSet::start_tls(sentinel_tls_builder(&tls), Some(tls.clone()));
+    let urls = set.urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "  topology: sentinel\n  sentinel: {{ master: {}, nodes: {} }}\n  ca_file: {}\n",
+        SentinelSet::MASTER,
+        RedisCluster::yaml_list(&urls),
+        tls.ca.display()
+    );
+    let sluice = start_ready(&yaml_with(&upstream, &store, "1s", POLICIES, &routes())).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    let statuses = per_subject(&[sluice.addr()], "/sl", 4, 8, 8).await;
+    for (key, s) in &statuses {
+        assert_eq!(admitted(s), 5, "{key}: {s:?}\n{}", sluice.logs().join("\n"));
+    }
+    // The limits survive a planned failover (no write lost): every subject
+    // is still spent on the new primary.
+    set.failover();
+    let deadline = Instant::now() + RECOVERY + Duration::from_secs(2);
+    loop {
+        let (status, _, _) = support::get(sluice.addr(), "/sl", &[("x-api-key", "key-0")]).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a spent subject was admitted"
+        );
+        assert!(Instant::now() < deadline, "no decision after the failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -374,6 +374,13 @@ pub struct SentinelSet {
     pub sentinels: Vec<SentinelProcess>,
 }
 
+/// Sentinels, data nodes and replication all over TLS with `files`.
+pub fn sentinel_tls_builder(files: &TlsFiles) -> Builder {
+    RedisServer::builder()
+        .tls(files.clone())
+        .config("tls-replication yes")
+}
+
 impl SentinelSet {
     pub const MASTER: &'static str = "mymaster";
 
@@ -383,6 +390,13 @@ impl SentinelSet {
 
     /// Both data nodes from `builder` (ACL lines, say).
     pub fn start_with(builder: Builder) -> SentinelSet {
+        SentinelSet::start_tls(builder, None)
+    }
+
+    /// As [`SentinelSet::start_with`]; with `tls`, the Sentinels serve TLS
+    /// only and reach the data nodes over TLS (the builder must serve TLS
+    /// too: [`sentinel_tls_builder`]).
+    pub fn start_tls(builder: Builder, tls: Option<TlsFiles>) -> SentinelSet {
         let primary = builder.clone().start();
         let replica = builder
             .config(&format!("replicaof 127.0.0.1 {}", primary.port()))
@@ -396,7 +410,7 @@ impl SentinelSet {
             info.contains("master_link_status:up")
         });
         let sentinels = (0..3)
-            .map(|_| SentinelProcess::start(primary.port()))
+            .map(|_| SentinelProcess::start(primary.port(), tls.clone()))
             .collect();
         let set = SentinelSet {
             primary,
@@ -472,18 +486,29 @@ pub struct SentinelProcess {
     port: u16,
     dir: TempDir,
     child: Child,
+    tls: Option<TlsFiles>,
 }
 
 impl SentinelProcess {
-    fn start(primary: u16) -> SentinelProcess {
+    fn start(primary: u16, tls: Option<TlsFiles>) -> SentinelProcess {
         for _ in 0..5 {
             let port = super::free_port();
             let dir = tempfile::tempdir().expect("temp dir");
             let conf = dir.path().join("sentinel.conf");
+            let listen = match &tls {
+                None => format!("port {port}\n"),
+                Some(t) => format!(
+                    "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+                     tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                    t.cert.display(),
+                    t.key.display(),
+                    t.ca.display()
+                ),
+            };
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+                    "{listen}bind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
                      sentinel resolve-hostnames no\n\
                      sentinel monitor {master} 127.0.0.1 {primary} 2\n\
                      sentinel down-after-milliseconds {master} 1000\n\
@@ -504,18 +529,21 @@ impl SentinelProcess {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run redis-server --sentinel ({e})"));
-            let mut sentinel = SentinelProcess { port, dir, child };
+            let mut sentinel = SentinelProcess {
+                port,
+                dir,
+                child,
+                tls: tls.clone(),
+            };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = sentinel.child.try_wait() {
                     break; // the port was taken: try another
                 }
-                let pong = redis::Client::open(sentinel.url())
+                let pong = sentinel
+                    .client()
+                    .get_connection_with_timeout(Duration::from_millis(300))
                     .ok()
-                    .and_then(|c| {
-                        c.get_connection_with_timeout(Duration::from_millis(300))
-                            .ok()
-                    })
                     .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok());
                 if pong.as_deref() == Some("PONG") {
                     return sentinel;
@@ -523,16 +551,39 @@ impl SentinelProcess {
                 std::thread::sleep(Duration::from_millis(50));
             }
             let _ = sentinel.child.kill();
+            eprintln!(
+                "sentinel on {port} did not answer:\n{}",
+                std::fs::read_to_string(sentinel.log()).unwrap_or_default()
+            );
         }
         panic!("no Sentinel could start");
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    fn client(&self) -> redis::Client {
+        match &self.tls {
+            None => redis::Client::open(self.url()).expect("client"),
+            Some(tls) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(&tls.ca).expect("read CA")),
+                },
+            )
+            .expect("TLS client"),
+        }
     }
 
     pub fn connection(&self) -> redis::Connection {
-        connection(&self.url(), None)
+        connection(&self.url(), self.tls.as_ref())
     }
 
     pub fn log(&self) -> PathBuf {

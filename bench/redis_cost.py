@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""What one sluice decision costs Redis, beside seed 002's one-line script.
+
+For each algorithm, sluice's real call is captured from a running sluice
+(MONITOR while it decides one request), then replayed with redis-benchmark
+at saturation (32 connections) against a Redis pinned alone on one CPU,
+with a fresh evaluation id per call: once on one hot subject, once on many
+subjects. Seed 002's INCR + EXPIRE script is replayed the same way, right
+after, on the same Redis. Redis CPU per call comes from /proc (utime +
+stime of redis-server over the run), so the ratio compares what Redis
+spent, not what the client saw.
+
+    python3 bench/redis_cost.py --sluice target/release/sluice [--calls N]
+
+Writes bench/results/redis-cost.md and redis-cost.json, and prints the table.
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tools  # noqa: E402
+from tools import Processes, Redis  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+# Redis alone on CPU 1; sluice (for the capture) and redis-benchmark on CPU 0.
+CPU_REDIS = "1"
+CPU_CLIENT = "0"
+
+SEED_002 = """local count = redis.call('INCR', KEYS[1])
+if count == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
+if count > tonumber(ARGV[2]) then
+  return 0
+end
+return 1"""
+
+# One route per algorithm; limits no replay reaches (a denial is cheaper
+# and would flatter sluice).
+CONFIG = """version: 1
+server:
+  listen: 127.0.0.1:0
+  workers: 1
+upstream:
+  url: http://127.0.0.1:{upstream}
+store:
+  kind: redis
+  url: redis://127.0.0.1:{redis}
+  budget: 1s
+  deny_cache_entries: 0
+identity:
+  pseudonym_key: bench-pseudonym-key-not-a-secret
+policies:
+  fixed-window: {{ algorithm: fixed-window, limit: 1000000000, window: 1h }}
+  sliding-counter: {{ algorithm: sliding-counter, limit: 1000000000, window: 1h }}
+  sliding-log: {{ algorithm: sliding-log, limit: 1000000000, window: 10s }}
+  token-bucket: {{ algorithm: token-bucket, capacity: 1000000, refill_tokens: 1000000, refill_every: 1s }}
+  gcra: {{ algorithm: gcra, limit: 1000000, window: 1s, burst: 1000000 }}
+routes:
+  - {{ name: fw, match: {{ path: /fixed-window }}, subject: client_ip, policy: fixed-window }}
+  - {{ name: sc, match: {{ path: /sliding-counter }}, subject: client_ip, policy: sliding-counter }}
+  - {{ name: sl, match: {{ path: /sliding-log }}, subject: client_ip, policy: sliding-log }}
+  - {{ name: tb, match: {{ path: /token-bucket }}, subject: client_ip, policy: token-bucket }}
+  - {{ name: gc, match: {{ path: /gcra }}, subject: client_ip, policy: gcra }}
+"""
+
+ALGORITHMS = ["fixed-window", "sliding-counter", "sliding-log", "token-bucket", "gcra"]
+
+
+def log(msg):
+    print(f"[redis-cost] {msg}", flush=True)
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick
+
+
+def start_redis(procs, workdir):
+    port = tools.free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--daemonize", "no", "--dir", workdir]
+    proc = procs.start("redis", argv, CPU_REDIS, os.path.join(workdir, "redis.log"))
+    if not tools.wait_tcp(port, proc):
+        raise SystemExit("redis-server did not start")
+    return proc, port
+
+
+def start_upstream(procs, workdir):
+    """A tiny upstream for the capture: nginx answering 200."""
+    port = tools.free_port()
+    conf = os.path.join(workdir, "up.conf")
+    os.makedirs(os.path.join(workdir, "up-tmp"), exist_ok=True)
+    with open(conf, "w") as f:
+        f.write(f"""worker_processes 1; daemon off; pid {workdir}/up.pid;
+error_log {workdir}/up.error.log; events {{ worker_connections 64; }}
+http {{ access_log off; client_body_temp_path {workdir}/up-tmp;
+proxy_temp_path {workdir}/up-tmp; fastcgi_temp_path {workdir}/up-tmp;
+uwsgi_temp_path {workdir}/up-tmp; scgi_temp_path {workdir}/up-tmp;
+server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok"; }} }} }}
+""")
+    proc = procs.start("upstream", ["nginx", "-p", workdir, "-c", conf], CPU_CLIENT,
+                       os.path.join(workdir, "up.log"))
+    if not tools.wait_tcp(port, proc):
+        raise SystemExit("the capture upstream did not start")
+    return port
+
+
+def capture(procs, workdir, sluice, redis_port):
+    """Each algorithm's EVALSHA as sluice sends it, read off MONITOR."""
+    upstream = start_upstream(procs, workdir)
+    conf = os.path.join(workdir, "sluice.yaml")
+    with open(conf, "w") as f:
+        f.write(CONFIG.format(upstream=upstream, redis=redis_port))
+    logf = os.path.join(workdir, "sluice.log")
+    proc = procs.start("sluice", [sluice, "run", "--config", conf], CPU_CLIENT, logf)
+    addr = None
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not addr:
+        with open(logf) as f:
+            for line in f:
+                m = re.search(r'"traffic_addr":"([0-9.:]+)"', line)
+                if m:
+                    addr = m.group(1)
+        time.sleep(0.05)
+    if not addr:
+        raise SystemExit("sluice did not start: " + tools.tail(logf))
+    monitor = subprocess.Popen(["redis-cli", "-p", str(redis_port), "monitor"],
+                               stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    import urllib.request
+    for a in ALGORITHMS:
+        # The first call may find the scripts still loading: ask twice.
+        for _ in range(2):
+            with urllib.request.urlopen(f"http://{addr}/{a}", timeout=5) as r:
+                r.read()
+    time.sleep(0.3)
+    monitor.terminate()
+    out, _ = monitor.communicate(timeout=5)
+    procs.stop(proc)
+    calls = {}
+    for line in out.splitlines():
+        m = re.match(r'^[0-9.]+ \[[^]]*\] (.*)$', line)
+        if not m:
+            continue
+        args = shlex.split(m.group(1))
+        if not args or args[0].upper() != "EVALSHA":
+            continue
+        key = args[3]
+        policy = key.split("{", 1)[1].split(":", 1)[0]
+        calls[policy] = args
+    missing = [a for a in ALGORITHMS if a not in calls]
+    if missing:
+        raise SystemExit(f"no EVALSHA captured for {missing}")
+    return calls
+
+
+def fresh(args, many):
+    """The captured call with a fresh evaluation id per call (20 zeros and
+    redis-benchmark's 12-digit __rand_int__: 32 hex digits) and, for many
+    subjects, a fresh subject too."""
+    out = list(args)
+    numkeys = int(out[2])
+    if many:
+        for k in range(3, 3 + numkeys):
+            out[k] = re.sub(r"v1:[^}]*\}", "v1:__rand_int__}", out[k])
+    out[3 + numkeys] = "0" * 20 + "__rand_int__"
+    return out
+
+
+def script_usec(r):
+    """Microseconds per EVALSHA (the script and every command inside it),
+    from INFO commandstats since the last CONFIG RESETSTAT."""
+    raw = r.info("commandstats").get("cmdstat_evalsha", "")
+    m = re.search(r"usec_per_call=([0-9.]+)", raw)
+    return float(m.group(1)) if m else None
+
+
+def replay(redis_pid, r, port, args, calls, clients):
+    """redis-benchmark at saturation: the script's own µs per call
+    (commandstats) and Redis's whole CPU per call, networking included."""
+    r.cmd("CONFIG", "RESETSTAT")
+    before = cpu_seconds(redis_pid)
+    cmd = ["taskset", "-c", CPU_CLIENT, "redis-benchmark", "-p", str(port), "-c", str(clients),
+           "-n", str(calls), "-r", "1000000000000", "-q", "--csv", *args]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - t0
+    cpu = cpu_seconds(redis_pid) - before
+    if out.returncode != 0:
+        raise SystemExit(f"redis-benchmark failed: {out.stderr[-400:]}")
+    return {"script_us_per_call": script_usec(r), "cpu_us_per_call": cpu * 1e6 / calls,
+            "calls_per_s": calls / wall}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sluice", default="target/release/sluice")
+    ap.add_argument("--calls", type=int, default=200_000)
+    ap.add_argument("--clients", type=int, default=32)
+    args = ap.parse_args()
+    procs = Processes()
+    try:
+        with tempfile.TemporaryDirectory(prefix="sluice-redis-cost-") as workdir:
+            redis_proc, port = start_redis(procs, workdir)
+            r = Redis(port)
+            seed_sha = r.cmd("SCRIPT", "LOAD", SEED_002)
+            log("capturing each algorithm's call from a running sluice")
+            captured = capture(procs, workdir, args.sluice, port)
+            rows = []
+            for many in (False, True):
+                label = "many subjects" if many else "one hot subject"
+                r.cmd("FLUSHALL")
+                for a in ALGORITHMS:
+                    call = replay(redis_proc.pid, r, port, fresh(captured[a], many), args.calls,
+                                  args.clients)
+                    key = "seed:__rand_int__" if many else "seed:hot"
+                    seed = replay(redis_proc.pid, r, port,
+                                  ["EVALSHA", seed_sha, "1", key, "3600", "1000000000"],
+                                  args.calls, args.clients)
+                    ratio = call["script_us_per_call"] / seed["script_us_per_call"]
+                    cpu_ratio = call["cpu_us_per_call"] / seed["cpu_us_per_call"]
+                    rows.append({"algorithm": a, "subjects": label, "sluice": call, "seed_002": seed,
+                                 "ratio": ratio, "cpu_ratio": cpu_ratio})
+                    log(f"{a:16} {label:16} script {call['script_us_per_call']:6.2f} µs vs seed 002 "
+                        f"{seed['script_us_per_call']:5.2f} µs: {ratio:.2f}×; whole Redis CPU "
+                        f"{call['cpu_us_per_call']:.1f} vs {seed['cpu_us_per_call']:.1f} µs: {cpu_ratio:.2f}×")
+                    r.cmd("FLUSHALL")
+            r.close()
+    finally:
+        procs.stop_all()
+    os.makedirs(RESULTS, exist_ok=True)
+    result = {"generated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "calls": args.calls, "clients": args.clients, "rows": rows,
+              "captured": {a: captured[a] for a in ALGORITHMS}}
+    with open(os.path.join(RESULTS, "redis-cost.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    lines = [
+        "# Redis CPU per decision, beside seed 002's INCR + EXPIRE script",
+        "",
+        f"{result['generated_at']}; redis-benchmark, {args.clients} connections, {args.calls} calls "
+        "each, a fresh evaluation id per call; Redis alone on one CPU. Script µs: INFO "
+        "commandstats `usec_per_call` of EVALSHA (the script and the commands inside it), the "
+        "ratio's basis. Whole CPU: redis-server's utime + stime per call from /proc, networking "
+        "included (the same for both, so it narrows the ratio).",
+        "",
+        "| algorithm | subjects | sluice script µs | seed 002 script µs | ratio | target | whole CPU µs, sluice / seed | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        target = "≤ 2.5" if row["algorithm"] == "sliding-log" else "≤ 1.5"
+        lines.append(f"| {row['algorithm']} | {row['subjects']} | {row['sluice']['script_us_per_call']:.2f} | "
+                     f"{row['seed_002']['script_us_per_call']:.2f} | {row['ratio']:.2f} | {target} | "
+                     f"{row['sluice']['cpu_us_per_call']:.1f} / {row['seed_002']['cpu_us_per_call']:.1f} | "
+                     f"{row['cpu_ratio']:.2f} |")
+    with open(os.path.join(RESULTS, "redis-cost.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

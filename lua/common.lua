@@ -49,7 +49,8 @@ local cost = int_arg(2, 1)
 local ttl_ms = int_arg(3, 1)
 local max_regression = int_arg(4, 0)
 local dedupe_window_ms = int_arg(5, 1)
-local dedupe_max = int_arg(6, 1)
+-- ARGV[6] (dedupe_max) bounded the queue of ids older versions kept.
+int_arg(6, 1)
 local bands = int_arg(7, 1)
 
 -- Checks the number of keys and of arguments, and returns the per-band
@@ -108,29 +109,17 @@ local function bind(verdicts)
   return {v[1] and 1 or 0, v[2], v[3], v[4], pick - 1}
 end
 
--- De-duplication. A hash remembers the evaluation ids applied (the state
--- hash itself, or the sliding log's `:dec` hash) in fields read by the
--- same HMGET as the state and written by the same HSET:
---   e:<id> = '<outcome>:<remaining>:<reset_us>:<retry_us>:<band>'
---   q:<n>  = '<time_us>:<id>', the n-th id remembered (n counts up from 0)
---   q:h    = the next n;  q:t = the oldest n still remembered
---   q:o, q:i = the time and id of entry q:<q:t>
--- Forgetting more ids than the oldest has to read their entries first
--- (one more HMGET), so it is done in batches: once in many evaluations.
--- The batch a full queue drops at once, and the most one evaluation drops
--- (after dedupe_max was lowered, the excess goes a little at a time).
-local BATCH = dedupe_max < 512 and math.ceil(dedupe_max / 8) or 64
-local DROP_MAX = 1024
-
--- The fields an HMGET starts with: this id's record, then the queue.
-local function dedupe_fields(...)
-  return {'e:' .. id, 'q:h', 'q:t', 'q:o', 'q:i', ...}
-end
+-- De-duplication. Each evaluation applied leaves one record of its own:
+-- the last key, `<state key>:e:<id>` under the subject's hash tag, holding
+-- the decision for dedupe_window. A retry can only come within the budget
+-- of the first attempt, so records live that long and no longer; finding
+-- one is a GET, leaving one a SET, however hot the subject.
+local record_key = KEYS[#KEYS]
 
 -- The decision this id already got, if it was applied before: a retry
 -- after an ambiguous failure must not charge twice.
-local function replay(read)
-  local recorded = read[1]
+local function replay()
+  local recorded = redis.call('GET', record_key)
   if not recorded then
     return nil
   end
@@ -142,81 +131,10 @@ local function replay(read)
     tonumber(band), 1, 0}
 end
 
--- Reads `count` entries from q:<tail>, the oldest first.
-local function dedupe_entries(key, tail, count)
-  local names = {}
-  for k = 1, count do
-    names[k] = format('q:%d', tail + k - 1)
-  end
-  local raw = redis.call('HMGET', key, unpack(names))
-  local times, ids = {}, {}
-  for k = 1, count do
-    local at, old = match(raw[k] or '', '^(%d+):(%x+)$')
-    if not at then
-      fail('corrupt state: dedupe entry ' .. names[k])
-    end
-    times[k], ids[k] = tonumber(at), old
-  end
-  return names, times, ids
-end
-
--- Given read, the HMGET that started with dedupe_fields(), reads whatever
--- else forgetting needs. Returns the fields to delete and the fields to
--- write (then `...`, appended). Dropped, oldest first: enough ids to hold
--- at most dedupe_max with this one (a batch at a time), and those older
--- than the window: the oldest alone as soon as it is, several once the
--- oldest is two windows old. now_text is now, formatted.
-local function dedupe(key, read, now, now_text, decision, ...)
-  local head = stored(read[2], 'q:h') or 0
-  local tail = stored(read[3], 'q:t') or 0
-  local oldest = stored(read[4], 'q:o') or 0
-  local oldest_id = read[5]
-  local live, kept = head - tail, tail
-  if live < 0 or (live > 0 and not oldest_id) then
-    fail('corrupt state: dedupe queue')
-  end
-  local window = dedupe_window_ms * 1000
-  local must = live + 1 - dedupe_max
-  local dropped = {}
-  if live == 1 and (must > 0 or now - oldest >= window) then
-    dropped = {format('q:%d', tail), 'e:' .. oldest_id}
-    tail = head
-  elseif live > 1 and (must > 0 or now - oldest >= 2 * window) then
-    local want = must > BATCH and must or BATCH
-    want = want < DROP_MAX and want or DROP_MAX
-    if must > 0 then
-      must = want
-    end
-    local names, times, ids = dedupe_entries(key, tail, want < live and want + 1 or live)
-    for k = 1, #names do
-      if k > want or (k > must and now - times[k] < window) then
-        oldest, oldest_id = times[k], ids[k]
-        break
-      end
-      dropped[#dropped + 1] = names[k]
-      dropped[#dropped + 1] = 'e:' .. ids[k]
-      tail = tail + 1
-    end
-  end
-  if tail == head then
-    oldest, oldest_id = now, id
-  end
-  -- Unchanged, the queue's oldest end is written back as read (no
-  -- conversion).
-  local tail_text, oldest_text = read[3], read[4]
-  if tail ~= kept or tail == head then
-    tail_text, oldest_text = format('%d', tail), format('%d', oldest)
-  end
-  return dropped, {
-    'e:' .. id,
+local function remember(decision)
+  redis.call('SET', record_key,
     format('%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4], decision[5]),
-    format('q:%d', head), now_text .. ':' .. id,
-    'q:h', format('%d', head + 1),
-    'q:t', tail_text,
-    'q:o', oldest_text,
-    'q:i', oldest_id,
-    ...
-  }
+    'PX', ARGV[5])
 end
 
 local function reply(decision, skew)

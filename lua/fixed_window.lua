@@ -7,7 +7,7 @@
 
 -- One key, the subject's hash: state and remembered ids alike. Per band:
 -- limit, window_us.
-local args = band_args(1, 2)
+local args = band_args(2, 2)
 for b = 1, bands do
   if cost > args[2 * b - 1] then
     fail('cost above the policy maximum')
@@ -15,17 +15,18 @@ for b = 1, bands do
 end
 
 -- State: t = last write (us); s<b> = window start, c<b> = count.
-local fields = dedupe_fields('t')
-local first = #fields
+local replayed = replay()
+if replayed then
+  return replayed
+end
+
+local fields = {'t'}
+local first = 1
 for b = 1, bands do
   fields[first + 2 * b - 1] = format('s%d', b)
   fields[first + 2 * b] = format('c%d', b)
 end
 local state = redis.call('HMGET', KEYS[1], unpack(fields))
-local replayed = replay(state)
-if replayed then
-  return replayed
-end
 local now, skew = decision_time(stored(state[first], 't') or 0)
 if not now then
   return clock_unsafe(skew)
@@ -54,12 +55,9 @@ end
 
 local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
-local dropped, remember = dedupe(KEYS[1], state, now, now_text, decision,
-  unpack(writes, 1, decision[1] == 1 and #writes or 0))
-if #dropped > 0 then
-  redis.call('HDEL', KEYS[1], unpack(dropped))
+if decision[1] == 1 then
+  redis.call('HSET', KEYS[1], unpack(writes))
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
 end
-redis.call('HSET', KEYS[1], unpack(remember))
--- The longer of the state's and the remembered ids' lifetimes.
-redis.call('PEXPIRE', KEYS[1], ttl_ms > dedupe_window_ms and ARGV[3] or ARGV[5])
+remember(decision)
 return reply(decision, skew)

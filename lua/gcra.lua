@@ -7,7 +7,7 @@
 
 -- One key, the subject's hash: state and remembered ids alike. Per band:
 -- limit, window_us, burst.
-local args = band_args(1, 3)
+local args = band_args(2, 3)
 local interval, tolerance = {}, {}
 for b = 1, bands do
   local l, w, burst = args[3 * b - 2], args[3 * b - 1], args[3 * b]
@@ -23,16 +23,17 @@ for b = 1, bands do
 end
 
 -- State: t = last write (us); a<b> = theoretical arrival time (us).
-local fields = dedupe_fields('t')
-local first = #fields
+local replayed = replay()
+if replayed then
+  return replayed
+end
+
+local fields = {'t'}
+local first = 1
 for b = 1, bands do
   fields[first + b] = format('a%d', b)
 end
 local state = redis.call('HMGET', KEYS[1], unpack(fields))
-local replayed = replay(state)
-if replayed then
-  return replayed
-end
 local now, skew = decision_time(stored(state[first], 't') or 0)
 if not now then
   return clock_unsafe(skew)
@@ -57,12 +58,9 @@ end
 
 local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
-local dropped, remember = dedupe(KEYS[1], state, now, now_text, decision,
-  unpack(writes, 1, decision[1] == 1 and #writes or 0))
-if #dropped > 0 then
-  redis.call('HDEL', KEYS[1], unpack(dropped))
+if decision[1] == 1 then
+  redis.call('HSET', KEYS[1], unpack(writes))
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
 end
-redis.call('HSET', KEYS[1], unpack(remember))
--- The longer of the state's and the remembered ids' lifetimes.
-redis.call('PEXPIRE', KEYS[1], ttl_ms > dedupe_window_ms and ARGV[3] or ARGV[5])
+remember(decision)
 return reply(decision, skew)

@@ -5,8 +5,8 @@
 
 -- @common (lua/common.lua is spliced in here)
 
--- Two keys: the log, a sorted set for every band, and the `:dec` hash
--- that remembers evaluation ids. Per band: limit, window_us.
+-- Two keys: the log, a sorted set for every band, and this evaluation's
+-- record (common.lua). Per band: limit, window_us.
 local args = band_args(2, 2)
 local widest = 0
 for b = 1, bands do
@@ -17,8 +17,7 @@ for b = 1, bands do
   end
 end
 
-local read = redis.call('HMGET', KEYS[2], unpack(dedupe_fields()))
-local replayed = replay(read)
+local replayed = replay()
 if replayed then
   return replayed
 end
@@ -72,7 +71,6 @@ end
 
 local decision = bind(verdicts)
 local now_text = format('%d', now)
-local dropped, remember = dedupe(KEYS[2], read, now, now_text, decision)
 if decision[1] == 1 then
   local entries = {}
   for unit = 1, cost do
@@ -90,9 +88,5 @@ if decision[1] == 1 then
   end
   redis.call('PEXPIRE', KEYS[1], ttl_ms)
 end
-if #dropped > 0 then
-  redis.call('HDEL', KEYS[2], unpack(dropped))
-end
-redis.call('HSET', KEYS[2], unpack(remember))
-redis.call('PEXPIRE', KEYS[2], dedupe_window_ms)
+remember(decision)
 return reply(decision, skew)

@@ -819,23 +819,20 @@ async fn the_same_evaluation_id_is_applied_once() {
     assert_eq!(decision(&next).remaining, 2, "the repeat charged");
 }
 
-/// The subject's hash remembers at most `dedupe_max` ids and still replays
-/// the latest; ids older than the window are forgotten.
+/// Each evaluation leaves one record, a key of its own next to the state,
+/// that lives `dedupe_window` and no longer: the state hash holds state
+/// only, however hot the subject, and a retry within the window replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remembered_ids_stay_within_dedupe_max_and_the_window() {
+async fn each_evaluation_leaves_one_record_that_expires_with_the_window() {
     let server = RedisServer::start();
     let mut conn = server.connection();
     let policy = policy("bounded", Bands::Gcra(vec![gcra(1000, 3_600_000, 1000)]));
-    let remembered = |conn: &mut redis::Connection, key: &str| -> Vec<String> {
-        let fields: Vec<String> = conn.hkeys(key).expect("HKEYS");
-        fields
-            .into_iter()
-            .filter_map(|f| f.strip_prefix("e:").map(str::to_owned))
-            .collect()
+    let records = |conn: &mut redis::Connection, key: &str| -> Vec<String> {
+        conn.keys(format!("{key}:e:*")).expect("KEYS")
     };
 
     let mut config = redis_config(server.url());
-    config.dedupe_max = 16;
+    config.dedupe_window = ms(800);
     let store = connect_with(config, BUDGET).await;
     let busy = subject("bounded");
     let key = state_key(&policy, &busy);
@@ -844,39 +841,39 @@ async fn remembered_ids_stay_within_dedupe_max_and_the_window() {
         let ev = evaluation(&policy, &busy, 1);
         let outcome = store.evaluate(&ev).await;
         assert!(allowed(&outcome), "{outcome:?}");
-        assert!(remembered(&mut conn, &key).len() <= 16);
         last = Some((ev.id, outcome));
     }
+    // The state hash: its fields only, whatever the traffic.
+    let fields: Vec<String> = conn.hkeys(&key).expect("HKEYS");
+    assert_eq!(fields, ["t", "a1"], "{fields:?}");
+    let recorded = records(&mut conn, &key);
+    assert_eq!(recorded.len(), 100);
+    for record in &recorded {
+        let ttl: i64 = conn.pttl(record).expect("PTTL");
+        assert!(ttl > 0 && ttl <= 800, "{record}: {ttl} ms");
+    }
     let (id, first) = last.expect("evaluated");
-    let again = Evaluation {
+    let again = || Evaluation {
         id,
         ..evaluation(&policy, &busy, 1)
     };
-    assert_eq!(store.evaluate(&again).await, first, "the latest id replays");
+    assert_eq!(
+        store.evaluate(&again()).await,
+        first,
+        "the latest id replays"
+    );
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
 
-    // Fewer ids than dedupe_max, then two windows of quiet: the next
-    // evaluations forget all of them.
-    let mut config = redis_config(server.url());
-    config.dedupe_window = ms(500);
-    let store = connect_with(config, BUDGET).await;
-    let quiet = subject("windowed");
-    let key = state_key(&policy, &quiet);
-    for _ in 0..40 {
-        assert!(allowed(&eval(&store, &policy, &quiet, 1).await));
-    }
-    let burst = remembered(&mut conn, &key);
-    assert_eq!(burst.len(), 40);
-    tokio::time::sleep(ms(1100)).await;
-    for _ in 0..2 {
-        assert!(allowed(&eval(&store, &policy, &quiet, 1).await));
-    }
-    let left = remembered(&mut conn, &key);
-    assert!(!left.is_empty());
-    assert!(
-        left.iter().all(|id| !burst.contains(id)),
-        "{} of the burst still remembered",
-        left.iter().filter(|id| burst.contains(id)).count()
+    // After the window every record is gone: nothing accumulates.
+    tokio::time::sleep(ms(1000)).await;
+    assert!(records(&mut conn, &key).is_empty());
+    // An id older than the window is a new evaluation (the documented
+    // bound: retries come within one budget, far inside the window).
+    let late = store.evaluate(&again()).await;
+    assert_eq!(
+        store.stats().dedupe_hits.load(Ordering::Relaxed),
+        1,
+        "{late:?}"
     );
 }
 
@@ -987,7 +984,7 @@ async fn readiness_waits_for_redis_and_the_scripts() {
 /// The ACL a deployment needs (lua/README.md): EVALSHA, SCRIPT LOAD and
 /// exactly the commands the scripts call, on the key prefix; never EVAL.
 const SLUICE_ACL: &str = "user sluice on >sluice-pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +hmget +hset +hdel +pexpire \
+     +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1080,9 +1077,11 @@ async fn keys_hold_no_identity_and_all_expire() {
         }
     }
     let keys: Vec<String> = conn.keys("*").expect("KEYS");
-    // One hash per subject (state and remembered ids), but two for the
-    // sliding log: its sorted set and the `:dec` hash.
-    assert_eq!(keys.len(), (4 + 2) * 3, "{keys:?}");
+    // One state key per subject (a hash, or the sliding log's sorted set),
+    // and one record per evaluation beside it.
+    let records = keys.iter().filter(|k| k.contains("}:e:")).count();
+    assert_eq!(keys.len() - records, 5 * 3, "{keys:?}");
+    assert_eq!(records, 5 * 3 * 6, "{keys:?}");
     for key in keys {
         // A subject's keys share one Redis Cluster hash slot.
         let tag = &key[key.find('{').expect("hash tag")..=key.find('}').expect("hash tag")];
@@ -1100,6 +1099,7 @@ async fn keys_hold_no_identity_and_all_expire() {
                 conn.zrange_withscores::<_, Vec<(String, f64)>>(&key, 0, -1)
                     .expect("ZRANGE")
             ),
+            "string" => conn.get::<_, String>(&key).expect("GET"),
             other => panic!("{key}: unexpected type {other}"),
         };
         for identity in identities {
@@ -1109,11 +1109,12 @@ async fn keys_hold_no_identity_and_all_expire() {
 }
 
 /// The commands the scripts call, which `INFO commandstats` counts too.
-const SCRIPT_COMMANDS: [&str; 10] = [
+const SCRIPT_COMMANDS: [&str; 11] = [
     "time",
     "hmget",
     "hset",
-    "hdel",
+    "get",
+    "set",
     "pexpire",
     "zadd",
     "zcount",

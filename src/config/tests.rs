@@ -126,7 +126,7 @@ fn the_product_example_parses_into_domain_values() {
     assert_eq!(redis.ca_file, None);
     assert_eq!(redis.key_prefix, "sluice");
     assert_eq!(redis.max_clock_regression, Duration::from_secs(1));
-    assert_eq!(redis.dedupe_window, Duration::from_secs(5));
+    assert_eq!(redis.dedupe_window, Duration::from_secs(1));
     assert_eq!(redis.dedupe_max, 256);
     assert_eq!(redis.breaker_failures, 5);
     assert_eq!(redis.breaker_cooldown, Duration::from_secs(1));
@@ -974,4 +974,20 @@ fn a_topology_refuses_the_keys_of_another_and_needs_its_own() {
             .any(|e| e.contains("store.nodes: `nodes` applies only to `kind: redis`")),
         "{errors:#?}"
     );
+}
+
+#[test]
+fn a_dedupe_window_shorter_than_the_budget_is_refused() {
+    let errors = parse_err(&format!(
+        "{REDIS_BASE}  url: redis://r:6379\n  budget: 2s\n  dedupe_window: 1s\n"
+    ));
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].contains("store.dedupe_window: must be at least `budget`"),
+        "{}",
+        errors[0]
+    );
+    parse_ok(&format!(
+        "{REDIS_BASE}  url: redis://r:6379\n  budget: 1s\n  dedupe_window: 1s\n"
+    ));
 }

@@ -214,11 +214,12 @@ pub fn commandstats(conn: &mut redis::Connection) -> Vec<(String, u64)> {
 
 /// The commands the scripts call: `INFO commandstats` counts them too,
 /// though sluice itself never sends them.
-pub const SCRIPT_COMMANDS: [&str; 10] = [
+pub const SCRIPT_COMMANDS: [&str; 11] = [
     "time",
     "hmget",
     "hset",
-    "hdel",
+    "get",
+    "set",
     "pexpire",
     "zadd",
     "zcount",

@@ -275,7 +275,17 @@ pub fn store(
         }
         Kind::Redis => {
             refuse_other_kind(cx, path, &raw, &MEMORY_ONLY, "memory");
-            redis(cx, path, &raw).map(|r| StoreKind::Redis(Box::new(r)))
+            let redis = redis(cx, path, &raw);
+            if let (Some(redis), Some(budget)) = (&redis, budget) {
+                if redis.dedupe_window < budget {
+                    cx.error(
+                        &path.key("dedupe_window"),
+                        At::Value,
+                        "must be at least `budget`: a retry within the budget must find its record",
+                    );
+                }
+            }
+            redis.map(|r| StoreKind::Redis(Box::new(r)))
         }
     };
     Some(Store {
@@ -386,10 +396,13 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         Duration::from_secs(1),
         check::duration,
     );
+    // A record must outlive every retry of its evaluation, and retries
+    // come within the budget of the first attempt (checked against the
+    // budget in `store`).
     let dedupe_window = cx.optional(
         &path.key("dedupe_window"),
         raw.dedupe_window.as_ref(),
-        Duration::from_secs(5),
+        Duration::from_secs(1),
         check::positive_duration,
     );
     let dedupe_max = cx.optional(

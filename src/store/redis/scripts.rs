@@ -98,11 +98,10 @@ pub struct Common {
     pub dedupe_max: u32,
 }
 
-/// The state key of one (policy, revision, subject). The hash scripts keep
-/// the applied evaluation ids in it too; the sliding log, whose state is a
-/// sorted set, keeps them in a second key, the state key and `:dec`. The
-/// braces are a Redis Cluster hash tag around the per-subject part, so both
-/// share one slot.
+/// The state key of one (policy, revision, subject): a hash, or the
+/// sliding log's sorted set. The braces are a Redis Cluster hash tag
+/// around the per-subject part, so the state and every evaluation's
+/// record (`<state>:e:<id>`, see `lua/common.lua`) share one slot.
 fn write_state_key(
     out: &mut impl Write,
     prefix: &str,
@@ -121,8 +120,9 @@ fn write_state_key(
 /// as arguments arrive cost more than formatting them.
 const CMD_BYTES: usize = 192;
 
-/// `EVALSHA sha 1 state id cost ttl_ms max_regression_us dedupe_window_ms
-/// dedupe_max bands <per band...>`; the sliding log takes `2 state dec`.
+/// `EVALSHA sha 2 state record id cost ttl_ms max_regression_us
+/// dedupe_window_ms dedupe_max bands <per band...>`, the record being
+/// `<state>:e:<id>`.
 pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
     let bands = &policy.bands;
@@ -136,9 +136,8 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
         12 + per_band * bands.len(),
         CMD_BYTES + 2 * key_bytes + 24 * per_band * bands.len(),
     );
-    cmd.arg("EVALSHA").arg(script.sha.as_str());
-    let dec = matches!(bands, Bands::SlidingLog(_));
-    cmd.arg(if dec { 2u8 } else { 1u8 });
+    cmd.arg("EVALSHA").arg(script.sha.as_str()).arg(2u8);
+    let id = hex_id(evaluation.id.0);
     // Writing into the command's own buffer cannot fail.
     let _ = write_state_key(
         &mut cmd.writer_for_next_arg(),
@@ -146,12 +145,13 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
         policy,
         evaluation.subject,
     );
-    if dec {
+    {
         let mut arg = cmd.writer_for_next_arg();
         let _ = write_state_key(&mut arg, &common.key_prefix, policy, evaluation.subject);
-        let _ = arg.write_all(b":dec");
+        let _ = arg.write_all(b":e:");
+        let _ = arg.write_all(&id);
     }
-    cmd.arg(&hex_id(evaluation.id.0)[..])
+    cmd.arg(&id[..])
         .arg(evaluation.cost)
         .arg(ceil_ms(bands.horizon() + common.ttl_grace))
         .arg(micros(common.max_clock_regression))
@@ -242,7 +242,7 @@ mod tests {
     }
 
     #[test]
-    fn hash_scripts_take_one_key_and_the_sliding_log_two_in_one_slot() {
+    fn every_script_takes_its_state_and_the_evaluation_record_in_one_slot() {
         use std::num::NonZeroU32;
 
         use crate::limit::WindowBand;
@@ -261,9 +261,9 @@ mod tests {
             dedupe_max: 256,
         };
         let scripts = Scripts::new();
-        for (bands, keys) in [
-            (Bands::FixedWindow(vec![band]), 1),
-            (Bands::SlidingLog(vec![band]), 2),
+        for bands in [
+            Bands::FixedWindow(vec![band]),
+            Bands::SlidingLog(vec![band]),
         ] {
             let policy = Policy {
                 name: "p".into(),
@@ -281,11 +281,9 @@ mod tests {
             let script = scripts.get(policy.algorithm());
             let sent = args(&evalsha(script, &common, &evaluation));
             let state = format!("sl:{{p:r:{subject}}}");
-            let mut expected = vec!["EVALSHA".to_owned(), script.sha.clone(), keys.to_string()];
+            let mut expected = vec!["EVALSHA".to_owned(), script.sha.clone(), "2".to_owned()];
             expected.push(state.clone());
-            if keys == 2 {
-                expected.push(format!("{state}:dec"));
-            }
+            expected.push(format!("{state}:e:{:032x}", 0xab));
             expected.extend(
                 [
                     &format!("{:032x}", 0xab),

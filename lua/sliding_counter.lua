@@ -101,7 +101,7 @@ local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
 if decision[1] == 1 then
   redis.call('HSET', KEYS[1], unpack(writes))
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
 end
 remember(decision)
 return reply(decision, skew)

@@ -86,7 +86,7 @@ if decision[1] == 1 then
   if newest then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', format('%d', now - widest))
   end
-  redis.call('PEXPIRE', KEYS[1], ttl_ms)
+  redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
 end
 remember(decision)
 return reply(decision, skew)

@@ -101,7 +101,7 @@ fn build_store(config: &Config) -> Result<Store, AppError> {
         StoreKind::Redis(redis) => {
             // Connects in the background: readiness turns true once Redis
             // answered and the scripts are loaded.
-            let store = RedisStore::connect(redis, &config.store)?;
+            let store = RedisStore::connect(redis, &config.store, &config.policies)?;
             let cache =
                 (redis.deny_cache_entries > 0).then(|| DenyCache::new(redis.deny_cache_entries));
             Store::Redis(store, cache)
@@ -136,6 +136,7 @@ impl Bound {
         let reloader = tokio::spawn(reload::watch(
             config.source.clone(),
             self.runtime.clone(),
+            self.store.clone(),
             self.hangup,
         ));
         // The admin listener outlives traffic so probes see the drain

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Config, StoreKind, Topology};
 use crate::runtime::{Runtime, SharedRuntime};
+use crate::store::Store;
 use crate::subject::PseudonymKey;
 use crate::telemetry;
 
@@ -25,6 +26,7 @@ pub const POLL_EVERY: Duration = Duration::from_secs(1);
 pub async fn watch(
     path: PathBuf,
     runtime: SharedRuntime,
+    store: Arc<Store>,
     mut hangup: Option<tokio::signal::unix::Signal>,
 ) {
     let mut last = digest_of(&path).await;
@@ -42,11 +44,16 @@ pub async fn watch(
         // Remember what was tried, good or bad, so a bad file is reported
         // once rather than every second.
         last = now;
-        reload(
+        let applied = reload(
             &path,
             &runtime,
             if forced { "signal" } else { "file change" },
         );
+        // The Redis store loads the scripts of policies it has not seen,
+        // so their first requests need no NOSCRIPT round.
+        if let (true, Store::Redis(redis, _)) = (applied, &*store) {
+            redis.learn(&runtime.load().config.policies);
+        }
     }
 }
 

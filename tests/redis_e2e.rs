@@ -466,3 +466,38 @@ async fn a_redis_user_that_may_not_eval_limits_exactly() {
         assert_eq!(upstream.count(), 5 * (i + 1), "{a}");
     }
 }
+
+/// A policy a reload adds is compiled and its script loaded as the new
+/// configuration takes over: its first requests need no NOSCRIPT round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_added_by_a_reload_is_loaded_before_its_first_request() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let one = "  fw: { algorithm: fixed-window, limit: 5, window: 1h }\n";
+    let route = "  - { name: fw, match: { path_prefix: /fw }, subject: client_ip, policy: fw }\n";
+    let sluice = start_ready(&yaml(&upstream, &redis.url(), one, route)).await;
+    assert_eq!(get(sluice.addr(), "/fw", &[]).await.0, StatusCode::OK);
+    let loads = |text: &str| metric(text, "sluice_store_script_loads_total", &[]).unwrap_or(0.0);
+    let before = loads(&scrape(admin(&sluice)).await);
+
+    let two = format!("{one}  gc: {{ algorithm: gcra, limit: 7, window: 1h }}\n");
+    let routes = format!(
+        "{route}  - {{ name: gc, match: {{ path_prefix: /gc }}, subject: client_ip, policy: gc }}\n"
+    );
+    std::fs::write(
+        sluice.config_path(),
+        yaml(&upstream, &redis.url(), &two, &routes),
+    )
+    .expect("rewrite the file");
+    sluice.signal("HUP");
+    support::eventually(Duration::from_secs(5), || async {
+        (loads(&scrape(admin(&sluice)).await) > before).then_some(())
+    })
+    .await;
+    assert_eq!(get(sluice.addr(), "/gc", &[]).await.0, StatusCode::OK);
+    let text = scrape(admin(&sluice)).await;
+    let noscript =
+        metric(&text, "sluice_store_events_total", &[("kind", "noscript")]).unwrap_or(0.0);
+    assert_eq!(noscript, 0.0, "the new policy's first request met NOSCRIPT");
+}

@@ -56,7 +56,7 @@ fn store_config(redis: &config::RedisStore, budget: Duration) -> config::Store {
 }
 
 async fn connect_with(redis: config::RedisStore, budget: Duration) -> RedisStore {
-    let store = RedisStore::connect(&redis, &store_config(&redis, budget)).expect("connect");
+    let store = RedisStore::connect(&redis, &store_config(&redis, budget), &[]).expect("connect");
     wait_ready(&store).await;
     store
 }
@@ -767,6 +767,10 @@ async fn a_lost_reply_is_retried_once_and_charged_once() {
         let policy = policy(name, bands);
         let subject = subject(name);
         let key = state_key(&policy, &subject);
+        // The policy's script is loaded by its first evaluation (another
+        // subject's), so the reply dropped next is a decision's.
+        let warm = eval(&store, &policy, &self::subject(&format!("warm-{name}")), 1).await;
+        assert!(allowed(&warm), "{name}: {warm:?}");
         relay.armed.store(true, Ordering::SeqCst);
         let outcome = eval(&store, &policy, &subject, 2).await;
         assert_eq!(relay.dropped.load(Ordering::SeqCst), round + 1, "{name}");
@@ -963,7 +967,7 @@ async fn corrupt_state_and_bad_costs_are_incompatible() {
 async fn readiness_waits_for_redis_and_the_scripts() {
     let port = support::free_port();
     let config = redis_config(format!("redis://127.0.0.1:{port}"));
-    let store = RedisStore::connect(&config, &store_config(&config, BUDGET)).expect("connect");
+    let store = RedisStore::connect(&config, &store_config(&config, BUDGET), &[]).expect("connect");
     tokio::time::sleep(ms(300)).await;
     assert!(!store.ready(), "ready with no Redis");
     let policy = policy("ready", Bands::FixedWindow(vec![window(5, 3_600_000)]));
@@ -1049,7 +1053,7 @@ async fn limits_over_tls_with_a_private_ca() {
     // Without the CA the server is not trusted: nothing is sent.
     let untrusting = redis_config(server.url());
     let store =
-        RedisStore::connect(&untrusting, &store_config(&untrusting, BUDGET)).expect("connect");
+        RedisStore::connect(&untrusting, &store_config(&untrusting, BUDGET), &[]).expect("connect");
     assert_eq!(
         eval(&store, &policy, &subject, 1).await,
         Outcome::Unavailable(Unavailable::BeforeSend)
@@ -1129,11 +1133,16 @@ async fn one_evalsha_per_decision() {
     let server = RedisServer::start();
     let store = connect(&server).await;
     let mut conn = server.connection();
+    let policy = policy("cost", Bands::Gcra(vec![gcra(1000, 1000, 1000)]));
+    // A policy the store was not given at start: its first evaluation
+    // loads its script (NOSCRIPT, SCRIPT LOAD, EVALSHA). Counted after it.
+    assert!(allowed(
+        &eval(&store, &policy, &subject("cost-warm"), 1).await
+    ));
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut conn)
         .expect("RESETSTAT");
-    let policy = policy("cost", Bands::Gcra(vec![gcra(1000, 1000, 1000)]));
     for i in 0..200 {
         let outcome = eval(&store, &policy, &subject(&format!("cost-{}", i % 7)), 1).await;
         assert!(allowed(&outcome), "{outcome:?}");

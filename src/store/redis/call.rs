@@ -292,8 +292,11 @@ impl Inner {
         let mut stage = Stage::Waiting;
         let checkout = self.lanes.acquire(&mut stage).await?;
         let mut conn = checkout.conn.clone();
+        // The probe's script too: readiness then proves the ACL lets
+        // sluice load and run scripts, whatever the configuration holds.
+        self.scripts.get(&self.probe.policy);
         for script in self.scripts.all() {
-            if let Err(e) = self.load_everywhere(script, &mut conn).await {
+            if let Err(e) = self.load_everywhere(&script, &mut conn).await {
                 if broken_connection(&e) {
                     self.lanes.retire(&checkout);
                 }

@@ -72,7 +72,6 @@ struct Inner {
     budget: Duration,
     lanes: Lanes,
     scripts: Scripts,
-    common: Common,
     breaker: Breaker,
     /// Redis answered and every script is loaded (readiness).
     prepared: AtomicBool,
@@ -83,9 +82,13 @@ impl RedisStore {
     /// Builds the pool and starts connecting in the background: Redis need
     /// not be up yet. [`RedisStore::ready`] turns true once Redis answered
     /// and every script is loaded.
+    /// `policies`' scripts are made now and loaded with the connection;
+    /// a policy first seen later gets its script on first use
+    /// ([`RedisStore::learn`] loads a reloaded configuration's ahead).
     pub fn connect(
         redis: &config::RedisStore,
         store: &config::Store,
+        policies: &[Arc<Policy>],
     ) -> Result<RedisStore, RedisSetupError> {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
@@ -93,18 +96,19 @@ impl RedisStore {
             probe: Probe::new(),
             budget: store.budget,
             lanes: Lanes::new(redis, store)?,
-            scripts: Scripts::new(),
-            common: Common {
+            scripts: Scripts::new(Common {
                 key_prefix: redis.key_prefix.clone(),
                 ttl_grace: store.ttl_grace,
                 max_clock_regression: redis.max_clock_regression,
                 dedupe_window: redis.dedupe_window,
-                dedupe_max: redis.dedupe_max,
-            },
+            }),
             breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
             prepared: AtomicBool::new(false),
             stats: RedisStats::default(),
         });
+        for policy in policies {
+            inner.scripts.get(policy);
+        }
         runtime.spawn(prepare(Arc::downgrade(&inner)));
         runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
         Ok(RedisStore { inner })
@@ -112,6 +116,32 @@ impl RedisStore {
 
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         self.inner.evaluate(evaluation).await
+    }
+
+    /// Makes the scripts of `policies` (a configuration just loaded) and
+    /// loads those not seen before, in the background: their first
+    /// requests then need no `NOSCRIPT` round.
+    pub fn learn(&self, policies: &[Arc<Policy>]) {
+        let new: Vec<Arc<Policy>> = policies
+            .iter()
+            .filter(|p| !self.inner.scripts.has(p))
+            .cloned()
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        for policy in &new {
+            self.inner.scripts.get(policy);
+        }
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            if let Some(store) = inner.upgrade() {
+                let loaded = tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await;
+                if !matches!(loaded, Ok(Ok(()))) {
+                    tracing::debug!("redis: new policies' scripts load on first use");
+                }
+            }
+        });
     }
 
     /// Redis answered, the scripts are loaded, and the breaker is closed:
@@ -138,10 +168,10 @@ impl Inner {
             RedisStats::bump(&inner.stats.breaker_rejected);
             return Outcome::Unavailable(Unavailable::AdmissionRejected);
         };
-        let script = inner.scripts.get(policy.algorithm());
+        let script = inner.scripts.get(policy);
         let request = Request {
-            script,
-            cmd: scripts::evalsha(script, &inner.common, evaluation),
+            script: &script,
+            cmd: scripts::evalsha(&script, inner.scripts.common(), evaluation),
             bands: policy.bands.len(),
             approximate: !policy.algorithm().is_exact(),
             deadline: evaluation.deadline,

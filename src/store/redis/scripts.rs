@@ -1,7 +1,18 @@
-//! The Lua scripts (one per algorithm, `lua/`) and the one command that
-//! runs them: `EVALSHA` with the keys and arguments `lua/README.md` states.
+//! The Lua scripts (one per algorithm, `lua/`), compiled once per policy,
+//! and the one command that runs them: `EVALSHA` with the keys and the two
+//! arguments `lua/README.md` states.
+//!
+//! A policy's numbers (its bands, its TTL) and the store's (the clock bound,
+//! the de-duplication window) are written into the policy's copy of its
+//! algorithm's script as Lua literals: converting them from arguments on
+//! every call was the largest part of a script's cost. Each distinct
+//! revision gets its own script and SHA-1, made the first time the policy
+//! is seen.
 
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::io::Write;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use redis::{Cmd, RedisWrite};
@@ -11,11 +22,12 @@ use crate::subject::Pseudonym;
 
 use crate::store::Evaluation;
 
-/// One embedded script and its SHA-1, computed here so sluice never needs
+/// One policy's script and its SHA-1, computed here so sluice never needs
 /// `EVAL` (which a least-privilege Redis user may not run).
 pub struct Script {
     pub algorithm: Algorithm,
-    /// The algorithm's file with `lua/common.lua` spliced in.
+    /// The algorithm's file with the policy's numbers and `lua/common.lua`
+    /// spliced in.
     pub source: String,
     pub sha: String,
 }
@@ -25,10 +37,15 @@ const COMMON_AT: &str = "-- @common (lua/common.lua is spliced in here)\n";
 const COMMON: &str = include_str!("../../../lua/common.lua");
 
 impl Script {
-    fn new(algorithm: Algorithm, file: &'static str) -> Script {
+    /// The script `policy` runs with on a store configured as `common`.
+    pub fn for_policy(policy: &Policy, common: &Common) -> Script {
+        let algorithm = policy.algorithm();
+        let file = source(algorithm);
+        let mut spliced = literals(policy, common);
+        spliced.push_str(COMMON);
         // Every embedded file has the marker once (a unit test checks); a
         // file without it would be sent as is and fail its own tests.
-        let source = file.replacen(COMMON_AT, COMMON, 1);
+        let source = file.replacen(COMMON_AT, &spliced, 1);
         Script {
             algorithm,
             sha: redis::Script::new(&source).get_hash().to_owned(),
@@ -43,8 +60,107 @@ impl Script {
     }
 }
 
-pub struct Scripts([Script; 5]);
+/// The `P_` locals `lua/common.lua` reads, as Lua literals. Integers are
+/// written with `%d`-exact digits (every one is below 2^53, checked when
+/// the configuration loaded); the TTL and window also as strings, passed
+/// to Redis as they are.
+fn literals(policy: &Policy, common: &Common) -> String {
+    let bands = &policy.bands;
+    let ttl = ceil_ms(bands.horizon() + common.ttl_grace);
+    let mut out = String::with_capacity(256);
+    // Writing into a String cannot fail.
+    let _ = writeln!(out, "local P_TTL_MS, P_TTL_TEXT = {ttl}, '{ttl}'");
+    let _ = writeln!(
+        out,
+        "local P_MAX_REGRESSION_US = {}",
+        micros(common.max_clock_regression)
+    );
+    let _ = writeln!(
+        out,
+        "local P_DEDUPE_WINDOW_TEXT = '{}'",
+        ceil_ms(common.dedupe_window)
+    );
+    let _ = writeln!(out, "local P_BANDS = {}", bands.len());
+    let mut args: Vec<u64> = Vec::new();
+    match bands {
+        Bands::FixedWindow(b) | Bands::SlidingCounter(b) | Bands::SlidingLog(b) => {
+            for band in b {
+                args.extend([u64::from(band.limit.get()), micros(band.window)]);
+            }
+        }
+        Bands::TokenBucket(b) => {
+            for band in b {
+                args.extend([
+                    u64::from(band.capacity.get()),
+                    u64::from(band.refill_tokens.get()),
+                    micros(band.refill_every),
+                ]);
+            }
+        }
+        Bands::Gcra(b) => {
+            for band in b {
+                args.extend([
+                    u64::from(band.limit.get()),
+                    micros(band.window),
+                    u64::from(band.burst.get()),
+                ]);
+            }
+        }
+    }
+    let list: Vec<String> = args.iter().map(u64::to_string).collect();
+    let _ = writeln!(out, "local P_BAND_ARGS = {{{}}}", list.join(", "));
+    out
+}
 
+/// Every policy's script this store has seen, by its bands (which name the
+/// algorithm): all a script depends on besides the store's own settings.
+/// Not by revision: a revision written in the file may be shared by
+/// policies whose bands differ (to keep counters across a change), and
+/// each must still run its own numbers.
+pub struct Scripts {
+    common: Common,
+    by_bands: RwLock<HashMap<Bands, Arc<Script>>>,
+}
+
+impl Scripts {
+    pub fn new(common: Common) -> Scripts {
+        Scripts {
+            common,
+            by_bands: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub fn common(&self) -> &Common {
+        &self.common
+    }
+
+    /// `policy`'s script, made on first use.
+    pub fn get(&self, policy: &Policy) -> Arc<Script> {
+        if let Some(script) = self.read().get(&policy.bands) {
+            return script.clone();
+        }
+        let script = Arc::new(Script::for_policy(policy, &self.common));
+        let mut map = self.by_bands.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(policy.bands.clone()).or_insert(script).clone()
+    }
+
+    pub fn has(&self, policy: &Policy) -> bool {
+        self.read().contains_key(&policy.bands)
+    }
+
+    /// Every script made so far (to load them all).
+    pub fn all(&self) -> Vec<Arc<Script>> {
+        self.read().values().cloned().collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Bands, Arc<Script>>> {
+        // Entries are inserted whole and never changed: a poisoned lock
+        // still holds a usable map.
+        self.by_bands.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
 pub const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::FixedWindow,
     Algorithm::SlidingCounter,
@@ -52,31 +168,6 @@ pub const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::TokenBucket,
     Algorithm::Gcra,
 ];
-
-impl Scripts {
-    pub fn new() -> Scripts {
-        Scripts(ALGORITHMS.map(|a| Script::new(a, source(a))))
-    }
-
-    pub fn get(&self, algorithm: Algorithm) -> &Script {
-        // ALGORITHMS lists every variant once, in this order.
-        &self.0[index(algorithm)]
-    }
-
-    pub fn all(&self) -> &[Script] {
-        &self.0
-    }
-}
-
-fn index(algorithm: Algorithm) -> usize {
-    match algorithm {
-        Algorithm::FixedWindow => 0,
-        Algorithm::SlidingCounter => 1,
-        Algorithm::SlidingLog => 2,
-        Algorithm::TokenBucket => 3,
-        Algorithm::Gcra => 4,
-    }
-}
 
 pub fn source(algorithm: Algorithm) -> &'static str {
     match algorithm {
@@ -95,7 +186,6 @@ pub struct Common {
     pub ttl_grace: Duration,
     pub max_clock_regression: Duration,
     pub dedupe_window: Duration,
-    pub dedupe_max: u32,
 }
 
 /// The state key of one (policy, revision, subject): a hash, or the
@@ -120,22 +210,13 @@ fn write_state_key(
 /// as arguments arrive cost more than formatting them.
 const CMD_BYTES: usize = 192;
 
-/// `EVALSHA sha 2 state record id cost ttl_ms max_regression_us
-/// dedupe_window_ms dedupe_max bands <per band...>`, the record being
+/// `EVALSHA sha 2 state record id cost`, the record being
 /// `<state>:e:<id>`.
 pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
-    let bands = &policy.bands;
-    let per_band = match bands {
-        Bands::FixedWindow(_) | Bands::SlidingCounter(_) | Bands::SlidingLog(_) => 2,
-        Bands::TokenBucket(_) | Bands::Gcra(_) => 3,
-    };
     // The key's length without the subject, which displays in under 64.
     let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
-    let mut cmd = Cmd::with_capacity(
-        12 + per_band * bands.len(),
-        CMD_BYTES + 2 * key_bytes + 24 * per_band * bands.len(),
-    );
+    let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
     cmd.arg("EVALSHA").arg(script.sha.as_str()).arg(2u8);
     let id = hex_id(evaluation.id.0);
     // Writing into the command's own buffer cannot fail.
@@ -151,34 +232,7 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
         let _ = arg.write_all(b":e:");
         let _ = arg.write_all(&id);
     }
-    cmd.arg(&id[..])
-        .arg(evaluation.cost)
-        .arg(ceil_ms(bands.horizon() + common.ttl_grace))
-        .arg(micros(common.max_clock_regression))
-        .arg(ceil_ms(common.dedupe_window))
-        .arg(common.dedupe_max)
-        .arg(bands.len());
-    match bands {
-        Bands::FixedWindow(b) | Bands::SlidingCounter(b) | Bands::SlidingLog(b) => {
-            for band in b {
-                cmd.arg(band.limit.get()).arg(micros(band.window));
-            }
-        }
-        Bands::TokenBucket(b) => {
-            for band in b {
-                cmd.arg(band.capacity.get())
-                    .arg(band.refill_tokens.get())
-                    .arg(micros(band.refill_every));
-            }
-        }
-        Bands::Gcra(b) => {
-            for band in b {
-                cmd.arg(band.limit.get())
-                    .arg(micros(band.window))
-                    .arg(band.burst.get());
-            }
-        }
-    }
+    cmd.arg(&id[..]).arg(evaluation.cost);
     cmd
 }
 
@@ -202,8 +256,61 @@ fn ceil_ms(d: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU32;
+
     use super::*;
+    use crate::limit::{BucketBand, GcraBand, WindowBand};
     use crate::store::EvaluationId;
+    use crate::subject::PseudonymKey;
+
+    fn nz(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).expect("non-zero")
+    }
+
+    fn common() -> Common {
+        Common {
+            key_prefix: "sl".to_owned(),
+            ttl_grace: Duration::from_secs(1),
+            max_clock_regression: Duration::from_millis(250),
+            dedupe_window: Duration::from_secs(5),
+        }
+    }
+
+    fn window(limit: u32, secs: u64) -> WindowBand {
+        WindowBand {
+            limit: nz(limit),
+            window: Duration::from_secs(secs),
+        }
+    }
+
+    /// One policy per algorithm, each revision distinct.
+    fn policies() -> Vec<Policy> {
+        let bands = [
+            Bands::FixedWindow(vec![window(5, 1), window(100, 60)]),
+            Bands::SlidingCounter(vec![window(5, 1)]),
+            Bands::SlidingLog(vec![window(5, 1)]),
+            Bands::TokenBucket(vec![BucketBand {
+                capacity: nz(5),
+                refill_tokens: nz(1),
+                refill_every: Duration::from_secs(2),
+            }]),
+            Bands::Gcra(vec![GcraBand {
+                limit: nz(60),
+                window: Duration::from_secs(60),
+                burst: nz(10),
+            }]),
+        ];
+        bands
+            .into_iter()
+            .enumerate()
+            .map(|(i, bands)| Policy {
+                name: format!("p{i}").into(),
+                revision: format!("r{i}").into(),
+                bands,
+                shadow: false,
+            })
+            .collect()
+    }
 
     #[test]
     fn every_script_starts_with_a_shebang_and_carries_the_common_part() {
@@ -211,25 +318,62 @@ mod tests {
             let file = source(algorithm);
             assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
         }
-        for script in Scripts::new().all() {
+        for policy in policies() {
+            let script = Script::for_policy(&policy, &common());
             let name = script.algorithm.name();
             assert!(script.source.starts_with("#!lua\n"), "{name}");
             assert!(script.source.contains(COMMON), "{name}");
             assert!(!script.source.contains(COMMON_AT), "{name}");
             assert!(!script.source.contains("EVAL"), "scripts never nest EVAL");
+            assert_eq!(script.sha.len(), 40);
         }
     }
 
     #[test]
-    fn scripts_are_distinct_and_indexed_by_algorithm() {
-        let scripts = Scripts::new();
-        for a in ALGORITHMS {
-            assert_eq!(scripts.get(a).algorithm, a);
-            assert_eq!(scripts.get(a).sha.len(), 40);
+    fn a_policy_s_numbers_are_compiled_into_its_script() {
+        let policies = policies();
+        let fixed = Script::for_policy(&policies[0], &common());
+        // TTL: horizon 60 s + grace 1 s; both bands, limit then window µs.
+        for line in [
+            "local P_TTL_MS, P_TTL_TEXT = 61000, '61000'",
+            "local P_MAX_REGRESSION_US = 250000",
+            "local P_DEDUPE_WINDOW_TEXT = '5000'",
+            "local P_BANDS = 2",
+            "local P_BAND_ARGS = {5, 1000000, 100, 60000000}",
+        ] {
+            assert!(fixed.source.contains(line), "{line} not in the script");
         }
-        let mut shas: Vec<_> = scripts.all().iter().map(|s| &s.sha).collect();
+        let gcra = Script::for_policy(&policies[4], &common());
+        assert!(gcra
+            .source
+            .contains("local P_BAND_ARGS = {60, 60000000, 10}"));
+        // Another store setting is another script.
+        let other = Common {
+            dedupe_window: Duration::from_secs(1),
+            ..common()
+        };
+        assert_ne!(Script::for_policy(&policies[0], &other).sha, fixed.sha);
+    }
+
+    #[test]
+    fn scripts_are_made_once_per_bands_whatever_the_revision() {
+        let scripts = Scripts::new(common());
+        let policies = policies();
+        let first = scripts.get(&policies[0]);
+        assert!(Arc::ptr_eq(&first, &scripts.get(&policies[0])));
+        assert!(scripts.has(&policies[0]) && !scripts.has(&policies[1]));
+        for p in &policies {
+            assert_eq!(scripts.get(p).algorithm, p.algorithm());
+        }
+        let mut shas: Vec<String> = scripts.all().iter().map(|s| s.sha.clone()).collect();
+        shas.sort();
         shas.dedup();
         assert_eq!(shas.len(), 5);
+        // One revision written for two sets of bands: two scripts.
+        let mut changed = policies[0].clone();
+        changed.bands = Bands::FixedWindow(vec![window(7, 1)]);
+        assert_eq!(changed.revision, policies[0].revision);
+        assert_ne!(scripts.get(&changed).sha, first.sha);
     }
 
     fn args(cmd: &Cmd) -> Vec<String> {
@@ -242,35 +386,10 @@ mod tests {
     }
 
     #[test]
-    fn every_script_takes_its_state_and_the_evaluation_record_in_one_slot() {
-        use std::num::NonZeroU32;
-
-        use crate::limit::WindowBand;
-        use crate::subject::PseudonymKey;
-
-        let band = WindowBand {
-            limit: NonZeroU32::new(5).expect("non-zero"),
-            window: Duration::from_secs(1),
-        };
+    fn every_call_sends_its_state_its_record_the_id_and_the_cost() {
         let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
-        let common = Common {
-            key_prefix: "sl".to_owned(),
-            ttl_grace: Duration::from_secs(1),
-            max_clock_regression: Duration::from_millis(250),
-            dedupe_window: Duration::from_secs(5),
-            dedupe_max: 256,
-        };
-        let scripts = Scripts::new();
-        for bands in [
-            Bands::FixedWindow(vec![band]),
-            Bands::SlidingLog(vec![band]),
-        ] {
-            let policy = Policy {
-                name: "p".into(),
-                revision: "r".into(),
-                bands,
-                shadow: false,
-            };
+        for policy in policies() {
+            let script = Script::for_policy(&policy, &common());
             let evaluation = Evaluation {
                 policy: &policy,
                 subject: &subject,
@@ -278,27 +397,21 @@ mod tests {
                 deadline: tokio::time::Instant::now(),
                 id: EvaluationId(0xab),
             };
-            let script = scripts.get(policy.algorithm());
-            let sent = args(&evalsha(script, &common, &evaluation));
-            let state = format!("sl:{{p:r:{subject}}}");
-            let mut expected = vec!["EVALSHA".to_owned(), script.sha.clone(), "2".to_owned()];
-            expected.push(state.clone());
-            expected.push(format!("{state}:e:{:032x}", 0xab));
-            expected.extend(
+            let sent = args(&evalsha(&script, &common(), &evaluation));
+            let state = format!("sl:{{{}:{}:{subject}}}", policy.name, policy.revision);
+            let id = format!("{:032x}", 0xab);
+            assert_eq!(
+                sent,
                 [
-                    &format!("{:032x}", 0xab),
-                    "2",
-                    "2000",
-                    "250000",
-                    "5000",
-                    "256",
-                    "1",
-                    "5",
-                    "1000000",
+                    "EVALSHA".to_owned(),
+                    script.sha.clone(),
+                    "2".to_owned(),
+                    state.clone(),
+                    format!("{state}:e:{id}"),
+                    id,
+                    "2".to_owned(),
                 ]
-                .map(str::to_owned),
             );
-            assert_eq!(sent, expected);
         }
     }
 

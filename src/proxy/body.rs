@@ -39,6 +39,13 @@ where
 #[error("no request body data for {0:?}")]
 pub struct BodyIdleTimeout(pub Duration);
 
+/// The client's own request body broke (an invalid chunk, a body shorter
+/// than its `Content-Length`, the client gone): the client's fault, never
+/// the app's (answered 400, not 502).
+#[derive(Debug, thiserror::Error)]
+#[error("the request body was malformed or cut short: {0}")]
+pub struct ClientBodyError(#[source] pub BoxError);
+
 pin_project! {
     /// Fails the body when no frame arrives within `timeout` of being asked
     /// for. The clock starts when a poll finds nothing ready, not when the
@@ -81,7 +88,7 @@ where
         match this.inner.poll_frame(cx) {
             Poll::Ready(frame) => {
                 *this.waiting = false;
-                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+                Poll::Ready(frame.map(|f| f.map_err(|e| ClientBodyError(e.into()).into())))
             }
             Poll::Pending => {
                 if !*this.waiting {

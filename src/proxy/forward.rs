@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::{self, Config};
 
-use super::body::{self, Body, BodyIdleTimeout, IdleTimeout};
+use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
 use super::respond;
 use super::upgrade::Tunnels;
@@ -83,6 +83,9 @@ pub(super) async fn forward(
         peer: conn.peer.ip(),
         tls: conn.tls,
     };
+    if parts.version == Version::HTTP_2 {
+        headers::join_cookies(&mut parts.headers);
+    }
     headers::prepare_request(&mut parts.headers, host, forwarded, upgrade);
     parts.uri = uri;
     parts.version = Version::HTTP_11;
@@ -148,6 +151,10 @@ fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
     if caused_by::<BodyIdleTimeout>(error) {
         tracing::debug!("request body stalled");
         return respond::request_timeout();
+    }
+    if caused_by::<ClientBodyError>(error) {
+        tracing::debug!(error = %chain(error), "request body broken");
+        return respond::broken_request_body();
     }
     if error.is_connect() {
         tracing::debug!(error = %chain(error), "upstream unreachable");

@@ -10,8 +10,8 @@ use std::io::Write as _;
 use std::net::IpAddr;
 
 use http::header::{
-    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHENTICATE,
-    PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, HOST,
+    PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 use http::{Method, Uri, Version};
 
@@ -67,6 +67,14 @@ pub enum Invalid {
     /// `CONNECT` asks for a tunnel to anywhere; a reverse proxy in front of
     /// one application has none to offer (501, RFC 9110 §9.1).
     Connect,
+    /// A `Host` that is no `host[:port]` (RFC 9110 §7.2): empty, with
+    /// spaces, a path, user info, an unclosed IPv6 bracket, a port above
+    /// 65535.
+    BadHost,
+    /// A request-target in authority form (`app:80`, only for CONNECT) or
+    /// otherwise neither origin form (`/path`), absolute form
+    /// (`http://host/path`) nor `*`.
+    RequestTarget,
     /// A method with lower-case letters: methods are case-sensitive (RFC
     /// 9110 §9.1), yet many apps upper-case them (nginx refuses them too).
     MethodCase,
@@ -94,6 +102,8 @@ impl Invalid {
             Invalid::ConnectionNamesIdentity(_) => "connection_names_identity",
             Invalid::Connect => "connect",
             Invalid::MethodCase => "method_case",
+            Invalid::BadHost => "bad_host",
+            Invalid::RequestTarget => "request_target",
             Invalid::Path(error) => error.label(),
             Invalid::DuplicateIdentity(_) => "duplicate_identity",
             Invalid::ForwardedFor => "forwarded_for",
@@ -112,6 +122,8 @@ impl Invalid {
             }
             Invalid::Connect => "CONNECT is not supported",
             Invalid::MethodCase => "the method has lower-case letters",
+            Invalid::BadHost => "Host is not a valid host[:port]",
+            Invalid::RequestTarget => "the request-target is neither a path nor an absolute URL",
             Invalid::Path(error) => error.reason(),
             Invalid::DuplicateIdentity(_) => {
                 "a header that identifies the client is sent more than once"
@@ -141,6 +153,21 @@ pub fn check_head(
     if hosts.next().is_some() {
         return Err(Invalid::DuplicateHost);
     }
+    if let Some(host) = host {
+        if !valid_host(host.as_bytes()) {
+            return Err(Invalid::BadHost);
+        }
+    }
+    // Origin form, absolute form (with a valid host) or `*`; authority
+    // form is CONNECT's alone, refused above.
+    let origin = uri.scheme().is_none() && uri.authority().is_none();
+    let absolute = uri.scheme().is_some()
+        && uri
+            .authority()
+            .is_some_and(|a| valid_host(a.as_str().as_bytes()));
+    if !(origin || absolute) {
+        return Err(Invalid::RequestTarget);
+    }
     match version {
         Version::HTTP_09 | Version::HTTP_10 => {}
         Version::HTTP_11 => {
@@ -163,6 +190,89 @@ pub fn check_head(
         },
     }
     check_transfer_coding(headers)
+}
+
+/// `host [ ":" port ]` as RFC 9110 §7.2 allows it: a reg-name of
+/// unreserved, sub-delimiter and percent characters, an IPv4 address, or an
+/// IPv6 literal in brackets; a port of at most 65535. Never empty, never
+/// user info.
+fn valid_host(value: &[u8]) -> bool {
+    let (host, port) = match value.strip_prefix(b"[") {
+        Some(rest) => {
+            let Some(end) = rest.iter().position(|b| *b == b']') else {
+                return false;
+            };
+            let literal = &rest[..end];
+            let valid_literal = std::str::from_utf8(literal)
+                .ok()
+                .is_some_and(|s| s.parse::<std::net::Ipv6Addr>().is_ok());
+            if !valid_literal {
+                return false;
+            }
+            match &rest[end + 1..] {
+                [] => (&b"v6"[..], None),
+                [b':', port @ ..] => (&b"v6"[..], Some(port)),
+                _ => return false,
+            }
+        }
+        None => match value.iter().rposition(|b| *b == b':') {
+            Some(i) => (&value[..i], Some(&value[i + 1..])),
+            None => (value, None),
+        },
+    };
+    let host_ok = !host.is_empty()
+        && host.iter().all(|&b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'.'
+                        | b'_'
+                        | b'~'
+                        | b'!'
+                        | b'$'
+                        | b'&'
+                        | b'\''
+                        | b'('
+                        | b')'
+                        | b'*'
+                        | b'+'
+                        | b','
+                        | b';'
+                        | b'='
+                        | b'%'
+                )
+        });
+    let port_ok = match port {
+        None => true,
+        // An empty port is allowed by the grammar (`host:`).
+        Some([]) => true,
+        Some(digits) => {
+            digits.len() <= 5
+                && digits.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| d.parse::<u32>().ok())
+                    .is_some_and(|p| p <= 65_535)
+        }
+    };
+    host_ok && port_ok
+}
+
+/// HTTP/2 may split `Cookie` into one field per pair (RFC 9113 §8.2.3); an
+/// HTTP/1.1 app expects one line, the pairs joined with `; `.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(COOKIE).iter();
+    let (Some(_), Some(_)) = (values.next(), values.next()) else {
+        return;
+    };
+    let joined: Vec<&[u8]> = headers
+        .get_all(COOKIE)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if let Ok(value) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+        headers.insert(COOKIE, value);
+    }
 }
 
 fn check_transfer_coding(headers: &HeaderMap) -> Result<(), Invalid> {

@@ -214,6 +214,28 @@ pub fn not_implemented(reason: &str) -> Response<Body> {
     problem(StatusCode::NOT_IMPLEMENTED, reason, None, None)
 }
 
+/// A refusal after which the connection's framing cannot be trusted: the
+/// request's end is unknown, so nothing after it on the connection is
+/// read (RFC 9112 §6.1, §6.3). HTTP/2 drops the field: its framing is the
+/// stream's own.
+pub fn closing(mut response: Response<Body>) -> Response<Body> {
+    response
+        .headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// 400: the client's request body broke part way (an invalid chunk, fewer
+/// bytes than its `Content-Length`). The client's fault, not the app's.
+pub fn broken_request_body() -> Response<Body> {
+    closing(problem(
+        StatusCode::BAD_REQUEST,
+        "the request body was malformed or cut short",
+        None,
+        None,
+    ))
+}
+
 /// 408: the client stopped sending its request body.
 pub fn request_timeout() -> Response<Body> {
     let mut response = problem(

@@ -327,7 +327,11 @@ fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
     telemetry::request_refused(invalid.label());
     match invalid {
-        Invalid::TransferCoding | Invalid::Connect => respond::not_implemented(invalid.reason()),
+        Invalid::TransferCoding => respond::closing(respond::not_implemented(invalid.reason())),
+        Invalid::Connect => respond::not_implemented(invalid.reason()),
+        Invalid::BadHost | Invalid::RequestTarget => {
+            respond::closing(respond::bad_request(invalid.reason()))
+        }
         Invalid::MissingHost
         | Invalid::DuplicateHost
         | Invalid::HostMismatch

@@ -392,3 +392,71 @@ fn peer_addresses_are_written_as_display_writes_them() {
         assert_eq!(ip_text(ip, &mut buf), ip.to_string().as_bytes(), "{ip}");
     }
 }
+
+#[test]
+fn hosts_must_be_host_and_port() {
+    let v = Version::HTTP_11;
+    for good in [
+        "app.test",
+        "app.test:8080",
+        "127.0.0.1",
+        "127.0.0.1:80",
+        "[::1]",
+        "[2001:db8::1]:443",
+        "xn--bcher-kva.example",
+        "app:",
+    ] {
+        assert_eq!(
+            check_head(&Method::GET, v, &origin(), &headers(&[("host", good)])),
+            Ok(()),
+            "{good}"
+        );
+    }
+    for bad in [
+        "",
+        "a b",
+        "app/x",
+        "[::1",
+        "[::1]x",
+        "[nonsense]",
+        "app:99999",
+        "app:8o",
+        "u@app",
+        "app:80:80",
+    ] {
+        assert_eq!(
+            check_head(&Method::GET, v, &origin(), &headers(&[("host", bad)])),
+            Err(Invalid::BadHost),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn request_targets_are_origin_or_absolute_form() {
+    let h = headers(&[("host", "a")]);
+    let v = Version::HTTP_11;
+    for ok in ["/x", "*", "http://app.test/x", "http://app.test:80"] {
+        let uri: Uri = ok.parse().unwrap();
+        assert_eq!(check_head(&Method::GET, v, &uri, &h), Ok(()), "{ok}");
+    }
+    for bad in ["app:80", "app.test"] {
+        let uri: Uri = bad.parse().unwrap();
+        assert_eq!(
+            check_head(&Method::POST, v, &uri, &h),
+            Err(Invalid::RequestTarget),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn http2_cookie_fields_become_one_line() {
+    let mut h = headers(&[("cookie", "a=1"), ("cookie", "b=2"), ("cookie", "c=3")]);
+    join_cookies(&mut h);
+    assert_eq!(h.get_all("cookie").iter().count(), 1);
+    assert_eq!(h["cookie"], "a=1; b=2; c=3");
+    let mut one = headers(&[("cookie", "a=1")]);
+    join_cookies(&mut one);
+    assert_eq!(one["cookie"], "a=1");
+}

@@ -5,16 +5,17 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::runtime::SharedRuntime;
+use crate::server::accept::AcceptErrors;
 use crate::store::Store;
 
 /// What `/readyz` looks at.
@@ -53,14 +54,24 @@ impl Health {
     }
 }
 
-pub async fn serve(listener: TcpListener, health: Arc<Health>, shutdown: impl Future<Output = ()>) {
+/// Serves the admin endpoints on `listener` until `shutdown`. HTTP/1.1
+/// only (probes and Prometheus speak it), so no protocol sniffing can hold
+/// a silent connection open; every request head, the first included, is
+/// bounded by `header_read_timeout`, as on the traffic port.
+pub async fn serve(
+    listener: TcpListener,
+    health: Arc<Health>,
+    header_read_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
+    let mut accept_errors = AcceptErrors::new("admin");
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(error) => {
-                    tracing::warn!(%error, "admin accept failed");
+                    accept_errors.failed(&error).await;
                     continue;
                 }
             },
@@ -72,12 +83,9 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, shutdown: impl Fu
                 let health = health.clone();
                 async move { Ok::<_, Infallible>(respond(&health, &req)) }
             });
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
+            let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(5));
-            let _ = builder
+                .header_read_timeout(header_read_timeout)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });

@@ -146,6 +146,7 @@ impl Bound {
             tokio::spawn(admin::serve(
                 listener,
                 health.clone(),
+                config.server.header_read_timeout,
                 std::future::pending(),
             ))
         });

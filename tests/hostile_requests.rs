@@ -147,3 +147,99 @@ async fn http2_cookie_fields_reach_an_http1_app_as_one_line() {
     let seen = upstream.last().expect("forwarded");
     assert_eq!(seen.header_all("cookie"), ["a=1; b=2"]);
 }
+
+fn admin_config(upstream: &Upstream, header_read_timeout: &str) -> String {
+    config(upstream).replace(
+        "  listen: 127.0.0.1:0\n",
+        &format!("  listen: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  header_read_timeout: {header_read_timeout}\n"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_to_the_admin_port_is_closed_at_the_header_read_timeout() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&admin_config(&upstream, "1s"));
+    let admin = sluice.admin_addr().expect("admin address");
+    let mut silent = TcpStream::connect(admin).await.expect("connect");
+    let opened = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "still open after 5 s: {read:?}"
+    );
+    let after = opened.elapsed();
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed too early: {after:?}"
+    );
+}
+
+/// CPU seconds the process has used (utime + stime).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("stat")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_descriptors_neither_listener_spins_and_service_resumes() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&admin_config(&upstream, "30s"));
+    let admin = sluice.admin_addr().expect("admin address");
+    let limited = std::process::Command::new("prlimit")
+        .arg("--pid")
+        .arg(sluice.pid().to_string())
+        .arg("--nofile=64:64")
+        .status()
+        .expect("run prlimit");
+    assert!(limited.success());
+
+    // Idle connections on both ports until sluice has no descriptor left.
+    let mut held = Vec::new();
+    for i in 0..120 {
+        let addr = if i % 2 == 0 { sluice.addr() } else { admin };
+        if let Ok(stream) = TcpStream::connect(addr).await {
+            held.push(stream);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cpu_before = cpu_seconds(sluice.pid());
+    let lines_before = sluice
+        .logs()
+        .iter()
+        .filter(|l| l.contains("accept failed"))
+        .count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cpu = cpu_seconds(sluice.pid()) - cpu_before;
+    let lines = sluice
+        .logs()
+        .iter()
+        .filter(|l| l.contains("accept failed"))
+        .count()
+        - lines_before;
+    assert!(
+        lines_before > 0,
+        "descriptors never ran out (no accept failure logged)"
+    );
+    // Two listeners, at most one line a second each.
+    assert!(lines <= 6, "{lines} accept-failure lines in 2 s");
+    assert!(
+        cpu < 0.5,
+        "{cpu:.2} s of CPU in 2 s while out of descriptors"
+    );
+
+    drop(held);
+    support::eventually(Duration::from_secs(5), || async {
+        let healthy = support::ops::try_get(admin, "/healthz").await.ok()?;
+        let served = support::ops::try_get(sluice.addr(), "/x").await.ok()?;
+        (healthy.0 == http::StatusCode::OK && served.0 == http::StatusCode::OK).then_some(())
+    })
+    .await;
+}

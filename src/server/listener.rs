@@ -9,11 +9,9 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -26,14 +24,11 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::proxy::{ConnInfo, Proxy};
 
+use super::accept::AcceptErrors;
 use super::Settings;
 
 /// hyper refuses a smaller HTTP/1.1 buffer.
 const MIN_H1_BUFFER: usize = 8 * 1024;
-
-/// Pause after an accept error that is not about one connection (out of
-/// file descriptors): retrying at once would spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Accepts on `listener` until `shutdown` resolves; then stops accepting
 /// (the listener is closed, so new connections are refused), asks every
@@ -50,6 +45,7 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut accept_errors = AcceptErrors::new("traffic");
 
     loop {
         tokio::select! {
@@ -76,11 +72,7 @@ pub async fn serve(
                     };
                     connections.spawn(connection.run(stream));
                 }
-                Err(error) if is_per_connection(&error) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                }
+                Err(error) => accept_errors.failed(&error).await,
             },
         }
     }
@@ -114,17 +106,6 @@ fn builder(settings: &Settings) -> Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
     builder
-}
-
-/// Errors about one connection that died while queued, not the listener.
-fn is_per_connection(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
-    )
 }
 
 /// One accepted connection, before its protocol is known.

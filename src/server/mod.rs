@@ -1,8 +1,11 @@
 //! Listeners (TCP, TLS through rustls) and the accept-and-drain loop.
 //!
 //! - `listener`: [`serve`], accept until shutdown, then drain with a grace.
+//! - [`accept`]: back-off and throttled logging when `accept` fails, for
+//!   both listeners.
 //! - [`tls`]: the rustls acceptor built from the configured PEM files.
 
+pub mod accept;
 mod listener;
 pub mod tls;
 

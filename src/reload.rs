@@ -111,6 +111,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.server.workers != new.server.workers {
         changes.push("server.workers");
     }
+    if old.server.idle_timeout != new.server.idle_timeout {
+        changes.push("server.idle_timeout");
+    }
     if store_identity(&old.store.kind) != store_identity(&new.store.kind) {
         changes.push("store (kind and connection)");
     }

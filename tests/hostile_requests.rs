@@ -243,3 +243,75 @@ async fn out_of_file_descriptors_neither_listener_spins_and_service_resumes() {
     })
     .await;
 }
+
+/// An HTTP/2 connection (prior knowledge) from a raw hyper client, and the
+/// task that ends when the server closes it.
+async fn h2_connection(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    let closed = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (sender, closed)
+}
+
+fn h2_get(addr: std::net::SocketAddr, path: &str) -> http::Request<http_body_util::Empty<Bytes>> {
+    http::Request::builder()
+        .uri(format!("http://{addr}{path}"))
+        .body(http_body_util::Empty::new())
+        .expect("request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_after_the_idle_timeout_and_a_long_request_is_not() {
+    let upstream = Upstream::start().await;
+    let yaml = config(&upstream).replace(
+        "  listen: 127.0.0.1:0\n",
+        "  listen: 127.0.0.1:0\n  idle_timeout: 1s\n  header_read_timeout: 30s\n",
+    );
+    let sluice = Sidecar::start(&yaml);
+
+    let (mut sender, closed) = h2_connection(sluice.addr()).await;
+    let response = sender
+        .send_request(h2_get(sluice.addr(), "/x"))
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+    drop(response);
+    let idle_from = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!closed.is_finished(), "closed before the idle timeout");
+    tokio::time::timeout(Duration::from_secs(3), closed)
+        .await
+        .expect("an idle HTTP/2 connection stayed open")
+        .expect("connection task");
+    let after = idle_from.elapsed();
+    assert!(
+        after >= Duration::from_millis(900),
+        "closed after {after:?}"
+    );
+
+    // A request that takes longer than the idle timeout is not idle.
+    upstream.set_delay(Duration::from_millis(2500));
+    let (mut sender, closed) = h2_connection(sluice.addr()).await;
+    let response = sender
+        .send_request(h2_get(sluice.addr(), "/slow"))
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+    drop(response);
+    tokio::time::timeout(Duration::from_secs(3), closed)
+        .await
+        .expect("closed in the end")
+        .expect("connection task");
+}

@@ -60,6 +60,9 @@ pub struct Server {
     pub workers: usize,
     /// How request paths are normalized before matching and forwarding.
     pub paths: PathRules,
+    /// A connection with no request in flight for this long is closed
+    /// (HTTP/2: GOAWAY; hyper has no idle timeout of its own there).
+    pub idle_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -144,6 +144,7 @@ pub struct Server {
     pub max_header_bytes: Option<Scalar>,
     pub workers: Option<Scalar>,
     pub paths: Option<Paths>,
+    pub idle_timeout: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

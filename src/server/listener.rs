@@ -5,19 +5,24 @@
 //! knowledge). hyper applies its header-read timeout only with a timer set
 //! (PITFALLS: without one it is silently off), and the auto builder's
 //! protocol sniffing has no timeout at all, so the first request head is
-//! also bounded here, from accept.
+//! also bounded here, from accept. hyper has no HTTP/2 idle timeout either
+//! (hyper #1628): each connection counts its requests in flight and closes
+//! itself gracefully after `idle_timeout` with none. The same graceful
+//! close serves the drain at shutdown, so each connection gets the drain
+//! signal itself rather than through hyper-util's watcher.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
@@ -42,7 +47,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let builder = Arc::new(builder(&settings));
-    let graceful = GracefulShutdown::new();
+    let (drain, draining) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut accept_errors = AcceptErrors::new("traffic");
@@ -67,8 +72,9 @@ pub async fn serve(
                         proxy: proxy.clone(),
                         // Taken before the task starts, so a shutdown that
                         // begins meanwhile still reaches this connection.
-                        watcher: graceful.watcher(),
+                        draining: draining.clone(),
                         first_head_by: Instant::now() + settings.header_read_timeout,
+                        idle_timeout: settings.idle_timeout,
                     };
                     connections.spawn(connection.run(stream));
                 }
@@ -80,9 +86,12 @@ pub async fn serve(
     drop(listener);
     let deadline = Instant::now() + settings.shutdown_grace;
     tracing::debug!(open = connections.len(), "stopped accepting; draining");
-    let drained = tokio::time::timeout_at(deadline, graceful.shutdown())
-        .await
-        .is_ok();
+    drain.send_replace(true);
+    let drained = tokio::time::timeout_at(deadline, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    .is_ok();
     proxy.drain_tunnels(deadline).await;
     if !drained {
         tracing::warn!(
@@ -114,9 +123,52 @@ struct Connection {
     tls: Option<TlsAcceptor>,
     builder: Arc<Builder<TokioExecutor>>,
     proxy: Arc<Proxy>,
-    watcher: Watcher,
+    /// Turns true when the server starts draining.
+    draining: watch::Receiver<bool>,
     /// The TLS handshake and the first request head must be done by then.
     first_head_by: Instant,
+    idle_timeout: Duration,
+}
+
+/// A connection's requests in flight, and when it last had none.
+struct Activity {
+    in_flight: AtomicUsize,
+    idle_since: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self.clone())
+    }
+
+    /// When the connection will have been idle for `timeout`, or `None`
+    /// while a request is in flight.
+    fn idle_until(&self, timeout: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+        Some(since + timeout)
+    }
+}
+
+/// One request in flight; dropped when its handling ends, however it ends.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+    }
 }
 
 impl Connection {
@@ -156,31 +208,74 @@ impl Connection {
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let started = Arc::new(AtomicBool::new(false));
+        let first_request = Arc::new(Notify::new());
+        let activity = Arc::new(Activity::new());
         let service = {
             let started = started.clone();
+            let first_request = first_request.clone();
+            let activity = activity.clone();
             let proxy = self.proxy;
             service_fn(move |request| {
-                started.store(true, Ordering::Relaxed);
+                if !started.swap(true, Ordering::Relaxed) {
+                    // Stored as a permit if nobody waits yet.
+                    first_request.notify_one();
+                }
+                let in_flight = activity.begin();
                 let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(proxy.handle(request, &info).await) }
+                async move {
+                    let response = proxy.handle(request, &info).await;
+                    drop(in_flight);
+                    Ok::<_, Infallible>(response)
+                }
             })
         };
-        let conn = self
-            .watcher
-            .watch(self.builder.serve_connection_with_upgrades(io, service));
+        let conn = self.builder.serve_connection_with_upgrades(io, service);
         let mut conn = std::pin::pin!(conn);
+        let mut draining = self.draining;
 
         tokio::select! {
             result = conn.as_mut() => return finished(result),
             () = tokio::time::sleep_until(self.first_head_by) => {}
+            () = first_request.notified() => {}
+            _ = draining.wait_for(|d| *d) => {}
         }
         if !started.load(Ordering::Relaxed) {
             // Still sniffing the protocol or reading the first head: a
-            // slowloris, or a client that connected and said nothing.
+            // slowloris, a client that connected and said nothing, or a
+            // drain that began before it asked anything.
             tracing::debug!(peer = %info.peer, "no request head within header_read_timeout");
             return;
         }
-        finished(conn.await);
+        // Graceful from here: HTTP/1.1 finishes the request in flight and
+        // closes; HTTP/2 sends GOAWAY and lets its open streams finish.
+        let mut closing = false;
+        loop {
+            if !closing && *draining.borrow() {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            let idle_at = activity.idle_until(self.idle_timeout);
+            tokio::select! {
+                result = conn.as_mut() => return finished(result),
+                _ = draining.wait_for(|d| *d), if !closing => {}
+                () = sleep_until_some(idle_at), if !closing => {
+                    if activity.idle_until(self.idle_timeout).is_some_and(|at| at <= Instant::now()) {
+                        tracing::debug!(peer = %info.peer, "idle; closing the connection");
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`; while a request is in flight (`None`), rechecks each
+/// second (a request ending sets a new idle start).
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => tokio::time::sleep(Duration::from_secs(1)).await,
     }
 }
 

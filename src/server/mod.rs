@@ -29,6 +29,9 @@ pub struct Settings {
     /// How long in-flight requests and upgraded connections may run on
     /// after shutdown begins.
     pub shutdown_grace: Duration,
+    /// With no request in flight for this long, a connection is closed
+    /// gracefully (HTTP/2: GOAWAY, then close).
+    pub idle_timeout: Duration,
 }
 
 impl From<&config::Server> for Settings {
@@ -37,6 +40,7 @@ impl From<&config::Server> for Settings {
             header_read_timeout: server.header_read_timeout,
             max_header_bytes: server.max_header_bytes,
             shutdown_grace: server.shutdown_grace,
+            idle_timeout: server.idle_timeout,
         }
     }
 }

@@ -71,6 +71,14 @@ pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<
         0,
         check::number(0, 1024),
     );
+    // nginx closes idle keep-alive connections after 75 s, HTTP/2 ones
+    // included; a sidecar's clients are close by.
+    let idle_timeout = cx.optional(
+        &path.key("idle_timeout"),
+        raw.idle_timeout.as_ref(),
+        Duration::from_secs(60),
+        check::positive_duration,
+    );
     let paths = match raw.paths {
         None => Some(PathRules::default()),
         Some(raw) => paths(cx, &path.key("paths"), raw),
@@ -85,6 +93,7 @@ pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<
         max_header_bytes: usize::try_from(max_header_bytes?).ok()?,
         workers: usize::try_from(workers?).ok()?,
         paths: paths?,
+        idle_timeout: idle_timeout?,
     })
 }
 

@@ -114,6 +114,12 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.server.idle_timeout != new.server.idle_timeout {
         changes.push("server.idle_timeout");
     }
+    if old.server.max_connections != new.server.max_connections {
+        changes.push("server.max_connections");
+    }
+    if old.server.http2 != new.server.http2 {
+        changes.push("server.http2");
+    }
     if store_identity(&old.store.kind) != store_identity(&new.store.kind) {
         changes.push("store (kind and connection)");
     }

@@ -120,6 +120,7 @@ pub const CONFIG_REVISION: &str = "sluice_config_revision";
 pub const CONFIG_INFO: &str = "sluice_config_info";
 pub const BUILD_INFO: &str = "sluice_build_info";
 pub const MEMORY_SUBJECTS: &str = "sluice_memory_store_subjects";
+pub const CONNECTIONS_REFUSED: &str = "sluice_connections_refused_total";
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
@@ -176,6 +177,10 @@ fn describe() {
         "Always 1; the version label says which sluice runs."
     );
     describe_gauge!(MEMORY_SUBJECTS, "Subjects tracked by the embedded store.");
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Traffic connections closed at once because server.max_connections were open."
+    );
     describe_counter!(
         DENY_CACHE_HITS,
         "Requests denied by the local over-limit cache without asking the store."

@@ -315,3 +315,39 @@ async fn an_idle_http2_connection_is_closed_after_the_idle_timeout_and_a_long_re
         .expect("closed in the end")
         .expect("connection task");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_connections_new_ones_are_closed_and_open_ones_are_served() {
+    let upstream = Upstream::start().await;
+    let yaml = admin_config(&upstream, "30s").replace(
+        "  admin: 127.0.0.1:0\n",
+        "  admin: 127.0.0.1:0\n  max_connections: 3\n",
+    );
+    let sluice = Sidecar::start(&yaml);
+    let admin = sluice.admin_addr().expect("admin address");
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(TcpStream::connect(sluice.addr()).await.expect("connect"));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The fourth is closed at once, before any byte is answered.
+    let mut extra = TcpStream::connect(sluice.addr()).await.expect("connect");
+    let _ = extra
+        .write_all(b"GET /x HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await;
+    let answer = until_closed(&mut extra).await;
+    assert!(answer.is_empty(), "served beyond max_connections: {answer}");
+    // The admin port does not count, and the open connections are served.
+    let (status, _, _) = support::get(admin, "/healthz", &[]).await;
+    assert_eq!(status, 200);
+    open[0]
+        .write_all(b"GET /x HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let served = until_closed(&mut open[0]).await;
+    assert_eq!(statuses(&served), [200], "{served}");
+    let text = support::ops::scrape(admin).await;
+    let refused =
+        support::ops::metric(&text, "sluice_connections_refused_total", &[]).unwrap_or(0.0);
+    assert!(refused >= 1.0, "refused connections not counted:\n{text}");
+}

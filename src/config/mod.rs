@@ -63,6 +63,23 @@ pub struct Server {
     /// A connection with no request in flight for this long is closed
     /// (HTTP/2: GOAWAY; hyper has no idle timeout of its own there).
     pub idle_timeout: Duration,
+    /// Traffic connections open at once; beyond it new ones are closed at
+    /// once (the admin port does not count).
+    pub max_connections: usize,
+    pub http2: Http2,
+}
+
+/// HTTP/2 limits, set explicitly rather than left to hyper's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2 {
+    /// Streams a client may have open on one connection.
+    pub max_concurrent_streams: u32,
+    /// Streams reset by the client before sluice accepted them, held at once
+    /// (the rapid-reset bound, CVE-2023-44487).
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams sluice itself reset because of the client's protocol errors,
+    /// before the connection is closed.
+    pub max_local_error_reset_streams: usize,
 }
 
 #[derive(Debug, Clone)]

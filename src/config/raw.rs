@@ -145,6 +145,16 @@ pub struct Server {
     pub workers: Option<Scalar>,
     pub paths: Option<Paths>,
     pub idle_timeout: Option<Scalar>,
+    pub max_connections: Option<Scalar>,
+    pub http2: Option<Http2>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Http2 {
+    pub max_concurrent_streams: Option<Scalar>,
+    pub max_pending_accept_reset_streams: Option<Scalar>,
+    pub max_local_error_reset_streams: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

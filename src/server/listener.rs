@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::proxy::{ConnInfo, Proxy};
+use crate::telemetry;
 
 use super::accept::AcceptErrors;
 use super::Settings;
@@ -51,6 +52,7 @@ pub async fn serve(
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut accept_errors = AcceptErrors::new("traffic");
+    let refused = metrics::counter!(telemetry::CONNECTIONS_REFUSED);
 
     loop {
         tokio::select! {
@@ -64,6 +66,11 @@ pub async fn serve(
                 }
             }
             accepted = listener.accept() => match accepted {
+                Ok((stream, _)) if connections.len() >= settings.max_connections => {
+                    // Closed at once: the ones open keep being served.
+                    refused.increment(1);
+                    drop(stream);
+                }
                 Ok((stream, peer)) => {
                     let connection = Connection {
                         peer,
@@ -113,7 +120,10 @@ fn builder(settings: &Settings) -> Builder<TokioExecutor> {
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(settings.http2.max_concurrent_streams)
+        .max_pending_accept_reset_streams(settings.http2.max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(settings.http2.max_local_error_reset_streams);
     builder
 }
 

@@ -32,6 +32,8 @@ pub struct Settings {
     /// With no request in flight for this long, a connection is closed
     /// gracefully (HTTP/2: GOAWAY, then close).
     pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub http2: config::Http2,
 }
 
 impl From<&config::Server> for Settings {
@@ -41,6 +43,8 @@ impl From<&config::Server> for Settings {
             max_header_bytes: server.max_header_bytes,
             shutdown_grace: server.shutdown_grace,
             idle_timeout: server.idle_timeout,
+            max_connections: server.max_connections,
+            http2: server.http2,
         }
     }
 }

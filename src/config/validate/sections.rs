@@ -13,8 +13,8 @@ use super::check::{self, Checker};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{
-    Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, Server, Store, StoreKind, Tls,
-    Topology, Upstream,
+    Http2, Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, Server, Store,
+    StoreKind, Tls, Topology, Upstream,
 };
 
 pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<Server> {
@@ -79,6 +79,14 @@ pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<
         Duration::from_secs(60),
         check::positive_duration,
     );
+    // nginx's worker_connections default; a sidecar fronts one app.
+    let max_connections = cx.optional(
+        &path.key("max_connections"),
+        raw.max_connections.as_ref(),
+        10_000,
+        check::number(1, 1_000_000),
+    );
+    let http2 = http2(cx, &path.key("http2"), raw.http2.unwrap_or_default());
     let paths = match raw.paths {
         None => Some(PathRules::default()),
         Some(raw) => paths(cx, &path.key("paths"), raw),
@@ -94,6 +102,37 @@ pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<
         workers: usize::try_from(workers?).ok()?,
         paths: paths?,
         idle_timeout: idle_timeout?,
+        max_connections: usize::try_from(max_connections?).ok()?,
+        http2: http2?,
+    })
+}
+
+/// `server.http2`: nginx's `http2_max_concurrent_streams` (128) and h2's
+/// own reset bounds (20 pending, 1024 local), written down so they are
+/// known and can be changed.
+fn http2(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Http2) -> Option<Http2> {
+    let streams = cx.optional(
+        &path.key("max_concurrent_streams"),
+        raw.max_concurrent_streams.as_ref(),
+        128,
+        check::number(1, u64::from(u32::MAX)),
+    );
+    let pending = cx.optional(
+        &path.key("max_pending_accept_reset_streams"),
+        raw.max_pending_accept_reset_streams.as_ref(),
+        20,
+        check::number(1, 1_000_000),
+    );
+    let local = cx.optional(
+        &path.key("max_local_error_reset_streams"),
+        raw.max_local_error_reset_streams.as_ref(),
+        1024,
+        check::number(1, 1_000_000),
+    );
+    Some(Http2 {
+        max_concurrent_streams: u32::try_from(streams?).ok()?,
+        max_pending_accept_reset_streams: usize::try_from(pending?).ok()?,
+        max_local_error_reset_streams: usize::try_from(local?).ok()?,
     })
 }
 

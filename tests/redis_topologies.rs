@@ -280,6 +280,38 @@ fn load(sluice: &Sidecar) -> Load {
     Load::start(sluice.addr(), "/api", 3, Duration::from_millis(5))
 }
 
+/// A sidecar on [`OPEN_POLICY`] over the store `store` (lines under
+/// `store:`), budget 200 ms, already deciding.
+async fn open_sidecar(upstream: &Upstream, store: &str) -> Sidecar {
+    let sluice = start_ready(&yaml_with(
+        upstream,
+        store,
+        "200ms",
+        OPEN_POLICY,
+        OPEN_ROUTE,
+    ))
+    .await;
+    warmed(&sluice).await;
+    sluice
+}
+
+/// Runs the steady load, lets it settle, runs `event` (a failover; it
+/// returns when the new primary took writes), lets [`RECOVERY`] and a
+/// second more pass, and returns every request's answer with that instant.
+async fn through(
+    sluice: &Sidecar,
+    event: impl std::future::Future<Output = Instant>,
+) -> (Run, Instant) {
+    let running = load(sluice);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writable = event.await;
+    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
+    let run = Run {
+        shots: running.stop().await,
+    };
+    (run, writable)
+}
+
 /// Waits until the load has seen at least one success, so a failover hits
 /// a sidecar that was deciding.
 async fn warmed(sluice: &Sidecar) {
@@ -350,27 +382,16 @@ async fn a_cluster_failover_and_a_killed_primary_cost_no_undecided_request() {
     let _serial = SERIAL.lock().await;
     let mut cluster = RedisCluster::start();
     let upstream = Upstream::start().await;
-    let yaml = yaml_with(
-        &upstream,
-        &cluster_lines(&cluster.urls()),
-        "200ms",
-        OPEN_POLICY,
-        OPEN_ROUTE,
-    );
-    let sluice = start_ready(&yaml).await;
-    warmed(&sluice).await;
+    let sluice = open_sidecar(&upstream, &cluster_lines(&cluster.urls())).await;
 
     // A planned failover: the replica takes over with no write lost.
     let primary = primary_of_subject(&cluster);
     let replica = cluster.replica_of(primary);
-    let running = load(&sluice);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    cluster.failover(replica);
-    let writable = Instant::now();
-    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
-    let run = Run {
-        shots: running.stop().await,
-    };
+    let (run, writable) = through(&sluice, async {
+        cluster.failover(replica);
+        Instant::now()
+    })
+    .await;
     assert_recovered("CLUSTER FAILOVER", &run, &upstream, writable, &sluice);
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
 
@@ -379,19 +400,16 @@ async fn a_cluster_failover_and_a_killed_primary_cost_no_undecided_request() {
     let primary = primary_of_subject(&cluster);
     let replica = cluster.replica_of(primary);
     let before = upstream.count();
-    let running = load(&sluice);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    cluster.node_mut(primary).kill();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cluster.primaries().contains(&replica) {
-        assert!(Instant::now() < deadline, "the replica was never promoted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let writable = Instant::now();
-    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
-    let run = Run {
-        shots: running.stop().await,
-    };
+    let (run, writable) = through(&sluice, async {
+        cluster.node_mut(primary).kill();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cluster.primaries().contains(&replica) {
+            assert!(Instant::now() < deadline, "the replica was never promoted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Instant::now()
+    })
+    .await;
     run.only_decided_answers();
     assert_eq!(upstream.count() - before, run.count(StatusCode::OK));
     let back = run.recovered_at(writable).expect("decisions came back");
@@ -418,26 +436,16 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
         SentinelSet::MASTER,
         RedisCluster::yaml_list(&set.urls())
     );
-    let sluice = start_ready(&yaml_with(
-        &upstream,
-        &store,
-        "200ms",
-        OPEN_POLICY,
-        OPEN_ROUTE,
-    ))
-    .await;
-    warmed(&sluice).await;
+    let sluice = open_sidecar(&upstream, &store).await;
     assert_eq!(set.current_primary(), set.primary.port());
 
-    let running = load(&sluice);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let promoted = set.failover();
-    let writable = Instant::now();
+    let mut promoted = 0;
+    let (run, writable) = through(&sluice, async {
+        promoted = set.failover();
+        Instant::now()
+    })
+    .await;
     assert_eq!(promoted, set.replica.port());
-    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
-    let run = Run {
-        shots: running.stop().await,
-    };
     assert_recovered("SENTINEL FAILOVER", &run, &upstream, writable, &sluice);
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
     // Decisions land on the new primary.
@@ -502,24 +510,9 @@ async fn a_failover_behind_a_stable_address_is_followed_without_a_restart() {
     let _serial = SERIAL.lock().await;
     let pair = StablePair::start().await;
     let upstream = Upstream::start().await;
-    let store = format!("  url: {}\n", pair.relay.url());
-    let sluice = start_ready(&yaml_with(
-        &upstream,
-        &store,
-        "200ms",
-        OPEN_POLICY,
-        OPEN_ROUTE,
-    ))
-    .await;
-    warmed(&sluice).await;
+    let sluice = open_sidecar(&upstream, &format!("  url: {}\n", pair.relay.url())).await;
 
-    let running = load(&sluice);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let writable = pair.fail_over();
-    tokio::time::sleep(RECOVERY + Duration::from_secs(1)).await;
-    let run = Run {
-        shots: running.stop().await,
-    };
+    let (run, writable) = through(&sluice, async { pair.fail_over() }).await;
     assert_recovered(
         "failover behind a stable address",
         &run,
@@ -535,16 +528,7 @@ async fn readiness_stays_failed_while_every_decision_fails_and_recovers_without_
     let _serial = SERIAL.lock().await;
     let pair = StablePair::start().await;
     let upstream = Upstream::start().await;
-    let store = format!("  url: {}\n", pair.relay.url());
-    let sluice = start_ready(&yaml_with(
-        &upstream,
-        &store,
-        "200ms",
-        OPEN_POLICY,
-        OPEN_ROUTE,
-    ))
-    .await;
-    warmed(&sluice).await;
+    let sluice = open_sidecar(&upstream, &format!("  url: {}\n", pair.relay.url())).await;
 
     // Both nodes are replicas now: every decision fails, whatever sluice
     // reconnects to.

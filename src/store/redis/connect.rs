@@ -133,14 +133,7 @@ impl Connector {
                 Ok(Connector::Standalone { client, config })
             }
             Topology::Cluster { nodes } => {
-                let infos = nodes
-                    .iter()
-                    .map(|url| connection_info(url.expose()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let tls = infos.iter().any(is_tls);
-                if tls && !infos.iter().all(is_tls) {
-                    return Err(RedisSetupError::MixedTls);
-                }
+                let (infos, tls) = node_infos(nodes)?;
                 check_ca(certs.is_some(), tls)?;
                 let mut builder = ClusterClientBuilder::new(infos)
                     .retries(CLUSTER_RETRIES)
@@ -164,14 +157,7 @@ impl Connector {
                 username,
                 password,
             } => {
-                let infos = nodes
-                    .iter()
-                    .map(|url| connection_info(url.expose()))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let tls = infos.iter().any(is_tls);
-                if tls && !infos.iter().all(is_tls) {
-                    return Err(RedisSetupError::MixedTls);
-                }
+                let (infos, tls) = node_infos(nodes)?;
                 check_ca(certs.is_some(), tls)?;
                 // The Sentinels' own credentials come from their URLs (the
                 // same on each); the primary's from `username`/`password`.
@@ -243,6 +229,20 @@ fn budget_ms(budget: Duration) -> u64 {
 fn connection_info(url: &str) -> Result<ConnectionInfo, RedisSetupError> {
     // The error text is not passed on: it may quote the URL, password and all.
     url.into_connection_info().map_err(|_| RedisSetupError::Url)
+}
+
+/// Every node's connection settings, and whether they speak TLS (all of
+/// them or none: the configuration refuses a mix, and so does this).
+fn node_infos(nodes: &[config::Secret]) -> Result<(Vec<ConnectionInfo>, bool), RedisSetupError> {
+    let infos = nodes
+        .iter()
+        .map(|url| connection_info(url.expose()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tls = infos.iter().any(is_tls);
+    if tls && !infos.iter().all(is_tls) {
+        return Err(RedisSetupError::MixedTls);
+    }
+    Ok((infos, tls))
 }
 
 fn is_tls(info: &ConnectionInfo) -> bool {

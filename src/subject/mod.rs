@@ -3,5 +3,5 @@
 pub mod pseudonym;
 pub mod resolve;
 
-pub use pseudonym::{Pseudonym, PseudonymKey};
+pub use pseudonym::{Pseudonym, PseudonymKey, DISPLAY_MAX};
 pub use resolve::{client_ip, relied_on, resolve, Resolved, UnreadableForwardedFor};

@@ -70,7 +70,28 @@ pub struct Pseudonym {
     version: u32,
 }
 
+/// Bytes the longest [`Pseudonym`] displays in: `v`, a `u32`, `:` and 43
+/// base64 digits.
+pub const DISPLAY_MAX: usize = 1 + 10 + 1 + 43;
+
 impl Pseudonym {
+    /// The `Display` form, written into `out` without allocating (a store
+    /// key is built from it on every evaluation); returns its length.
+    pub fn encode(&self, out: &mut [u8; DISPLAY_MAX]) -> usize {
+        out[0] = b'v';
+        let mut version = itoa::Buffer::new();
+        let version = version.format(self.version).as_bytes();
+        let mut at = 1 + version.len();
+        out[1..at].copy_from_slice(version);
+        out[at] = b':';
+        at += 1;
+        // 32 bytes are 43 digits unpadded, and 43 bytes are left whatever
+        // the version: the slice is never too short.
+        at + base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode_slice(self.digest, &mut out[at..])
+            .unwrap_or(0)
+    }
+
     pub fn digest(&self) -> &[u8; 32] {
         &self.digest
     }
@@ -82,8 +103,10 @@ impl Pseudonym {
 
 impl fmt::Display for Pseudonym {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let digest = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(self.digest);
-        write!(f, "v{}:{}", self.version, digest)
+        let mut out = [0u8; DISPLAY_MAX];
+        let len = self.encode(&mut out);
+        // Only ASCII is ever written.
+        f.write_str(std::str::from_utf8(&out[..len]).unwrap_or_default())
     }
 }
 
@@ -123,6 +146,10 @@ mod tests {
         assert!(p1.to_string().starts_with("v1:"));
         assert!(p2.to_string().starts_with("v2:"));
         assert_eq!(p1.to_string().len(), "v1:".len() + 43);
+        let widest = PseudonymKey::new(b"k", u32::MAX).pseudonym("ip", b"x", "r");
+        assert_eq!(widest.to_string().len(), DISPLAY_MAX);
+        let digest = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(widest.digest());
+        assert_eq!(widest.to_string(), format!("v{}:{digest}", u32::MAX));
     }
 
     #[test]

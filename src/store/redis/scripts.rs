@@ -18,7 +18,7 @@ use std::time::Duration;
 use redis::{Cmd, RedisWrite};
 
 use crate::limit::{micros, Algorithm, Bands, Policy};
-use crate::subject::Pseudonym;
+use crate::subject::{Pseudonym, DISPLAY_MAX};
 
 use crate::store::Evaluation;
 
@@ -192,17 +192,21 @@ pub struct Common {
 /// sliding log's sorted set. The braces are a Redis Cluster hash tag
 /// around the per-subject part, so the state and every evaluation's
 /// record (`<state>:e:<id>`, see `lua/common.lua`) share one slot.
-fn write_state_key(
-    out: &mut impl Write,
-    prefix: &str,
-    policy: &Policy,
-    subject: &Pseudonym,
-) -> std::io::Result<()> {
-    write!(
-        out,
-        "{prefix}:{{{}:{}:{subject}}}",
-        policy.name, policy.revision
-    )
+fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &Pseudonym) {
+    let mut pseudonym = [0u8; DISPLAY_MAX];
+    let len = subject.encode(&mut pseudonym);
+    for part in [
+        prefix.as_bytes(),
+        b":{",
+        policy.name.as_bytes(),
+        b":",
+        policy.revision.as_bytes(),
+        b":",
+        &pseudonym[..len],
+        b"}",
+    ] {
+        out.extend_from_slice(part);
+    }
 }
 
 /// Bytes reserved up front for one command: the fixed words, the SHA-1, the
@@ -219,16 +223,14 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
     let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
     cmd.arg("EVALSHA").arg(script.sha.as_str()).arg(2u8);
     let id = hex_id(evaluation.id.0);
-    // Writing into the command's own buffer cannot fail.
-    let _ = write_state_key(
-        &mut cmd.writer_for_next_arg(),
-        &common.key_prefix,
-        policy,
-        evaluation.subject,
-    );
+    // The state key is rendered once; the record's name repeats it.
+    let mut state = Vec::with_capacity(key_bytes);
+    write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
+    cmd.arg(&state[..]);
     {
         let mut arg = cmd.writer_for_next_arg();
-        let _ = write_state_key(&mut arg, &common.key_prefix, policy, evaluation.subject);
+        // Writing into the command's own buffer cannot fail.
+        let _ = arg.write_all(&state);
         let _ = arg.write_all(b":e:");
         let _ = arg.write_all(&id);
     }

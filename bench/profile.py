@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Instructions per request, by stage, for each of sluice's paths.
+
+    python3 bench/profile.py [--sluice target/release/sluice] [--seconds 6] [--keep]
+
+Runs one sluice (release build, `server.workers: 1`) under
+`valgrind --tool=callgrind` in front of nginx `return 200`, with Redis on
+loopback, and for each path (`/none`, `/memory`, `/redis`, `/blocked`) turns
+instrumentation on, sends closed-loop load with wrk, turns it off and dumps.
+Instruction counts do not move with the machine's noise, so two builds can
+be compared on a shared box; wall-clock figures from this run mean nothing
+(valgrind is ~50x slower).
+
+For each path it prints instructions per request in total and, inclusive,
+for the stages of the request path: the self cost of every function, grouped
+by where its code lives (sluice's modules, the crates), so the stages add
+up to the total. Written to
+`bench/results/profile.md` and `.json`.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tools  # noqa: E402
+from harness import BENCH, ROOT, render, start_nginx, start_redis  # noqa: E402
+from tools import Processes  # noqa: E402
+
+PATHS = ["/none", "/memory", "/redis", "/blocked"]
+
+# Where each instruction's code lives → the stage it is counted under.
+# Self costs (not inclusive) are grouped, so the stages add up to the total;
+# code inlined into a function counts with that function. First match wins.
+SLUICE_STAGES = [
+    ("src/proxy/headers", "request checks (headers, Host, overrides)"),
+    ("src/proxy/overrides", "request checks (headers, Host, overrides)"),
+    ("src/path", "path normalize"),
+    ("src/route", "route"),
+    ("src/subject", "subject + pseudonym"),
+    ("src/limit", "store: memory (+ algorithm steps)"),
+    ("src/store/memory", "store: memory (+ algorithm steps)"),
+    ("src/store/redis", "store: redis, sluice side"),
+    ("src/store", "store: shared (over-limit cache, breaker)"),
+    ("src/proxy/respond", "respond (429/503, RateLimit fields)"),
+    ("src/proxy/forward", "forward (sluice side)"),
+    ("src/proxy", "service (sluice side)"),
+    ("src/server", "listener (sluice side)"),
+    ("src/telemetry", "metrics"),
+]
+CRATE_STAGES = {
+    "hyper": "hyper (HTTP/1 server and client)",
+    "httparse": "hyper (HTTP/1 server and client)",
+    "http": "hyper (HTTP/1 server and client)",
+    "h2": "hyper (HTTP/1 server and client)",
+    "hyper-util": "hyper-util (pooled client, server glue)",
+    "tokio": "tokio (scheduler, timers, I/O)",
+    "mio": "tokio (scheduler, timers, I/O)",
+    "redis": "redis client (redis-rs, combine)",
+    "combine": "redis client (redis-rs, combine)",
+    "tokio-util": "redis client (redis-rs, combine)",
+    "sha2": "subject + pseudonym",
+    "hmac": "subject + pseudonym",
+    "digest": "subject + pseudonym",
+    "block-buffer": "subject + pseudonym",
+    "base64": "subject + pseudonym",
+    "metrics": "metrics",
+    "metrics-util": "metrics",
+    "metrics-exporter-prometheus": "metrics",
+    "futures-util": "futures, bytes",
+    "futures-core": "futures, bytes",
+    "futures-channel": "futures, bytes",
+    "bytes": "futures, bytes",
+}
+STAGE_ORDER = [
+    "hyper (HTTP/1 server and client)",
+    "hyper-util (pooled client, server glue)",
+    "tokio (scheduler, timers, I/O)",
+    "listener (sluice side)",
+    "request checks (headers, Host, overrides)",
+    "path normalize",
+    "route",
+    "subject + pseudonym",
+    "store: memory (+ algorithm steps)",
+    "store: shared (over-limit cache, breaker)",
+    "store: redis, sluice side",
+    "redis client (redis-rs, combine)",
+    "respond (429/503, RateLimit fields)",
+    "forward (sluice side)",
+    "service (sluice side)",
+    "metrics",
+    "futures, bytes",
+    "std (collections, formatting, sync)",
+    "libc (malloc, memcpy, syscall stubs)",
+    "other",
+]
+
+
+def stage_of(function, binary):
+    """The stage of one function: by the crate and module its symbol names
+    (a generic instantiated for another crate's type counts where the
+    generic is defined; drop glue where the dropped type is)."""
+    sym = function
+    for lead in ("core::ptr::drop_in_place<", "<"):
+        while sym.startswith(lead):
+            sym = sym[len(lead):]
+    crate, _, rest = sym.partition("::")
+    if crate == "sluice":
+        module = "src/" + "/".join(rest.split("::")[:2])
+        for prefix, stage in SLUICE_STAGES:
+            if module.startswith(prefix):
+                return stage
+        return "service (sluice side)"
+    if crate in ("core", "alloc", "std"):
+        return "std (collections, formatting, sync)"
+    if crate.startswith("__rust") or "libc.so" in binary or "ld-linux" in binary:
+        return "libc (malloc, memcpy, syscall stubs)"
+    return CRATE_STAGES.get(crate.replace("_", "-"), "other")
+
+
+def callgrind(argv, **kw):
+    return subprocess.run(["callgrind_control"] + argv, capture_output=True, text=True, **kw)
+
+
+def start_sluice_under_valgrind(procs, workdir, sluice, name, store, upstream_port, redis_port):
+    extra = f"  url: redis://127.0.0.1:{redis_port}\n  budget: 250ms" if store == "redis" else "  max_entries: 100000"
+    conf = os.path.join(workdir, f"{name}.yaml")
+    with open(conf, "w") as f:
+        f.write(
+            CONFIG.replace("@@UPSTREAM_PORT@@", str(upstream_port))
+            .replace("@@STORE_EXTRA@@", extra)
+            .replace("@@STORE@@", store)
+        )
+    out = os.path.join(workdir, f"{name}.callgrind")
+    logf = os.path.join(workdir, f"{name}.log")
+    argv = [
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+        sluice, "run", "--config", conf, "--log-format", "json",
+    ]
+    proc = procs.start(name, argv, 1, logf)
+    deadline = time.monotonic() + 60
+    port = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(logf, errors="replace") as f:
+            for line in f:
+                m = re.search(r'"traffic_addr":"[^"]*:(\d+)"', line)
+                if m:
+                    port = int(m.group(1))
+        if port:
+            break
+        time.sleep(0.2)
+    if not port:
+        raise RuntimeError(f"sluice did not start: {tools.tail(logf)}")
+    return proc, port, out
+
+
+def stage_costs(dump):
+    """Total instructions, and self instructions grouped by stage."""
+    ann = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", dump],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    total = None
+    stages = dict.fromkeys(STAGE_ORDER, 0)
+    for line in ann.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+PROGRAM TOTALS", line)
+        if m:
+            total = int(m.group(1).replace(",", ""))
+            continue
+        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+([^:\s]*):(.*?)(?: \[(.*)\])?$", line)
+        if m:
+            ir = int(m.group(1).replace(",", ""))
+            stages[stage_of(m.group(3), m.group(4) or "")] += ir
+    if total is not None:
+        stages["other"] += total - sum(stages.values())
+    return total, stages
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--conns", type=int, default=8)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+
+    workdir = tempfile.mkdtemp(prefix="sluice-profile-")
+    procs = Processes()
+    results = {"paths": {}, "label": args.label}
+    try:
+        upstream = start_nginx(procs, workdir, "upstream", "upstream.nginx.conf", 0)
+        if upstream.reason:
+            raise RuntimeError(upstream.reason)
+        redis = start_redis(procs, workdir)
+        if redis.reason:
+            raise RuntimeError(redis.reason)
+        for store, paths in (("memory", ["/none", "/memory", "/blocked"]), ("redis", ["/redis"])):
+            proc, port, out = start_sluice_under_valgrind(
+                procs, workdir, args.sluice, f"sluice-{store}", store, upstream.port, redis.port
+            )
+            for path in paths:
+                url = f"http://127.0.0.1:{port}{path}"
+                tools.run_wrk(url, args.conns, 1, 0, timeout_s=10)  # warm-up, uncounted
+                callgrind(["-z", str(proc.pid)])
+                callgrind(["-i", "on", str(proc.pid)])
+                run = tools.run_wrk(url, args.conns, args.seconds, 0, timeout_s=10)
+                callgrind(["-i", "off", str(proc.pid)])
+                callgrind(["-d", path.strip("/"), str(proc.pid)])
+                time.sleep(0.5)
+                used = {r["dump"] for r in results["paths"].values()}
+                dumps = sorted(
+                    (os.path.join(workdir, f) for f in os.listdir(workdir)
+                     if f.startswith(os.path.basename(out) + ".")),
+                    key=os.path.getmtime,
+                )
+                dumps = [d for d in dumps if d not in used]
+                dump = dumps[-1]
+                total, stages = stage_costs(dump)
+                requests = run["requests"]
+                results["paths"][path] = {
+                    "requests": requests,
+                    "non_2xx": run["non_2xx"],
+                    "instructions_per_request": round(total / requests),
+                    "stages": {k: round(v / requests) for k, v in stages.items()},
+                    "dump": dump,
+                }
+                print(f"{path}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
+            procs.stop(proc, grace=20)
+    finally:
+        procs.stop_all()
+    write(results)
+    if not args.keep:
+        subprocess.run(["rm", "-rf", workdir])
+
+
+def write(results):
+    lines = ["# Instructions per request, by stage (callgrind)", ""]
+    if results["label"]:
+        lines += [f"Build: {results['label']}", ""]
+    paths = list(results["paths"])
+    lines.append("| stage | " + " | ".join(paths) + " |")
+    lines.append("|---|" + "---:|" * len(paths))
+    lines.append("| **total** | " + " | ".join(f"{results['paths'][p]['instructions_per_request']:,}" for p in paths) + " |")
+    for stage in STAGE_ORDER:
+        cells = []
+        for p in paths:
+            v = results["paths"][p]["stages"].get(stage)
+            cells.append(f"{v:,}" if v else "—")
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
+    with open(os.path.join(BENCH, "results", "profile.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(BENCH, "results", "profile.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -185,6 +185,14 @@ def start_redis_cluster(procs, workdir, masters=3):
     return Server("redis-cluster", reason="the cluster never reached cluster_state:ok")
 
 
+def many_routes(n):
+    """`n` prefix routes `/r0000` … on the `open` limit, as YAML list items."""
+    return "\n".join(
+        f"  - {{ name: r{i:04d}, match: {{ path_prefix: /r{i:04d} }}, subject: client_ip, policy: open }}"
+        for i in range(n)
+    )
+
+
 def listening_line(path):
     """The `listening` record of sluice's JSON log, flattened, or None."""
     try:
@@ -543,6 +551,7 @@ def session(procs, workdir, args, settings):
         mem = Server("sluice-memory", reason=missing)
         red = Server("sluice-redis", reason=missing)
         clu = Server("sluice-redis-cluster", reason=missing)
+        routes = Server("sluice-1000-routes", reason=missing)
     else:
         mem = start_sluice(procs, workdir, args.sluice, "sluice-memory", "sluice-memory.yaml",
                            UPSTREAM_PORT=upstream.port)
@@ -551,13 +560,15 @@ def session(procs, workdir, args, settings):
         else:
             red = start_sluice(procs, workdir, args.sluice, "sluice-redis", "sluice-redis.yaml",
                                UPSTREAM_PORT=upstream.port, REDIS_PORT=redis_srv.port)
+        routes = start_sluice(procs, workdir, args.sluice, "sluice-1000-routes", "sluice-routes.yaml",
+                              UPSTREAM_PORT=upstream.port, ROUTES=many_routes(1000))
         if cluster_srv.reason:
             clu = Server("sluice-redis-cluster", reason=cluster_srv.reason)
         else:
             clu = start_sluice(procs, workdir, args.sluice, "sluice-redis-cluster",
                                "sluice-redis-cluster.yaml",
                                UPSTREAM_PORT=upstream.port, REDIS_PORT=cluster_srv.port)
-    for s in (nginx, mem, red, clu):
+    for s in (nginx, mem, red, clu, routes):
         if s.reason:
             log(f"{s.name}: {s.reason}")
 
@@ -569,6 +580,9 @@ def session(procs, workdir, args, settings):
         Scenario("sluice-none", mem, "/none", proxy=True),
         Scenario("sluice-memory", mem, "/allowed", proxy=True),
         Scenario("sluice-blocked-memory", mem, "/blocked", proxy=True, blocked=True),
+        # The same limit as sluice-memory, behind 999 prefix routes that
+        # come first in the file and do not match.
+        Scenario("sluice-1000-routes", routes, "/r0999/item", proxy=True),
         Scenario("sluice-redis", red, "/allowed", proxy=True, redis=True),
         Scenario("sluice-blocked-redis", red, "/blocked", proxy=True, redis=True, blocked=True),
         # Redis statistics are read from the standalone Redis only.
@@ -689,7 +703,8 @@ def summarize(scenarios):
     # Ratios within each round: both figures come from the same round.
     for key, entry in out.items():
         entry["ratio"] = {}
-        for ref in ("direct", "nginx-proxy", "nginx-limit-blocked", "sluice-none", "sluice-redis"):
+        for ref in ("direct", "nginx-proxy", "nginx-limit-blocked", "sluice-none", "sluice-memory",
+                    "sluice-redis"):
             a, b = by_key[key], by_key[ref]
             if a.closed and b.closed and len(a.closed) == len(b.closed):
                 entry["ratio"][ref] = med_range([x["rps"] / y["rps"] for x, y in zip(a.closed, b.closed) if y["rps"]])

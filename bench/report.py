@@ -8,6 +8,7 @@ SCENARIO_LABELS = {
     "sluice-none": "sluice-none",
     "sluice-memory": "sluice-memory, allowed",
     "sluice-blocked-memory": "sluice-blocked, memory",
+    "sluice-1000-routes": "sluice-memory, 1,000 routes (last matches)",
     "sluice-redis": "sluice-redis, allowed",
     "sluice-blocked-redis": "sluice-blocked, redis",
     "sluice-redis-cluster": "sluice-redis-cluster, allowed",
@@ -108,6 +109,12 @@ def targets(result):
     row("sluice-redis ÷ sluice-none (allowed path)", "≥ 0.85",
         _mr(sc["sluice-redis"]["ratio"]["sluice-none"]) if v is not None else why("sluice-redis", "sluice-none"),
         None if v is None else v >= 0.85)
+
+    v = ratio("sluice-1000-routes", "sluice-memory")
+    row("1,000 routes, request matching the last ÷ sluice-memory (3 routes)", "≥ 0.95",
+        _mr(sc["sluice-1000-routes"]["ratio"]["sluice-memory"]) if v is not None
+        else why("sluice-1000-routes", "sluice-memory"),
+        None if v is None else v >= 0.95)
 
     v = ratio("sluice-redis-cluster", "sluice-redis")
     row("sluice-redis-cluster ÷ sluice-redis (allowed path, 3 primaries)", "reported",

@@ -2,7 +2,11 @@
 //! path match wins; `default` takes the rest.
 //!
 //! Matching allocates nothing: paths are compared segment by segment against
-//! the matchers compiled once by `config::validate`.
+//! the matchers compiled once by `config::validate`. A table of more than a
+//! few routes also holds an [`index::Index`], so a request checks only the
+//! routes that could match its path.
+
+mod index;
 
 use std::sync::Arc;
 
@@ -17,6 +21,8 @@ use crate::telemetry::RouteMetrics;
 pub struct RouteTable {
     routes: Vec<Entry>,
     default: Entry,
+    /// `None` for a table small enough to scan.
+    index: Option<index::Index>,
     /// Every header a subject is read from, in any route: a request
     /// carrying one of them twice is refused before routing.
     identity_headers: Vec<HeaderName>,
@@ -70,6 +76,7 @@ impl RouteTable {
             }
         }
         RouteTable {
+            index: (routes.len() >= index::SCAN_BELOW).then(|| index::Index::new(routes)),
             routes: routes.iter().map(Entry::new).collect(),
             default: Entry::new(default),
             identity_headers,
@@ -83,10 +90,12 @@ impl RouteTable {
     /// `path` is the request path without the query, in its matching form
     /// ([`crate::path::normalize`]).
     pub fn find(&self, method: &Method, path: &str) -> &Entry {
-        self.routes
-            .iter()
-            .find(|entry| matches(&entry.route, method, path))
-            .unwrap_or(&self.default)
+        let matching = |i: usize| matches(&self.routes[i].route, method, path);
+        let found = match &self.index {
+            Some(index) => index.first(path, matching),
+            None => (0..self.routes.len()).find(|&i| matching(i)),
+        };
+        found.map_or(&self.default, |i| &self.routes[i])
     }
 }
 

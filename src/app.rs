@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::{self, Health};
-use crate::config::{Config, StoreKind};
+use crate::config::{Boot, Config, Live, StoreKind};
 use crate::proxy::{Proxy, Upstream};
 use crate::runtime::{Runtime, SharedRuntime};
 use crate::server;
@@ -38,6 +39,10 @@ pub enum AppError {
 
 /// Listeners bound and everything built, nothing served yet.
 pub struct Bound {
+    /// What the listeners, the store and the upstream client were built
+    /// from; a reload compares with it and never changes it.
+    boot: Boot,
+    source: PathBuf,
     runtime: SharedRuntime,
     store: Arc<Store>,
     traffic: TcpListener,
@@ -51,10 +56,10 @@ pub struct Bound {
 /// Builds the store and runtime and binds the listeners. The configuration
 /// is already valid: nothing listens before it is.
 pub async fn bind(config: Config) -> Result<Bound, AppError> {
-    let key = match &config.identity.pseudonym_key {
+    let key = match &config.live.identity.pseudonym_key {
         Some(secret) => PseudonymKey::new(
             secret.expose().as_bytes(),
-            config.identity.pseudonym_key_version,
+            config.live.identity.pseudonym_key_version,
         ),
         None => {
             tracing::warn!(
@@ -64,18 +69,19 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
             PseudonymKey::random()
         }
     };
-    let store = Arc::new(build_store(&config)?);
-    let tls = match &config.server.tls {
+    let store = Arc::new(build_store(&config.boot, &config.live)?);
+    let tls = match &config.boot.server.tls {
         Some(tls) => Some(server::tls::acceptor(tls)?),
         None => None,
     };
-    let traffic = listen("traffic", config.server.listen).await?;
-    let admin = match config.server.admin {
+    let traffic = listen("traffic", config.boot.server.listen).await?;
+    let admin = match config.boot.server.admin {
         Some(addr) => Some(listen("admin", addr).await?),
         None => None,
     };
     telemetry::config_loaded(&config);
-    let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(Arc::new(config), key)));
+    let Config { source, boot, live } = config;
+    let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(Arc::new(live), key)));
     let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(signal) => Some(signal),
         Err(error) => {
@@ -84,6 +90,8 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
         }
     };
     Ok(Bound {
+        boot,
+        source,
         hangup,
         runtime,
         store,
@@ -93,15 +101,16 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
     })
 }
 
-fn build_store(config: &Config) -> Result<Store, AppError> {
-    Ok(match &config.store.kind {
-        StoreKind::Memory(memory) => {
-            Store::Memory(MemoryStore::new(memory.max_entries, config.store.ttl_grace))
-        }
+/// The store is built from the boot part; the live part gives the
+/// policies whose scripts are loaded first and the budget at start.
+fn build_store(boot: &Boot, live: &Live) -> Result<Store, AppError> {
+    let ttl_grace = boot.store.ttl_grace;
+    Ok(match &boot.store.kind {
+        StoreKind::Memory(memory) => Store::Memory(MemoryStore::new(memory.max_entries, ttl_grace)),
         StoreKind::Redis(redis) => {
             // Connects in the background: readiness turns true once Redis
             // answered and the scripts are loaded.
-            let store = RedisStore::connect(redis, &config.store, &config.policies)?;
+            let store = RedisStore::connect(redis, ttl_grace, live.store.budget, &live.policies)?;
             let cache =
                 (redis.deny_cache_entries > 0).then(|| DenyCache::new(redis.deny_cache_entries));
             Store::Redis(store, cache)
@@ -128,13 +137,14 @@ impl Bound {
     /// stops accepting and drains in-flight requests for up to
     /// `server.shutdown_grace`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let config = self.runtime.load().config.clone();
+        let boot = self.boot;
         let health = Arc::new(Health::new(self.runtime.clone(), self.store.clone()));
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let sweeper = spawn_sweeper(self.store.clone());
         let reloader = tokio::spawn(reload::watch(
-            config.source.clone(),
+            self.source,
+            boot.clone(),
             self.runtime.clone(),
             self.store.clone(),
             self.hangup,
@@ -146,18 +156,18 @@ impl Bound {
             tokio::spawn(admin::serve(
                 listener,
                 health.clone(),
-                config.server.header_read_timeout,
+                boot.server.header_read_timeout,
                 std::future::pending(),
             ))
         });
 
-        let upstream = Upstream::new(&config.upstream);
+        let upstream = Upstream::new(&boot.upstream);
         let proxy = Arc::new(Proxy::new(
             self.runtime.clone(),
             self.store.clone(),
             upstream,
         ));
-        let settings = server::Settings::from(&config.server);
+        let settings = server::Settings::from(&boot.server);
         let mut stop = stop_rx.clone();
         let traffic = tokio::spawn(server::serve(
             self.traffic,
@@ -171,7 +181,7 @@ impl Bound {
 
         shutdown.await;
         health.begin_shutdown();
-        tracing::info!(grace = ?config.server.shutdown_grace, "shutting down: draining");
+        tracing::info!(grace = ?boot.server.shutdown_grace, "shutting down: draining");
         let _ = stop_tx.send(true);
         let _ = traffic.await;
         if let Some(admin) = admin {

@@ -76,8 +76,8 @@ fn main() -> ExitCode {
 
 fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if config.server.workers > 0 {
-        builder.worker_threads(config.server.workers);
+    if config.boot.server.workers > 0 {
+        builder.worker_threads(config.boot.server.workers);
     }
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async move {

@@ -6,6 +6,10 @@
 //! is validated fully, then swapped atomically; in-flight requests finish
 //! under the runtime they loaded. An invalid file is refused, logged with its
 //! errors and counted, and the last good configuration keeps serving.
+//!
+//! Only the live part of a configuration is applied. The boot part the
+//! process started with stays in effect until a restart; each key of it a
+//! new file changes is named in a warning.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +17,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{Config, StoreKind, Topology};
+use crate::config::{Boot, Config};
 use crate::runtime::{Runtime, SharedRuntime};
 use crate::store::Store;
 use crate::subject::PseudonymKey;
@@ -22,9 +26,11 @@ use crate::telemetry;
 /// How often the file is read to see whether it changed.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
 
-/// Watches `path` until the task is dropped.
+/// Watches `path` until the task is dropped. `boot` is the part of the
+/// configuration the process started with, which stays in effect.
 pub async fn watch(
     path: PathBuf,
+    boot: Boot,
     runtime: SharedRuntime,
     store: Arc<Store>,
     mut hangup: Option<tokio::signal::unix::Signal>,
@@ -46,19 +52,21 @@ pub async fn watch(
         last = now;
         let applied = reload(
             &path,
+            &boot,
             &runtime,
             if forced { "signal" } else { "file change" },
         );
         // The Redis store loads the scripts of policies it has not seen,
         // so their first requests need no NOSCRIPT round.
         if let (true, Store::Redis(redis, _)) = (applied, &*store) {
-            redis.learn(&runtime.load().config.policies);
+            redis.learn(&runtime.load().live.policies);
         }
     }
 }
 
-/// Validates `path` and swaps it in. Returns whether it was applied.
-pub fn reload(path: &std::path::Path, runtime: &SharedRuntime, trigger: &str) -> bool {
+/// Validates `path` and swaps its live part in; a change to its boot part
+/// is logged, key by key, and not applied. Returns whether it was applied.
+pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trigger: &str) -> bool {
     let config = match Config::load(path) {
         Ok(config) => config,
         Err(errors) => {
@@ -72,94 +80,28 @@ pub fn reload(path: &std::path::Path, runtime: &SharedRuntime, trigger: &str) ->
             return false;
         }
     };
-    let current = runtime.load_full();
-    for change in needs_restart(&current.config, &config) {
+    for change in boot.changes(&config.boot) {
         tracing::warn!(
             trigger,
             change,
             "this change needs a restart; it is not applied until then"
         );
     }
-    let key = match &config.identity.pseudonym_key {
+    telemetry::config_loaded(&config);
+    let live = config.live;
+    let current = runtime.load_full();
+    let key = match &live.identity.pseudonym_key {
         Some(secret) => PseudonymKey::new(
             secret.expose().as_bytes(),
-            config.identity.pseudonym_key_version,
+            live.identity.pseudonym_key_version,
         ),
         // The key generated at start stays: a new one would reset everyone.
         None => current.key.clone(),
     };
-    let next = Runtime::new(Arc::new(config), key);
-    telemetry::config_loaded(&next.config);
-    runtime.store(Arc::new(next));
+    runtime.store(Arc::new(Runtime::new(Arc::new(live), key)));
     telemetry::config_reload("success");
     tracing::info!(trigger, file = %path.display(), "configuration reloaded");
     true
-}
-
-/// What a reload cannot apply to a running process.
-fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut changes = Vec::new();
-    if old.server.listen != new.server.listen {
-        changes.push("server.listen");
-    }
-    if old.server.admin != new.server.admin {
-        changes.push("server.admin");
-    }
-    if format!("{:?}", old.server.tls) != format!("{:?}", new.server.tls) {
-        changes.push("server.tls");
-    }
-    if old.server.workers != new.server.workers {
-        changes.push("server.workers");
-    }
-    if old.server.idle_timeout != new.server.idle_timeout {
-        changes.push("server.idle_timeout");
-    }
-    if old.server.max_connections != new.server.max_connections {
-        changes.push("server.max_connections");
-    }
-    if old.server.http2 != new.server.http2 {
-        changes.push("server.http2");
-    }
-    if store_identity(&old.store.kind) != store_identity(&new.store.kind) {
-        changes.push("store (kind and connection)");
-    }
-    // The upstream URL and timeout are read per request; the connect
-    // timeout belongs to the pooled client built at start.
-    if old.upstream.connect_timeout != new.upstream.connect_timeout {
-        changes.push("upstream.connect_timeout");
-    }
-    changes
-}
-
-/// Every secret a topology holds, joined: a changed password counts.
-fn secrets(topology: &Topology) -> String {
-    match topology {
-        Topology::Standalone { url } => url.expose().to_owned(),
-        Topology::Cluster { nodes } => join(nodes),
-        Topology::Sentinel {
-            nodes, password, ..
-        } => format!(
-            "{}\n{}",
-            join(nodes),
-            password.as_ref().map_or("", |p| p.expose())
-        ),
-    }
-}
-
-fn join(urls: &[crate::config::Secret]) -> String {
-    urls.iter()
-        .map(|u| u.expose())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// What identifies a store connection. Debug output redacts the Redis URL
-/// (it carries credentials), so the URL is compared on its own.
-fn store_identity(kind: &StoreKind) -> (String, Option<String>) {
-    match kind {
-        StoreKind::Redis(redis) => (format!("{kind:?}"), Some(secrets(&redis.topology))),
-        StoreKind::Memory(_) => (format!("{kind:?}"), None),
-    }
 }
 
 async fn digest_of(path: &std::path::Path) -> Option<[u8; 32]> {
@@ -188,6 +130,10 @@ routes:
         Config::parse(Path::new("test.yaml"), &text).expect("valid")
     }
 
+    fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
+        old.boot.changes(&new.boot)
+    }
+
     #[test]
     fn only_what_a_running_process_cannot_change_needs_a_restart() {
         let base = config("127.0.0.1:8080", "redis://127.0.0.1:6379", 5);
@@ -209,7 +155,34 @@ routes:
                 &base,
                 &config("127.0.0.1:8080", "redis://u:other@127.0.0.1:6379", 5)
             ),
-            ["store (kind and connection)"]
+            ["store.url"]
         );
+    }
+
+    #[test]
+    fn a_reload_that_changes_both_parts_applies_the_live_one() {
+        let text = |header_read: &str, timeout: &str| {
+            format!(
+                "version: 1
+server: {{ listen: 127.0.0.1:0, header_read_timeout: {header_read} }}
+upstream: {{ url: http://127.0.0.1:3000, timeout: {timeout} }}
+policies:
+  p: {{ algorithm: fixed-window, limit: 5, window: 1s }}
+routes:
+  - {{ name: r, policy: p }}
+"
+            )
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sluice.yaml");
+        let start = Config::parse(&path, &text("10s", "60s")).expect("valid");
+        let runtime: SharedRuntime = Arc::new(arc_swap::ArcSwap::from_pointee(Runtime::new(
+            Arc::new(start.live),
+            PseudonymKey::random(),
+        )));
+
+        std::fs::write(&path, text("3s", "7s")).expect("write");
+        assert!(reload(&path, &start.boot, &runtime, "test"));
+        assert_eq!(runtime.load().live.upstream.timeout, Duration::from_secs(7));
     }
 }

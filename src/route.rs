@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use http::{HeaderName, Method};
 
-use crate::config::{Config, PathMatch, Route, Segment, SubjectSource};
+use crate::config::{Live, PathMatch, Route, Segment, SubjectSource};
 use crate::limit::Policy;
 use crate::proxy::respond::Prepared;
 use crate::telemetry::RouteMetrics;
@@ -60,8 +60,8 @@ impl Entry {
 }
 
 impl RouteTable {
-    pub fn new(config: &Config) -> RouteTable {
-        RouteTable::from_routes(&config.routes, &config.default)
+    pub fn new(live: &Live) -> RouteTable {
+        RouteTable::from_routes(&live.routes, &live.default)
     }
 
     fn from_routes(routes: &[Route], default: &Route) -> RouteTable {

@@ -172,7 +172,7 @@ fn check_prints_every_route_of_the_shipped_configs() {
             "{name}: stderr:\n{}",
             text(&out.stderr)
         );
-        for route in config.routes.iter().chain([&config.default]) {
+        for route in config.live.routes.iter().chain([&config.live.default]) {
             assert!(
                 stdout
                     .lines()

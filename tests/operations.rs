@@ -464,6 +464,69 @@ async fn sighup_reloads_and_a_rewritten_file_applies() {
     assert_eq!(statuses(&sluice, 5).await, ok_then_429(4, 1));
 }
 
+/// The `change` field of every "needs a restart" warning logged so far.
+fn restart_warnings(sluice: &Sidecar) -> Vec<String> {
+    sluice
+        .logs()
+        .iter()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|json| {
+            let fields = match json.get("fields") {
+                Some(nested) if nested.get("message").is_some() => nested.clone(),
+                _ => json.clone(),
+            };
+            let message = fields.get("message")?.as_str()?;
+            if json.get("level")?.as_str()? != "WARN" || !message.contains("needs a restart") {
+                return None;
+            }
+            Some(fields.get("change")?.as_str()?.to_owned())
+        })
+        .collect()
+}
+
+/// Policy `p` as in [`fixed_window`], under a server section of its own.
+fn fixed_window_with_server(upstream: &Upstream, limit: u32, server: &str) -> String {
+    config(
+        upstream,
+        server,
+        "",
+        &format!("  p: {{ algorithm: fixed-window, limit: {limit}, window: 1h }}\n"),
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: p }\n",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_the_live_part_and_names_each_boot_change_it_cannot_apply() {
+    let upstream = Upstream::start().await;
+    let frozen = "  header_read_timeout: 10s\n  max_header_bytes: 65536\n  shutdown_grace: 20s\n";
+    let sluice = Sidecar::start(&fixed_window_with_server(&upstream, 2, frozen));
+    let mut mount = ConfigMapMount::adopt(sluice.config_path());
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    assert_eq!(statuses(&sluice, 3).await, ok_then_429(2, 1));
+    assert_eq!(restart_warnings(&sluice), Vec::<String>::new());
+
+    // The limit (live) and two keys fixed at start change at once.
+    let thawed = "  header_read_timeout: 3s\n  max_header_bytes: 65536\n  shutdown_grace: 5s\n";
+    mount.update(&fixed_window_with_server(&upstream, 5, thawed));
+
+    // The new limit applies (a changed policy counts afresh)...
+    until_admitted(&sluice).await;
+    assert_eq!(statuses(&sluice, 5).await, ok_then_429(4, 1));
+    // ...and each frozen key is named, once, the unchanged one and the
+    // live one not at all.
+    let warned = eventually(RELOAD_DEADLINE, || async {
+        let warned = restart_warnings(&sluice);
+        (warned.len() >= 2).then_some(warned)
+    })
+    .await;
+    assert_eq!(
+        warned,
+        ["server.shutdown_grace", "server.header_read_timeout"],
+        "{}",
+        sluice.logs().join("\n")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_change_is_refused_counted_and_the_old_limits_keep_applying() {
     let upstream = Upstream::start().await;

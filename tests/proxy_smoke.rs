@@ -194,10 +194,10 @@ routes:
             Ok(config) => config,
             Err(errors) => panic!("{errors}"),
         };
-        let settings = Settings::from(&config.server);
-        let upstream = Upstream::new(&config.upstream);
+        let settings = Settings::from(&config.boot.server);
+        let upstream = Upstream::new(&config.boot.upstream);
         let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(
-            Arc::new(config),
+            Arc::new(config.live),
             PseudonymKey::random(),
         )));
         let store = Arc::new(Store::Memory(MemoryStore::new(

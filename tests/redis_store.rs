@@ -15,7 +15,7 @@ use redis::Commands;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use sluice::config::{self, OnFailure, Secret, StoreKind, Topology};
+use sluice::config::{self, Secret, Topology};
 use sluice::limit::{
     Bands, BucketBand, Decision, GcraBand, Incompatible, Micros, Outcome, Policy, Unavailable,
     WindowBand,
@@ -45,18 +45,11 @@ fn redis_config(url: String) -> config::RedisStore {
     }
 }
 
-fn store_config(redis: &config::RedisStore, budget: Duration) -> config::Store {
-    config::Store {
-        kind: StoreKind::Redis(Box::new(redis.clone())),
-        budget,
-        on_failure: OnFailure::Deny,
-        failure_retry_after: Duration::from_secs(1),
-        ttl_grace: Duration::from_secs(1),
-    }
-}
+/// Keys outlive their policy horizon by this much.
+const TTL_GRACE: Duration = Duration::from_secs(1);
 
 async fn connect_with(redis: config::RedisStore, budget: Duration) -> RedisStore {
-    let store = RedisStore::connect(&redis, &store_config(&redis, budget), &[]).expect("connect");
+    let store = RedisStore::connect(&redis, TTL_GRACE, budget, &[]).expect("connect");
     wait_ready(&store).await;
     store
 }
@@ -967,7 +960,7 @@ async fn corrupt_state_and_bad_costs_are_incompatible() {
 async fn readiness_waits_for_redis_and_the_scripts() {
     let port = support::free_port();
     let config = redis_config(format!("redis://127.0.0.1:{port}"));
-    let store = RedisStore::connect(&config, &store_config(&config, BUDGET), &[]).expect("connect");
+    let store = RedisStore::connect(&config, TTL_GRACE, BUDGET, &[]).expect("connect");
     tokio::time::sleep(ms(300)).await;
     assert!(!store.ready(), "ready with no Redis");
     let policy = policy("ready", Bands::FixedWindow(vec![window(5, 3_600_000)]));
@@ -1052,8 +1045,7 @@ async fn limits_over_tls_with_a_private_ca() {
 
     // Without the CA the server is not trusted: nothing is sent.
     let untrusting = redis_config(server.url());
-    let store =
-        RedisStore::connect(&untrusting, &store_config(&untrusting, BUDGET), &[]).expect("connect");
+    let store = RedisStore::connect(&untrusting, TTL_GRACE, BUDGET, &[]).expect("connect");
     assert_eq!(
         eval(&store, &policy, &subject, 1).await,
         Outcome::Unavailable(Unavailable::BeforeSend)

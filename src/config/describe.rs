@@ -15,9 +15,10 @@ pub fn route_table(config: &Config) -> String {
     let rows: Vec<[String; 10]> = std::iter::once(HEADER.map(str::to_owned))
         .chain(
             config
+                .live
                 .routes
                 .iter()
-                .chain(std::iter::once(&config.default))
+                .chain(std::iter::once(&config.live.default))
                 .map(row),
         )
         .collect();

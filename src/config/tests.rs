@@ -9,6 +9,8 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ipnet::IpNet;
+
 use super::*;
 use crate::limit::{Bands, BucketBand, GcraBand, WindowBand};
 
@@ -85,7 +87,8 @@ fn nz(n: u32) -> NonZeroU32 {
 }
 
 fn policy<'c>(c: &'c Config, name: &str) -> &'c crate::limit::Policy {
-    c.policies
+    c.live
+        .policies
         .iter()
         .find(|p| &*p.name == name)
         .unwrap_or_else(|| panic!("policy {name}"))
@@ -96,27 +99,27 @@ fn the_product_example_parses_into_domain_values() {
     let c = load(&fixture_path("product.yaml")).unwrap_or_else(|e| panic!("{e}"));
 
     let addr = |s: &str| s.parse::<SocketAddr>().expect("address");
-    assert_eq!(c.server.listen, addr("0.0.0.0:8080"));
-    assert_eq!(c.server.admin, Some(addr("0.0.0.0:9901")));
-    let tls = c.server.tls.as_ref().expect("tls");
+    assert_eq!(c.boot.server.listen, addr("0.0.0.0:8080"));
+    assert_eq!(c.boot.server.admin, Some(addr("0.0.0.0:9901")));
+    let tls = c.boot.server.tls.as_ref().expect("tls");
     assert_eq!(tls.cert, PathBuf::from("/etc/sluice/tls.crt"));
     assert_eq!(tls.key, PathBuf::from("/etc/sluice/tls.key"));
-    assert_eq!(c.server.shutdown_grace, Duration::from_secs(20));
-    assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
-    assert_eq!(c.server.body_idle_timeout, Duration::from_secs(30));
-    assert_eq!(c.server.max_header_bytes, 65_536);
-    assert_eq!(c.server.workers, 0);
+    assert_eq!(c.boot.server.shutdown_grace, Duration::from_secs(20));
+    assert_eq!(c.boot.server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.live.server.body_idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.boot.server.max_header_bytes, 65_536);
+    assert_eq!(c.boot.server.workers, 0);
 
-    assert_eq!(c.upstream.url.to_string(), "http://127.0.0.1:3000/");
-    assert_eq!(c.upstream.connect_timeout, Duration::from_secs(1));
-    assert_eq!(c.upstream.timeout, Duration::from_secs(60));
+    assert_eq!(c.live.upstream.url.to_string(), "http://127.0.0.1:3000/");
+    assert_eq!(c.boot.upstream.connect_timeout, Duration::from_secs(1));
+    assert_eq!(c.live.upstream.timeout, Duration::from_secs(60));
 
-    assert_eq!(c.store.budget, Duration::from_millis(25));
-    assert_eq!(c.store.on_failure, OnFailure::Deny);
-    assert_eq!(c.store.failure_retry_after, Duration::from_secs(1));
-    assert_eq!(c.store.ttl_grace, Duration::from_secs(5));
-    let StoreKind::Redis(redis) = &c.store.kind else {
-        panic!("redis store expected, got {:?}", c.store.kind)
+    assert_eq!(c.live.store.budget, Duration::from_millis(25));
+    assert_eq!(c.live.store.on_failure, OnFailure::Deny);
+    assert_eq!(c.live.store.failure_retry_after, Duration::from_secs(1));
+    assert_eq!(c.boot.store.ttl_grace, Duration::from_secs(5));
+    let StoreKind::Redis(redis) = &c.boot.store.kind else {
+        panic!("redis store expected, got {:?}", c.boot.store.kind)
     };
     assert!(matches!(
         &redis.topology,
@@ -136,18 +139,18 @@ fn the_product_example_parses_into_domain_values() {
     );
 
     assert_eq!(
-        c.identity.trusted_proxies,
+        c.live.identity.trusted_proxies,
         vec!["10.0.0.0/8".parse::<IpNet>().expect("net")]
     );
-    assert_eq!(c.identity.ipv6_prefix, 64);
+    assert_eq!(c.live.identity.ipv6_prefix, 64);
     assert_eq!(
-        c.identity.pseudonym_key.as_ref().map(Secret::expose),
+        c.live.identity.pseudonym_key.as_ref().map(Secret::expose),
         Some(PSEUDONYM_KEY)
     );
-    assert_eq!(c.identity.pseudonym_key_version, 1);
-    assert!(c.responses.ratelimit_headers_on_allowed);
+    assert_eq!(c.live.identity.pseudonym_key_version, 1);
+    assert!(c.live.responses.ratelimit_headers_on_allowed);
 
-    let names: Vec<&str> = c.policies.iter().map(|p| &*p.name).collect();
+    let names: Vec<&str> = c.live.policies.iter().map(|p| &*p.name).collect();
     assert_eq!(names, ["api", "login", "search", "upload", "export"]);
     let window = |limit, secs| WindowBand {
         limit: nz(limit),
@@ -183,7 +186,7 @@ fn the_product_example_parses_into_domain_values() {
     );
     assert!(policy(&c, "export").shadow);
     assert!(!policy(&c, "api").shadow);
-    for p in &c.policies {
+    for p in &c.live.policies {
         assert_eq!(p.revision.len(), 12, "{}", p.revision);
         assert!(p
             .revision
@@ -191,15 +194,15 @@ fn the_product_example_parses_into_domain_values() {
             .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
     }
 
-    let route_names: Vec<&str> = c.routes.iter().map(|r| &*r.name).collect();
+    let route_names: Vec<&str> = c.live.routes.iter().map(|r| &*r.name).collect();
     assert_eq!(route_names, ["login", "api", "health"]);
-    let login = &c.routes[0];
+    let login = &c.live.routes[0];
     assert_eq!(login.matcher.methods, vec![http::Method::POST]);
     assert!(matches!(&login.matcher.path, PathMatch::Exact(p) if p == "/login"));
     assert_eq!(login.subject, vec![SubjectSource::ClientIp]);
     assert_eq!(login.policy.as_deref().map(|p| &*p.name), Some("login"));
     assert_eq!(login.cost, 1);
-    let api = &c.routes[1];
+    let api = &c.live.routes[1];
     assert!(api.matcher.methods.is_empty());
     assert!(matches!(&api.matcher.path, PathMatch::Prefix(p) if p == "/api"));
     assert_eq!(
@@ -209,11 +212,14 @@ fn the_product_example_parses_into_domain_values() {
             SubjectSource::ClientIp
         ]
     );
-    assert!(c.routes[2].policy.is_none());
-    assert_eq!(&*c.default.name, "default");
-    assert_eq!(c.default.policy.as_deref().map(|p| &*p.name), Some("api"));
-    assert_eq!(c.default.subject, vec![SubjectSource::ClientIp]);
-    assert!(matches!(c.default.matcher.path, PathMatch::Any));
+    assert!(c.live.routes[2].policy.is_none());
+    assert_eq!(&*c.live.default.name, "default");
+    assert_eq!(
+        c.live.default.policy.as_deref().map(|p| &*p.name),
+        Some("api")
+    );
+    assert_eq!(c.live.default.subject, vec![SubjectSource::ClientIp]);
+    assert!(matches!(c.live.default.matcher.path, PathMatch::Any));
 }
 
 #[test]
@@ -460,28 +466,28 @@ fn an_explicit_revision_wins() {
 #[test]
 fn omitted_keys_take_their_documented_defaults() {
     let c = parse_ok(BASE);
-    assert_eq!(c.server.admin, None);
-    assert!(c.server.tls.is_none());
-    assert_eq!(c.server.shutdown_grace, Duration::from_secs(20));
-    assert_eq!(c.server.header_read_timeout, Duration::from_secs(10));
-    assert_eq!(c.server.body_idle_timeout, Duration::from_secs(30));
-    assert_eq!(c.server.max_header_bytes, 65_536);
-    assert_eq!(c.server.workers, 0);
-    let StoreKind::Memory(memory) = &c.store.kind else {
+    assert_eq!(c.boot.server.admin, None);
+    assert!(c.boot.server.tls.is_none());
+    assert_eq!(c.boot.server.shutdown_grace, Duration::from_secs(20));
+    assert_eq!(c.boot.server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.live.server.body_idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.boot.server.max_header_bytes, 65_536);
+    assert_eq!(c.boot.server.workers, 0);
+    let StoreKind::Memory(memory) = &c.boot.store.kind else {
         panic!("memory store is the default")
     };
     assert_eq!(memory.max_entries, 1_000_000);
-    assert_eq!(c.store.budget, Duration::from_millis(25));
-    assert_eq!(c.store.on_failure, OnFailure::Deny);
-    assert!(c.identity.trusted_proxies.is_empty());
-    assert_eq!(c.identity.ipv6_prefix, 64);
-    assert!(c.identity.pseudonym_key.is_none());
-    assert_eq!(c.identity.pseudonym_key_version, 1);
-    assert!(c.responses.ratelimit_headers_on_allowed);
-    assert!(c.policies.is_empty() && c.routes.is_empty());
+    assert_eq!(c.live.store.budget, Duration::from_millis(25));
+    assert_eq!(c.live.store.on_failure, OnFailure::Deny);
+    assert!(c.live.identity.trusted_proxies.is_empty());
+    assert_eq!(c.live.identity.ipv6_prefix, 64);
+    assert!(c.live.identity.pseudonym_key.is_none());
+    assert_eq!(c.live.identity.pseudonym_key_version, 1);
+    assert!(c.live.responses.ratelimit_headers_on_allowed);
+    assert!(c.live.policies.is_empty() && c.live.routes.is_empty());
     // No `default:`: unmatched requests are forwarded unlimited.
-    assert!(c.default.policy.is_none());
-    assert_eq!(c.default.subject, vec![SubjectSource::ClientIp]);
+    assert!(c.live.default.policy.is_none());
+    assert_eq!(c.live.default.subject, vec![SubjectSource::ClientIp]);
 }
 
 #[test]
@@ -519,7 +525,7 @@ fn paths_compile_into_matchers() {
   - {{ name: d, match: {{ methods: [get, Post] }}, policy: none }}
 "
     ));
-    let PathMatch::Template(segments) = &c.routes[0].matcher.path else {
+    let PathMatch::Template(segments) = &c.live.routes[0].matcher.path else {
         panic!("template expected")
     };
     assert_eq!(
@@ -530,13 +536,13 @@ fn paths_compile_into_matchers() {
             Segment::Literal("posts".into())
         ]
     );
-    assert!(matches!(&c.routes[1].matcher.path, PathMatch::Prefix(p) if p == "/static"));
-    assert!(matches!(&c.routes[2].matcher.path, PathMatch::Prefix(p) if p == "/"));
+    assert!(matches!(&c.live.routes[1].matcher.path, PathMatch::Prefix(p) if p == "/static"));
+    assert!(matches!(&c.live.routes[2].matcher.path, PathMatch::Prefix(p) if p == "/"));
     assert_eq!(
-        c.routes[3].matcher.methods,
+        c.live.routes[3].matcher.methods,
         [http::Method::GET, http::Method::POST]
     );
-    assert!(matches!(c.routes[3].matcher.path, PathMatch::Any));
+    assert!(matches!(c.live.routes[3].matcher.path, PathMatch::Any));
 }
 
 #[test]
@@ -569,7 +575,7 @@ fn subjects_are_a_value_or_a_list() {
         "{BASE}routes:\n  - {{ name: a, subject: header:X-Tenant, policy: none }}\n"
     ));
     assert_eq!(
-        c.routes[0].subject,
+        c.live.routes[0].subject,
         [SubjectSource::Header(http::HeaderName::from_static(
             "x-tenant"
         ))]
@@ -586,7 +592,7 @@ fn subjects_are_a_value_or_a_list() {
 #[test]
 fn the_upstream_url_is_normalised() {
     let url = |u: &str| {
-        parse(&BASE.replace("http://127.0.0.1:3000", u)).map(|c| c.upstream.url.to_string())
+        parse(&BASE.replace("http://127.0.0.1:3000", u)).map(|c| c.live.upstream.url.to_string())
     };
     assert_eq!(url("http://app").ok().as_deref(), Some("http://app:80/"));
     assert_eq!(
@@ -629,12 +635,12 @@ identity:
   pseudonym_key: \"$${{literal}}-$$-${{SLUICE_PSEUDONYM_KEY}}\"
 "
     ));
-    let StoreKind::Redis(redis) = &c.store.kind else {
+    let StoreKind::Redis(redis) = &c.boot.store.kind else {
         panic!("redis")
     };
     assert_eq!(redis.pool_size, 32);
     assert_eq!(
-        c.identity.pseudonym_key.as_ref().map(Secret::expose),
+        c.live.identity.pseudonym_key.as_ref().map(Secret::expose),
         Some(format!("${{literal}}-$$-{PSEUDONYM_KEY}").as_str())
     );
 }
@@ -708,6 +714,7 @@ fn trusted_proxies_take_networks_and_addresses() {
         "{BASE}identity:\n  trusted_proxies: [10.0.0.0/8, 192.168.1.7, \"fd00::/8\"]\n"
     ));
     let nets: Vec<String> = c
+        .live
         .identity
         .trusted_proxies
         .iter()
@@ -732,7 +739,7 @@ fn the_shipped_configs_pass_without_any_environment() {
         let c = Config::parse_with_env(&path, &text, &|_| Err(VarError::NotPresent))
             .unwrap_or_else(|e| panic!("{e}"));
         let table = c.route_table();
-        for route in c.routes.iter().chain([&c.default]) {
+        for route in c.live.routes.iter().chain([&c.live.default]) {
             assert!(table.contains(&*route.name), "{table}");
         }
     }
@@ -743,7 +750,7 @@ fn the_route_table_shows_limits_per_band() {
     let c = load(&fixture_path("product.yaml")).unwrap_or_else(|e| panic!("{e}"));
     let table = c.route_table();
     let lines: Vec<&str> = table.lines().collect();
-    assert_eq!(lines.len(), 1 + c.routes.len() + 1, "{table}");
+    assert_eq!(lines.len(), 1 + c.live.routes.len() + 1, "{table}");
     assert!(lines[0].starts_with("ROUTE"));
     assert!(lines[1].starts_with("login "), "{table}");
     assert!(lines[1].contains("POST"));
@@ -770,7 +777,12 @@ fn the_route_table_shows_limits_per_band() {
 }
 
 fn route_path(c: &Config, name: &str) -> PathMatch {
-    let route = c.routes.iter().find(|r| &*r.name == name).expect("route");
+    let route = c
+        .live
+        .routes
+        .iter()
+        .find(|r| &*r.name == name)
+        .expect("route");
     route.matcher.path.clone()
 }
 
@@ -826,20 +838,20 @@ fn path_settings_case_and_upgrades_have_safe_defaults() {
     let c = parse_ok(&format!(
         "{BASE}routes:\n  - {{ name: r, match: {{ path: /x }}, policy: none }}\n"
     ));
-    assert_eq!(c.server.paths, crate::path::PathRules::default());
-    assert!(c.routes[0].matcher.case_sensitive);
-    assert_eq!(&*c.routes[0].upgrades, [Box::from("websocket")]);
-    assert_eq!(&*c.default.upgrades, [Box::from("websocket")]);
+    assert_eq!(c.live.server.paths, crate::path::PathRules::default());
+    assert!(c.live.routes[0].matcher.case_sensitive);
+    assert_eq!(&*c.live.routes[0].upgrades, [Box::from("websocket")]);
+    assert_eq!(&*c.live.default.upgrades, [Box::from("websocket")]);
 
     let c = parse_ok(&format!(
         "{BASE}routes:\n  - {{ name: r, match: {{ path: /x, case_sensitive: false }}, policy: none, upgrades: [WebSocket, foo, foo] }}\n  - {{ name: s, match: {{ path: /y }}, policy: none, upgrades: [] }}\n"
     ));
-    assert!(!c.routes[0].matcher.case_sensitive);
+    assert!(!c.live.routes[0].matcher.case_sensitive);
     assert_eq!(
-        &*c.routes[0].upgrades,
+        &*c.live.routes[0].upgrades,
         [Box::from("websocket"), Box::from("foo")]
     );
-    assert!(c.routes[1].upgrades.is_empty());
+    assert!(c.live.routes[1].upgrades.is_empty());
     let table = c.route_table();
     assert!(table.contains("exact /x (any case)"), "{table}");
     assert!(table.contains("websocket,foo"), "{table}");
@@ -865,7 +877,7 @@ store:
 ";
 
 fn topology(c: &Config) -> &Topology {
-    match &c.store.kind {
+    match &c.boot.store.kind {
         StoreKind::Redis(redis) => &redis.topology,
         StoreKind::Memory(_) => panic!("a redis store"),
     }

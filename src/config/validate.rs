@@ -20,7 +20,7 @@ use self::check::Checker;
 use super::env::{self, key_text, Lookup};
 use super::locate::{At, KeyPath, Locations};
 use super::raw::{self, SECTIONS};
-use super::{Config, ConfigError, ConfigErrors};
+use super::{Boot, Config, ConfigError, ConfigErrors, Live};
 
 /// Reads `${NAME}` from the process environment.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
@@ -174,7 +174,10 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
     let policies = policy::policies(cx, &top.key("policies"), sections.remove("policies"));
     // Route paths are normalized as requests will be; a broken `server`
     // section has already been reported, so its defaults stand in.
-    let rules = server.as_ref().map(|s| s.paths).unwrap_or_default();
+    let rules = server
+        .as_ref()
+        .map(|(_, live)| live.paths)
+        .unwrap_or_default();
     let routes = route::routes(
         cx,
         &top.key("routes"),
@@ -189,15 +192,25 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         &policies,
     );
 
+    let (server, server_live) = server?;
+    let (upstream, upstream_live) = upstream?;
+    let (store, store_live) = store?;
     Some(Config {
         source: cx.file().to_path_buf(),
-        server: server?,
-        upstream: upstream?,
-        store: store?,
-        identity: identity?,
-        responses: responses?,
-        policies: policies.valid,
-        routes,
-        default: default?,
+        boot: Boot {
+            server,
+            upstream,
+            store,
+        },
+        live: Live {
+            server: server_live,
+            upstream: upstream_live,
+            store: store_live,
+            identity: identity?,
+            responses: responses?,
+            policies: policies.valid,
+            routes,
+            default: default?,
+        },
     })
 }

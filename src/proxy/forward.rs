@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::{self, Config};
+use crate::config::{self, Live};
 
 use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
@@ -36,7 +36,7 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(config: &config::Upstream) -> Upstream {
+    pub fn new(config: &config::UpstreamBoot) -> Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
@@ -61,7 +61,7 @@ pub(super) async fn forward(
     upstream: &Upstream,
     mut request: Request<Incoming>,
     conn: &ConnInfo,
-    config: &Config,
+    live: &Live,
     upgrades: &[Box<str>],
     tunnels: &Tunnels,
 ) -> Response<Body> {
@@ -71,7 +71,7 @@ pub(super) async fn forward(
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (mut parts, incoming) = request.into_parts();
-    let uri = match target(&config.upstream.url, &parts.uri) {
+    let uri = match target(&live.upstream.url, &parts.uri) {
         Ok(uri) => uri,
         Err(error) => {
             tracing::warn!(%error, "cannot build the upstream URI");
@@ -96,16 +96,16 @@ pub(super) async fn forward(
     let body = if incoming.is_end_stream() {
         body::boxed(incoming)
     } else {
-        body::boxed(IdleTimeout::new(incoming, config.server.body_idle_timeout))
+        body::boxed(IdleTimeout::new(incoming, live.server.body_idle_timeout))
     };
     let request = Request::from_parts(parts, body);
 
-    let sent = tokio::time::timeout(config.upstream.timeout, upstream.client.request(request));
+    let sent = tokio::time::timeout(live.upstream.timeout, upstream.client.request(request));
     let mut response = match sent.await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => return failed(&error),
         Err(_elapsed) => {
-            tracing::debug!(timeout = ?config.upstream.timeout, "upstream response head timed out");
+            tracing::debug!(timeout = ?live.upstream.timeout, "upstream response head timed out");
             return respond::gateway_timeout();
         }
     };

@@ -11,7 +11,7 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::config::{self, Config, OnFailure, Route};
+use crate::config::{self, Live, OnFailure, Route};
 use crate::limit::{Decision, Outcome};
 use crate::path;
 use crate::route::{Entry, Limited, RouteTable};
@@ -75,13 +75,13 @@ impl Proxy {
         // Loaded once: a reload mid-request does not change the rules it
         // is judged by.
         let runtime = self.runtime.load_full();
-        let config = &*runtime.config;
+        let live = &*runtime.live;
         let matched =
             headers::check_identity_headers(request.headers(), runtime.routes.identity_headers())
                 .and_then(|()| {
                     overrides::methods(request.method(), request.headers(), request.uri().query())
                 })
-                .and_then(|methods| route(&runtime.routes, &methods, request.uri(), config));
+                .and_then(|methods| route(&runtime.routes, &methods, request.uri(), live));
         let (matched, rewritten) = match matched {
             Ok(found) => found,
             Err(invalid) => return refuse(&invalid),
@@ -106,7 +106,7 @@ impl Proxy {
                     &route.name,
                     conn.peer.ip(),
                     request.headers(),
-                    &config.identity,
+                    &live.identity,
                     &runtime.key,
                 );
                 match resolved {
@@ -120,14 +120,14 @@ impl Proxy {
         // to refuse answers, and the ones after it are not charged.
         let mut ratelimit = None;
         for (entry, subject) in matched.iter().zip(&subjects) {
-            match self.check(entry, subject.as_ref(), config, arrival).await {
+            match self.check(entry, subject.as_ref(), live, arrival).await {
                 Ok(allowed) => ratelimit = ratelimit.or(allowed),
                 Err(response) => return response,
             }
         }
 
         let primary = matched.primary();
-        let mut response = self.forward(request, conn, config, primary).await;
+        let mut response = self.forward(request, conn, live, primary).await;
         if let Some((limited, decision)) = ratelimit {
             if !response.status().is_informational() {
                 respond::add_ratelimit_headers(
@@ -147,7 +147,7 @@ impl Proxy {
         &self,
         entry: &'r Entry,
         subject: Option<&Pseudonym>,
-        config: &Config,
+        live: &Live,
         arrival: Instant,
     ) -> Result<Option<(&'r Limited, Decision)>, Response<Body>> {
         let (route, metrics) = (&entry.route, &entry.metrics);
@@ -160,13 +160,13 @@ impl Proxy {
             policy,
             subject,
             cost: route.cost,
-            deadline: arrival + config.store.budget,
+            deadline: arrival + live.store.budget,
             id: EvaluationId::random(),
         };
         let outcome = self.store.evaluate(&evaluation).await;
         self.decision_duration
             .record(arrival.elapsed().as_secs_f64());
-        let (verdict, action) = decide(outcome, route, limited, config);
+        let (verdict, action) = decide(outcome, route, limited, live);
 
         metrics.request(verdict.label());
         if verdict.forwarded_without_decision() {
@@ -191,7 +191,7 @@ impl Proxy {
         &self,
         request: Request<Incoming>,
         conn: &ConnInfo,
-        config: &Config,
+        live: &Live,
         entry: &Entry,
     ) -> Response<Body> {
         let sent = Instant::now();
@@ -199,7 +199,7 @@ impl Proxy {
             &self.upstream,
             request,
             conn,
-            config,
+            live,
             &entry.route.upgrades,
             &self.tunnels,
         )
@@ -216,17 +216,12 @@ impl Proxy {
 
 /// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
 /// outcome must be decided here before sluice builds.
-fn decide(
-    outcome: Outcome,
-    route: &Route,
-    limited: &Limited,
-    config: &Config,
-) -> (Verdict, Action) {
-    let (policy, store) = (&*limited.policy, &config.store);
+fn decide(outcome: Outcome, route: &Route, limited: &Limited, live: &Live) -> (Verdict, Action) {
+    let (policy, store) = (&*limited.policy, &live.store);
     match outcome {
         Outcome::Allowed(decision) => {
             // A shadow policy is invisible to clients.
-            let show = config.responses.ratelimit_headers_on_allowed && !policy.shadow;
+            let show = live.responses.ratelimit_headers_on_allowed && !policy.shadow;
             let ratelimit = show.then_some(decision);
             (Verdict::Allowed, Action::Forward { ratelimit })
         }
@@ -248,7 +243,7 @@ fn decide(
 }
 
 /// No decision could be made: `on_failure` says what happens.
-fn fail(failure: Failure, limited: &Limited, store: &config::Store) -> (Verdict, Action) {
+fn fail(failure: Failure, limited: &Limited, store: &config::StoreLive) -> (Verdict, Action) {
     match store.on_failure {
         OnFailure::Deny => {
             let response = respond::unavailable(&limited.responses, store.failure_retry_after);
@@ -287,9 +282,9 @@ fn route<'r>(
     routes: &'r RouteTable,
     methods: &Methods,
     uri: &Uri,
-    config: &Config,
+    live: &Live,
 ) -> Result<(Matched<'r>, Option<Uri>), Invalid> {
-    let normal = path::normalize(uri.path(), &config.server.paths).map_err(Invalid::Path)?;
+    let normal = path::normalize(uri.path(), &live.server.paths).map_err(Invalid::Path)?;
     let mut matched = Matched {
         entries: [None; MAX_METHODS],
     };

@@ -36,8 +36,8 @@ pub struct Settings {
     pub http2: config::Http2,
 }
 
-impl From<&config::Server> for Settings {
-    fn from(server: &config::Server) -> Settings {
+impl From<&config::ServerBoot> for Settings {
+    fn from(server: &config::ServerBoot) -> Settings {
         Settings {
             header_read_timeout: server.header_read_timeout,
             max_header_bytes: server.max_header_bytes,

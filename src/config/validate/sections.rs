@@ -13,11 +13,15 @@ use super::check::{self, Checker};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{
-    Http2, Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, Server, Store,
-    StoreKind, Tls, Topology, Upstream,
+    Http2, Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, ServerBoot, ServerLive,
+    StoreBoot, StoreKind, StoreLive, Tls, Topology, UpstreamBoot, UpstreamLive,
 };
 
-pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<Server> {
+pub fn server(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::Server,
+) -> Option<(ServerBoot, ServerLive)> {
     let listen = cx.required(&path.key("listen"), raw.listen.as_ref(), socket_addr);
     let admin = match &raw.admin {
         None => Some(None),
@@ -91,20 +95,23 @@ pub fn server(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Server) -> Option<
         None => Some(PathRules::default()),
         Some(raw) => paths(cx, &path.key("paths"), raw),
     };
-    Some(Server {
+    let boot = ServerBoot {
         listen: listen?,
         admin: admin?,
         tls: tls?,
         shutdown_grace: shutdown_grace?,
         header_read_timeout: header_read_timeout?,
-        body_idle_timeout: body_idle_timeout?,
         max_header_bytes: usize::try_from(max_header_bytes?).ok()?,
         workers: usize::try_from(workers?).ok()?,
-        paths: paths?,
         idle_timeout: idle_timeout?,
         max_connections: usize::try_from(max_connections?).ok()?,
         http2: http2?,
-    })
+    };
+    let live = ServerLive {
+        body_idle_timeout: body_idle_timeout?,
+        paths: paths?,
+    };
+    Some((boot, live))
 }
 
 /// `server.http2`: nginx's `http2_max_concurrent_streams` (128) and h2's
@@ -188,7 +195,11 @@ fn file_path(s: &str) -> Result<PathBuf, String> {
     check::text(s).map(PathBuf::from)
 }
 
-pub fn upstream(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Upstream) -> Option<Upstream> {
+pub fn upstream(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::Upstream,
+) -> Option<(UpstreamBoot, UpstreamLive)> {
     let url = cx.required(&path.key("url"), raw.url.as_ref(), upstream_url);
     let connect_timeout = cx.optional(
         &path.key("connect_timeout"),
@@ -202,11 +213,14 @@ pub fn upstream(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Upstream) -> Opt
         Duration::from_secs(60),
         check::positive_duration,
     );
-    Some(Upstream {
-        url: url?,
+    let boot = UpstreamBoot {
         connect_timeout: connect_timeout?,
+    };
+    let live = UpstreamLive {
+        url: url?,
         timeout: timeout?,
-    })
+    };
+    Some((boot, live))
 }
 
 /// `http://host[:port][/base]`, normalised to an explicit port and a base
@@ -287,7 +301,7 @@ pub fn store(
     path: &KeyPath,
     raw: raw::Store,
     kind: Option<Kind>,
-) -> Option<Store> {
+) -> Option<(StoreBoot, StoreLive)> {
     let budget = cx.optional(
         &path.key("budget"),
         raw.budget.as_ref(),
@@ -336,13 +350,16 @@ pub fn store(
             redis.map(|r| StoreKind::Redis(Box::new(r)))
         }
     };
-    Some(Store {
+    let boot = StoreBoot {
         kind: kind?,
+        ttl_grace: ttl_grace?,
+    };
+    let live = StoreLive {
         budget: budget?,
         on_failure: on_failure?,
         failure_retry_after: failure_retry_after?,
-        ttl_grace: ttl_grace?,
-    })
+    };
+    Some((boot, live))
 }
 
 fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {

@@ -4,9 +4,10 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::*;
+use crate::config::Config;
 use crate::limit::{Incompatible, Unavailable};
 
-fn config(on_failure: &str, headers_on_allowed: bool, shadow: bool) -> Config {
+fn config(on_failure: &str, headers_on_allowed: bool, shadow: bool) -> Live {
     let yaml = format!(
         "version: 1
 server: {{ listen: 127.0.0.1:0 }}
@@ -20,7 +21,7 @@ routes:
 "
     );
     match Config::parse(Path::new("decide.yaml"), &yaml) {
-        Ok(config) => config,
+        Ok(config) => config.live,
         Err(errors) => panic!("{errors}"),
     }
 }
@@ -42,7 +43,7 @@ fn decision(allowed: bool) -> Decision {
 
 /// The verdict, and the status answered (`None`: forwarded, with whether
 /// `RateLimit` fields are to be added).
-fn run(config: &Config, outcome: Outcome) -> (Verdict, Result<bool, Response<Body>>) {
+fn run(config: &Live, outcome: Outcome) -> (Verdict, Result<bool, Response<Body>>) {
     let route = &config.routes[0];
     let policy = route.policy.clone().expect("the route has a policy");
     let limited = Limited {

@@ -112,10 +112,10 @@ pub enum Connector {
 }
 
 impl Connector {
-    pub fn new(
-        redis: &config::RedisStore,
-        store: &config::Store,
-    ) -> Result<Connector, RedisSetupError> {
+    /// `budget` is the one in effect at start: the cluster client's own
+    /// waits are built with it, and every request's deadline (its live
+    /// budget) bounds them anyway.
+    pub fn new(redis: &config::RedisStore, budget: Duration) -> Result<Connector, RedisSetupError> {
         let certs = certificates(redis)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -140,9 +140,9 @@ impl Connector {
                     // Redirects and TRYAGAIN waits stay short: the whole
                     // decision has `budget`, 25 ms by default.
                     .min_retry_wait(1)
-                    .max_retry_wait(budget_ms(store.budget))
+                    .max_retry_wait(budget_ms(budget))
                     .connection_timeout(CONNECT_TIMEOUT)
-                    .response_timeout(store.budget)
+                    .response_timeout(budget)
                     .overall_response_timeout(None)
                     .tcp_settings(tcp_settings());
                 if let Some(certs) = certs {

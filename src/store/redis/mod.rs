@@ -69,6 +69,7 @@ pub struct RedisStore {
 struct Inner {
     /// What the prober evaluates: a limit nobody reaches, on a key of its own.
     probe: Probe,
+    /// The probe's deadline: `store.budget` as it was at start.
     budget: Duration,
     lanes: Lanes,
     scripts: Scripts,
@@ -85,20 +86,25 @@ impl RedisStore {
     /// `policies`' scripts are made now and loaded with the connection;
     /// a policy first seen later gets its script on first use
     /// ([`RedisStore::learn`] loads a reloaded configuration's ahead).
+    ///
+    /// `ttl_grace` is compiled into the scripts; `budget` (the one in
+    /// effect at start) bounds the store's own probe and the cluster
+    /// client's waits, while each request brings its deadline.
     pub fn connect(
         redis: &config::RedisStore,
-        store: &config::Store,
+        ttl_grace: Duration,
+        budget: Duration,
         policies: &[Arc<Policy>],
     ) -> Result<RedisStore, RedisSetupError> {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
         let inner = Arc::new(Inner {
             probe: Probe::new(),
-            budget: store.budget,
-            lanes: Lanes::new(redis, store)?,
+            budget,
+            lanes: Lanes::new(redis, budget)?,
             scripts: Scripts::new(Common {
                 key_prefix: redis.key_prefix.clone(),
-                ttl_grace: store.ttl_grace,
+                ttl_grace,
                 max_clock_regression: redis.max_clock_regression,
                 dedupe_window: redis.dedupe_window,
             }),

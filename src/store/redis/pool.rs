@@ -12,6 +12,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::connect::{Conn, Connector};
 use super::RedisSetupError;
@@ -53,17 +54,14 @@ pub enum Stage {
 }
 
 impl Lanes {
-    pub fn new(
-        redis: &config::RedisStore,
-        store: &config::Store,
-    ) -> Result<Lanes, RedisSetupError> {
+    pub fn new(redis: &config::RedisStore, budget: Duration) -> Result<Lanes, RedisSetupError> {
         // `pool_size` caps the connections; more lanes than cores only split
         // the coalescing (measured on 2 cores at 8 concurrent requests: one
         // lane 29k evaluations/s, four 17k, sixteen 20k).
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let lanes = redis.pool_size.clamp(1, cores);
         Ok(Lanes {
-            connector: Connector::new(redis, store)?,
+            connector: Connector::new(redis, budget)?,
             lanes: (0..lanes)
                 .map(|_| Lane {
                     current: Mutex::new(None),

@@ -63,7 +63,7 @@ fn row(route: &Route) -> [String; 10] {
         ),
         Some(p) => (
             p.name.to_string(),
-            limits(&p.bands),
+            limits(p.bands()),
             route.cost.to_string(),
             if p.shadow { "yes" } else { "no" }.to_owned(),
             p.revision.to_string(),

@@ -166,12 +166,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         Some(explicit) => explicit,
         None => derived_revision(&bands),
     };
-    Some(Policy {
-        name: Arc::from(name),
-        revision: Arc::from(revision.as_str()),
-        bands,
-        shadow: shadow?,
-    })
+    Some(Policy::new(name, revision, bands, shadow?))
 }
 
 enum Band {

@@ -65,8 +65,8 @@ impl Script {
 /// the configuration loaded); the TTL and window also as strings, passed
 /// to Redis as they are.
 fn literals(policy: &Policy, common: &Common) -> String {
-    let bands = &policy.bands;
-    let ttl = ceil_ms(bands.horizon() + common.ttl_grace);
+    let bands = policy.bands();
+    let ttl = ceil_ms(policy.horizon() + common.ttl_grace);
     let mut out = String::with_capacity(256);
     // Writing into a String cannot fail.
     let _ = writeln!(out, "local P_TTL_MS, P_TTL_TEXT = {ttl}, '{ttl}'");
@@ -136,16 +136,16 @@ impl Scripts {
 
     /// `policy`'s script, made on first use.
     pub fn get(&self, policy: &Policy) -> Arc<Script> {
-        if let Some(script) = self.read().get(&policy.bands) {
+        if let Some(script) = self.read().get(policy.bands()) {
             return script.clone();
         }
         let script = Arc::new(Script::for_policy(policy, &self.common));
         let mut map = self.by_bands.write().unwrap_or_else(|e| e.into_inner());
-        map.entry(policy.bands.clone()).or_insert(script).clone()
+        map.entry(policy.bands().clone()).or_insert(script).clone()
     }
 
     pub fn has(&self, policy: &Policy) -> bool {
-        self.read().contains_key(&policy.bands)
+        self.read().contains_key(policy.bands())
     }
 
     /// Every script made so far (to load them all).
@@ -303,12 +303,7 @@ mod tests {
         bands
             .into_iter()
             .enumerate()
-            .map(|(i, bands)| Policy {
-                name: format!("p{i}").into(),
-                revision: format!("r{i}").into(),
-                bands,
-                shadow: false,
-            })
+            .map(|(i, bands)| Policy::new(format!("p{i}"), format!("r{i}"), bands, false))
             .collect()
     }
 
@@ -370,8 +365,12 @@ mod tests {
         shas.dedup();
         assert_eq!(shas.len(), 5);
         // One revision written for two sets of bands: two scripts.
-        let mut changed = policies[0].clone();
-        changed.bands = Bands::FixedWindow(vec![window(7, 1)]);
+        let changed = Policy::new(
+            policies[0].name.clone(),
+            policies[0].revision.clone(),
+            Bands::FixedWindow(vec![window(7, 1)]),
+            false,
+        );
         assert_eq!(changed.revision, policies[0].revision);
         assert_ne!(scripts.get(&changed).sha, first.sha);
     }

@@ -9,9 +9,9 @@
 mod describe;
 mod env;
 mod error;
-mod locate;
-mod raw;
-mod validate;
+pub(crate) mod locate;
+pub(crate) mod raw;
+pub(crate) mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
 

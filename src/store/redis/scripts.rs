@@ -40,7 +40,7 @@ impl Script {
     /// The script `policy` runs with on a store configured as `common`.
     pub fn for_policy(policy: &Policy, common: &Common) -> Script {
         let algorithm = policy.algorithm();
-        let file = source(algorithm);
+        let file = algorithm.lua();
         let mut spliced = literals(policy, common);
         spliced.push_str(COMMON);
         // Every embedded file has the marker once (a unit test checks); a
@@ -81,32 +81,11 @@ fn literals(policy: &Policy, common: &Common) -> String {
         ceil_ms(common.dedupe_window)
     );
     let _ = writeln!(out, "local P_BANDS = {}", bands.len());
-    let mut args: Vec<u64> = Vec::new();
-    match bands {
-        Bands::FixedWindow(b) | Bands::SlidingCounter(b) | Bands::SlidingLog(b) => {
-            for band in b {
-                args.extend([u64::from(band.limit.get()), micros(band.window)]);
-            }
-        }
-        Bands::TokenBucket(b) => {
-            for band in b {
-                args.extend([
-                    u64::from(band.capacity.get()),
-                    u64::from(band.refill_tokens.get()),
-                    micros(band.refill_every),
-                ]);
-            }
-        }
-        Bands::Gcra(b) => {
-            for band in b {
-                args.extend([
-                    u64::from(band.limit.get()),
-                    micros(band.window),
-                    u64::from(band.burst.get()),
-                ]);
-            }
-        }
-    }
+    let args: Vec<u64> = bands
+        .profiles()
+        .into_iter()
+        .flat_map(|band| band.lua_args)
+        .collect();
     let list: Vec<String> = args.iter().map(u64::to_string).collect();
     let _ = writeln!(out, "local P_BAND_ARGS = {{{}}}", list.join(", "));
     out
@@ -157,25 +136,6 @@ impl Scripts {
         // Entries are inserted whole and never changed: a poisoned lock
         // still holds a usable map.
         self.by_bands.read().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-#[cfg(test)]
-pub const ALGORITHMS: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingCounter,
-    Algorithm::SlidingLog,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
-
-pub fn source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::FixedWindow => include_str!("../../../lua/fixed_window.lua"),
-        Algorithm::SlidingCounter => include_str!("../../../lua/sliding_counter.lua"),
-        Algorithm::SlidingLog => include_str!("../../../lua/sliding_log.lua"),
-        Algorithm::TokenBucket => include_str!("../../../lua/token_bucket.lua"),
-        Algorithm::Gcra => include_str!("../../../lua/gcra.lua"),
     }
 }
 
@@ -309,8 +269,8 @@ mod tests {
 
     #[test]
     fn every_script_starts_with_a_shebang_and_carries_the_common_part() {
-        for algorithm in ALGORITHMS {
-            let file = source(algorithm);
+        for &algorithm in Algorithm::ALL {
+            let file = algorithm.lua();
             assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
         }
         for policy in policies() {

@@ -98,12 +98,7 @@ fn gcra(limit: u32, window_ms: u64, burst: u32) -> GcraBand {
 }
 
 fn policy(name: &str, bands: Bands) -> Policy {
-    Policy {
-        name: name.into(),
-        revision: "r1".into(),
-        bands,
-        shadow: false,
-    }
+    Policy::new(name, "r1", bands, false)
 }
 
 fn subject(identity: &str) -> Pseudonym {

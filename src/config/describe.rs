@@ -1,8 +1,6 @@
 //! The route table `sluice check` prints: what each route matches, who it
 //! counts, and under which limits.
 
-use std::time::Duration;
-
 use super::{Config, PathMatch, Route, Segment, SubjectSource};
 use crate::limit::Bands;
 
@@ -64,7 +62,7 @@ fn row(route: &Route) -> [String; 10] {
         ),
         Some(p) => (
             p.name.to_string(),
-            limits(&p.bands),
+            limits(p.bands()),
             route.cost.to_string(),
             if p.shadow { "yes" } else { "no" }.to_owned(),
             p.revision.to_string(),
@@ -118,33 +116,12 @@ fn subject(s: &SubjectSource) -> String {
 }
 
 /// `fixed-window 10/1s + 1000/1h`, `token-bucket 5 (+1/10s)`,
-/// `gcra 60/1m burst 10`.
+/// `gcra 60/1m burst 10`: each band as its algorithm describes it.
 fn limits(bands: &Bands) -> String {
-    let each: Vec<String> = match bands {
-        Bands::FixedWindow(b) | Bands::SlidingCounter(b) | Bands::SlidingLog(b) => b
-            .iter()
-            .map(|b| format!("{}/{}", b.limit, short(b.window)))
-            .collect(),
-        Bands::TokenBucket(b) => b
-            .iter()
-            .map(|b| {
-                format!(
-                    "{} (+{}/{})",
-                    b.capacity,
-                    b.refill_tokens,
-                    short(b.refill_every)
-                )
-            })
-            .collect(),
-        Bands::Gcra(b) => b
-            .iter()
-            .map(|b| format!("{}/{} burst {}", b.limit, short(b.window), b.burst))
-            .collect(),
-    };
+    let each: Vec<String> = bands
+        .profiles()
+        .into_iter()
+        .map(|b| b.description)
+        .collect();
     format!("{} {}", bands.algorithm().name(), each.join(" + "))
-}
-
-/// `1h`, `10s`, `1m30s`, `250ms`: no spaces, so columns stay aligned.
-fn short(d: Duration) -> String {
-    humantime::format_duration(d).to_string().replace(' ', "")
 }

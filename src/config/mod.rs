@@ -14,9 +14,9 @@ mod describe;
 mod env;
 mod error;
 mod live;
-mod locate;
-mod raw;
-mod validate;
+pub(crate) mod locate;
+pub(crate) mod raw;
+pub(crate) mod validate;
 
 pub use boot::{
     Boot, Http2, MemoryStore, RedisStore, ServerBoot, StoreBoot, StoreKind, Tls, Topology,

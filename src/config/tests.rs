@@ -157,11 +157,11 @@ fn the_product_example_parses_into_domain_values() {
         window: Duration::from_secs(secs),
     };
     assert_eq!(
-        policy(&c, "api").bands,
+        *policy(&c, "api").bands(),
         Bands::SlidingCounter(vec![window(100, 60)])
     );
     assert_eq!(
-        policy(&c, "login").bands,
+        *policy(&c, "login").bands(),
         Bands::TokenBucket(vec![BucketBand {
             capacity: nz(5),
             refill_tokens: nz(1),
@@ -169,11 +169,11 @@ fn the_product_example_parses_into_domain_values() {
         }])
     );
     assert_eq!(
-        policy(&c, "search").bands,
+        *policy(&c, "search").bands(),
         Bands::SlidingLog(vec![window(20, 10)])
     );
     assert_eq!(
-        policy(&c, "upload").bands,
+        *policy(&c, "upload").bands(),
         Bands::Gcra(vec![GcraBand {
             limit: nz(60),
             window: Duration::from_secs(60),
@@ -181,7 +181,7 @@ fn the_product_example_parses_into_domain_values() {
         }])
     );
     assert_eq!(
-        policy(&c, "export").bands,
+        *policy(&c, "export").bands(),
         Bands::FixedWindow(vec![window(10, 1), window(1000, 3600)])
     );
     assert!(policy(&c, "export").shadow);

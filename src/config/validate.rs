@@ -6,7 +6,7 @@
 //! policy and each route deserialized on its own (`raw`) and checked, so one
 //! mistake never hides another in a different place.
 
-mod check;
+pub(crate) mod check;
 mod policy;
 mod route;
 mod sections;

@@ -7,8 +7,9 @@ pub mod algorithm;
 pub mod outcome;
 pub mod policy;
 
+pub use algorithm::{Algorithm, Bands, BucketBand, GcraBand, WindowBand};
 pub use outcome::{Decision, Incompatible, Outcome, Unavailable};
-pub use policy::{Algorithm, Bands, BucketBand, GcraBand, Policy, WindowBand};
+pub use policy::Policy;
 
 /// Microseconds since the Unix epoch. Integer so Lua (doubles) and Rust agree
 /// exactly, and fine enough that a GCRA emission interval never rounds to 0.

@@ -54,7 +54,7 @@ impl Prepared {
             policy_field: HeaderValue::from_str(&policy_value(policy))
                 .unwrap_or_else(|_| HeaderValue::from_static("")),
             band_name: sf_string_inner(name).into(),
-            several_bands: policy.bands.len() > 1,
+            several_bands: policy.bands().len() > 1,
             denied: Template::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 &format!("route \"{route}\" is limited by policy \"{name}\"; retry after "),
@@ -284,7 +284,7 @@ pub fn add_ratelimit_headers(headers: &mut HeaderMap, prepared: &Prepared, decis
 
 /// `"<name>";q=<quota>;w=<seconds>` per band.
 fn policy_value(policy: &Policy) -> String {
-    let quotas = policy.bands.quotas();
+    let quotas = policy.quotas();
     let mut out = String::new();
     for (i, (quota, window)) in quotas.iter().enumerate() {
         if i > 0 {

@@ -163,15 +163,15 @@ mod tests {
     use std::num::NonZeroU32;
 
     fn policy() -> Policy {
-        Policy {
-            name: "p".into(),
-            revision: "r1".into(),
-            bands: Bands::FixedWindow(vec![WindowBand {
+        Policy::new(
+            "p",
+            "r1",
+            Bands::FixedWindow(vec![WindowBand {
                 limit: NonZeroU32::new(1).unwrap(),
                 window: Duration::from_secs(10),
             }]),
-            shadow: false,
-        }
+            false,
+        )
     }
 
     fn denied(retry: Duration) -> Decision {

@@ -159,7 +159,7 @@ impl MemoryStore {
         // map itself is still consistent (steps write whole entries).
         let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
 
-        let horizon = micros(policy.bands.horizon()) + self.grace;
+        let horizon = micros(policy.horizon()) + self.grace;
         // Only a subject the store does not hold yet needs room; the count
         // is read first so the usual case looks the key up once.
         if self.len.load(Ordering::Relaxed) >= self.max_entries && !map.contains_key(&key) {
@@ -176,14 +176,14 @@ impl MemoryStore {
         let entry = map.entry(key).or_insert_with(|| {
             self.len.fetch_add(1, Ordering::Relaxed);
             Entry {
-                state: State::new(&policy.bands),
+                state: State::new(policy.bands()),
                 expires_at: 0,
             }
         });
         if entry.expires_at <= now {
-            entry.state = State::new(&policy.bands);
+            entry.state = State::new(policy.bands());
         }
-        let decision = algorithm::evaluate(&policy.bands, &mut entry.state, now, evaluation.cost);
+        let decision = algorithm::evaluate(policy.bands(), &mut entry.state, now, evaluation.cost);
         if decision.allowed {
             entry.expires_at = now + horizon;
         } else if entry.expires_at == 0 {
@@ -233,15 +233,15 @@ mod tests {
     const SECOND: Micros = 1_000_000;
 
     fn policy(name: &str, revision: &str, limit: u32) -> Policy {
-        Policy {
-            name: Arc::from(name),
-            revision: Arc::from(revision),
-            bands: Bands::FixedWindow(vec![WindowBand {
+        Policy::new(
+            name,
+            revision,
+            Bands::FixedWindow(vec![WindowBand {
                 limit: NonZeroU32::new(limit).unwrap(),
                 window: Duration::from_secs(60),
             }]),
-            shadow: false,
-        }
+            false,
+        )
     }
 
     fn subject(n: u32) -> Pseudonym {

@@ -4,6 +4,7 @@
 //! Parsers are plain functions returning `Result<T, String>`; the collector
 //! places their messages at a key path, so every step reports and moves on.
 
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
@@ -168,6 +169,12 @@ pub fn number(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> {
             Ok(n as u64)
         }
     }
+}
+
+/// A whole number from 1 to `u32::MAX`: a limit, a capacity, a burst.
+pub fn positive(s: &str) -> Result<NonZeroU32, String> {
+    let n = number_u32(1)(s)?;
+    NonZeroU32::new(n).ok_or_else(|| "must be at least 1".to_owned())
 }
 
 /// A whole number in `min..=u32::MAX`.

@@ -1,8 +1,6 @@
 //! `policies:`: algorithm, bands, shadow and revision of each named policy.
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_yaml::Value;
 use sha2::{Digest, Sha256};
@@ -11,7 +9,7 @@ use super::check::{self, Checker};
 use crate::config::env::key_text;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Params};
-use crate::limit::{Algorithm, Bands, BucketBand, GcraBand, Policy, WindowBand};
+use crate::limit::{Algorithm, Bands, Policy};
 
 /// Every policy the file names, valid or not.
 #[derive(Debug, Default)]
@@ -93,35 +91,13 @@ pub fn policies(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> P
 }
 
 fn algorithm(s: &str) -> Result<Algorithm, String> {
-    ALGORITHMS
-        .into_iter()
-        .find(|a| a.name() == s)
-        .ok_or_else(|| {
-            let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
-            format!(
-                "unknown algorithm `{s}`; expected one of {}",
-                names.join(", ")
-            )
-        })
-}
-
-const ALGORITHMS: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingCounter,
-    Algorithm::SlidingLog,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
-
-/// The parameters each algorithm takes, in the order the docs list them.
-fn parameters(a: Algorithm) -> &'static [&'static str] {
-    match a {
-        Algorithm::FixedWindow | Algorithm::SlidingCounter | Algorithm::SlidingLog => {
-            &["limit", "window"]
-        }
-        Algorithm::TokenBucket => &["capacity", "refill_tokens", "refill_every"],
-        Algorithm::Gcra => &["limit", "window", "burst"],
-    }
+    Algorithm::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        format!(
+            "unknown algorithm `{s}`; expected one of {}",
+            names.join(", ")
+        )
+    })
 }
 
 fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) -> Option<Policy> {
@@ -139,7 +115,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
     let flat = raw.flat();
     let bands = match (&raw.bands, algorithm) {
         (_, None) => None,
-        (None, Some(a)) => band(cx, path, a, &flat).map(|b| vec![b]),
+        (None, Some(a)) => a.bands(cx, &[(path.clone(), &flat)]),
         (Some(list), Some(a)) => {
             let bands_path = path.key("bands");
             for (key, _) in flat.written() {
@@ -152,169 +128,20 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
             if list.is_empty() {
                 cx.error(&bands_path, At::Value, "needs at least one band");
             }
-            let mut out = Vec::with_capacity(list.len());
-            for (i, params) in list.iter().enumerate() {
-                if let Some(b) = band(cx, &bands_path.index(i), a, params) {
-                    out.push(b);
-                }
-            }
-            (out.len() == list.len() && !out.is_empty()).then_some(out)
+            let list: Vec<(KeyPath, &Params)> = list
+                .iter()
+                .enumerate()
+                .map(|(i, params)| (bands_path.index(i), params))
+                .collect();
+            a.bands(cx, &list)
         }
     };
-    let bands = collect(algorithm?, bands?)?;
+    let bands = bands?;
     let revision = match revision? {
         Some(explicit) => explicit,
         None => derived_revision(&bands),
     };
-    Some(Policy {
-        name: Arc::from(name),
-        revision: Arc::from(revision.as_str()),
-        bands,
-        shadow: shadow?,
-    })
-}
-
-enum Band {
-    Window(WindowBand),
-    Bucket(BucketBand),
-    Gcra(GcraBand),
-}
-
-/// One band's parameters, checked against `a`; `path` is the policy itself
-/// for flat parameters, `bands[i]` otherwise.
-fn band(cx: &mut Checker<'_>, path: &KeyPath, a: Algorithm, p: &Params) -> Option<Band> {
-    let allowed = parameters(a);
-    let mut foreign = false;
-    for (key, _) in p.written() {
-        if !allowed.contains(&key) {
-            foreign = true;
-            cx.error(
-                &path.key(key),
-                At::Key,
-                format!(
-                    "`{key}` is not a parameter of {}; it takes {}",
-                    a.name(),
-                    allowed.join(", ")
-                ),
-            );
-        }
-    }
-    let band = match a {
-        Algorithm::FixedWindow | Algorithm::SlidingCounter | Algorithm::SlidingLog => {
-            let limit = cx.required(&path.key("limit"), p.limit.as_ref(), positive);
-            let window = cx.required(&path.key("window"), p.window.as_ref(), check::window);
-            let (limit, window) = (limit?, window?);
-            if a == Algorithm::SlidingCounter {
-                sliding_counter_exact(cx, &path.key("limit"), limit, window)?;
-            }
-            Band::Window(WindowBand { limit, window })
-        }
-        Algorithm::TokenBucket => {
-            let capacity = cx.required(&path.key("capacity"), p.capacity.as_ref(), positive);
-            let refill_tokens = cx.optional(
-                &path.key("refill_tokens"),
-                p.refill_tokens.as_ref(),
-                NonZeroU32::MIN,
-                positive,
-            );
-            let refill_every = cx.required(
-                &path.key("refill_every"),
-                p.refill_every.as_ref(),
-                check::window,
-            );
-            let band = BucketBand {
-                capacity: capacity?,
-                refill_tokens: refill_tokens?,
-                refill_every: refill_every?,
-            };
-            let product = u128::from(band.capacity.get()) * band.refill_every.as_micros();
-            exact_in_lua(
-                cx,
-                &path.key("capacity"),
-                product,
-                "capacity × refill_every",
-            )?;
-            Band::Bucket(band)
-        }
-        Algorithm::Gcra => {
-            let limit = cx.required(&path.key("limit"), p.limit.as_ref(), positive);
-            let window = cx.required(&path.key("window"), p.window.as_ref(), check::window);
-            let limit = limit?;
-            let burst = cx.optional(&path.key("burst"), p.burst.as_ref(), limit, positive);
-            let band = GcraBand {
-                limit,
-                window: window?,
-                burst: burst?,
-            };
-            let product = u128::from(band.burst.get()) * u128::from(band.emission_interval_us());
-            exact_in_lua(cx, &path.key("burst"), product, "burst × window / limit")?;
-            Band::Gcra(band)
-        }
-    };
-    (!foreign).then_some(band)
-}
-
-fn positive(s: &str) -> Result<NonZeroU32, String> {
-    let n = check::number_u32(1)(s)?;
-    NonZeroU32::new(n).ok_or_else(|| "must be at least 1".to_owned())
-}
-
-/// The sliding counter weighs `limit × window_ms` products; past 2^53 the
-/// doubles Lua computes with are no longer exact.
-fn sliding_counter_exact(
-    cx: &mut Checker<'_>,
-    path: &KeyPath,
-    limit: NonZeroU32,
-    window: Duration,
-) -> Option<()> {
-    let product = u128::from(limit.get()) * window.as_millis();
-    if product >= 1 << 53 {
-        cx.error(
-            path,
-            At::Value,
-            "limit × window in milliseconds must stay below 2^53 for sliding-counter",
-        );
-        return None;
-    }
-    Some(())
-}
-
-/// The Redis scripts compute in doubles, exact up to 2^53: a band whose
-/// time arithmetic could pass it is refused here rather than by the script
-/// at run time.
-fn exact_in_lua(cx: &mut Checker<'_>, path: &KeyPath, product_us: u128, what: &str) -> Option<()> {
-    if product_us >= 1 << 53 {
-        cx.error(
-            path,
-            At::Value,
-            format!("{what} in microseconds must stay below 2^53 (about 285 years)"),
-        );
-        return None;
-    }
-    Some(())
-}
-
-fn collect(a: Algorithm, bands: Vec<Band>) -> Option<Bands> {
-    fn each<T>(bands: Vec<Band>, pick: fn(Band) -> Option<T>) -> Option<Vec<T>> {
-        bands.into_iter().map(pick).collect()
-    }
-    let window = |b| match b {
-        Band::Window(w) => Some(w),
-        _ => None,
-    };
-    Some(match a {
-        Algorithm::FixedWindow => Bands::FixedWindow(each(bands, window)?),
-        Algorithm::SlidingCounter => Bands::SlidingCounter(each(bands, window)?),
-        Algorithm::SlidingLog => Bands::SlidingLog(each(bands, window)?),
-        Algorithm::TokenBucket => Bands::TokenBucket(each(bands, |b| match b {
-            Band::Bucket(b) => Some(b),
-            _ => None,
-        })?),
-        Algorithm::Gcra => Bands::Gcra(each(bands, |b| match b {
-            Band::Gcra(b) => Some(b),
-            _ => None,
-        })?),
-    })
+    Some(Policy::new(name, revision, bands, shadow?))
 }
 
 /// A short digest of everything that changes what a counter means: the
@@ -323,32 +150,8 @@ fn collect(a: Algorithm, bands: Vec<Band>) -> Option<Bands> {
 /// turning enforcement on must keep the counters shadow mode built up.
 pub fn derived_revision(bands: &Bands) -> String {
     let mut canonical = format!("v1;{}", bands.algorithm().name());
-    match bands {
-        Bands::FixedWindow(b) | Bands::SlidingCounter(b) | Bands::SlidingLog(b) => {
-            for b in b {
-                canonical += &format!(";limit={},window_ms={}", b.limit, b.window.as_millis());
-            }
-        }
-        Bands::TokenBucket(b) => {
-            for b in b {
-                canonical += &format!(
-                    ";capacity={},refill_tokens={},refill_every_ms={}",
-                    b.capacity,
-                    b.refill_tokens,
-                    b.refill_every.as_millis()
-                );
-            }
-        }
-        Bands::Gcra(b) => {
-            for b in b {
-                canonical += &format!(
-                    ";limit={},window_ms={},burst={}",
-                    b.limit,
-                    b.window.as_millis(),
-                    b.burst
-                );
-            }
-        }
+    for band in bands.profiles() {
+        canonical += &band.revision;
     }
     let digest = Sha256::digest(canonical.as_bytes());
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()

@@ -430,7 +430,7 @@ fn cost(
 ) -> Option<u32> {
     let cost = cx.optional(path, raw, 1, check::number_u32(1))?;
     if let Some(Some(policy)) = policy {
-        let max = policy.bands.max_cost();
+        let max = policy.max_cost();
         if cost > max {
             cx.error(
                 path,

@@ -1,8 +1,64 @@
 //! Fixed window: `limit` units per window aligned to multiples of `window`
 //! since the Unix epoch, so every sidecar agrees where a window starts.
 
-use super::BandVerdict;
-use crate::limit::{micros, Micros, WindowBand};
+use std::time::Duration;
+
+use super::{per_band, window, BandVerdict, Spec, WindowBand};
+use crate::config::locate::KeyPath;
+use crate::config::raw::Params;
+use crate::config::validate::check::Checker;
+use crate::limit::{micros, Decision, Micros};
+
+pub struct FixedWindow;
+
+impl Spec for FixedWindow {
+    const NAME: &'static str = "fixed-window";
+    const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
+    const LUA: &'static str = include_str!("../../../lua/fixed_window.lua");
+    type Band = WindowBand;
+    type State = Vec<BandState>;
+
+    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<WindowBand> {
+        WindowBand::parse(cx, path, params)
+    }
+
+    fn quota(band: &WindowBand) -> (u32, Duration) {
+        band.quota()
+    }
+
+    fn horizon(band: &WindowBand) -> Duration {
+        band.window
+    }
+
+    fn max_cost(band: &WindowBand) -> u32 {
+        band.limit.get()
+    }
+
+    fn lua_args(band: &WindowBand) -> Vec<u64> {
+        band.lua_args()
+    }
+
+    fn revision(band: &WindowBand) -> String {
+        band.revision()
+    }
+
+    fn describe(band: &WindowBand) -> String {
+        band.describe()
+    }
+
+    fn fresh(bands: &[WindowBand]) -> Vec<BandState> {
+        vec![BandState::default(); bands.len()]
+    }
+
+    fn evaluate(
+        bands: &[WindowBand],
+        state: &mut Vec<BandState>,
+        now: Micros,
+        cost: u32,
+    ) -> Decision {
+        per_band::<Self, _>(bands, state, now, cost, check)
+    }
+}
 
 /// `(start, count)`: units admitted in the window starting at `start`.
 /// The default `(0, 0)` is a subject never seen: a zero count reads the same

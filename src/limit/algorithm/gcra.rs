@@ -2,8 +2,112 @@
 //! `burst` units at once (tolerance `tau = burst * T`). Exact and one
 //! integer of state per band.
 
-use super::BandVerdict;
-use crate::limit::{GcraBand, Micros};
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use super::{exact_in_lua, per_band, short, BandVerdict, Spec};
+use crate::config::locate::KeyPath;
+use crate::config::raw::Params;
+use crate::config::validate::check::{self, Checker};
+use crate::limit::{micros, Decision, Micros};
+
+/// A smooth rate of `limit` per `window`, at most `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GcraBand {
+    pub limit: NonZeroU32,
+    /// At least one millisecond (validated).
+    pub window: Duration,
+    pub burst: NonZeroU32,
+}
+
+impl GcraBand {
+    /// Emission interval in microseconds, rounded up so a rounding error can
+    /// only ever admit less, never more, than `limit` per `window`.
+    pub fn emission_interval_us(&self) -> u64 {
+        micros(self.window).div_ceil(u64::from(self.limit.get()))
+    }
+
+    /// Time for a full burst to drain back to nothing.
+    pub fn burst_span(&self) -> Duration {
+        Duration::from_micros(
+            self.emission_interval_us()
+                .saturating_mul(u64::from(self.burst.get())),
+        )
+    }
+}
+
+pub struct Gcra;
+
+impl Spec for Gcra {
+    const NAME: &'static str = "gcra";
+    const PARAMETERS: &'static [&'static str] = &["limit", "window", "burst"];
+    const LUA: &'static str = include_str!("../../../lua/gcra.lua");
+    type Band = GcraBand;
+    type State = Vec<BandState>;
+
+    fn band(cx: &mut Checker<'_>, path: &KeyPath, p: &Params) -> Option<GcraBand> {
+        let limit = cx.required(&path.key("limit"), p.limit.as_ref(), check::positive);
+        let window = cx.required(&path.key("window"), p.window.as_ref(), check::window);
+        let limit = limit?;
+        let burst = cx.optional(&path.key("burst"), p.burst.as_ref(), limit, check::positive);
+        let band = GcraBand {
+            limit,
+            window: window?,
+            burst: burst?,
+        };
+        let product = u128::from(band.burst.get()) * u128::from(band.emission_interval_us());
+        exact_in_lua(cx, &path.key("burst"), product, "burst × window / limit")?;
+        Some(band)
+    }
+
+    fn quota(band: &GcraBand) -> (u32, Duration) {
+        (band.limit.get(), band.window)
+    }
+
+    fn horizon(band: &GcraBand) -> Duration {
+        band.burst_span()
+    }
+
+    fn max_cost(band: &GcraBand) -> u32 {
+        band.burst.get()
+    }
+
+    /// The script derives `T` and `tau` from these itself.
+    fn lua_args(band: &GcraBand) -> Vec<u64> {
+        vec![
+            u64::from(band.limit.get()),
+            micros(band.window),
+            u64::from(band.burst.get()),
+        ]
+    }
+
+    fn revision(band: &GcraBand) -> String {
+        format!(
+            ";limit={},window_ms={},burst={}",
+            band.limit,
+            band.window.as_millis(),
+            band.burst
+        )
+    }
+
+    /// `60/1m burst 10`.
+    fn describe(band: &GcraBand) -> String {
+        format!("{}/{} burst {}", band.limit, short(band.window), band.burst)
+    }
+
+    fn fresh(bands: &[GcraBand]) -> Vec<BandState> {
+        vec![BandState::default(); bands.len()]
+    }
+
+    fn evaluate(
+        bands: &[GcraBand],
+        state: &mut Vec<BandState>,
+        now: Micros,
+        cost: u32,
+    ) -> Decision {
+        per_band::<Self, _>(bands, state, now, cost, check)
+    }
+}
 
 /// The theoretical arrival time: when the band will have room for a full
 /// burst again. The default `0` is a subject never seen: every step reads

@@ -1,11 +1,37 @@
-//! The pure algorithm steps: `(state, now, bands, cost) → (state, decision)`.
-//! See `docs/ALGORITHMS.md` for the exact integer arithmetic, which the Lua
-//! scripts follow too.
+//! The five algorithms, one module each, and what they share.
 //!
-//! Each algorithm file holds one band's step; [`evaluate`] runs it over every
-//! band and writes all of them or none. Steps never read a clock, never
-//! panic and never overflow (products that could be large are saturated or
-//! taken in `u128`).
+//! An algorithm module owns everything about its algorithm: its band type
+//! (or the shared [`WindowBand`]), the validation of its YAML parameters,
+//! its pure step, its band-level quota, horizon and maximum cost, the
+//! numbers its Lua script is compiled with and the script itself
+//! (`include_str!` of `lua/<name>.lua`), the text its derived revision is
+//! made of, and its `sluice check` description. It says all of this by
+//! implementing [`Spec`]; the rest of sluice reaches it only through
+//! [`Bands`], [`Algorithm`] and [`evaluate`], which `registry.rs` generates
+//! from one list.
+//!
+//! Adding a sixth algorithm takes:
+//! 1. its module here, implementing [`Spec`], and its `mod` line below
+//!    (its vector table goes beside the others in `tests/`);
+//! 2. its script, `lua/<name>.lua`, marking where `lua/common.lua` goes
+//!    with `-- @common`;
+//! 3. one line in the `register!` list in `registry.rs`.
+//!
+//! Everything else follows: the YAML name and its error messages, the
+//! Redis script and its numbers, the memory store, `sluice check`, the
+//! derived revision, `RateLimit-Policy`. Two things do not: a parameter
+//! name no algorithm used before also needs its field in `config/raw.rs`
+//! (`Params` and the flat `Policy`, serde having no other way to refuse
+//! unknown keys), and the docs (`lua/README.md`, `docs/ALGORITHMS.md`,
+//! the README's configuration reference) describe it by hand.
+//!
+//! The steps: `(state, now, bands, cost) → (state, decision)`. See
+//! `docs/ALGORITHMS.md` for the exact integer arithmetic, which the Lua
+//! scripts follow too. Each algorithm's step checks one band (the sliding
+//! log: every band against one log); [`evaluate`] runs it over every band
+//! and writes all of them or none. Steps never read a clock, never panic
+//! and never overflow (products that could be large are saturated or taken
+//! in `u128`).
 //!
 //! A `now` earlier than the times a state holds is treated as that time (no
 //! time has passed), so a clock stepping back admits nothing extra. Reported
@@ -15,51 +41,152 @@
 
 pub mod fixed_window;
 pub mod gcra;
+mod registry;
 pub mod sliding_counter;
 pub mod sliding_log;
 pub mod token_bucket;
+mod window;
 
 #[cfg(test)]
 mod tests;
 
+use std::fmt::Debug;
+use std::hash::Hash;
 use std::time::Duration;
 
-use super::{Bands, Decision, Micros};
+use super::{Decision, Micros};
+use crate::config::locate::{At, KeyPath};
+use crate::config::raw::Params;
+use crate::config::validate::check::Checker;
 
-/// The state of one subject under one policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct State(PerAlgorithm);
+pub use gcra::GcraBand;
+pub use registry::{evaluate, Algorithm, Bands, State};
+pub use token_bucket::BucketBand;
+pub use window::WindowBand;
 
-/// One entry per band, except the sliding log, whose one log serves every
-/// band (an entry counts in each band whose window still covers it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum PerAlgorithm {
-    FixedWindow(Vec<fixed_window::BandState>),
-    SlidingCounter(Vec<sliding_counter::BandState>),
-    SlidingLog(sliding_log::Log),
-    TokenBucket(Vec<token_bucket::BandState>),
-    Gcra(Vec<gcra::BandState>),
+/// What an algorithm module provides; `registry.rs` turns the list of them
+/// into [`Algorithm`], [`Bands`] and [`State`]. Only [`Spec::fresh`] (for
+/// a subject never seen) and [`Spec::evaluate`] run per request; the rest
+/// runs when a configuration loads.
+pub trait Spec {
+    /// Its name in YAML, in `sluice check` and in the derived revision.
+    const NAME: &'static str;
+    /// The keys one band takes, in the order the docs list them.
+    const PARAMETERS: &'static [&'static str];
+    /// Whether it admits exactly its limit. Only the sliding counter
+    /// estimates.
+    const EXACT: bool = true;
+    /// `lua/<name>.lua`, before `lua/common.lua` and the policy's numbers
+    /// are spliced in.
+    const LUA: &'static str;
+
+    type Band: Debug + Clone + PartialEq + Eq + Hash;
+    /// One subject's state under every band of a policy.
+    type State: Debug + Clone + PartialEq + Eq;
+
+    /// One band's parameters, validated; `path` is the policy for flat
+    /// parameters, `bands[i]` otherwise. Keys outside
+    /// [`Spec::PARAMETERS`] are already reported.
+    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<Self::Band>;
+
+    /// `(quota, window)` for `RateLimit-Policy` (`q`, `w`) and `sluice
+    /// check`.
+    fn quota(band: &Self::Band) -> (u32, Duration);
+    /// How long the band's state matters after its last admitted request:
+    /// past this, dropping it is indistinguishable from keeping it.
+    fn horizon(band: &Self::Band) -> Duration;
+    /// The largest cost the band could ever admit at once.
+    fn max_cost(band: &Self::Band) -> u32;
+    /// The band's numbers in `P_BAND_ARGS` (`lua/README.md`).
+    fn lua_args(band: &Self::Band) -> Vec<u64>;
+    /// The band's part of the derived revision. Changing it for an existing
+    /// band changes every derived revision, and so resets every counter.
+    fn revision(band: &Self::Band) -> String;
+    /// The band in the `LIMITS` column of `sluice check`.
+    fn describe(band: &Self::Band) -> String;
+
+    /// A subject never seen before. Needs no `now`: the fresh state is
+    /// written so that the step gives exactly the spec's "never seen"
+    /// values at whatever time it is first evaluated.
+    fn fresh(bands: &[Self::Band]) -> Self::State;
+    /// Checks every band; charges all of them only if all admit `cost`. A
+    /// state that does not fit `bands` reads as a subject never seen.
+    fn evaluate(bands: &[Self::Band], state: &mut Self::State, now: Micros, cost: u32) -> Decision;
 }
 
-impl State {
-    /// A subject never seen before. Needs no `now`: each band's fresh state
-    /// is written so that the step arithmetic gives exactly the spec's
-    /// "never seen" values at whatever time it is first evaluated.
-    pub fn new(bands: &Bands) -> State {
-        State(match bands {
-            Bands::FixedWindow(b) => {
-                PerAlgorithm::FixedWindow(vec![fixed_window::BandState::default(); b.len()])
-            }
-            Bands::SlidingCounter(b) => {
-                PerAlgorithm::SlidingCounter(vec![sliding_counter::BandState::default(); b.len()])
-            }
-            Bands::SlidingLog(_) => PerAlgorithm::SlidingLog(sliding_log::Log::default()),
-            Bands::TokenBucket(b) => {
-                PerAlgorithm::TokenBucket(b.iter().map(token_bucket::BandState::fresh).collect())
-            }
-            Bands::Gcra(b) => PerAlgorithm::Gcra(vec![gcra::BandState::default(); b.len()]),
-        })
+/// Everything sluice derives from one band, gathered when a policy loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BandProfile {
+    pub quota: u32,
+    pub window: Duration,
+    pub horizon: Duration,
+    pub max_cost: u32,
+    pub lua_args: Vec<u64>,
+    pub revision: String,
+    pub description: String,
+}
+
+fn profile<A: Spec>(band: &A::Band) -> BandProfile {
+    let (quota, window) = A::quota(band);
+    BandProfile {
+        quota,
+        window,
+        horizon: A::horizon(band),
+        max_cost: A::max_cost(band),
+        lua_args: A::lua_args(band),
+        revision: A::revision(band),
+        description: A::describe(band),
     }
+}
+
+/// Every band of a policy, each checked against `A`'s parameters: `None`
+/// if any is invalid or there is none (each error already reported).
+fn parse<A: Spec>(cx: &mut Checker<'_>, list: &[(KeyPath, &Params)]) -> Option<Vec<A::Band>> {
+    let mut out = Vec::with_capacity(list.len());
+    for (path, params) in list {
+        let mut foreign = false;
+        for (key, _) in params.written() {
+            if !A::PARAMETERS.contains(&key) {
+                foreign = true;
+                cx.error(
+                    &path.key(key),
+                    At::Key,
+                    format!(
+                        "`{key}` is not a parameter of {}; it takes {}",
+                        A::NAME,
+                        A::PARAMETERS.join(", ")
+                    ),
+                );
+            }
+        }
+        if let Some(band) = A::band(cx, path, params) {
+            if !foreign {
+                out.push(band);
+            }
+        }
+    }
+    (out.len() == list.len() && !out.is_empty()).then_some(out)
+}
+
+/// The Redis scripts compute in doubles, exact up to 2^53: a band whose
+/// time arithmetic could pass it is refused here rather than by the script
+/// at run time.
+fn exact_in_lua(cx: &mut Checker<'_>, path: &KeyPath, product_us: u128, what: &str) -> Option<()> {
+    if product_us >= 1 << 53 {
+        cx.error(
+            path,
+            At::Value,
+            format!("{what} in microseconds must stay below 2^53 (about 285 years)"),
+        );
+        return None;
+    }
+    Some(())
+}
+
+/// `1h`, `10s`, `1m30s`, `250ms`: no spaces, so `sluice check`'s columns
+/// stay aligned.
+fn short(d: Duration) -> String {
+    humantime::format_duration(d).to_string().replace(' ', "")
 }
 
 /// One band's answer to one request. Durations are in microseconds from the
@@ -77,58 +204,27 @@ pub struct BandVerdict {
     pub retry_after: Micros,
 }
 
-/// Checks every band; charges all of them only if all admit `cost`.
-///
-/// `cost` is expected within `1..=bands.max_cost()` (validated before a
-/// store is asked); a larger cost is denied without panicking, but its
-/// `retry_after` then promises nothing.
-pub fn evaluate(bands: &Bands, state: &mut State, now: Micros, cost: u32) -> Decision {
-    match (bands, &mut state.0) {
-        (Bands::FixedWindow(b), PerAlgorithm::FixedWindow(s)) if s.len() == b.len() => {
-            per_band(b, s, now, cost, fixed_window::check, false)
-        }
-        (Bands::SlidingCounter(b), PerAlgorithm::SlidingCounter(s)) if s.len() == b.len() => {
-            per_band(b, s, now, cost, sliding_counter::check, true)
-        }
-        (Bands::SlidingLog(b), PerAlgorithm::SlidingLog(log)) => {
-            let decision = bind(
-                b.iter()
-                    .map(|band| sliding_log::check(band, log, now, cost)),
-                false,
-            );
-            if decision.allowed {
-                sliding_log::admit(b, log, now, cost);
-            }
-            decision
-        }
-        (Bands::TokenBucket(b), PerAlgorithm::TokenBucket(s)) if s.len() == b.len() => {
-            per_band(b, s, now, cost, token_bucket::check, false)
-        }
-        (Bands::Gcra(b), PerAlgorithm::Gcra(s)) if s.len() == b.len() => {
-            per_band(b, s, now, cost, gcra::check, false)
-        }
-        // A state written under other bands. Cannot happen through a store
-        // (the policy revision is part of the key), but if it did, the only
-        // meaningful reading is a subject never seen. Recurses once at most:
-        // `State::new` always matches its bands.
-        _ => {
-            *state = State::new(bands);
-            evaluate(bands, state, now, cost)
-        }
-    }
-}
-
-/// Runs a per-band step over every band, then writes every band only if all
-/// admitted. The step is pure, so it is simply run again to get the states
-/// to write: cheaper than allocating to keep them.
-fn per_band<B, S>(
-    bands: &[B],
-    states: &mut [S],
+/// [`Spec::evaluate`] of an algorithm with one state per band: runs `step`
+/// over every band, then writes every band only if all admitted. The step
+/// is pure, so it is simply run again to get the states to write: cheaper
+/// than allocating to keep them.
+fn per_band<A, S>(
+    bands: &[A::Band],
+    states: &mut Vec<S>,
     now: Micros,
     cost: u32,
-    step: fn(&B, &S, Micros, u32) -> (S, BandVerdict),
-    approximate: bool,
-) -> Decision {
+    step: fn(&A::Band, &S, Micros, u32) -> (S, BandVerdict),
+) -> Decision
+where
+    A: Spec<State = Vec<S>>,
+{
+    if states.len() != bands.len() {
+        // Written under other bands: cannot happen through a store (the
+        // revision is part of the key), but the only meaningful reading is
+        // a subject never seen.
+        *states = A::fresh(bands);
+    }
+    let approximate = !A::EXACT;
     let decision = bind(
         bands
             .iter()

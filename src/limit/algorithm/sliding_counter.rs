@@ -3,8 +3,77 @@
 //! still covers (Cloudflare's estimate). The weighting is in whole
 //! milliseconds so the Lua side's products stay exact in doubles.
 
-use super::BandVerdict;
-use crate::limit::{micros, Micros, WindowBand};
+use std::time::Duration;
+
+use super::{per_band, window, BandVerdict, Spec, WindowBand};
+use crate::config::locate::{At, KeyPath};
+use crate::config::raw::Params;
+use crate::config::validate::check::Checker;
+use crate::limit::{micros, Decision, Micros};
+
+pub struct SlidingCounter;
+
+impl Spec for SlidingCounter {
+    const NAME: &'static str = "sliding-counter";
+    const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
+    const EXACT: bool = false;
+    const LUA: &'static str = include_str!("../../../lua/sliding_counter.lua");
+    type Band = WindowBand;
+    type State = Vec<BandState>;
+
+    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<WindowBand> {
+        let band = WindowBand::parse(cx, path, params)?;
+        // The weighting multiplies counts by whole milliseconds; past 2^53
+        // the doubles Lua computes with are no longer exact.
+        if u128::from(band.limit.get()) * band.window.as_millis() >= 1 << 53 {
+            cx.error(
+                &path.key("limit"),
+                At::Value,
+                "limit × window in milliseconds must stay below 2^53 for sliding-counter",
+            );
+            return None;
+        }
+        Some(band)
+    }
+
+    fn quota(band: &WindowBand) -> (u32, Duration) {
+        band.quota()
+    }
+
+    /// The previous window still weighs on the current one.
+    fn horizon(band: &WindowBand) -> Duration {
+        band.window.saturating_mul(2)
+    }
+
+    fn max_cost(band: &WindowBand) -> u32 {
+        band.limit.get()
+    }
+
+    fn lua_args(band: &WindowBand) -> Vec<u64> {
+        band.lua_args()
+    }
+
+    fn revision(band: &WindowBand) -> String {
+        band.revision()
+    }
+
+    fn describe(band: &WindowBand) -> String {
+        band.describe()
+    }
+
+    fn fresh(bands: &[WindowBand]) -> Vec<BandState> {
+        vec![BandState::default(); bands.len()]
+    }
+
+    fn evaluate(
+        bands: &[WindowBand],
+        state: &mut Vec<BandState>,
+        now: Micros,
+        cost: u32,
+    ) -> Decision {
+        per_band::<Self, _>(bands, state, now, cost, check)
+    }
+}
 
 /// `(start, cur, prev)`: units admitted in the window starting at `start`
 /// and in the one before it. The default is a subject never seen: zero

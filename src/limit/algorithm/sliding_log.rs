@@ -10,9 +10,64 @@
 //! searches rather than scans of up to `limit` entries.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
-use super::BandVerdict;
-use crate::limit::{micros, Micros, WindowBand};
+use super::{bind, window, BandVerdict, Spec, WindowBand};
+use crate::config::locate::KeyPath;
+use crate::config::raw::Params;
+use crate::config::validate::check::Checker;
+use crate::limit::{micros, Decision, Micros};
+
+pub struct SlidingLog;
+
+impl Spec for SlidingLog {
+    const NAME: &'static str = "sliding-log";
+    const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
+    const LUA: &'static str = include_str!("../../../lua/sliding_log.lua");
+    type Band = WindowBand;
+    type State = Log;
+
+    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<WindowBand> {
+        WindowBand::parse(cx, path, params)
+    }
+
+    fn quota(band: &WindowBand) -> (u32, Duration) {
+        band.quota()
+    }
+
+    fn horizon(band: &WindowBand) -> Duration {
+        band.window
+    }
+
+    fn max_cost(band: &WindowBand) -> u32 {
+        band.limit.get()
+    }
+
+    fn lua_args(band: &WindowBand) -> Vec<u64> {
+        band.lua_args()
+    }
+
+    fn revision(band: &WindowBand) -> String {
+        band.revision()
+    }
+
+    fn describe(band: &WindowBand) -> String {
+        band.describe()
+    }
+
+    fn fresh(_: &[WindowBand]) -> Log {
+        Log::default()
+    }
+
+    /// Any log fits any bands: it holds times, not per-band counts.
+    fn evaluate(bands: &[WindowBand], log: &mut Log, now: Micros, cost: u32) -> Decision {
+        let decision = bind(bands.iter().map(|band| check(band, log, now, cost)), false);
+        if decision.allowed {
+            admit(bands, log, now, cost);
+        }
+        decision
+    }
+}
 
 /// The log of one subject under one policy. The default is a subject never
 /// seen.

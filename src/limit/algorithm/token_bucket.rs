@@ -2,8 +2,123 @@
 //! added per elapsed `refill_every`, never a fraction, so every value is an
 //! integer and the Lua side agrees to the unit.
 
-use super::BandVerdict;
-use crate::limit::{micros, BucketBand, Micros};
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use super::{exact_in_lua, per_band, short, BandVerdict, Spec};
+use crate::config::locate::KeyPath;
+use crate::config::raw::Params;
+use crate::config::validate::check::{self, Checker};
+use crate::limit::{micros, Decision, Micros};
+
+/// Holds up to `capacity`; `refill_tokens` are added per whole
+/// `refill_every` period (seed 000's whole-period refill, integer-exact).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BucketBand {
+    pub capacity: NonZeroU32,
+    pub refill_tokens: NonZeroU32,
+    /// At least one millisecond (validated).
+    pub refill_every: Duration,
+}
+
+impl BucketBand {
+    /// Time for an empty bucket to refill to capacity, in whole periods.
+    pub fn full_refill(&self) -> Duration {
+        let periods = self.capacity.get().div_ceil(self.refill_tokens.get());
+        self.refill_every.saturating_mul(periods)
+    }
+}
+
+pub struct TokenBucket;
+
+impl Spec for TokenBucket {
+    const NAME: &'static str = "token-bucket";
+    const PARAMETERS: &'static [&'static str] = &["capacity", "refill_tokens", "refill_every"];
+    const LUA: &'static str = include_str!("../../../lua/token_bucket.lua");
+    type Band = BucketBand;
+    type State = Vec<BandState>;
+
+    fn band(cx: &mut Checker<'_>, path: &KeyPath, p: &Params) -> Option<BucketBand> {
+        let capacity = cx.required(&path.key("capacity"), p.capacity.as_ref(), check::positive);
+        let refill_tokens = cx.optional(
+            &path.key("refill_tokens"),
+            p.refill_tokens.as_ref(),
+            NonZeroU32::MIN,
+            check::positive,
+        );
+        let refill_every = cx.required(
+            &path.key("refill_every"),
+            p.refill_every.as_ref(),
+            check::window,
+        );
+        let band = BucketBand {
+            capacity: capacity?,
+            refill_tokens: refill_tokens?,
+            refill_every: refill_every?,
+        };
+        let product = u128::from(band.capacity.get()) * band.refill_every.as_micros();
+        exact_in_lua(
+            cx,
+            &path.key("capacity"),
+            product,
+            "capacity × refill_every",
+        )?;
+        Some(band)
+    }
+
+    /// A bucket's window is the time to refill it whole.
+    fn quota(band: &BucketBand) -> (u32, Duration) {
+        (band.capacity.get(), band.full_refill())
+    }
+
+    fn horizon(band: &BucketBand) -> Duration {
+        band.full_refill()
+    }
+
+    fn max_cost(band: &BucketBand) -> u32 {
+        band.capacity.get()
+    }
+
+    fn lua_args(band: &BucketBand) -> Vec<u64> {
+        vec![
+            u64::from(band.capacity.get()),
+            u64::from(band.refill_tokens.get()),
+            micros(band.refill_every),
+        ]
+    }
+
+    fn revision(band: &BucketBand) -> String {
+        format!(
+            ";capacity={},refill_tokens={},refill_every_ms={}",
+            band.capacity,
+            band.refill_tokens,
+            band.refill_every.as_millis()
+        )
+    }
+
+    /// `5 (+1/10s)`.
+    fn describe(band: &BucketBand) -> String {
+        format!(
+            "{} (+{}/{})",
+            band.capacity,
+            band.refill_tokens,
+            short(band.refill_every)
+        )
+    }
+
+    fn fresh(bands: &[BucketBand]) -> Vec<BandState> {
+        bands.iter().map(BandState::fresh).collect()
+    }
+
+    fn evaluate(
+        bands: &[BucketBand],
+        state: &mut Vec<BandState>,
+        now: Micros,
+        cost: u32,
+    ) -> Decision {
+        per_band::<Self, _>(bands, state, now, cost, check)
+    }
+}
 
 /// `(tokens, last)`: tokens held as of `last`, the start of the current
 /// refill period.

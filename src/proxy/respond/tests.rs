@@ -15,12 +15,7 @@ fn window(limit: u32, window: Duration) -> WindowBand {
 }
 
 fn policy(name: &str, bands: Bands) -> Policy {
-    Policy {
-        name: Arc::from(name),
-        revision: Arc::from("r1"),
-        bands,
-        shadow: false,
-    }
+    Policy::new(name, "r1", bands, false)
 }
 
 fn route(name: &str) -> Route {

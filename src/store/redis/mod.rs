@@ -162,7 +162,7 @@ impl Inner {
     async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         let inner = self;
         let policy = evaluation.policy;
-        if evaluation.cost == 0 || evaluation.cost > policy.bands.max_cost() {
+        if evaluation.cost == 0 || evaluation.cost > policy.max_cost() {
             return Outcome::Incompatible(Incompatible::CostAboveMaximum);
         }
         let now = Instant::now();
@@ -178,7 +178,7 @@ impl Inner {
         let request = Request {
             script: &script,
             cmd: scripts::evalsha(&script, inner.scripts.common(), evaluation),
-            bands: policy.bands.len(),
+            bands: policy.bands().len(),
             approximate: !policy.algorithm().is_exact(),
             deadline: evaluation.deadline,
         };
@@ -225,12 +225,7 @@ impl Probe {
             window: Duration::from_secs(1),
         };
         Probe {
-            policy: Policy {
-                name: Arc::from("sluice-probe"),
-                revision: Arc::from("1"),
-                bands: Bands::FixedWindow(vec![band]),
-                shadow: false,
-            },
+            policy: Policy::new("sluice-probe", "1", Bands::FixedWindow(vec![band]), false),
             subject: PseudonymKey::new(b"sluice-probe", 1).pseudonym("probe", b"", "probe"),
         }
     }

@@ -40,7 +40,7 @@ impl Script {
     /// The script `policy` runs with on a store configured as `common`.
     pub fn for_policy(policy: &Policy, common: &Common) -> Script {
         let algorithm = policy.algorithm();
-        let file = source(algorithm);
+        let file = algorithm.lua();
         let mut spliced = literals(policy, common);
         spliced.push_str(COMMON);
         // Every embedded file has the marker once (a unit test checks); a
@@ -65,8 +65,8 @@ impl Script {
 /// the configuration loaded); the TTL and window also as strings, passed
 /// to Redis as they are.
 fn literals(policy: &Policy, common: &Common) -> String {
-    let bands = &policy.bands;
-    let ttl = ceil_ms(bands.horizon() + common.ttl_grace);
+    let bands = policy.bands();
+    let ttl = ceil_ms(policy.horizon() + common.ttl_grace);
     let mut out = String::with_capacity(256);
     // Writing into a String cannot fail.
     let _ = writeln!(out, "local P_TTL_MS, P_TTL_TEXT = {ttl}, '{ttl}'");
@@ -81,32 +81,11 @@ fn literals(policy: &Policy, common: &Common) -> String {
         ceil_ms(common.dedupe_window)
     );
     let _ = writeln!(out, "local P_BANDS = {}", bands.len());
-    let mut args: Vec<u64> = Vec::new();
-    match bands {
-        Bands::FixedWindow(b) | Bands::SlidingCounter(b) | Bands::SlidingLog(b) => {
-            for band in b {
-                args.extend([u64::from(band.limit.get()), micros(band.window)]);
-            }
-        }
-        Bands::TokenBucket(b) => {
-            for band in b {
-                args.extend([
-                    u64::from(band.capacity.get()),
-                    u64::from(band.refill_tokens.get()),
-                    micros(band.refill_every),
-                ]);
-            }
-        }
-        Bands::Gcra(b) => {
-            for band in b {
-                args.extend([
-                    u64::from(band.limit.get()),
-                    micros(band.window),
-                    u64::from(band.burst.get()),
-                ]);
-            }
-        }
-    }
+    let args: Vec<u64> = bands
+        .profiles()
+        .into_iter()
+        .flat_map(|band| band.lua_args)
+        .collect();
     let list: Vec<String> = args.iter().map(u64::to_string).collect();
     let _ = writeln!(out, "local P_BAND_ARGS = {{{}}}", list.join(", "));
     out
@@ -136,16 +115,16 @@ impl Scripts {
 
     /// `policy`'s script, made on first use.
     pub fn get(&self, policy: &Policy) -> Arc<Script> {
-        if let Some(script) = self.read().get(&policy.bands) {
+        if let Some(script) = self.read().get(policy.bands()) {
             return script.clone();
         }
         let script = Arc::new(Script::for_policy(policy, &self.common));
         let mut map = self.by_bands.write().unwrap_or_else(|e| e.into_inner());
-        map.entry(policy.bands.clone()).or_insert(script).clone()
+        map.entry(policy.bands().clone()).or_insert(script).clone()
     }
 
     pub fn has(&self, policy: &Policy) -> bool {
-        self.read().contains_key(&policy.bands)
+        self.read().contains_key(policy.bands())
     }
 
     /// Every script made so far (to load them all).
@@ -157,25 +136,6 @@ impl Scripts {
         // Entries are inserted whole and never changed: a poisoned lock
         // still holds a usable map.
         self.by_bands.read().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-#[cfg(test)]
-pub const ALGORITHMS: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingCounter,
-    Algorithm::SlidingLog,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
-
-pub fn source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::FixedWindow => include_str!("../../../lua/fixed_window.lua"),
-        Algorithm::SlidingCounter => include_str!("../../../lua/sliding_counter.lua"),
-        Algorithm::SlidingLog => include_str!("../../../lua/sliding_log.lua"),
-        Algorithm::TokenBucket => include_str!("../../../lua/token_bucket.lua"),
-        Algorithm::Gcra => include_str!("../../../lua/gcra.lua"),
     }
 }
 
@@ -305,19 +265,14 @@ mod tests {
         bands
             .into_iter()
             .enumerate()
-            .map(|(i, bands)| Policy {
-                name: format!("p{i}").into(),
-                revision: format!("r{i}").into(),
-                bands,
-                shadow: false,
-            })
+            .map(|(i, bands)| Policy::new(format!("p{i}"), format!("r{i}"), bands, false))
             .collect()
     }
 
     #[test]
     fn every_script_starts_with_a_shebang_and_carries_the_common_part() {
-        for algorithm in ALGORITHMS {
-            let file = source(algorithm);
+        for &algorithm in Algorithm::ALL {
+            let file = algorithm.lua();
             assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
         }
         for policy in policies() {
@@ -372,8 +327,12 @@ mod tests {
         shas.dedup();
         assert_eq!(shas.len(), 5);
         // One revision written for two sets of bands: two scripts.
-        let mut changed = policies[0].clone();
-        changed.bands = Bands::FixedWindow(vec![window(7, 1)]);
+        let changed = Policy::new(
+            policies[0].name.clone(),
+            policies[0].revision.clone(),
+            Bands::FixedWindow(vec![window(7, 1)]),
+            false,
+        );
         assert_eq!(changed.revision, policies[0].revision);
         assert_ne!(scripts.get(&changed).sha, first.sha);
     }

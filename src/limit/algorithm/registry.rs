@@ -1,0 +1,213 @@
+//! The one list of algorithms. Every type and match that has to name all
+//! five is generated from it, so adding an algorithm is one line here.
+//!
+//! Enums rather than trait objects: the step runs under a memory store's
+//! shard lock on every request, and a `match` on a known variant inlines
+//! where a `dyn` call and a downcast of the state would not. A macro
+//! rather than hand-written matches: the same five arms were once written
+//! out in eight places.
+
+use std::time::Duration;
+
+use super::{
+    fixed_window, gcra, parse, profile, sliding_counter, sliding_log, token_bucket, BandProfile,
+    Spec,
+};
+use crate::config::locate::KeyPath;
+use crate::config::raw::Params;
+use crate::config::validate::check::Checker;
+use crate::limit::{Decision, Micros};
+
+macro_rules! register {
+    ($($variant:ident => $spec:ty,)*) => {
+        /// The algorithms. Derived from [`Bands`], never stored beside it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Algorithm {
+            $($variant,)*
+        }
+
+        impl Algorithm {
+            /// Every algorithm, in the order error messages list them.
+            pub const ALL: &'static [Algorithm] = &[$(Algorithm::$variant,)*];
+
+            /// The name used in YAML, `check` output and the revision.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::NAME,)*
+                }
+            }
+
+            /// Every algorithm but the sliding counter admits exactly its
+            /// limit.
+            pub fn is_exact(self) -> bool {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::EXACT,)*
+                }
+            }
+
+            /// Its Lua script, before the policy's numbers and
+            /// `lua/common.lua` are spliced in.
+            pub fn lua(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::LUA,)*
+                }
+            }
+
+            /// The bands of a policy of this algorithm, each validated
+            /// from its raw parameters (errors reported to `cx`).
+            pub(crate) fn bands(
+                self,
+                cx: &mut Checker<'_>,
+                list: &[(KeyPath, &Params)],
+            ) -> Option<Bands> {
+                match self {
+                    $(Algorithm::$variant => parse::<$spec>(cx, list).map(Bands::$variant),)*
+                }
+            }
+        }
+
+        /// Every band of a policy shares its algorithm; all must pass, and
+        /// a request denied by any band consumes nothing of any band. Never
+        /// empty (validated).
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub enum Bands {
+            $($variant(Vec<<$spec as Spec>::Band>),)*
+        }
+
+        impl Bands {
+            pub fn algorithm(&self) -> Algorithm {
+                match self {
+                    $(Bands::$variant(_) => Algorithm::$variant,)*
+                }
+            }
+
+            pub fn len(&self) -> usize {
+                match self {
+                    $(Bands::$variant(b) => b.len(),)*
+                }
+            }
+
+            /// What sluice derives from each band, in order. Allocates:
+            /// [`crate::limit::Policy`] keeps what requests need.
+            pub fn profiles(&self) -> Vec<BandProfile> {
+                match self {
+                    $(Bands::$variant(b) => b.iter().map(profile::<$spec>).collect(),)*
+                }
+            }
+        }
+
+        /// One entry per band, except the sliding log, whose one log serves
+        /// every band (an entry counts in each band whose window still
+        /// covers it).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        enum PerAlgorithm {
+            $($variant(<$spec as Spec>::State),)*
+        }
+
+        impl State {
+            /// A subject never seen before (see [`Spec::fresh`]).
+            pub fn new(bands: &Bands) -> State {
+                State(match bands {
+                    $(Bands::$variant(b) => PerAlgorithm::$variant(<$spec as Spec>::fresh(b)),)*
+                })
+            }
+        }
+
+        /// Checks every band; charges all of them only if all admit `cost`.
+        ///
+        /// `cost` is expected within `1..=max_cost` (validated before a
+        /// store is asked); a larger cost is denied without panicking, but
+        /// its `retry_after` then promises nothing.
+        pub fn evaluate(bands: &Bands, state: &mut State, now: Micros, cost: u32) -> Decision {
+            match (bands, &mut state.0) {
+                $((Bands::$variant(b), PerAlgorithm::$variant(s)) => {
+                    <$spec as Spec>::evaluate(b, s, now, cost)
+                })*
+                // A state written under another algorithm. Cannot happen
+                // through a store (the policy revision is part of the key),
+                // but if it did, the only meaningful reading is a subject
+                // never seen. Recurses once at most: `State::new` always
+                // matches its bands.
+                _ => {
+                    *state = State::new(bands);
+                    evaluate(bands, state, now, cost)
+                }
+            }
+        }
+    };
+}
+
+register! {
+    FixedWindow => fixed_window::FixedWindow,
+    SlidingCounter => sliding_counter::SlidingCounter,
+    SlidingLog => sliding_log::SlidingLog,
+    TokenBucket => token_bucket::TokenBucket,
+    Gcra => gcra::Gcra,
+}
+
+/// The state of one subject under one policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State(PerAlgorithm);
+
+impl Algorithm {
+    /// The algorithm YAML names `name`.
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.iter().copied().find(|a| a.name() == name)
+    }
+}
+
+/// Folds over every band's profile, so they allocate: [`Policy::new`]
+/// calls them once, and requests read the policy's copy.
+///
+/// [`Policy::new`]: crate::limit::Policy::new
+impl Bands {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `(quota, window)` of each band, for `RateLimit-Policy` (`q`, `w`)
+    /// and `sluice check`. A bucket's window is the time to refill it whole.
+    pub fn quotas(&self) -> Vec<(u32, Duration)> {
+        self.profiles()
+            .iter()
+            .map(|b| (b.quota, b.window))
+            .collect()
+    }
+
+    /// The largest cost a single request could ever be admitted with.
+    pub fn max_cost(&self) -> u32 {
+        self.profiles()
+            .iter()
+            .map(|b| b.max_cost)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// How long a subject's state matters after its last admitted request:
+    /// past this, dropping the state is indistinguishable from keeping it.
+    /// Stores set their TTL to this plus a grace.
+    pub fn horizon(&self) -> Duration {
+        self.profiles()
+            .iter()
+            .map(|b| b.horizon)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_algorithm_is_found_by_its_own_name_only() {
+        for &a in Algorithm::ALL {
+            assert_eq!(Algorithm::from_name(a.name()), Some(a));
+        }
+        let mut names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Algorithm::ALL.len(), "names are unique");
+        assert_eq!(Algorithm::from_name("leaky-bucket"), None);
+    }
+}

@@ -1,0 +1,54 @@
+//! The band shape fixed-window, sliding-counter and sliding-log share:
+//! `limit` units per `window`. What differs between them (the horizon, the
+//! sliding counter's extra bound) stays in each algorithm's module.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use super::short;
+use crate::config::locate::KeyPath;
+use crate::config::raw::Params;
+use crate::config::validate::check::{self, Checker};
+use crate::limit::micros;
+
+/// `limit` units per `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WindowBand {
+    pub limit: NonZeroU32,
+    /// At least one millisecond (validated).
+    pub window: Duration,
+}
+
+pub(super) const PARAMETERS: &[&str] = &["limit", "window"];
+
+impl WindowBand {
+    pub(super) fn parse(cx: &mut Checker<'_>, path: &KeyPath, p: &Params) -> Option<WindowBand> {
+        let limit = cx.required(&path.key("limit"), p.limit.as_ref(), check::positive);
+        let window = cx.required(&path.key("window"), p.window.as_ref(), check::window);
+        Some(WindowBand {
+            limit: limit?,
+            window: window?,
+        })
+    }
+
+    pub(super) fn quota(&self) -> (u32, Duration) {
+        (self.limit.get(), self.window)
+    }
+
+    pub(super) fn lua_args(&self) -> Vec<u64> {
+        vec![u64::from(self.limit.get()), micros(self.window)]
+    }
+
+    pub(super) fn revision(&self) -> String {
+        format!(
+            ";limit={},window_ms={}",
+            self.limit,
+            self.window.as_millis()
+        )
+    }
+
+    /// `10/1s`.
+    pub(super) fn describe(&self) -> String {
+        format!("{}/{}", self.limit, short(self.window))
+    }
+}

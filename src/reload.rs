@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{Boot, Config};
+use crate::config::{Boot, Config, StoreKind};
 use crate::runtime::{Runtime, SharedRuntime};
 use crate::store::Store;
 use crate::subject::PseudonymKey;
@@ -80,6 +80,16 @@ pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trig
             return false;
         }
     };
+    if let Some(refusal) = unsafe_with(boot, &config) {
+        telemetry::config_reload("failure");
+        tracing::error!(
+            trigger,
+            file = %path.display(),
+            errors = %refusal,
+            "configuration refused: the last good configuration keeps serving"
+        );
+        return false;
+    }
     for change in boot.changes(&config.boot) {
         tracing::warn!(
             trigger,
@@ -102,6 +112,28 @@ pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trig
     telemetry::config_reload("success");
     tracing::info!(trigger, file = %path.display(), "configuration reloaded");
     true
+}
+
+/// A live part that the boot part in effect cannot serve safely. The new
+/// file was checked against its own boot part; a reload keeps the old one,
+/// so what ties the two must be checked again against that.
+fn unsafe_with(boot: &Boot, config: &Config) -> Option<String> {
+    let StoreKind::Redis(redis) = &boot.store.kind else {
+        return None;
+    };
+    // A retry comes within one budget of the first attempt; its record
+    // must still be there (`lua/README.md`, de-duplication), or a retry
+    // after an ambiguous failure could be charged twice.
+    let budget = config.live.store.budget;
+    (budget > redis.dedupe_window).then(|| {
+        format!(
+            "{}: store.budget: {} is longer than the store.dedupe_window in effect ({}), \
+             which a reload cannot change: restart with both, or keep the budget within it",
+            config.source.display(),
+            humantime::format_duration(budget),
+            humantime::format_duration(redis.dedupe_window),
+        )
+    })
 }
 
 async fn digest_of(path: &std::path::Path) -> Option<[u8; 32]> {
@@ -184,5 +216,42 @@ routes:
         std::fs::write(&path, text("3s", "7s")).expect("write");
         assert!(reload(&path, &start.boot, &runtime, "test"));
         assert_eq!(runtime.load().live.upstream.timeout, Duration::from_secs(7));
+    }
+
+    #[test]
+    fn a_reload_is_refused_when_its_budget_outlasts_the_dedupe_window_in_effect() {
+        let text = |budget: &str, window: &str| {
+            format!(
+                "version: 1
+server: {{ listen: 127.0.0.1:0 }}
+upstream: {{ url: http://127.0.0.1:3000 }}
+store: {{ kind: redis, url: redis://127.0.0.1:1, budget: {budget}, dedupe_window: {window} }}
+identity: {{ pseudonym_key: a-key-of-sixteen-bytes }}
+policies:
+  p: {{ algorithm: fixed-window, limit: 5, window: 1s }}
+routes:
+  - {{ name: r, policy: p }}
+"
+            )
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sluice.yaml");
+        let start = Config::parse(&path, &text("25ms", "1s")).expect("valid");
+        let runtime: SharedRuntime = Arc::new(arc_swap::ArcSwap::from_pointee(Runtime::new(
+            Arc::new(start.live.clone()),
+            PseudonymKey::random(),
+        )));
+
+        // Valid on its own (3 s of records for a 2 s budget), but the 1 s
+        // window started with stays in effect.
+        std::fs::write(&path, text("2s", "3s")).expect("write");
+        assert!(Config::load(&path).is_ok());
+        assert!(!reload(&path, &start.boot, &runtime, "test"));
+        assert_eq!(runtime.load().live.store.budget, Duration::from_millis(25));
+
+        // Within the window in effect: applied (the window change is warned about).
+        std::fs::write(&path, text("1s", "3s")).expect("write");
+        assert!(reload(&path, &start.boot, &runtime, "test"));
+        assert_eq!(runtime.load().live.store.budget, Duration::from_secs(1));
     }
 }

@@ -124,6 +124,44 @@ def stage_of(function, binary):
     return CRATE_STAGES.get(crate.replace("_", "-"), "other")
 
 
+CONFIG = """\
+version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+  workers: 1
+upstream:
+  url: http://127.0.0.1:@@UPSTREAM_PORT@@
+store:
+  kind: @@STORE@@
+@@STORE_EXTRA@@
+identity:
+  pseudonym_key: bench-pseudonym-key-not-a-secret
+policies:
+  open:
+    algorithm: fixed-window
+    limit: 1000000000
+    window: 1s
+  closed:
+    algorithm: fixed-window
+    limit: 1
+    window: 1h
+routes:
+  - name: none
+    match: { path: /none }
+    policy: none
+  - name: open
+    match: { path: /@@STORE@@ }
+    subject: client_ip
+    policy: open
+  - name: blocked
+    match: { path: /blocked }
+    subject: client_ip
+    policy: closed
+default: { policy: none }
+"""
+
+
 def callgrind(argv, **kw):
     return subprocess.run(["callgrind_control"] + argv, capture_output=True, text=True, **kw)
 

@@ -18,6 +18,7 @@ use crate::runtime::{Runtime, SharedRuntime};
 use crate::server;
 use crate::store::deny_cache::DenyCache;
 use crate::store::memory::MemoryStore;
+use crate::store::memory_bound::Bound as MemoryBound;
 use crate::store::redis::{RedisSetupError, RedisStore};
 use crate::store::Store;
 use crate::subject::PseudonymKey;
@@ -106,7 +107,24 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
 fn build_store(boot: &Boot, live: &Live) -> Result<Store, AppError> {
     let ttl_grace = boot.store.ttl_grace;
     Ok(match &boot.store.kind {
-        StoreKind::Memory(memory) => Store::Memory(MemoryStore::new(memory.max_entries, ttl_grace)),
+        StoreKind::Memory(memory) => {
+            let bound = MemoryBound::resolve(memory.max_entries);
+            match bound {
+                MemoryBound::Configured(entries) => {
+                    tracing::info!(max_entries = entries, "memory store bound as configured")
+                }
+                MemoryBound::FromMemoryLimit { limit, entries } => tracing::info!(
+                    max_entries = entries,
+                    memory_limit_bytes = limit,
+                    "memory store bound derived from the memory limit"
+                ),
+                MemoryBound::Default(entries) => tracing::info!(
+                    max_entries = entries,
+                    "memory store bound: no memory limit found, the default applies"
+                ),
+            }
+            Store::Memory(MemoryStore::new(bound.entries(), ttl_grace))
+        }
         StoreKind::Redis(redis) => {
             // Connects in the background: readiness turns true once Redis
             // answered and the scripts are loaded.

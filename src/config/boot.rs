@@ -91,7 +91,9 @@ pub enum StoreKind {
 pub struct MemoryStore {
     /// Most subjects tracked at once; beyond it new subjects are refused
     /// (AdmissionRejected), never handed a fresh bucket by eviction.
-    pub max_entries: usize,
+    /// `None`: derived at start from the memory limit
+    /// (`store::memory_bound`).
+    pub max_entries: Option<usize>,
 }
 
 /// Where the Redis store's primary is, and how it is found.

@@ -476,7 +476,10 @@ fn omitted_keys_take_their_documented_defaults() {
     let StoreKind::Memory(memory) = &c.boot.store.kind else {
         panic!("memory store is the default")
     };
-    assert_eq!(memory.max_entries, 1_000_000);
+    assert_eq!(
+        memory.max_entries, None,
+        "derived at start when not written"
+    );
     assert_eq!(c.live.store.budget, Duration::from_millis(25));
     assert_eq!(c.live.store.on_failure, OnFailure::Deny);
     assert!(c.live.identity.trusted_proxies.is_empty());

@@ -4,6 +4,7 @@
 pub mod breaker;
 pub mod deny_cache;
 pub mod memory;
+pub mod memory_bound;
 pub mod redis;
 
 use std::fmt;

@@ -411,14 +411,18 @@ fn refuse_other_kind(
 }
 
 fn memory(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<MemoryStore> {
-    let max_entries = cx.optional(
-        &path.key("max_entries"),
-        raw.max_entries.as_ref(),
-        1_000_000,
-        check::number(1, u64::from(u32::MAX)),
-    )?;
+    // Unwritten: derived at start from the memory limit sluice runs under
+    // (`store::memory_bound`).
+    let max_entries = match raw.max_entries.as_ref() {
+        None => None,
+        Some(raw) => Some(cx.value(
+            &path.key("max_entries"),
+            raw,
+            check::number(1, u64::from(u32::MAX)),
+        )?),
+    };
     Some(MemoryStore {
-        max_entries: usize::try_from(max_entries).ok()?,
+        max_entries: max_entries.and_then(|n| usize::try_from(n).ok()),
     })
 }
 

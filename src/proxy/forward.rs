@@ -14,7 +14,7 @@ use http::uri::{Parts, PathAndQuery};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
@@ -24,6 +24,7 @@ use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
 use super::respond;
 use super::upgrade::Tunnels;
+use super::upstream_head::{self, Informational, Refused};
 use super::ConnInfo;
 
 /// How long an idle pooled connection to the upstream is kept.
@@ -44,6 +45,8 @@ impl Upstream {
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
+            .http1_max_buf_size(upstream_head::MAX_HEAD_BYTES)
+            .http1_max_headers(upstream_head::MAX_HEADERS)
             .build(connector);
         Upstream { client }
     }
@@ -98,17 +101,33 @@ pub(super) async fn forward(
     } else {
         body::boxed(IdleTimeout::new(incoming, config.server.body_idle_timeout))
     };
-    let request = Request::from_parts(parts, body);
+    let mut request = Request::from_parts(parts, body);
+    let connection = capture_connection(&mut request);
+    let informational = Informational::watch(&mut request);
 
-    let sent = tokio::time::timeout(config.upstream.timeout, upstream.client.request(request));
-    let mut response = match sent.await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => return failed(&error),
+    let sent = async {
+        tokio::select! {
+            sent = upstream.client.request(request) => Ok(sent),
+            () = informational.until_flooded() => Err(Refused::InformationalFlood),
+        }
+    };
+    let mut response = match tokio::time::timeout(config.upstream.timeout, sent).await {
+        Ok(Ok(Ok(response))) => response,
+        Ok(Ok(Err(error))) => return failed(&error),
+        Ok(Err(refused)) => return refuse(&connection, refused),
         Err(_elapsed) => {
             tracing::debug!(timeout = ?config.upstream.timeout, "upstream response head timed out");
             return respond::gateway_timeout();
         }
     };
+    let checked = if informational.flooded() {
+        Err(Refused::InformationalFlood)
+    } else {
+        upstream_head::check(response.headers())
+    };
+    if let Err(refused) = checked {
+        return refuse(&connection, refused);
+    }
 
     let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     if upgraded {
@@ -146,6 +165,16 @@ fn target(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
+/// 502 for an upstream response sluice will not pass on, and the upstream
+/// connection that carried it is never used again.
+fn refuse(connection: &CaptureConnection, refused: Refused) -> Response<Body> {
+    if let Some(connected) = &*connection.connection_metadata() {
+        connected.poison();
+    }
+    tracing::debug!(error = %refused, "upstream response refused");
+    respond::broken_upstream_response()
+}
+
 /// The upstream exchange failed before a response head arrived.
 fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
     if caused_by::<BodyIdleTimeout>(error) {
@@ -158,10 +187,11 @@ fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
     }
     if error.is_connect() {
         tracing::debug!(error = %chain(error), "upstream unreachable");
+        respond::bad_gateway()
     } else {
         tracing::debug!(error = %chain(error), "upstream exchange failed");
+        respond::broken_upstream_response()
     }
-    respond::bad_gateway()
 }
 
 fn caused_by<E: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {

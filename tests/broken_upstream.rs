@@ -1,0 +1,263 @@
+//! An application that answers garbage, through the built binary: each
+//! broken response head is a clean 502 with sluice's problem body, a body
+//! that breaks after the head is a truncation the client can see (the
+//! HTTP/1.1 connection closed, the HTTP/2 stream reset), and the upstream
+//! connection that carried it is never used again.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Version};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use support::client::{build, http1_client, http2_client, REQUEST_DEADLINE};
+use support::scripted::{Answer, Scripted};
+use support::Sidecar;
+
+fn config(upstream: &Scripted) -> String {
+    format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+upstream:
+  url: {}
+  timeout: 5s
+policies:
+  lots: {{ algorithm: sliding-log, limit: 100000, window: 1h }}
+routes:
+  - {{ name: all, match: {{ path_prefix: / }}, subject: client_ip, policy: lots }}
+",
+        upstream.url()
+    )
+}
+
+/// What the client must see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// sluice's own 502, a whole problem+json body.
+    BadGateway,
+    /// The upstream's status, then a body that ends in an error (never a
+    /// clean end the client would take for the whole body).
+    Truncated(u16),
+    /// The upstream's answer, whole: the rows that show the table can fail.
+    Whole(u16, &'static [u8]),
+}
+
+/// What the client saw.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Whole(u16, Option<String>, Bytes),
+    Truncated(u16),
+}
+
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+
+fn cases() -> Vec<(&'static str, Answer, Expect, bool)> {
+    let big_header = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Big: {}\r\n\r\nhello",
+        "a".repeat(100 * 1024)
+    );
+    let many_headers = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n{}\r\nhello",
+        (0..150)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect::<String>()
+    );
+    let mut flood = b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n".repeat(50);
+    flood.extend_from_slice(&b"HTTP/1.1 100 Continue\r\n\r\n".repeat(1000));
+    flood.extend_from_slice(OK);
+    let mut few = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(2);
+    few.extend_from_slice(b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n");
+    few.extend_from_slice(OK);
+    let keep = |s: &[u8]| Answer::KeepOpen(s.to_vec());
+    let close = |s: &[u8]| Answer::Close(s.to_vec());
+    use Expect::*;
+    // (name, what the upstream sends, what the client sees, reused after)
+    vec![
+        ("a good answer (control)", keep(OK), Whole(200, b"hello"), true),
+        (
+            "two 1xx then a good answer (control)",
+            Answer::KeepOpen(few),
+            Whole(200, b"hello"),
+            true,
+        ),
+        (
+            "Content-Length and Transfer-Encoding",
+            keep(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+            BadGateway,
+            false,
+        ),
+        (
+            "a transfer-coding that is not chunked",
+            close(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nhello"),
+            BadGateway,
+            false,
+        ),
+        (
+            "chunked after another coding",
+            keep(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+            BadGateway,
+            false,
+        ),
+        (
+            "chunked twice",
+            keep(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+            BadGateway,
+            false,
+        ),
+        (
+            "two different Content-Lengths",
+            keep(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
+            BadGateway,
+            false,
+        ),
+        (
+            "a Content-Length list that disagrees",
+            keep(b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\nhello!"),
+            BadGateway,
+            false,
+        ),
+        (
+            "a status line that is not HTTP",
+            keep(b"HELLO THERE\r\n\r\n"),
+            BadGateway,
+            false,
+        ),
+        ("closed before any byte", close(b""), BadGateway, false),
+        (
+            "a header block over the limit",
+            Answer::KeepOpen(big_header.into_bytes()),
+            BadGateway,
+            false,
+        ),
+        (
+            "more than 100 header fields",
+            Answer::KeepOpen(many_headers.into_bytes()),
+            BadGateway,
+            false,
+        ),
+        ("a 1xx flood", Answer::KeepOpen(flood), BadGateway, false),
+        (
+            "a body shorter than its Content-Length",
+            close(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhello"),
+            Truncated(200),
+            false,
+        ),
+        (
+            "a malformed chunk",
+            keep(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nbroken\r\n"),
+            Truncated(200),
+            false,
+        ),
+        (
+            "closed in the middle of a chunk",
+            close(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nhello"),
+            Truncated(200),
+            false,
+        ),
+    ]
+}
+
+async fn exchange(client: &Client<HttpConnector, Full<Bytes>>, sluice: &Sidecar, h2: bool) -> Seen {
+    let mut request = build(sluice.addr(), Method::GET, "/x", &[], Bytes::new());
+    if h2 {
+        *request.version_mut() = Version::HTTP_2;
+    }
+    let seen = async {
+        let response = client.request(request).await.expect("a response head");
+        let status = response.status().as_u16();
+        let content_type = support::header(response.headers(), "content-type").map(str::to_owned);
+        match response.into_body().collect().await {
+            Ok(body) => Seen::Whole(status, content_type, body.to_bytes()),
+            Err(_) => Seen::Truncated(status),
+        }
+    };
+    tokio::time::timeout(REQUEST_DEADLINE, seen)
+        .await
+        .expect("an answer in time")
+}
+
+fn check(name: &str, seen: &Seen, expect: Expect) {
+    match (expect, seen) {
+        (Expect::BadGateway, Seen::Whole(502, Some(content_type), body)) => {
+            assert_eq!(content_type, "application/problem+json", "{name}");
+            let json: serde_json::Value = serde_json::from_slice(body)
+                .unwrap_or_else(|e| panic!("{name}: the 502 body is not JSON ({e}): {body:?}"));
+            assert_eq!(json["status"], 502, "{name}: {json}");
+        }
+        (Expect::Truncated(want), Seen::Truncated(got)) => assert_eq!(want, *got, "{name}"),
+        (Expect::Whole(want, body), Seen::Whole(got, _, got_body)) => {
+            assert_eq!((want, body), (*got, &got_body[..]), "{name}");
+        }
+        _ => panic!("{name}: expected {expect:?}, saw {seen:?}"),
+    }
+}
+
+async fn run_table(h2: bool) {
+    let upstream = Scripted::start(Answer::KeepOpen(OK.to_vec())).await;
+    let sluice = Sidecar::start(&config(&upstream));
+    let admin = sluice.admin_addr().expect("admin address");
+    let client = if h2 { http2_client() } else { http1_client() };
+    let mut bad_gateways = 0.0;
+    for (name, answer, expect, reused) in cases() {
+        upstream.set_answer(answer);
+        let seen = exchange(&client, &sluice, h2).await;
+        check(name, &seen, expect);
+        bad_gateways += f64::from(u8::from(expect == Expect::BadGateway));
+        let carried = *upstream
+            .requests()
+            .last()
+            .expect("the request reached the upstream");
+
+        // The next request: on the same connection only after a good answer.
+        upstream.set_answer(Answer::KeepOpen(OK.to_vec()));
+        let next = exchange(&client, &sluice, h2).await;
+        check(name, &next, Expect::Whole(200, b"hello"));
+        let next_carried = *upstream.requests().last().expect("forwarded");
+        assert_eq!(
+            next_carried == carried,
+            reused,
+            "{name}: the broken answer came on upstream connection {carried}, the next request on {next_carried}"
+        );
+    }
+    // Each 502 is counted as the upstream's 5xx, not as anything else.
+    let text = support::ops::scrape(admin).await;
+    let counted = support::ops::metric(
+        &text,
+        "sluice_upstream_responses_total",
+        &[("route", "all"), ("status_class", "5xx")],
+    );
+    assert_eq!(counted, Some(bad_gateways), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_upstream_answers_over_http1() {
+    run_table(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_upstream_answers_over_http2() {
+    run_table(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1xx_flood_that_never_ends_is_a_502_not_a_hang() {
+    let upstream = Scripted::start(Answer::KeepOpen(
+        b"HTTP/1.1 100 Continue\r\n\r\n".repeat(200_000),
+    ))
+    .await;
+    let sluice = Sidecar::start(&config(&upstream));
+    let started = std::time::Instant::now();
+    let seen = exchange(&http1_client(), &sluice, false).await;
+    check("an endless 1xx flood", &seen, Expect::BadGateway);
+    // Well before `upstream.timeout` (5 s): the flood is cut by count.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}

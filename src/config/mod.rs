@@ -93,7 +93,8 @@ pub struct Upstream {
     /// `http://host:port` with an optional base path (no query).
     pub url: Uri,
     pub connect_timeout: Duration,
-    /// Until the upstream's response head arrives; beyond it, 504.
+    /// The upstream's turns: taking the next piece of the request body, and
+    /// its response head after the last; beyond it, 504.
     pub timeout: Duration,
 }
 

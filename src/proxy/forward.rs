@@ -1,7 +1,8 @@
 //! Forwarding a decided request to the upstream, and its response back.
 //!
 //! Bodies stream both ways without buffering; the request body is cut when
-//! the client goes quiet for `server.body_idle_timeout`. Requests to the
+//! the client goes quiet for `server.body_idle_timeout`, and
+//! `upstream.timeout` counts only the upstream's turns (`upstream_timer`). Requests to the
 //! upstream are always HTTP/1.1, whatever the client spoke. The upstream's
 //! address and timeout are read from the runtime of each request, so a
 //! reload retargets new requests; the connect timeout belongs to the pooled
@@ -25,6 +26,7 @@ use super::headers::{self, Forwarded};
 use super::respond;
 use super::upgrade::Tunnels;
 use super::upstream_head::{self, Informational, Refused};
+use super::upstream_timer::UpstreamTimer;
 use super::ConnInfo;
 
 /// How long an idle pooled connection to the upstream is kept.
@@ -95,28 +97,30 @@ pub(super) async fn forward(
     // Server-side extensions (header case maps, HTTP/2 protocol) mean
     // nothing to the client connection.
     parts.extensions.clear();
-    // A body already complete (most GETs) can never go quiet: no timer.
-    let body = if incoming.is_end_stream() {
-        body::boxed(incoming)
+    // A body already complete (most GETs) can never go quiet: no timer,
+    // and the upstream's turn starts now.
+    let (body, mut timer) = if incoming.is_end_stream() {
+        let timer = UpstreamTimer::from_now(config.upstream.timeout);
+        (body::boxed(incoming), timer)
     } else {
-        body::boxed(IdleTimeout::new(incoming, config.server.body_idle_timeout))
+        let idle = IdleTimeout::new(incoming, config.server.body_idle_timeout);
+        let (tracked, timer) = UpstreamTimer::tracking(idle, config.upstream.timeout);
+        (body::boxed(tracked), timer)
     };
     let mut request = Request::from_parts(parts, body);
     let connection = capture_connection(&mut request);
     let informational = Informational::watch(&mut request);
 
-    let sent = async {
-        tokio::select! {
-            sent = upstream.client.request(request) => Ok(sent),
-            () = informational.until_flooded() => Err(Refused::InformationalFlood),
+    let mut response = tokio::select! {
+        sent = upstream.client.request(request) => match sent {
+            Ok(response) => response,
+            Err(error) => return failed(&error),
+        },
+        () = informational.until_flooded() => {
+            return refuse(&connection, Refused::InformationalFlood);
         }
-    };
-    let mut response = match tokio::time::timeout(config.upstream.timeout, sent).await {
-        Ok(Ok(Ok(response))) => response,
-        Ok(Ok(Err(error))) => return failed(&error),
-        Ok(Err(refused)) => return refuse(&connection, refused),
-        Err(_elapsed) => {
-            tracing::debug!(timeout = ?config.upstream.timeout, "upstream response head timed out");
+        () = timer.expired() => {
+            tracing::debug!(timeout = ?config.upstream.timeout, "upstream timed out");
             return respond::gateway_timeout();
         }
     };

@@ -125,3 +125,163 @@ async fn a_client_that_stops_reading_makes_sluice_stop_reading_the_upstream() {
         .await
         .expect("the response flows again once the client reads");
 }
+
+/// One second of slowhttptest's CSV report (`-g -o`).
+#[derive(Debug, Clone, Copy)]
+struct Tick {
+    second: u64,
+    closed: u64,
+    connected: u64,
+}
+
+/// A slowhttptest run: its report, the second it ended on and why.
+struct Attack {
+    ticks: Vec<Tick>,
+    ended_on: u64,
+    exit_status: String,
+}
+
+/// Runs `slowhttptest` with `args` against sluice, `connections` slow
+/// connections for at most `length` seconds, while a normal client asks
+/// for a page every 100 ms; every one of those must be answered 200.
+async fn attack(sluice: &Sidecar, mode: &str, interval: u32, length: u32) -> Attack {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let prefix = dir.path().join("report");
+    let url = format!("http://{}/", sluice.addr());
+    let mut command = tokio::process::Command::new("slowhttptest");
+    command
+        .arg(mode)
+        .args(["-c", "30", "-r", "30", "-p", "2", "-g"])
+        .args(["-i", &interval.to_string(), "-l", &length.to_string()])
+        .arg("-o")
+        .arg(&prefix)
+        .args(["-u", &url])
+        .kill_on_drop(true);
+    let run = command.output();
+    let normal = async {
+        let mut served = 0;
+        loop {
+            let (status, _, _) = tokio::time::timeout(
+                Duration::from_secs(2),
+                support::get(sluice.addr(), "/normal", &[]),
+            )
+            .await
+            .expect("a normal client was not served within 2 s during the attack");
+            assert_eq!(status, 200);
+            served += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if served >= 1000 {
+                return;
+            }
+        }
+    };
+    let output = tokio::select! {
+        output = run => output.expect("run slowhttptest (apt-get install slowhttptest)"),
+        () = normal => panic!("slowhttptest ran for over 100 s"),
+    };
+    let text = strip_ansi(&String::from_utf8_lossy(&output.stdout));
+    let csv = std::fs::read_to_string(prefix.with_extension("csv"))
+        .unwrap_or_else(|e| panic!("no CSV report ({e}); output:\n{text}"));
+    let ticks = csv
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<u64> = line
+                .split(',')
+                .map(|f| f.trim().parse().ok())
+                .collect::<Option<_>>()?;
+            Some(Tick {
+                second: *fields.first()?,
+                closed: *fields.get(1)?,
+                connected: *fields.get(3)?,
+            })
+        })
+        .collect();
+    let ended_on = text
+        .split("Test ended on ")
+        .nth(1)
+        .and_then(|rest| rest.split("th second").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no end in slowhttptest's output:\n{text}"));
+    let exit_status = text
+        .split("Exit status: ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    // And after the attack, a normal client is still served.
+    let (status, _, _) = support::get(sluice.addr(), "/after", &[]).await;
+    assert_eq!(status, 200);
+    Attack {
+        ticks,
+        ended_on,
+        exit_status,
+    }
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The slow connections were open, then all closed by sluice at about
+/// `timeout`, well before the attack's own length.
+fn check_cut(attack: &Attack, timeout_secs: u64, length: u64) {
+    let report = format!(
+        "{:?}, ended on {} ({})",
+        attack.ticks, attack.ended_on, attack.exit_status
+    );
+    assert_eq!(attack.exit_status, "No open connections left", "{report}");
+    let held = attack.ticks.iter().map(|t| t.connected).max().unwrap_or(0);
+    assert!(held >= 15, "the slow connections never opened: {report}");
+    // Nothing closed in the first second: held until the timeout, not
+    // refused.
+    for tick in attack.ticks.iter().filter(|t| t.second + 1 < timeout_secs) {
+        assert_eq!(tick.closed, 0, "closed before the timeout: {report}");
+    }
+    assert!(
+        attack.ended_on >= timeout_secs - 1 && attack.ended_on <= timeout_secs + 3,
+        "{report}"
+    );
+    assert!(attack.ended_on < length, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowhttptest_slowloris_is_cut_at_the_header_read_timeout() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(
+        &upstream.url(),
+        "  header_read_timeout: 2s\n  body_idle_timeout: 30s\n",
+        "30s",
+    ));
+    // A header line every second: active, but never done.
+    let attack = attack(&sluice, "-H", 1, 12).await;
+    check_cut(&attack, 2, 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowhttptest_slow_body_is_cut_at_the_body_idle_timeout() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(
+        &upstream.url(),
+        "  header_read_timeout: 30s\n  body_idle_timeout: 2s\n",
+        "30s",
+    ));
+    // A piece of body every 4 s, longer than the body idle timeout.
+    let attack = attack(&sluice, "-B", 4, 12).await;
+    check_cut(&attack, 2, 12);
+}

@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Version};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
+use http_body_util::BodyExt;
 use support::client::{build, http1_client, http2_client, REQUEST_DEADLINE};
 use support::scripted::{Answer, Scripted};
 use support::Sidecar;
@@ -162,7 +160,10 @@ fn cases() -> Vec<(&'static str, Answer, Expect, bool)> {
     ]
 }
 
-async fn exchange(client: &Client<HttpConnector, Full<Bytes>>, sluice: &Sidecar, h2: bool) -> Seen {
+/// One request on a fresh client connection: after a truncation sluice
+/// closes the HTTP/1.1 connection, and a pooled client could race that.
+async fn exchange(sluice: &Sidecar, h2: bool) -> Seen {
+    let client = if h2 { http2_client() } else { http1_client() };
     let mut request = build(sluice.addr(), Method::GET, "/x", &[], Bytes::new());
     if h2 {
         *request.version_mut() = Version::HTTP_2;
@@ -201,11 +202,10 @@ async fn run_table(h2: bool) {
     let upstream = Scripted::start(Answer::KeepOpen(OK.to_vec())).await;
     let sluice = Sidecar::start(&config(&upstream));
     let admin = sluice.admin_addr().expect("admin address");
-    let client = if h2 { http2_client() } else { http1_client() };
     let mut bad_gateways = 0.0;
     for (name, answer, expect, reused) in cases() {
         upstream.set_answer(answer);
-        let seen = exchange(&client, &sluice, h2).await;
+        let seen = exchange(&sluice, h2).await;
         check(name, &seen, expect);
         bad_gateways += f64::from(u8::from(expect == Expect::BadGateway));
         let carried = *upstream
@@ -215,7 +215,7 @@ async fn run_table(h2: bool) {
 
         // The next request: on the same connection only after a good answer.
         upstream.set_answer(Answer::KeepOpen(OK.to_vec()));
-        let next = exchange(&client, &sluice, h2).await;
+        let next = exchange(&sluice, h2).await;
         check(name, &next, Expect::Whole(200, b"hello"));
         let next_carried = *upstream.requests().last().expect("forwarded");
         assert_eq!(
@@ -252,7 +252,7 @@ async fn a_1xx_flood_that_never_ends_is_a_502_not_a_hang() {
     .await;
     let sluice = Sidecar::start(&config(&upstream));
     let started = std::time::Instant::now();
-    let seen = exchange(&http1_client(), &sluice, false).await;
+    let seen = exchange(&sluice, false).await;
     check("an endless 1xx flood", &seen, Expect::BadGateway);
     // Well before `upstream.timeout` (5 s): the flood is cut by count.
     assert!(
@@ -260,4 +260,42 @@ async fn a_1xx_flood_that_never_ends_is_a_502_not_a_hang() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_part_way_is_cut_at_the_upstream_timeout() {
+    let stalls = [
+        (
+            "a body shorter than its Content-Length, the connection kept open",
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhello"[..],
+        ),
+        (
+            "a chunked body that stops between chunks",
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"[..],
+        ),
+    ];
+    let upstream = Scripted::start(Answer::KeepOpen(OK.to_vec())).await;
+    let sluice = Sidecar::start(&config(&upstream).replace("timeout: 5s", "timeout: 1s"));
+    for h2 in [false, true] {
+        for (name, answer) in stalls {
+            upstream.set_answer(Answer::KeepOpen(answer.to_vec()));
+            let started = std::time::Instant::now();
+            let seen = exchange(&sluice, h2).await;
+            let after = started.elapsed();
+            check(name, &seen, Expect::Truncated(200));
+            assert!(
+                after >= Duration::from_millis(900) && after < Duration::from_secs(4),
+                "{name} (h2: {h2}): cut after {after:?}"
+            );
+            let carried = *upstream.requests().last().expect("forwarded");
+            upstream.set_answer(Answer::KeepOpen(OK.to_vec()));
+            let next = exchange(&sluice, h2).await;
+            check(name, &next, Expect::Whole(200, b"hello"));
+            let next_carried = *upstream.requests().last().expect("forwarded");
+            assert_ne!(
+                carried, next_carried,
+                "{name}: the stalled connection was reused"
+            );
+        }
+    }
 }

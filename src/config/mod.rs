@@ -94,7 +94,8 @@ pub struct Upstream {
     pub url: Uri,
     pub connect_timeout: Duration,
     /// The upstream's turns: taking the next piece of the request body, and
-    /// its response head after the last; beyond it, 504.
+    /// its response head after the last (beyond it, 504); then each piece
+    /// of its response body (beyond it, the body is cut).
     pub timeout: Duration,
 }
 

@@ -147,7 +147,15 @@ pub(super) async fn forward(
         tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
     }
     headers::prepare_response(response.headers_mut(), upgraded);
-    response.map(body::boxed)
+    // A body that stops part way is cut after `upstream.timeout` of
+    // silence (nginx's `proxy_read_timeout` between two reads): the client
+    // sees it truncated instead of waiting forever.
+    if response.body().is_end_stream() {
+        response.map(body::boxed)
+    } else {
+        let timeout = config.upstream.timeout;
+        response.map(|b| body::boxed(IdleTimeout::response(b, timeout)))
+    }
 }
 
 /// The upstream URL's scheme and authority, its base path (if any) as a

@@ -114,6 +114,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.server.idle_timeout != new.server.idle_timeout {
         changes.push("server.idle_timeout");
     }
+    if old.server.send_timeout != new.server.send_timeout {
+        changes.push("server.send_timeout");
+    }
     if old.server.max_connections != new.server.max_connections {
         changes.push("server.max_connections");
     }

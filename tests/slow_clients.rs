@@ -126,6 +126,48 @@ async fn a_client_that_stops_reading_makes_sluice_stop_reading_the_upstream() {
         .expect("the response flows again once the client reads");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_at_the_send_timeout() {
+    const LEN: u64 = 1 << 30;
+    let upstream = Scripted::start(Answer::Large(LEN)).await;
+    let sluice = Sidecar::start(&config(&upstream.url(), "  send_timeout: 2s\n", "30s"));
+    let mut stream = TcpStream::connect(sluice.addr()).await.expect("connect");
+    stream
+        .write_all(b"GET /large HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await
+        .expect("write");
+    let (head, rest) = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let stopped = Instant::now();
+
+    // sluice gives up on the client, and with it on the upstream
+    // connection, whose writes then fail.
+    support::eventually(Duration::from_secs(15), || async {
+        (upstream.broken() == 1).then_some(())
+    })
+    .await;
+    let after = stopped.elapsed();
+    assert!(
+        after >= Duration::from_millis(1900) && after < Duration::from_secs(8),
+        "cut {after:?} after the client stopped reading"
+    );
+    // The client reads what was on the way, then the end: far from 1 GiB.
+    let mut got = rest.len() as u64;
+    let mut buf = vec![0u8; 1 << 20];
+    let drained = async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got += n as u64;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), drained)
+        .await
+        .expect("the connection was closed");
+    assert!(got < LEN / 4, "{got} bytes reached a client that was cut");
+}
+
 /// One second of slowhttptest's CSV report (`-g -o`).
 #[derive(Debug, Clone, Copy)]
 struct Tick {

@@ -63,6 +63,9 @@ pub struct Server {
     /// A connection with no request in flight for this long is closed
     /// (HTTP/2: GOAWAY; hyper has no idle timeout of its own there).
     pub idle_timeout: Duration,
+    /// A write to a client blocked for this long (the client reads
+    /// nothing) closes the connection (nginx's `send_timeout`).
+    pub send_timeout: Duration,
     /// Traffic connections open at once; beyond it new ones are closed at
     /// once (the admin port does not count).
     pub max_connections: usize,

@@ -29,6 +29,8 @@ struct State {
     /// The connection (1-based, in accept order) of each request head read.
     requests: Mutex<Vec<usize>>,
     written: AtomicU64,
+    /// Connections whose write failed: the peer (sluice) closed them.
+    broken: AtomicUsize,
     answer: Mutex<Option<Answer>>,
 }
 
@@ -90,6 +92,12 @@ impl Scripted {
     pub fn written(&self) -> u64 {
         self.state.written.load(Ordering::SeqCst)
     }
+
+    /// Connections on which a write of [`Answer::Large`] failed because
+    /// sluice closed them.
+    pub fn broken(&self) -> usize {
+        self.state.broken.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Scripted {
@@ -138,6 +146,7 @@ async fn serve(mut stream: TcpStream, id: usize, state: Arc<State>) {
                 while left > 0 {
                     let n = left.min(chunk.len() as u64) as usize;
                     if stream.write_all(&chunk[..n]).await.is_err() {
+                        state.broken.fetch_add(1, Ordering::SeqCst);
                         return;
                     }
                     state.written.fetch_add(n as u64, Ordering::SeqCst);

@@ -32,7 +32,10 @@ enum Turn {
 /// Resolves once the upstream has had `timeout` of its own turn.
 #[derive(Debug)]
 pub(super) struct UpstreamTimer {
-    turn: watch::Receiver<Turn>,
+    /// `None` for a body already complete: nothing to follow (and no
+    /// channel allocated for most requests).
+    turn: Option<watch::Receiver<Turn>>,
+    started: Instant,
     timeout: Duration,
 }
 
@@ -40,19 +43,28 @@ impl UpstreamTimer {
     /// For a request whose body is already complete: the upstream's turn
     /// from now on.
     pub(super) fn from_now(timeout: Duration) -> UpstreamTimer {
-        let (_, turn) = watch::channel(Turn::Upstream(Instant::now()));
-        UpstreamTimer { turn, timeout }
+        UpstreamTimer {
+            turn: None,
+            started: Instant::now(),
+            timeout,
+        }
     }
 
     /// For a streamed body: the timer follows `body` as hyper reads it.
     pub(super) fn tracking<B>(body: B, timeout: Duration) -> (Tracked<B>, UpstreamTimer) {
-        let (tx, turn) = watch::channel(Turn::Upstream(Instant::now()));
+        let started = Instant::now();
+        let (tx, turn) = watch::channel(Turn::Upstream(started));
         let tracked = Tracked {
             inner: body,
             turn: tx,
             client_turn: false,
         };
-        (tracked, UpstreamTimer { turn, timeout })
+        let timer = UpstreamTimer {
+            turn: Some(turn),
+            started,
+            timeout,
+        };
+        (tracked, timer)
     }
 
     /// Resolves when the upstream has gone `timeout` without taking a piece
@@ -60,17 +72,20 @@ impl UpstreamTimer {
     /// Sleeps until the deadline then looks again, so a fast upload does
     /// not wake this for every piece.
     pub(super) async fn expired(&mut self) {
+        let Some(turn) = &mut self.turn else {
+            return tokio::time::sleep_until(self.started + self.timeout).await;
+        };
         loop {
-            let turn = *self.turn.borrow_and_update();
-            match turn {
+            let now = *turn.borrow_and_update();
+            match now {
                 Turn::Upstream(since) => {
                     tokio::time::sleep_until(since + self.timeout).await;
-                    if *self.turn.borrow() == turn {
+                    if *turn.borrow() == now {
                         return;
                     }
                 }
                 Turn::Client => {
-                    if self.turn.changed().await.is_err() {
+                    if turn.changed().await.is_err() {
                         // The body was dropped on the client's turn: the
                         // exchange is ending by itself; this is a backstop.
                         tokio::time::sleep(self.timeout).await;

@@ -299,3 +299,48 @@ async fn a_body_that_stalls_part_way_is_cut_at_the_upstream_timeout() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http1_a_truncated_body_ends_with_the_connection_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Scripted::start(Answer::KeepOpen(OK.to_vec())).await;
+    let sluice = Sidecar::start(&config(&upstream));
+    let cases: [(&str, &[u8], &str); 2] = [
+        (
+            "a malformed chunk",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+            "transfer-encoding: chunked",
+        ),
+        (
+            "a body shorter than its Content-Length",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhello",
+            "content-length: 100",
+        ),
+    ];
+    for (name, answer, framing) in cases {
+        upstream.set_answer(Answer::Close(answer.to_vec()));
+        let mut stream = tokio::net::TcpStream::connect(sluice.addr())
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"GET /x HTTP/1.1\r\nHost: app.test\r\n\r\n")
+            .await
+            .expect("write");
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut seen));
+        assert!(
+            read.await.is_ok(),
+            "{name}: the client connection stayed open"
+        );
+        let seen = String::from_utf8_lossy(&seen).to_lowercase();
+        let (head, body) = seen.split_once("\r\n\r\n").expect("a whole head");
+        assert!(head.starts_with("http/1.1 200"), "{name}: {seen}");
+        assert!(head.contains(framing), "{name}: {seen}");
+        // What came is the start of the body, and nothing marks an end.
+        assert!(body.contains("hello"), "{name}: {seen}");
+        assert!(
+            !body.contains("0\r\n\r\n") && body.len() < 100,
+            "{name}: {seen}"
+        );
+    }
+}

@@ -12,6 +12,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# slowhttptest runs slowloris and slow-body attacks against sluice.
+command -v slowhttptest >/dev/null 2>&1 || missing+=(slowhttptest)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -21,6 +23,7 @@ fi
 command -v redis-server >/dev/null
 command -v redis-cli >/dev/null
 command -v promtool >/dev/null
+command -v slowhttptest >/dev/null
 
 echo "== cargo tests"
 if cargo nextest --version >/dev/null 2>&1; then

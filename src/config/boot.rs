@@ -38,6 +38,9 @@ pub struct ServerBoot {
     /// A connection with no request in flight for this long is closed
     /// (HTTP/2: GOAWAY; hyper has no idle timeout of its own there).
     pub idle_timeout: Duration,
+    /// A write to a client blocked for this long (the client reads
+    /// nothing) closes the connection (nginx's `send_timeout`).
+    pub send_timeout: Duration,
     /// Traffic connections open at once; beyond it new ones are closed at
     /// once (the admin port does not count).
     pub max_connections: usize,
@@ -192,6 +195,7 @@ impl ServerBoot {
             max_header_bytes,
             workers,
             idle_timeout,
+            send_timeout,
             max_connections,
             http2,
         } = self;
@@ -221,6 +225,12 @@ impl ServerBoot {
             idle_timeout,
             &next.idle_timeout,
             "server.idle_timeout",
+            changes,
+        );
+        differ(
+            send_timeout,
+            &next.send_timeout,
+            "server.send_timeout",
             changes,
         );
         differ(

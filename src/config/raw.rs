@@ -145,6 +145,7 @@ pub struct Server {
     pub workers: Option<Scalar>,
     pub paths: Option<Paths>,
     pub idle_timeout: Option<Scalar>,
+    pub send_timeout: Option<Scalar>,
     pub max_connections: Option<Scalar>,
     pub http2: Option<Http2>,
 }

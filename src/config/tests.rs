@@ -107,6 +107,7 @@ fn the_product_example_parses_into_domain_values() {
     assert_eq!(c.boot.server.shutdown_grace, Duration::from_secs(20));
     assert_eq!(c.boot.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.live.server.body_idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.boot.server.send_timeout, Duration::from_secs(60));
     assert_eq!(c.boot.server.max_header_bytes, 65_536);
     assert_eq!(c.boot.server.workers, 0);
 
@@ -471,6 +472,7 @@ fn omitted_keys_take_their_documented_defaults() {
     assert_eq!(c.boot.server.shutdown_grace, Duration::from_secs(20));
     assert_eq!(c.boot.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.live.server.body_idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.boot.server.send_timeout, Duration::from_secs(60));
     assert_eq!(c.boot.server.max_header_bytes, 65_536);
     assert_eq!(c.boot.server.workers, 0);
     let StoreKind::Memory(memory) = &c.boot.store.kind else {

@@ -1,6 +1,7 @@
-//! The one body type every response carries, and the request-body idle
-//! timeout hyper does not have (PITFALLS: a body trickled at 1 byte/s is
-//! never cut otherwise).
+//! The one body type every response carries, and the body idle timeout
+//! hyper does not have (PITFALLS: a body trickled at 1 byte/s is never cut
+//! otherwise), for the client's request body and the upstream's response
+//! body alike.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +40,22 @@ where
 #[error("no request body data for {0:?}")]
 pub struct BodyIdleTimeout(pub Duration);
 
+/// The upstream went quiet in the middle of its response body.
+#[derive(Debug, thiserror::Error)]
+#[error("no response body data from the upstream for {0:?}")]
+pub struct UpstreamBodyIdle(pub Duration);
+
+/// Whose body an [`IdleTimeout`] watches: it decides the errors it gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// The client's request body: its errors are the client's
+    /// ([`ClientBodyError`], [`BodyIdleTimeout`]).
+    Request,
+    /// The upstream's response body: its errors pass through, silence is
+    /// [`UpstreamBodyIdle`].
+    Response,
+}
+
 /// The client's own request body broke (an invalid chunk, a body shorter
 /// than its `Content-Length`, the client gone): the client's fault, never
 /// the app's (answered 400, not 502).
@@ -58,16 +75,30 @@ pin_project! {
         sleep: Sleep,
         timeout: Duration,
         waiting: bool,
+        side: Side,
     }
 }
 
 impl<B> IdleTimeout<B> {
+    /// For a client's request body.
     pub fn new(inner: B, timeout: Duration) -> IdleTimeout<B> {
+        IdleTimeout::on(Side::Request, inner, timeout)
+    }
+
+    /// For an upstream's response body. The clock runs only while sluice
+    /// waits for the upstream: a client reading slowly is not polled for
+    /// more, so its slowness never counts here.
+    pub fn response(inner: B, timeout: Duration) -> IdleTimeout<B> {
+        IdleTimeout::on(Side::Response, inner, timeout)
+    }
+
+    fn on(side: Side, inner: B, timeout: Duration) -> IdleTimeout<B> {
         IdleTimeout {
             inner,
             sleep: tokio::time::sleep(timeout),
             timeout,
             waiting: false,
+            side,
         }
     }
 }
@@ -88,7 +119,13 @@ where
         match this.inner.poll_frame(cx) {
             Poll::Ready(frame) => {
                 *this.waiting = false;
-                Poll::Ready(frame.map(|f| f.map_err(|e| ClientBodyError(e.into()).into())))
+                let side = *this.side;
+                Poll::Ready(frame.map(|f| {
+                    f.map_err(|e| match side {
+                        Side::Request => ClientBodyError(e.into()).into(),
+                        Side::Response => e.into(),
+                    })
+                }))
             }
             Poll::Pending => {
                 if !*this.waiting {
@@ -96,9 +133,10 @@ where
                     this.sleep.as_mut().reset(Instant::now() + *this.timeout);
                 }
                 match this.sleep.poll(cx) {
-                    Poll::Ready(()) => {
-                        Poll::Ready(Some(Err(BodyIdleTimeout(*this.timeout).into())))
-                    }
+                    Poll::Ready(()) => Poll::Ready(Some(Err(match this.side {
+                        Side::Request => BodyIdleTimeout(*this.timeout).into(),
+                        Side::Response => UpstreamBodyIdle(*this.timeout).into(),
+                    }))),
                     Poll::Pending => Poll::Pending,
                 }
             }
@@ -180,6 +218,17 @@ mod tests {
         };
         let (frame, ()) = tokio::join!(body.frame(), send);
         assert_eq!(frame.unwrap().unwrap().into_data().unwrap(), "late");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_response_body_is_the_upstream_s_fault() {
+        let (tx, inner) = channel_body();
+        let mut body = std::pin::pin!(IdleTimeout::response(inner, Duration::from_secs(5)));
+        tx.send(Err("reset".into())).await.unwrap();
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(err.downcast_ref::<ClientBodyError>().is_none(), "{err}");
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(err.downcast_ref::<UpstreamBodyIdle>().is_some(), "{err}");
     }
 
     #[tokio::test(start_paused = true)]

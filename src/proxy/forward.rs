@@ -1,7 +1,8 @@
 //! Forwarding a decided request to the upstream, and its response back.
 //!
 //! Bodies stream both ways without buffering; the request body is cut when
-//! the client goes quiet for `server.body_idle_timeout`. Requests to the
+//! the client goes quiet for `server.body_idle_timeout`, and
+//! `upstream.timeout` counts only the upstream's turns (`upstream_timer`). Requests to the
 //! upstream are always HTTP/1.1, whatever the client spoke. The upstream's
 //! address and timeout are read from the runtime of each request, so a
 //! reload retargets new requests; the connect timeout belongs to the pooled
@@ -14,7 +15,7 @@ use http::uri::{Parts, PathAndQuery};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
@@ -24,6 +25,8 @@ use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
 use super::respond;
 use super::upgrade::Tunnels;
+use super::upstream_head::{self, Informational, Refused};
+use super::upstream_timer::UpstreamTimer;
 use super::ConnInfo;
 
 /// How long an idle pooled connection to the upstream is kept.
@@ -44,6 +47,8 @@ impl Upstream {
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
+            .http1_max_buf_size(upstream_head::MAX_HEAD_BYTES)
+            .http1_max_headers(upstream_head::MAX_HEADERS)
             .build(connector);
         Upstream { client }
     }
@@ -92,23 +97,41 @@ pub(super) async fn forward(
     // Server-side extensions (header case maps, HTTP/2 protocol) mean
     // nothing to the client connection.
     parts.extensions.clear();
-    // A body already complete (most GETs) can never go quiet: no timer.
-    let body = if incoming.is_end_stream() {
-        body::boxed(incoming)
+    // A body already complete (most GETs) can never go quiet: no timer,
+    // and the upstream's turn starts now.
+    let (body, mut timer) = if incoming.is_end_stream() {
+        let timer = UpstreamTimer::from_now(live.upstream.timeout);
+        (body::boxed(incoming), timer)
     } else {
-        body::boxed(IdleTimeout::new(incoming, live.server.body_idle_timeout))
+        let idle = IdleTimeout::new(incoming, live.server.body_idle_timeout);
+        let (tracked, timer) = UpstreamTimer::tracking(idle, live.upstream.timeout);
+        (body::boxed(tracked), timer)
     };
-    let request = Request::from_parts(parts, body);
+    let mut request = Request::from_parts(parts, body);
+    let connection = capture_connection(&mut request);
+    let informational = Informational::watch(&mut request);
 
-    let sent = tokio::time::timeout(live.upstream.timeout, upstream.client.request(request));
-    let mut response = match sent.await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => return failed(&error),
-        Err(_elapsed) => {
-            tracing::debug!(timeout = ?live.upstream.timeout, "upstream response head timed out");
+    let mut response = tokio::select! {
+        sent = upstream.client.request(request) => match sent {
+            Ok(response) => response,
+            Err(error) => return failed(&error),
+        },
+        () = informational.until_flooded() => {
+            return refuse(&connection, Refused::InformationalFlood);
+        }
+        () = timer.expired() => {
+            tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
             return respond::gateway_timeout();
         }
     };
+    let checked = if informational.flooded() {
+        Err(Refused::InformationalFlood)
+    } else {
+        upstream_head::check(response.headers())
+    };
+    if let Err(refused) = checked {
+        return refuse(&connection, refused);
+    }
 
     let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     if upgraded {
@@ -124,7 +147,15 @@ pub(super) async fn forward(
         tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
     }
     headers::prepare_response(response.headers_mut(), upgraded);
-    response.map(body::boxed)
+    // A body that stops part way is cut after `upstream.timeout` of
+    // silence (nginx's `proxy_read_timeout` between two reads): the client
+    // sees it truncated instead of waiting forever.
+    if response.body().is_end_stream() {
+        response.map(body::boxed)
+    } else {
+        let timeout = live.upstream.timeout;
+        response.map(|b| body::boxed(IdleTimeout::response(b, timeout)))
+    }
 }
 
 /// The upstream URL's scheme and authority, its base path (if any) as a
@@ -146,6 +177,16 @@ fn target(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
+/// 502 for an upstream response sluice will not pass on, and the upstream
+/// connection that carried it is never used again.
+fn refuse(connection: &CaptureConnection, refused: Refused) -> Response<Body> {
+    if let Some(connected) = &*connection.connection_metadata() {
+        connected.poison();
+    }
+    tracing::debug!(error = %refused, "upstream response refused");
+    respond::broken_upstream_response()
+}
+
 /// The upstream exchange failed before a response head arrived.
 fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
     if caused_by::<BodyIdleTimeout>(error) {
@@ -158,10 +199,11 @@ fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
     }
     if error.is_connect() {
         tracing::debug!(error = %chain(error), "upstream unreachable");
+        respond::bad_gateway()
     } else {
         tracing::debug!(error = %chain(error), "upstream exchange failed");
+        respond::broken_upstream_response()
     }
-    respond::bad_gateway()
 }
 
 fn caused_by<E: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {

@@ -6,6 +6,10 @@
 //! - `overrides`: the methods a request may run as (method-override headers,
 //!   `_method`), each matched.
 //! - `forward`: the pooled upstream client and the streaming exchange.
+//! - `upstream_head`: what sluice refuses in an upstream response that
+//!   hyper's client lets through, and the client's explicit head limits.
+//! - `upstream_timer`: `upstream.timeout`, counting the upstream's turns
+//!   only, from the end of the request body.
 //! - `upgrade`: WebSocket and other HTTP/1.1 upgrades, tracked for shutdown.
 //! - `respond`: every synthetic response (400, 408, 429, 501, 502, 503, 504).
 //! - `body`: the boxed body type and the request-body idle timeout.
@@ -18,6 +22,8 @@ mod overrides;
 pub mod respond;
 mod service;
 mod upgrade;
+mod upstream_head;
+mod upstream_timer;
 mod verdict;
 
 use std::net::SocketAddr;

@@ -251,11 +251,23 @@ pub fn request_timeout() -> Response<Body> {
     response
 }
 
-/// 502: the upstream could not be reached or answered nonsense.
+/// 502: the upstream could not be reached.
 pub fn bad_gateway() -> Response<Body> {
     problem(
         StatusCode::BAD_GATEWAY,
         "the upstream could not be reached",
+        None,
+        None,
+    )
+}
+
+/// 502: the upstream answered something sluice will not pass on (a
+/// malformed or ambiguous response head, a 1xx flood) or went away before
+/// its response head was complete.
+pub fn broken_upstream_response() -> Response<Body> {
+    problem(
+        StatusCode::BAD_GATEWAY,
+        "the upstream's response was malformed or cut short",
         None,
         None,
     )

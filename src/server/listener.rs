@@ -31,6 +31,7 @@ use crate::proxy::{ConnInfo, Proxy};
 use crate::telemetry;
 
 use super::accept::AcceptErrors;
+use super::send_timeout::SendTimeout;
 use super::Settings;
 
 /// hyper refuses a smaller HTTP/1.1 buffer.
@@ -82,6 +83,7 @@ pub async fn serve(
                         draining: draining.clone(),
                         first_head_by: Instant::now() + settings.header_read_timeout,
                         idle_timeout: settings.idle_timeout,
+                        send_timeout: settings.send_timeout,
                     };
                     connections.spawn(connection.run(stream));
                 }
@@ -138,6 +140,7 @@ struct Connection {
     /// The TLS handshake and the first request head must be done by then.
     first_head_by: Instant,
     idle_timeout: Duration,
+    send_timeout: Duration,
 }
 
 /// A connection's requests in flight, and when it last had none.
@@ -197,6 +200,8 @@ impl Connection {
             local,
             tls: self.tls.is_some(),
         };
+        // Under TLS too: a client that stops reading blocks the TCP writes.
+        let stream = SendTimeout::new(stream, self.send_timeout);
         match self.tls.clone() {
             None => self.serve(TokioIo::new(stream), info).await,
             // Boxed: the TLS state is twice the size of a plain connection's,
@@ -205,7 +210,12 @@ impl Connection {
         }
     }
 
-    async fn serve_tls(self, acceptor: TlsAcceptor, stream: TcpStream, info: ConnInfo) {
+    async fn serve_tls(
+        self,
+        acceptor: TlsAcceptor,
+        stream: SendTimeout<TcpStream>,
+        info: ConnInfo,
+    ) {
         match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {
             Ok(Ok(stream)) => self.serve(TokioIo::new(stream), info).await,
             Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),

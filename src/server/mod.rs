@@ -4,9 +4,12 @@
 //! - [`accept`]: back-off and throttled logging when `accept` fails, for
 //!   both listeners.
 //! - [`tls`]: the rustls acceptor built from the configured PEM files.
+//! - `send_timeout`: the connection wrapper that cuts a client that stops
+//!   reading.
 
 pub mod accept;
 mod listener;
+mod send_timeout;
 pub mod tls;
 
 use std::time::Duration;
@@ -32,6 +35,8 @@ pub struct Settings {
     /// With no request in flight for this long, a connection is closed
     /// gracefully (HTTP/2: GOAWAY, then close).
     pub idle_timeout: Duration,
+    /// A write blocked on the client for this long fails the connection.
+    pub send_timeout: Duration,
     pub max_connections: usize,
     pub http2: config::Http2,
 }
@@ -43,6 +48,7 @@ impl From<&config::ServerBoot> for Settings {
             max_header_bytes: server.max_header_bytes,
             shutdown_grace: server.shutdown_grace,
             idle_timeout: server.idle_timeout,
+            send_timeout: server.send_timeout,
             max_connections: server.max_connections,
             http2: server.http2,
         }

@@ -5,6 +5,7 @@
 //! - [`sidecar`]: `Sidecar`, the `sluice` binary on a temporary config.
 //! - [`client`]: requests, bursts, raw bytes.
 //! - [`redis`]: `RedisServer`, a real redis-server on a free port (TLS, ACL).
+//! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
 //!
 //! Each test file compiles this module on its own and uses only part of it.
 #![allow(dead_code, unused_imports)]
@@ -13,6 +14,7 @@ pub mod client;
 pub mod ops;
 pub mod redis;
 pub mod redis_sidecar;
+pub mod scripted;
 pub mod sidecar;
 pub mod topology;
 pub mod upstream;

@@ -16,6 +16,7 @@ server:
   max_header_bytes: 65536
   workers: 0
   idle_timeout: 60s
+  send_timeout: 60s
   max_connections: 10000
   http2: { max_concurrent_streams: 128 }
   paths: { merge_slashes: true }
@@ -125,6 +126,11 @@ fn each_boot_key_changed_alone_is_named() {
             "idle_timeout: 60s",
             "idle_timeout: 61s",
             "server.idle_timeout",
+        ),
+        (
+            "send_timeout: 60s",
+            "send_timeout: 5s",
+            "server.send_timeout",
         ),
         (
             "max_connections: 10000",

@@ -83,6 +83,13 @@ pub fn server(
         Duration::from_secs(60),
         check::positive_duration,
     );
+    // nginx's send_timeout default.
+    let send_timeout = cx.optional(
+        &path.key("send_timeout"),
+        raw.send_timeout.as_ref(),
+        Duration::from_secs(60),
+        check::positive_duration,
+    );
     // nginx's worker_connections default; a sidecar fronts one app.
     let max_connections = cx.optional(
         &path.key("max_connections"),
@@ -104,6 +111,7 @@ pub fn server(
         max_header_bytes: usize::try_from(max_header_bytes?).ok()?,
         workers: usize::try_from(workers?).ok()?,
         idle_timeout: idle_timeout?,
+        send_timeout: send_timeout?,
         max_connections: usize::try_from(max_connections?).ok()?,
         http2: http2?,
     };

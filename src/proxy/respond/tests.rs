@@ -152,6 +152,7 @@ async fn unavailable_has_retry_after_and_policy_but_no_decision() {
 async fn gateway_errors_are_problems_without_route() {
     for (response, status) in [
         (bad_gateway(), 502),
+        (broken_upstream_response(), 502),
         (gateway_timeout(), 504),
         (bad_request("the request has no Host"), 400),
         (not_implemented("chunked only"), 501),

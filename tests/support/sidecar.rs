@@ -41,8 +41,16 @@ impl Sidecar {
 
     /// As [`Sidecar::start`], with extra environment variables.
     pub fn start_with_env(yaml: &str, env: &[(&str, &str)]) -> Sidecar {
+        Sidecar::start_via(yaml, env, &[])
+    }
+
+    /// As [`Sidecar::start`], the binary run by `launcher` (a program and
+    /// its first arguments, which must end by exec'ing the rest of its
+    /// arguments: the binary and `run --config FILE`), e.g. to place it in
+    /// a cgroup before it starts.
+    pub fn start_via(yaml: &str, env: &[(&str, &str)], launcher: &[&str]) -> Sidecar {
         let (dir, config_path) = write_config(yaml);
-        let mut child = command(&config_path, env)
+        let mut child = launched(command(&config_path, env), launcher)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -226,6 +234,24 @@ fn command(config: &Path, env: &[(&str, &str)]) -> Command {
         cmd.env(k, v);
     }
     cmd
+}
+
+/// `cmd` run through `launcher`, with `cmd`'s program and arguments
+/// appended to the launcher's; the environment is kept.
+fn launched(cmd: Command, launcher: &[&str]) -> Command {
+    let Some((program, first)) = launcher.split_first() else {
+        return cmd;
+    };
+    let mut out = Command::new(program);
+    out.args(first).arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => out.env(k, v),
+            None => out.env_remove(k),
+        };
+    }
+    out.stdin(Stdio::null());
+    out
 }
 
 fn run_to_exit(mut cmd: Command) -> (i32, String, String) {

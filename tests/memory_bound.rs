@@ -1,0 +1,237 @@
+//! The memory store's bound comes from the memory sluice really has: run
+//! under a real cgroup memory limit, with `max_entries` not written, sluice
+//! derives its bound from the limit, refuses new subjects beyond it
+//! (`on_failure`), keeps serving the subjects it holds, and is never
+//! killed.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::Value;
+use support::client::{build, http1_client, send};
+use support::{clear_of_window_edge, get, Sidecar, Upstream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+/// (50 MiB − the 48 MiB reserve) ÷ 256 bytes: 8,192 subjects.
+const LIMIT_BYTES: u64 = 50 << 20;
+const EXPECTED_ENTRIES: u64 = 8_192;
+
+/// A memory cgroup made for one test, removed on drop (after the process
+/// in it has gone).
+struct MemoryCgroup {
+    dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    /// On cgroup v1's memory hierarchy, or else on cgroup v2 with the
+    /// memory controller enabled below the root. Panics when neither can
+    /// be made: the bound is the behaviour under test, so a machine where
+    /// no limit can be set cannot pass it.
+    fn new(limit: u64) -> MemoryCgroup {
+        let name = format!("sluice-test-{}-{}", std::process::id(), nanos());
+        let candidates = [
+            (
+                Path::new("/sys/fs/cgroup/memory"),
+                "memory.limit_in_bytes",
+                "memory",
+            ),
+            (Path::new("/sys/fs/cgroup"), "memory.max", ""),
+            (Path::new("/sys/fs/cgroup/unified"), "memory.max", ""),
+        ];
+        let mut tried = Vec::new();
+        for (root, file, controller) in candidates {
+            // Below the test's own cgroup, so the limit only ever tightens
+            // what the test already runs under.
+            let Some(own) = own_cgroup(controller) else {
+                tried.push(format!("no `{controller}` line in /proc/self/cgroup"));
+                continue;
+            };
+            let parent = root.join(own.trim_start_matches('/'));
+            if !parent.join("cgroup.procs").exists() {
+                tried.push(format!("{}: not a cgroup directory", parent.display()));
+                continue;
+            }
+            let dir = parent.join(&name);
+            if let Err(e) = std::fs::create_dir(&dir) {
+                tried.push(format!("{}: {e}", dir.display()));
+                continue;
+            }
+            match std::fs::write(dir.join(file), limit.to_string()) {
+                Ok(()) => return MemoryCgroup { dir },
+                Err(e) => {
+                    tried.push(format!("{}: {e}", dir.join(file).display()));
+                    let _ = std::fs::remove_dir(&dir);
+                }
+            }
+        }
+        panic!("no memory cgroup could be made here: {tried:?}");
+    }
+
+    fn procs(&self) -> String {
+        self.dir.join("cgroup.procs").display().to_string()
+    }
+
+    /// Times the limit was hit (v1 `memory.failcnt`; v2 `memory.events` max).
+    fn limit_hits(&self) -> u64 {
+        if let Ok(text) = std::fs::read_to_string(self.dir.join("memory.failcnt")) {
+            return text.trim().parse().unwrap_or(u64::MAX);
+        }
+        std::fs::read_to_string(self.dir.join("memory.events"))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("max ").map(|n| n.trim().parse().ok()))
+                    .flatten()
+            })
+            .unwrap_or(u64::MAX)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // The sidecar is dropped (killed and reaped) first; an emptied
+        // cgroup can be removed.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// This process's cgroup path on the hierarchy of `controller` (`""`:
+/// cgroup v2's single hierarchy).
+fn own_cgroup(controller: &str) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let wanted = if controller.is_empty() {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == controller)
+        };
+        wanted.then(|| path.to_owned())
+    })
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn config(upstream: &Upstream) -> String {
+    format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+upstream:
+  url: {}
+store:
+  kind: memory
+  on_failure: deny
+policies:
+  p: {{ algorithm: fixed-window, limit: 100, window: 1h }}
+routes:
+  - {{ name: api, match: {{ path_prefix: /api }}, subject: header:X-Key, policy: p }}
+",
+        upstream.url()
+    )
+}
+
+fn bound_line(sidecar: &Sidecar) -> Option<Value> {
+    sidecar.logs().iter().find_map(|line| {
+        let v: Value = serde_json::from_str(line).ok()?;
+        let flat = v.get("fields").cloned().unwrap_or_else(|| v.clone());
+        flat.get("max_entries").is_some().then_some(flat)
+    })
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_memory_limit_new_subjects_meet_the_store_s_bound_before_the_kernel_s() {
+    let upstream = Upstream::start().await;
+    let cgroup = MemoryCgroup::new(LIMIT_BYTES);
+    let enter = format!("echo $$ > '{}' && exec \"$@\"", cgroup.procs());
+    let sluice = Sidecar::start_via(&config(&upstream), &[], &["sh", "-c", &enter, "sh"]);
+    clear_of_window_edge(Duration::from_secs(3600), Duration::from_secs(30)).await;
+
+    let bound = bound_line(&sluice).expect("the bound is logged at start");
+    assert_eq!(
+        bound["max_entries"].as_u64(),
+        Some(EXPECTED_ENTRIES),
+        "{bound}"
+    );
+    assert_eq!(
+        bound["memory_limit_bytes"].as_u64(),
+        Some(LIMIT_BYTES),
+        "{bound}"
+    );
+
+    // One request per subject, up to the bound, over a few connections.
+    let addr = sluice.addr();
+    let client = http1_client();
+    let gate = Arc::new(Semaphore::new(16));
+    let mut flood = JoinSet::new();
+    for n in 0..EXPECTED_ENTRIES {
+        let permit = gate.clone().acquire_owned().await.expect("semaphore");
+        let client = client.clone();
+        flood.spawn(async move {
+            let key = format!("subject-{n}");
+            let request = build(addr, Method::GET, "/api", &[("X-Key", &key)], Bytes::new());
+            let status = send(&client, request).await.0;
+            drop(permit);
+            status
+        });
+    }
+    let mut refused = 0;
+    while let Some(status) = flood.join_next().await {
+        if status.expect("request task") != StatusCode::OK {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 0, "every subject within the bound is served");
+    assert_eq!(upstream.count() as u64, EXPECTED_ENTRIES);
+
+    // Beyond it: a new subject is refused (on_failure: deny), nothing is
+    // forwarded for it, and a subject already held is still decided.
+    for n in 0..20 {
+        let key = format!("newcomer-{n}");
+        assert_eq!(
+            get(addr, "/api", &[("X-Key", &key)]).await.0,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{key}"
+        );
+    }
+    assert_eq!(upstream.count() as u64, EXPECTED_ENTRIES);
+    assert_eq!(
+        get(addr, "/api", &[("X-Key", "subject-7")]).await.0,
+        StatusCode::OK
+    );
+
+    // The store stopped well inside the limit: the kernel never had to act.
+    let rss = rss_bytes(sluice.pid());
+    assert!(
+        rss > 0 && rss < LIMIT_BYTES,
+        "RSS {rss} under a {LIMIT_BYTES}-byte limit"
+    );
+    assert_eq!(cgroup.limit_hits(), 0, "the cgroup's limit was reached");
+    drop(sluice);
+}

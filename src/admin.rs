@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::runtime::SharedRuntime;
+use crate::proxy::SharedRuntime;
 use crate::server::accept::AcceptErrors;
 use crate::store::Store;
 

@@ -13,8 +13,7 @@ use tokio::sync::watch;
 
 use crate::admin::{self, Health};
 use crate::config::{Boot, Config, Live, StoreKind};
-use crate::proxy::{Proxy, Upstream};
-use crate::runtime::{Runtime, SharedRuntime};
+use crate::proxy::{Proxy, Runtime, SharedRuntime, Upstream};
 use crate::server;
 use crate::store::deny_cache::DenyCache;
 use crate::store::memory::MemoryStore;

@@ -24,7 +24,6 @@ pub mod path;
 pub mod proxy;
 pub mod reload;
 pub mod route;
-pub mod runtime;
 pub mod server;
 pub mod store;
 pub mod subject;

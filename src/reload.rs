@@ -18,7 +18,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::config::{Boot, Config};
-use crate::runtime::{Runtime, SharedRuntime};
+use crate::proxy::{Runtime, SharedRuntime};
 use crate::store::Store;
 use crate::subject::PseudonymKey;
 use crate::telemetry;

@@ -8,6 +8,9 @@
 //! - `forward`: the pooled upstream client and the streaming exchange.
 //! - `upgrade`: WebSocket and other HTTP/1.1 upgrades, tracked for shutdown.
 //! - `respond`: every synthetic response (400, 408, 429, 501, 502, 503, 504).
+//! - `runtime`: what one request runs under (live configuration, route
+//!   table, per-route metric handles and prepared answers), swapped whole
+//!   on reload.
 //! - `body`: the boxed body type and the request-body idle timeout.
 //! - `verdict`: what became of a request, the hook metrics attach to.
 
@@ -16,6 +19,7 @@ mod forward;
 mod headers;
 mod overrides;
 pub mod respond;
+mod runtime;
 mod service;
 mod upgrade;
 mod verdict;
@@ -24,6 +28,7 @@ use std::net::SocketAddr;
 
 pub use body::{Body, BodyIdleTimeout, BoxError};
 pub use forward::Upstream;
+pub use runtime::{Runtime, SharedRuntime};
 pub use service::Proxy;
 pub use verdict::{Failure, Verdict};
 

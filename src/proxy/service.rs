@@ -11,11 +11,10 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::config::{self, Live, OnFailure, Route};
+use crate::config::{self, Live, OnFailure};
 use crate::limit::{Decision, Outcome};
 use crate::path;
-use crate::route::{Entry, Limited, RouteTable};
-use crate::runtime::SharedRuntime;
+use crate::route::Route;
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject::{self, Pseudonym, UnreadableForwardedFor};
 use crate::telemetry;
@@ -25,6 +24,7 @@ use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::overrides::{self, Methods, MAX_METHODS};
 use super::respond;
+use super::runtime::{Entry, Limited, Runtime, SharedRuntime};
 use super::upgrade::Tunnels;
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
@@ -81,7 +81,7 @@ impl Proxy {
                 .and_then(|()| {
                     overrides::methods(request.method(), request.headers(), request.uri().query())
                 })
-                .and_then(|methods| route(&runtime.routes, &methods, request.uri(), live));
+                .and_then(|methods| route(&runtime, &methods, request.uri(), live));
         let (matched, rewritten) = match matched {
             Ok(found) => found,
             Err(invalid) => return refuse(&invalid),
@@ -96,7 +96,7 @@ impl Proxy {
         // request refused for one route consumes nothing of another.
         let mut subjects: [Option<Pseudonym>; MAX_METHODS] = Default::default();
         for (entry, slot) in matched.iter().zip(subjects.iter_mut()) {
-            let route = &entry.route;
+            let route = entry.route;
             if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
                 return refuse(&invalid);
             }
@@ -145,13 +145,13 @@ impl Proxy {
     /// the answer that ends the request.
     async fn check<'r>(
         &self,
-        entry: &'r Entry,
+        entry: Entry<'r>,
         subject: Option<&Pseudonym>,
         live: &Live,
         arrival: Instant,
     ) -> Result<Option<(&'r Limited, Decision)>, Response<Body>> {
-        let (route, metrics) = (&entry.route, &entry.metrics);
-        let (Some(limited), Some(subject)) = (&entry.limited, subject) else {
+        let (route, metrics) = (entry.route, entry.metrics);
+        let (Some(limited), Some(subject)) = (entry.limited, subject) else {
             metrics.request(Verdict::Unlimited.label());
             return Ok(None);
         };
@@ -192,7 +192,7 @@ impl Proxy {
         request: Request<Incoming>,
         conn: &ConnInfo,
         live: &Live,
-        entry: &Entry,
+        entry: Entry<'_>,
     ) -> Response<Body> {
         let sent = Instant::now();
         let response = forward::forward(
@@ -259,17 +259,17 @@ fn fail(failure: Failure, limited: &Limited, store: &config::StoreLive) -> (Verd
 /// The routes a request matched: one per distinct route its methods
 /// found, the wire method's first. Nothing is allocated.
 struct Matched<'r> {
-    entries: [Option<&'r Entry>; MAX_METHODS],
+    entries: [Option<Entry<'r>>; MAX_METHODS],
 }
 
 impl<'r> Matched<'r> {
-    fn iter(&self) -> impl Iterator<Item = &'r Entry> + '_ {
+    fn iter(&self) -> impl Iterator<Item = Entry<'r>> + '_ {
         self.entries.iter().flatten().copied()
     }
 
     /// The wire method's route: its metrics count the upstream's answer,
     /// and it says which upgrades pass.
-    fn primary(&self) -> &'r Entry {
+    fn primary(&self) -> Entry<'r> {
         self.iter()
             .next()
             .expect("the wire method always finds a route (the default at worst)")
@@ -279,7 +279,7 @@ impl<'r> Matched<'r> {
 /// Normalizes the path and finds the route of each method the request may
 /// run as; the URI to forward when normalization changed the path.
 fn route<'r>(
-    routes: &'r RouteTable,
+    runtime: &'r Runtime,
     methods: &Methods,
     uri: &Uri,
     live: &Live,
@@ -289,8 +289,8 @@ fn route<'r>(
         entries: [None; MAX_METHODS],
     };
     for (i, method) in methods.iter().enumerate() {
-        let entry = routes.find(method, &normal.matching);
-        if !matched_already(&matched.entries, entry) {
+        let entry = runtime.entry(runtime.routes.find(method, &normal.matching));
+        if !matched_already(&matched.entries, entry.route) {
             matched.entries[i] = Some(entry);
         }
     }
@@ -302,8 +302,11 @@ fn route<'r>(
     Ok((matched, rewritten))
 }
 
-fn matched_already(entries: &[Option<&Entry>], entry: &Entry) -> bool {
-    entries.iter().flatten().any(|e| std::ptr::eq(*e, entry))
+fn matched_already(entries: &[Option<Entry>], route: &Route) -> bool {
+    entries
+        .iter()
+        .flatten()
+        .any(|e| std::ptr::eq(e.route, route))
 }
 
 /// `uri` with its path replaced and its query kept as sent.

@@ -13,10 +13,14 @@
 //!   on reload.
 //! - `body`: the boxed body type and the request-body idle timeout.
 //! - `verdict`: what became of a request, the hook metrics attach to.
+//! - `metrics`: the proxy's metric handles (per route, verdict-indexed).
+//! - `log_budget`: how many decisions a route may log a second.
 
 mod body;
 mod forward;
 mod headers;
+mod log_budget;
+mod metrics;
 mod overrides;
 pub mod respond;
 mod runtime;

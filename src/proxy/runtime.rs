@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use super::log_budget::LogBudget;
+use super::metrics::RouteMetrics;
+use super::respond::Prepared;
 use crate::config::Live;
 use crate::limit::Policy;
 use crate::route::{Route, RouteTable};
 use crate::subject::PseudonymKey;
-use crate::telemetry::RouteMetrics;
-
-use super::respond::Prepared;
 
 #[derive(Debug)]
 pub struct Runtime {
@@ -51,6 +51,7 @@ impl Runtime {
         Entry {
             route: &self.routes.routes()[i],
             metrics: &state.metrics,
+            log_budget: &state.log_budget,
             limited: state.limited.as_ref(),
         }
     }
@@ -63,6 +64,9 @@ pub type SharedRuntime = Arc<ArcSwap<Runtime>>;
 #[derive(Debug)]
 struct RouteState {
     metrics: RouteMetrics,
+    /// Decisions other than Allowed logged, at most a few a second per
+    /// route.
+    log_budget: LogBudget,
     /// `None` exactly when the route says `policy: none`.
     limited: Option<Limited>,
 }
@@ -72,6 +76,7 @@ impl RouteState {
         let policy = route.policy.as_ref().map(|p| &*p.name);
         RouteState {
             metrics: RouteMetrics::new(&route.name, policy),
+            log_budget: LogBudget::default(),
             limited: route.policy.as_ref().map(|policy| Limited {
                 responses: Prepared::new(route, policy),
                 policy: policy.clone(),
@@ -92,5 +97,6 @@ pub struct Limited {
 pub(super) struct Entry<'r> {
     pub route: &'r Route,
     pub metrics: &'r RouteMetrics,
+    pub log_budget: &'r LogBudget,
     pub limited: Option<&'r Limited>,
 }

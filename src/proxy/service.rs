@@ -17,11 +17,11 @@ use crate::path;
 use crate::route::Route;
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject::{self, Pseudonym, UnreadableForwardedFor};
-use crate::telemetry;
 
 use super::body::Body;
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
+use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
 use super::respond;
 use super::runtime::{Entry, Limited, Runtime, SharedRuntime};
@@ -34,8 +34,7 @@ pub struct Proxy {
     store: Arc<Store>,
     upstream: Upstream,
     tunnels: Tunnels,
-    decision_duration: metrics::Histogram,
-    forwarded_without_decision: metrics::Counter,
+    metrics: ProxyMetrics,
 }
 
 /// What the outcome asks of the request.
@@ -51,8 +50,7 @@ enum Action {
 impl Proxy {
     pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
         Proxy {
-            decision_duration: telemetry::decision_duration(store.kind()),
-            forwarded_without_decision: telemetry::forwarded_without_decision(),
+            metrics: ProxyMetrics::new(store.kind()),
             runtime,
             store,
             upstream,
@@ -152,7 +150,7 @@ impl Proxy {
     ) -> Result<Option<(&'r Limited, Decision)>, Response<Body>> {
         let (route, metrics) = (entry.route, entry.metrics);
         let (Some(limited), Some(subject)) = (entry.limited, subject) else {
-            metrics.request(Verdict::Unlimited.label());
+            metrics.request(&Verdict::Unlimited);
             return Ok(None);
         };
         let policy = &*limited.policy;
@@ -164,15 +162,16 @@ impl Proxy {
             id: EvaluationId::random(),
         };
         let outcome = self.store.evaluate(&evaluation).await;
-        self.decision_duration
+        self.metrics
+            .decision_duration
             .record(arrival.elapsed().as_secs_f64());
         let (verdict, action) = decide(outcome, route, limited, live);
 
-        metrics.request(verdict.label());
+        metrics.request(&verdict);
         if verdict.forwarded_without_decision() {
-            self.forwarded_without_decision.increment(1);
+            self.metrics.forwarded_without_decision.increment(1);
         }
-        if verdict != Verdict::Allowed && metrics.may_log(arrival.into_std()) {
+        if verdict != Verdict::Allowed && entry.log_budget.take(arrival.into_std()) {
             tracing::info!(
                 route = %route.name,
                 policy = %policy.name,
@@ -323,7 +322,7 @@ fn with_path(uri: &Uri, path: &str) -> Uri {
 
 fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
-    telemetry::request_refused(invalid.label());
+    request_refused(invalid.label());
     match invalid {
         Invalid::TransferCoding => respond::closing(respond::not_implemented(invalid.reason())),
         Invalid::Connect => respond::not_implemented(invalid.reason()),

@@ -121,10 +121,6 @@ impl Failure {
             Failure::Indeterminate => OutcomeLabel::Indeterminate,
         }
     }
-
-    pub fn label(&self) -> &'static str {
-        self.outcome().label()
-    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::runtime::SharedRuntime;
+use crate::proxy::SharedRuntime;
 use crate::server::accept::AcceptErrors;
 use crate::store::Store;
 
@@ -109,7 +109,7 @@ fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             ),
         },
         "/metrics" => {
-            crate::telemetry::sync_store(&health.store);
+            health.store.publish_metrics();
             Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
                 .body(Full::new(Bytes::from(crate::telemetry::render_metrics())))

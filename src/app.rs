@@ -13,8 +13,7 @@ use tokio::sync::watch;
 
 use crate::admin::{self, Health};
 use crate::config::{Boot, Config, Live, StoreKind};
-use crate::proxy::{Proxy, Upstream};
-use crate::runtime::{Runtime, SharedRuntime};
+use crate::proxy::{Proxy, Runtime, SharedRuntime, Upstream};
 use crate::server;
 use crate::store::deny_cache::DenyCache;
 use crate::store::memory::MemoryStore;
@@ -80,7 +79,7 @@ pub async fn bind(config: Config) -> Result<Bound, AppError> {
         Some(addr) => Some(listen("admin", addr).await?),
         None => None,
     };
-    telemetry::config_loaded(&config);
+    reload::loaded(&config);
     let Config { source, boot, live } = config;
     let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(Arc::new(live), key)));
     let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -214,6 +213,7 @@ impl Bound {
 /// Drops expired memory-store entries once a second, so idle subjects cost
 /// nothing even if they never come back.
 fn spawn_sweeper(store: Arc<Store>) -> tokio::task::JoinHandle<()> {
+    let subjects = metrics::gauge!(telemetry::MEMORY_SUBJECTS);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -221,7 +221,7 @@ fn spawn_sweeper(store: Arc<Store>) -> tokio::task::JoinHandle<()> {
             #[allow(irrefutable_let_patterns)]
             if let Store::Memory(memory) = &*store {
                 memory.sweep();
-                telemetry::memory_subjects(memory.len());
+                subjects.set(memory.len() as f64);
             }
         }
     })

@@ -5,7 +5,9 @@
 //! - [`config`]: the YAML users write, validated into types that cannot be wrong.
 //! - [`path`]: one request path as the app will read it (dot segments,
 //!   slashes, escapes, parameters), used for matching and forwarded.
-//! - [`route`]: the compiled route table; `find(method, path)` → route.
+//! - [`route`]: routes and their matchers, compiled into a table;
+//!   `find(method, path)` → the route's position, which the proxy's
+//!   per-route state is indexed by.
 //! - [`subject`]: who is asking (client IP behind trusted proxies, a header)
 //!   and its pseudonym (versioned HMAC; raw identities never reach a store).
 //! - [`limit`]: policies, typed outcomes and the pure algorithm steps.
@@ -15,6 +17,9 @@
 //!   exhaustive match), forwarding, and every synthetic response.
 //! - [`server`]: listeners (TCP, TLS) and the accept-and-drain loop.
 //! - [`app`]: binds the listeners, reports their addresses, wires the pieces.
+//! - [`reload`]: file poll and SIGHUP → a validated swap of the live part.
+//! - [`telemetry`]: logging, the metrics recorder and the table of metric
+//!   names; each module holds the handles of what it measures.
 
 pub mod admin;
 pub mod app;
@@ -24,7 +29,6 @@ pub mod path;
 pub mod proxy;
 pub mod reload;
 pub mod route;
-pub mod runtime;
 pub mod server;
 pub mod store;
 pub mod subject;

@@ -18,10 +18,13 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::config::{Boot, Config, StoreKind};
-use crate::runtime::{Runtime, SharedRuntime};
+use crate::proxy::{Runtime, SharedRuntime};
 use crate::store::Store;
 use crate::subject::PseudonymKey;
-use crate::telemetry;
+
+mod revision;
+
+pub use revision::loaded;
 
 /// How often the file is read to see whether it changed.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -70,7 +73,7 @@ pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trig
     let config = match Config::load(path) {
         Ok(config) => config,
         Err(errors) => {
-            telemetry::config_reload("failure");
+            revision::counted("failure");
             tracing::error!(
                 trigger,
                 file = %path.display(),
@@ -81,7 +84,7 @@ pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trig
         }
     };
     if let Some(refusal) = unsafe_with(boot, &config) {
-        telemetry::config_reload("failure");
+        revision::counted("failure");
         tracing::error!(
             trigger,
             file = %path.display(),
@@ -97,7 +100,7 @@ pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trig
             "this change needs a restart; it is not applied until then"
         );
     }
-    telemetry::config_loaded(&config);
+    revision::loaded(&config);
     let live = config.live;
     let current = runtime.load_full();
     let key = match &live.identity.pseudonym_key {
@@ -109,7 +112,7 @@ pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trig
         None => current.key.clone(),
     };
     runtime.store(Arc::new(Runtime::new(Arc::new(live), key)));
-    telemetry::config_reload("success");
+    revision::counted("success");
     tracing::info!(trigger, file = %path.display(), "configuration reloaded");
     true
 }

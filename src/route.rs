@@ -1,26 +1,50 @@
 //! The compiled route table: the first route in file order whose methods and
 //! path match wins; `default` takes the rest.
 //!
-//! Matching allocates nothing: paths are compared segment by segment against
-//! the matchers compiled once by `config::validate`. A table of more than a
-//! few routes also holds an [`index::Index`], so a request checks only the
-//! routes that could match its path.
+//! A table of more than a few routes also holds an [`index::Index`], so a
+//! request checks only the routes that could match its path. The table
+//! holds routes only: what the proxy keeps per route (metric handles,
+//! prepared responses) lives in the proxy, indexed by what [`RouteTable::find`]
+//! returns.
 
 mod index;
+mod matcher;
 
 use std::sync::Arc;
 
 use http::{HeaderName, Method};
 
-use crate::config::{Live, PathMatch, Route, Segment, SubjectSource};
 use crate::limit::Policy;
-use crate::proxy::respond::Prepared;
-use crate::telemetry::RouteMetrics;
+
+pub use matcher::{Match, PathMatch, Segment};
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: Arc<str>,
+    pub matcher: Match,
+    /// Tried in order; the first present wins. Never empty.
+    pub subject: Vec<SubjectSource>,
+    /// `None` for `policy: none`: forwarded without limiting.
+    pub policy: Option<Arc<Policy>>,
+    /// Units charged per request; 1..=policy max cost.
+    pub cost: u32,
+    /// `Upgrade` protocols passed through (lower-case names, without a
+    /// version); `websocket` unless the route says otherwise, never `h2c`.
+    pub upgrades: Arc<[Box<str>]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectSource {
+    /// The peer, or behind trusted proxies the right-most untrusted
+    /// `X-Forwarded-For` address.
+    ClientIp,
+    Header(HeaderName),
+}
 
 #[derive(Debug)]
 pub struct RouteTable {
-    routes: Vec<Entry>,
-    default: Entry,
+    /// In file order, the default last.
+    routes: Vec<Route>,
     /// `None` for a table small enough to scan.
     index: Option<index::Index>,
     /// Every header a subject is read from, in any route: a request
@@ -28,43 +52,9 @@ pub struct RouteTable {
     identity_headers: Vec<HeaderName>,
 }
 
-/// A route, the metric handles counted under its name, and what its own
-/// answers need, all built when the configuration loads.
-#[derive(Debug)]
-pub struct Entry {
-    pub route: Route,
-    pub metrics: RouteMetrics,
-    /// `None` exactly when the route says `policy: none`.
-    pub limited: Option<Limited>,
-}
-
-/// A limited route's policy and its prepared responses.
-#[derive(Debug)]
-pub struct Limited {
-    pub policy: Arc<Policy>,
-    pub responses: Prepared,
-}
-
-impl Entry {
-    fn new(route: &Route) -> Entry {
-        let policy = route.policy.as_ref().map(|p| &*p.name);
-        Entry {
-            metrics: RouteMetrics::new(&route.name, policy),
-            limited: route.policy.as_ref().map(|policy| Limited {
-                responses: Prepared::new(route, policy),
-                policy: policy.clone(),
-            }),
-            route: route.clone(),
-        }
-    }
-}
-
 impl RouteTable {
-    pub fn new(live: &Live) -> RouteTable {
-        RouteTable::from_routes(&live.routes, &live.default)
-    }
-
-    fn from_routes(routes: &[Route], default: &Route) -> RouteTable {
+    /// `routes` in file order; `default` for requests none of them match.
+    pub fn new(routes: &[Route], default: &Route) -> RouteTable {
         let mut identity_headers: Vec<HeaderName> = Vec::new();
         for route in routes.iter().chain(std::iter::once(default)) {
             for source in &route.subject {
@@ -77,8 +67,11 @@ impl RouteTable {
         }
         RouteTable {
             index: (routes.len() >= index::SCAN_BELOW).then(|| index::Index::new(routes)),
-            routes: routes.iter().map(Entry::new).collect(),
-            default: Entry::new(default),
+            routes: routes
+                .iter()
+                .chain(std::iter::once(default))
+                .cloned()
+                .collect(),
             identity_headers,
         }
     }
@@ -87,99 +80,34 @@ impl RouteTable {
         &self.identity_headers
     }
 
-    /// `path` is the request path without the query, in its matching form
-    /// ([`crate::path::normalize`]).
-    pub fn find(&self, method: &Method, path: &str) -> &Entry {
-        let matching = |i: usize| matches(&self.routes[i].route, method, path);
+    /// Every route in the order [`RouteTable::find`] numbers them: file
+    /// order, the default last.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// The position in [`RouteTable::routes`] of the route `method` and
+    /// `path` match. `path` is the request path without the query, in its
+    /// matching form ([`crate::path::normalize`]).
+    pub fn find(&self, method: &Method, path: &str) -> usize {
+        let default = self.routes.len() - 1;
+        let matching = |i: usize| self.routes[i].matcher.matches(method, path);
         let found = match &self.index {
             Some(index) => index.first(path, matching),
-            None => (0..self.routes.len()).find(|&i| matching(i)),
+            None => (0..default).find(|&i| matching(i)),
         };
-        found.map_or(&self.default, |i| &self.routes[i])
+        found.unwrap_or(default)
     }
-}
 
-fn matches(route: &Route, method: &Method, path: &str) -> bool {
-    let m = &route.matcher;
-    if !m.methods.is_empty() && !method_matches(&m.methods, method) {
-        return false;
+    /// The route `method` and `path` match.
+    pub fn route(&self, method: &Method, path: &str) -> &Route {
+        &self.routes[self.find(method, path)]
     }
-    let eq = if m.case_sensitive {
-        eq_exact
-    } else {
-        eq_ignore_case
-    };
-    match &m.path {
-        PathMatch::Any => true,
-        PathMatch::Exact(p) => exact_matches(p, path, eq),
-        PathMatch::Prefix(p) => prefix_matches(p, path, eq),
-        PathMatch::Template(segments) => template_matches(segments, path, eq),
-    }
-}
-
-/// Flask, Django, Rails and Express answer `HEAD` with the `GET` handler:
-/// a `GET` route limits `HEAD` too.
-fn method_matches(methods: &[Method], method: &Method) -> bool {
-    methods.contains(method) || (method == Method::HEAD && methods.contains(&Method::GET))
-}
-
-fn eq_exact(a: &str, b: &str) -> bool {
-    a == b
-}
-
-/// For `case_sensitive: false`. Byte-wise: escapes are upper-cased by
-/// normalization, and letters outside ASCII compare as written.
-fn eq_ignore_case(a: &str, b: &str) -> bool {
-    a.as_bytes().eq_ignore_ascii_case(b.as_bytes())
-}
-
-/// `path` without `prefix`, when it starts with it; `None` otherwise.
-fn strip<'p>(path: &'p str, prefix: &str, eq: fn(&str, &str) -> bool) -> Option<&'p str> {
-    let head = path.get(..prefix.len())?;
-    eq(head, prefix).then(|| &path[prefix.len()..])
-}
-
-/// `/login` matches `/login` and `/login/`.
-fn exact_matches(exact: &str, path: &str, eq: fn(&str, &str) -> bool) -> bool {
-    match strip(path, exact, eq) {
-        Some(rest) => rest.is_empty() || (rest == "/" && exact != "/"),
-        None => false,
-    }
-}
-
-/// Segment-aware: `/api` matches `/api`, `/api/` and `/api/x`, never `/apix`.
-fn prefix_matches(prefix: &str, path: &str, eq: fn(&str, &str) -> bool) -> bool {
-    if prefix == "/" {
-        return path.starts_with('/');
-    }
-    match strip(path, prefix, eq) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
-}
-
-/// `/users/{id}` matches `/users/42` and `/users/42/` but not `/users`,
-/// `/users/` or `/users/42/x`: a parameter is exactly one non-empty segment.
-fn template_matches(segments: &[Segment], path: &str, eq: fn(&str, &str) -> bool) -> bool {
-    let Some(rest) = path.strip_prefix('/') else {
-        return false;
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    let mut parts = rest.split('/');
-    for segment in segments {
-        match (segment, parts.next()) {
-            (Segment::Literal(lit), Some(part)) if eq(part, lit) => {}
-            (Segment::Param(_), Some(part)) if !part.is_empty() => {}
-            _ => return false,
-        }
-    }
-    parts.next().is_none()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Match;
 
     fn route(name: &str, methods: &[Method], path: PathMatch) -> Route {
         Route {
@@ -197,7 +125,7 @@ mod tests {
     }
 
     fn table(routes: Vec<Route>) -> RouteTable {
-        RouteTable::from_routes(&routes, &route("default", &[], PathMatch::Any))
+        RouteTable::new(&routes, &route("default", &[], PathMatch::Any))
     }
 
     fn lit(s: &str) -> Segment {
@@ -215,14 +143,14 @@ mod tests {
             ("/ap", "default"),
             ("/", "default"),
         ] {
-            assert_eq!(&*t.find(&Method::GET, path).route.name, want, "{path}");
+            assert_eq!(&*t.route(&Method::GET, path).name, want, "{path}");
         }
     }
 
     #[test]
     fn root_prefix_matches_everything() {
         let t = table(vec![route("all", &[], PathMatch::Prefix("/".into()))]);
-        assert_eq!(&*t.find(&Method::GET, "/anything/at/all").route.name, "all");
+        assert_eq!(&*t.route(&Method::GET, "/anything/at/all").name, "all");
     }
 
     #[test]
@@ -232,15 +160,15 @@ mod tests {
             &[Method::POST],
             PathMatch::Exact("/login".into()),
         )]);
-        assert_eq!(&*t.find(&Method::POST, "/login").route.name, "login");
-        assert_eq!(&*t.find(&Method::GET, "/login").route.name, "default");
+        assert_eq!(&*t.route(&Method::POST, "/login").name, "login");
+        assert_eq!(&*t.route(&Method::GET, "/login").name, "default");
         // One trailing slash is the same resource to most apps.
-        assert_eq!(&*t.find(&Method::POST, "/login/").route.name, "login");
-        assert_eq!(&*t.find(&Method::POST, "/login/x").route.name, "default");
-        assert_eq!(&*t.find(&Method::POST, "/loginx").route.name, "default");
+        assert_eq!(&*t.route(&Method::POST, "/login/").name, "login");
+        assert_eq!(&*t.route(&Method::POST, "/login/x").name, "default");
+        assert_eq!(&*t.route(&Method::POST, "/loginx").name, "default");
         let root = table(vec![route("root", &[], PathMatch::Exact("/".into()))]);
-        assert_eq!(&*root.find(&Method::GET, "/").route.name, "root");
-        assert_eq!(&*root.find(&Method::GET, "//").route.name, "default");
+        assert_eq!(&*root.route(&Method::GET, "/").name, "root");
+        assert_eq!(&*root.route(&Method::GET, "//").name, "default");
     }
 
     #[test]
@@ -249,9 +177,9 @@ mod tests {
             route("get", &[Method::GET], PathMatch::Exact("/get".into())),
             route("head", &[Method::HEAD], PathMatch::Exact("/head".into())),
         ]);
-        assert_eq!(&*t.find(&Method::HEAD, "/get").route.name, "get");
-        assert_eq!(&*t.find(&Method::HEAD, "/head").route.name, "head");
-        assert_eq!(&*t.find(&Method::GET, "/head").route.name, "default");
+        assert_eq!(&*t.route(&Method::HEAD, "/get").name, "get");
+        assert_eq!(&*t.route(&Method::HEAD, "/head").name, "head");
+        assert_eq!(&*t.route(&Method::GET, "/head").name, "default");
     }
 
     #[test]
@@ -277,7 +205,7 @@ mod tests {
             ("/exact", "default"),
             ("/apix", "default"),
         ] {
-            assert_eq!(&*t.find(&Method::GET, path).route.name, want, "{path}");
+            assert_eq!(&*t.route(&Method::GET, path).name, want, "{path}");
         }
     }
 
@@ -285,14 +213,8 @@ mod tests {
     fn templates_capture_exactly_one_segment() {
         let segments = vec![lit("users"), Segment::Param("id".into()), lit("posts")];
         let t = table(vec![route("posts", &[], PathMatch::Template(segments))]);
-        assert_eq!(
-            &*t.find(&Method::GET, "/users/42/posts").route.name,
-            "posts"
-        );
-        assert_eq!(
-            &*t.find(&Method::GET, "/users/42/posts/").route.name,
-            "posts"
-        );
+        assert_eq!(&*t.route(&Method::GET, "/users/42/posts").name, "posts");
+        assert_eq!(&*t.route(&Method::GET, "/users/42/posts/").name, "posts");
         for path in [
             "/users//posts",
             "/users/42",
@@ -300,7 +222,7 @@ mod tests {
             "/users/4/2/posts",
             "/users/42/posts//",
         ] {
-            assert_eq!(&*t.find(&Method::GET, path).route.name, "default", "{path}");
+            assert_eq!(&*t.route(&Method::GET, path).name, "default", "{path}");
         }
     }
 
@@ -311,7 +233,7 @@ mod tests {
             route("api", &[], PathMatch::Prefix("/api".into())),
             route("never", &[], PathMatch::Exact("/api/login".into())),
         ]);
-        assert_eq!(&*t.find(&Method::GET, "/api/login").route.name, "specific");
-        assert_eq!(&*t.find(&Method::GET, "/api/other").route.name, "api");
+        assert_eq!(&*t.route(&Method::GET, "/api/login").name, "specific");
+        assert_eq!(&*t.route(&Method::GET, "/api/other").name, "api");
     }
 }

@@ -25,8 +25,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use sluice::config::Config;
-use sluice::proxy::{Proxy, Upstream};
-use sluice::runtime::Runtime;
+use sluice::proxy::{Proxy, Runtime, Upstream};
 use sluice::server::{self, Settings};
 use sluice::store::memory::MemoryStore;
 use sluice::store::Store;

@@ -1,8 +1,9 @@
 //! The route table `sluice check` prints: what each route matches, who it
 //! counts, and under which limits.
 
-use super::{Config, PathMatch, Route, Segment, SubjectSource};
+use super::Config;
 use crate::limit::Bands;
+use crate::route::{PathMatch, Route, Segment, SubjectSource};
 
 const HEADER: [&str; 10] = [
     "ROUTE", "METHODS", "PATH", "SUBJECT", "POLICY", "LIMITS", "COST", "SHADOW", "REVISION",

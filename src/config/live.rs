@@ -2,18 +2,19 @@
 //! each request is judged and forwarded by.
 //!
 //! A request loads the [`Live`] part in effect once (through
-//! [`crate::runtime::Runtime`]) and keeps it to the end; a reload swaps it
+//! [`crate::proxy::Runtime`]) and keeps it to the end; a reload swaps it
 //! whole.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method, Uri};
+use http::Uri;
 use ipnet::IpNet;
 
 use super::Secret;
 use crate::limit::Policy;
 use crate::path::PathRules;
+use crate::route::Route;
 
 /// Everything a reload applies.
 #[derive(Debug, Clone)]
@@ -82,69 +83,4 @@ pub struct Identity {
 pub struct Responses {
     /// Send `RateLimit` / `RateLimit-Policy` on forwarded responses too.
     pub ratelimit_headers_on_allowed: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct Route {
-    pub name: Arc<str>,
-    pub matcher: Match,
-    /// Tried in order; the first present wins. Never empty.
-    pub subject: Vec<SubjectSource>,
-    /// `None` for `policy: none`: forwarded without limiting.
-    pub policy: Option<Arc<Policy>>,
-    /// Units charged per request; 1..=policy max cost.
-    pub cost: u32,
-    /// `Upgrade` protocols passed through (lower-case names, without a
-    /// version); `websocket` unless the route says otherwise, never `h2c`.
-    pub upgrades: Arc<[Box<str>]>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Match {
-    /// Empty: any method. `GET` also matches `HEAD`.
-    pub methods: Vec<Method>,
-    /// Compared with the request path in its matching form (see
-    /// [`crate::path`]); literals are stored in that form.
-    pub path: PathMatch,
-    /// `false`: ASCII letters compare regardless of case.
-    pub case_sensitive: bool,
-}
-
-impl Default for Match {
-    fn default() -> Self {
-        Match {
-            methods: Vec::new(),
-            path: PathMatch::Any,
-            case_sensitive: true,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub enum PathMatch {
-    #[default]
-    Any,
-    /// Also matches the path with one trailing slash. Stored without one
-    /// (except the root `/`).
-    Exact(String),
-    /// Segment-aware: `/api` matches `/api` and `/api/x`, never `/apix`.
-    /// Stored without a trailing slash (except the root `/`).
-    Prefix(String),
-    /// `/users/{id}`: segments, each literal or a `{name}` capturing one
-    /// non-empty segment; one trailing slash is allowed.
-    Template(Vec<Segment>),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Segment {
-    Literal(String),
-    Param(String),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SubjectSource {
-    /// The peer, or behind trusted proxies the right-most untrusted
-    /// `X-Forwarded-For` address.
-    ClientIp,
-    Header(HeaderName),
 }

@@ -23,10 +23,7 @@ pub use boot::{
     UpstreamBoot,
 };
 pub use error::{ConfigError, ConfigErrors};
-pub use live::{
-    Identity, Live, Match, OnFailure, PathMatch, Responses, Route, Segment, ServerLive, StoreLive,
-    SubjectSource, UpstreamLive,
-};
+pub use live::{Identity, Live, OnFailure, Responses, ServerLive, StoreLive, UpstreamLive};
 
 use std::path::{Path, PathBuf};
 

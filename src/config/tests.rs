@@ -13,6 +13,7 @@ use ipnet::IpNet;
 
 use super::*;
 use crate::limit::{Bands, BucketBand, GcraBand, WindowBand};
+use crate::route::{PathMatch, Segment, SubjectSource};
 
 const PSEUDONYM_KEY: &str = "0123456789abcdef0123456789abcdef";
 

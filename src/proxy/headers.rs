@@ -15,8 +15,8 @@ use http::header::{
 };
 use http::{Method, Uri, Version};
 
-use crate::config::SubjectSource;
 use crate::path::PathError;
+use crate::route::SubjectSource;
 use crate::subject::relied_on;
 use crate::subject::resolve::X_FORWARDED_FOR;
 

@@ -12,14 +12,22 @@
 //!   only, from the end of the request body.
 //! - `upgrade`: WebSocket and other HTTP/1.1 upgrades, tracked for shutdown.
 //! - `respond`: every synthetic response (400, 408, 429, 501, 502, 503, 504).
+//! - `runtime`: what one request runs under (live configuration, route
+//!   table, per-route metric handles and prepared answers), swapped whole
+//!   on reload.
 //! - `body`: the boxed body type and the request-body idle timeout.
 //! - `verdict`: what became of a request, the hook metrics attach to.
+//! - `metrics`: the proxy's metric handles (per route, verdict-indexed).
+//! - `log_budget`: how many decisions a route may log a second.
 
 mod body;
 mod forward;
 mod headers;
+mod log_budget;
+mod metrics;
 mod overrides;
 pub mod respond;
+mod runtime;
 mod service;
 mod upgrade;
 mod upstream_head;
@@ -30,6 +38,7 @@ use std::net::SocketAddr;
 
 pub use body::{Body, BodyIdleTimeout, BoxError};
 pub use forward::Upstream;
+pub use runtime::{Runtime, SharedRuntime};
 pub use service::Proxy;
 pub use verdict::{Failure, Verdict};
 

@@ -22,8 +22,8 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TY
 use http::{Response, StatusCode};
 use serde::Serialize;
 
-use crate::config::Route;
 use crate::limit::{Decision, Incompatible, Policy};
+use crate::route::Route;
 
 use super::body::{self, Body};
 

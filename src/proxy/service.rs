@@ -11,20 +11,20 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::config::{self, Live, OnFailure, Route};
+use crate::config::{self, Live, OnFailure};
 use crate::limit::{Decision, Outcome};
 use crate::path;
-use crate::route::{Entry, Limited, RouteTable};
-use crate::runtime::SharedRuntime;
+use crate::route::Route;
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject::{self, Pseudonym, UnreadableForwardedFor};
-use crate::telemetry;
 
 use super::body::Body;
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
+use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
 use super::respond;
+use super::runtime::{Entry, Limited, Runtime, SharedRuntime};
 use super::upgrade::Tunnels;
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
@@ -34,8 +34,7 @@ pub struct Proxy {
     store: Arc<Store>,
     upstream: Upstream,
     tunnels: Tunnels,
-    decision_duration: metrics::Histogram,
-    forwarded_without_decision: metrics::Counter,
+    metrics: ProxyMetrics,
 }
 
 /// What the outcome asks of the request.
@@ -51,8 +50,7 @@ enum Action {
 impl Proxy {
     pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
         Proxy {
-            decision_duration: telemetry::decision_duration(store.kind()),
-            forwarded_without_decision: telemetry::forwarded_without_decision(),
+            metrics: ProxyMetrics::new(store.kind()),
             runtime,
             store,
             upstream,
@@ -81,7 +79,7 @@ impl Proxy {
                 .and_then(|()| {
                     overrides::methods(request.method(), request.headers(), request.uri().query())
                 })
-                .and_then(|methods| route(&runtime.routes, &methods, request.uri(), live));
+                .and_then(|methods| route(&runtime, &methods, request.uri(), live));
         let (matched, rewritten) = match matched {
             Ok(found) => found,
             Err(invalid) => return refuse(&invalid),
@@ -96,7 +94,7 @@ impl Proxy {
         // request refused for one route consumes nothing of another.
         let mut subjects: [Option<Pseudonym>; MAX_METHODS] = Default::default();
         for (entry, slot) in matched.iter().zip(subjects.iter_mut()) {
-            let route = &entry.route;
+            let route = entry.route;
             if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
                 return refuse(&invalid);
             }
@@ -145,14 +143,14 @@ impl Proxy {
     /// the answer that ends the request.
     async fn check<'r>(
         &self,
-        entry: &'r Entry,
+        entry: Entry<'r>,
         subject: Option<&Pseudonym>,
         live: &Live,
         arrival: Instant,
     ) -> Result<Option<(&'r Limited, Decision)>, Response<Body>> {
-        let (route, metrics) = (&entry.route, &entry.metrics);
-        let (Some(limited), Some(subject)) = (&entry.limited, subject) else {
-            metrics.request(Verdict::Unlimited.label());
+        let (route, metrics) = (entry.route, entry.metrics);
+        let (Some(limited), Some(subject)) = (entry.limited, subject) else {
+            metrics.request(&Verdict::Unlimited);
             return Ok(None);
         };
         let policy = &*limited.policy;
@@ -164,15 +162,16 @@ impl Proxy {
             id: EvaluationId::random(),
         };
         let outcome = self.store.evaluate(&evaluation).await;
-        self.decision_duration
+        self.metrics
+            .decision_duration
             .record(arrival.elapsed().as_secs_f64());
         let (verdict, action) = decide(outcome, route, limited, live);
 
-        metrics.request(verdict.label());
+        metrics.request(&verdict);
         if verdict.forwarded_without_decision() {
-            self.forwarded_without_decision.increment(1);
+            self.metrics.forwarded_without_decision.increment(1);
         }
-        if verdict != Verdict::Allowed && metrics.may_log(arrival.into_std()) {
+        if verdict != Verdict::Allowed && entry.log_budget.take(arrival.into_std()) {
             tracing::info!(
                 route = %route.name,
                 policy = %policy.name,
@@ -192,7 +191,7 @@ impl Proxy {
         request: Request<Incoming>,
         conn: &ConnInfo,
         live: &Live,
-        entry: &Entry,
+        entry: Entry<'_>,
     ) -> Response<Body> {
         let sent = Instant::now();
         let response = forward::forward(
@@ -259,17 +258,17 @@ fn fail(failure: Failure, limited: &Limited, store: &config::StoreLive) -> (Verd
 /// The routes a request matched: one per distinct route its methods
 /// found, the wire method's first. Nothing is allocated.
 struct Matched<'r> {
-    entries: [Option<&'r Entry>; MAX_METHODS],
+    entries: [Option<Entry<'r>>; MAX_METHODS],
 }
 
 impl<'r> Matched<'r> {
-    fn iter(&self) -> impl Iterator<Item = &'r Entry> + '_ {
+    fn iter(&self) -> impl Iterator<Item = Entry<'r>> + '_ {
         self.entries.iter().flatten().copied()
     }
 
     /// The wire method's route: its metrics count the upstream's answer,
     /// and it says which upgrades pass.
-    fn primary(&self) -> &'r Entry {
+    fn primary(&self) -> Entry<'r> {
         self.iter()
             .next()
             .expect("the wire method always finds a route (the default at worst)")
@@ -279,7 +278,7 @@ impl<'r> Matched<'r> {
 /// Normalizes the path and finds the route of each method the request may
 /// run as; the URI to forward when normalization changed the path.
 fn route<'r>(
-    routes: &'r RouteTable,
+    runtime: &'r Runtime,
     methods: &Methods,
     uri: &Uri,
     live: &Live,
@@ -289,8 +288,8 @@ fn route<'r>(
         entries: [None; MAX_METHODS],
     };
     for (i, method) in methods.iter().enumerate() {
-        let entry = routes.find(method, &normal.matching);
-        if !matched_already(&matched.entries, entry) {
+        let entry = runtime.entry(runtime.routes.find(method, &normal.matching));
+        if !matched_already(&matched.entries, entry.route) {
             matched.entries[i] = Some(entry);
         }
     }
@@ -302,8 +301,11 @@ fn route<'r>(
     Ok((matched, rewritten))
 }
 
-fn matched_already(entries: &[Option<&Entry>], entry: &Entry) -> bool {
-    entries.iter().flatten().any(|e| std::ptr::eq(*e, entry))
+fn matched_already(entries: &[Option<Entry>], route: &Route) -> bool {
+    entries
+        .iter()
+        .flatten()
+        .any(|e| std::ptr::eq(e.route, route))
 }
 
 /// `uri` with its path replaced and its query kept as sent.
@@ -320,7 +322,7 @@ fn with_path(uri: &Uri, path: &str) -> Uri {
 
 fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
-    telemetry::request_refused(invalid.label());
+    request_refused(invalid.label());
     match invalid {
         Invalid::TransferCoding => respond::closing(respond::not_implemented(invalid.reason())),
         Invalid::Connect => respond::not_implemented(invalid.reason()),

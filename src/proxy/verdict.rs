@@ -31,17 +31,72 @@ pub enum Failure {
     Indeterminate,
 }
 
+/// The `outcome` label: one variant per value, so a route's request
+/// counters are an array indexed by it ([`super::metrics::RouteMetrics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeLabel {
+    Unlimited,
+    Allowed,
+    Denied,
+    ShadowDenied,
+    Unavailable,
+    Indeterminate,
+    Incompatible,
+}
+
+impl OutcomeLabel {
+    /// Every variant, each at the position of its discriminant (checked
+    /// below at compile time).
+    pub const ALL: [OutcomeLabel; 7] = [
+        OutcomeLabel::Unlimited,
+        OutcomeLabel::Allowed,
+        OutcomeLabel::Denied,
+        OutcomeLabel::ShadowDenied,
+        OutcomeLabel::Unavailable,
+        OutcomeLabel::Indeterminate,
+        OutcomeLabel::Incompatible,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeLabel::Unlimited => "unlimited",
+            OutcomeLabel::Allowed => "allowed",
+            OutcomeLabel::Denied => "denied",
+            OutcomeLabel::ShadowDenied => "shadow_denied",
+            OutcomeLabel::Unavailable => "unavailable",
+            OutcomeLabel::Indeterminate => "indeterminate",
+            OutcomeLabel::Incompatible => "incompatible",
+        }
+    }
+}
+
+// `OutcomeLabel as usize` indexes arrays built from `OutcomeLabel::ALL`.
+const _: () = {
+    let mut i = 0;
+    while i < OutcomeLabel::ALL.len() {
+        assert!(OutcomeLabel::ALL[i] as usize == i);
+        i += 1;
+    }
+    assert!(OutcomeLabel::Incompatible as usize + 1 == OutcomeLabel::ALL.len());
+};
+
 impl Verdict {
+    /// Under which `outcome` it is counted. No catch-all: a new verdict
+    /// is given its label here before sluice builds.
+    pub fn outcome(&self) -> OutcomeLabel {
+        match self {
+            Verdict::Unlimited => OutcomeLabel::Unlimited,
+            Verdict::Allowed => OutcomeLabel::Allowed,
+            Verdict::Denied => OutcomeLabel::Denied,
+            Verdict::ShadowDenied => OutcomeLabel::ShadowDenied,
+            Verdict::FailedClosed(f) | Verdict::FailedOpen(f) => f.outcome(),
+            Verdict::Incompatible(_) => OutcomeLabel::Incompatible,
+        }
+    }
+
     /// The `outcome` label.
     pub fn label(&self) -> &'static str {
-        match self {
-            Verdict::Unlimited => "unlimited",
-            Verdict::Allowed => "allowed",
-            Verdict::Denied => "denied",
-            Verdict::ShadowDenied => "shadow_denied",
-            Verdict::FailedClosed(f) | Verdict::FailedOpen(f) => f.label(),
-            Verdict::Incompatible(_) => "incompatible",
-        }
+        self.outcome().label()
     }
 
     /// Whether the request goes to the upstream.
@@ -60,10 +115,10 @@ impl Verdict {
 }
 
 impl Failure {
-    pub fn label(&self) -> &'static str {
+    pub fn outcome(&self) -> OutcomeLabel {
         match self {
-            Failure::Unavailable(_) => "unavailable",
-            Failure::Indeterminate => "indeterminate",
+            Failure::Unavailable(_) => OutcomeLabel::Unavailable,
+            Failure::Indeterminate => OutcomeLabel::Indeterminate,
         }
     }
 }

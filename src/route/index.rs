@@ -17,7 +17,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-use crate::config::{PathMatch, Route};
+use super::{PathMatch, Route};
 
 /// Below this many routes a scan costs less than hashing the path.
 pub const SCAN_BELOW: usize = 8;
@@ -157,8 +157,7 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::config::{Match, Segment, SubjectSource};
-    use crate::route::{matches, RouteTable};
+    use crate::route::{Match, RouteTable, Segment, SubjectSource};
 
     /// SplitMix64: a seeded, reproducible stream for the property below.
     struct Rng(u64);
@@ -246,17 +245,17 @@ mod tests {
         let mut indexed_tables = 0;
         for _ in 0..300 {
             let routes: Vec<Route> = (0..1 + rng.below(40)).map(|n| route(&mut rng, n)).collect();
-            let table = RouteTable::from_routes(&routes, &default);
+            let table = RouteTable::new(&routes, &default);
             indexed_tables += usize::from(table.index.is_some());
             for _ in 0..200 {
                 let path = path(&mut rng, 4);
                 let method = rng.pick(&[Method::GET, Method::POST, Method::HEAD]).clone();
                 let scan = routes
                     .iter()
-                    .find(|r| matches(r, &method, &path))
+                    .find(|r| r.matcher.matches(&method, &path))
                     .map_or("default", |r| &*r.name);
                 assert_eq!(
-                    &*table.find(&method, &path).route.name,
+                    &*table.route(&method, &path).name,
                     scan,
                     "{method} {path} in {routes:#?}"
                 );

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::limit::{Decision, Policy};
 use crate::subject::Pseudonym;
+use crate::telemetry::DENY_CACHE_HITS;
 
 const SHARDS: usize = 16;
 
@@ -53,7 +54,7 @@ impl DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: Default::default(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
-            hits: crate::telemetry::deny_cache_hits(),
+            hits: metrics::counter!(DENY_CACHE_HITS),
         }
     }
 

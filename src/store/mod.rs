@@ -82,6 +82,15 @@ impl Store {
         }
     }
 
+    /// Brings the metrics read from the store's state up to date; called
+    /// when `/metrics` is scraped, so the request path only counts.
+    pub fn publish_metrics(&self) {
+        match self {
+            Store::Memory(_) => {}
+            Store::Redis(store, _) => store.publish_metrics(),
+        }
+    }
+
     /// Whether the store can currently make decisions (for `/readyz`).
     pub fn ready(&self) -> bool {
         match self {

@@ -10,7 +10,8 @@ use http::header::HeaderMap;
 use http::HeaderName;
 use ipnet::IpNet;
 
-use crate::config::{Identity, SubjectSource};
+use crate::config::Identity;
+use crate::route::SubjectSource;
 
 use super::{Pseudonym, PseudonymKey};
 

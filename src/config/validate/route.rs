@@ -10,8 +10,9 @@ use super::check::{self, Checker};
 use super::policy::{Found, Policies};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
-use crate::config::{Match, PathMatch, Route, Segment, SubjectSource, DEFAULT_UPGRADES};
+use crate::config::DEFAULT_UPGRADES;
 use crate::path::{self, PathRules};
+use crate::route::{Match, PathMatch, Route, Segment, SubjectSource};
 
 /// The name `check` and metrics give the route for requests no route matched.
 pub const DEFAULT_ROUTE: &str = "default";

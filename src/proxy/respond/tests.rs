@@ -4,8 +4,8 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 
 use super::*;
-use crate::config::{Match, SubjectSource};
 use crate::limit::{Bands, BucketBand, WindowBand};
+use crate::route::{Match, SubjectSource};
 
 fn window(limit: u32, window: Duration) -> WindowBand {
     WindowBand {

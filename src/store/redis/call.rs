@@ -12,7 +12,7 @@ use super::connect::Conn;
 use super::pool::{Checkout, Stage};
 use super::reply::{self, Reply};
 use super::scripts::Script;
-use super::{Inner, RedisStats};
+use super::Inner;
 
 /// One evaluation's command and how to read its reply.
 pub(super) struct Request<'a> {
@@ -58,7 +58,7 @@ impl Inner {
             Attempt::Ambiguous if Instant::now() < request.deadline => {
                 // Safe to repeat: the same evaluation id makes the script
                 // return what it decided the first time, if it ran.
-                RedisStats::bump(&self.stats.retries);
+                self.stats.retries.count();
                 match self.attempt(request).await {
                     Attempt::Answered(outcome @ (Outcome::Allowed(_) | Outcome::Denied(_))) => {
                         (outcome, Health::Answered)
@@ -87,17 +87,17 @@ impl Inner {
         // Dropping the future does not take back a command already written:
         // classify by how far it got.
         if let Some(checkout) = &progress.sent {
-            RedisStats::bump(&self.stats.timeouts);
+            self.stats.timeouts.count();
             // A connection that stopped answering may be dead without an
             // error (a partition): the lane reconnects on next use.
             self.lanes.retire(checkout);
             return Attempt::Ambiguous;
         }
         if progress.loading || progress.stage == Stage::Connecting {
-            RedisStats::bump(&self.stats.unreachable);
+            self.stats.unreachable.count();
             return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
         }
-        RedisStats::bump(&self.stats.budget_spent);
+        self.stats.budget_spent.count();
         Attempt::NotApplied(Unavailable::AdmissionRejected, Health::Unknown)
     }
 
@@ -105,7 +105,7 @@ impl Inner {
         let checkout = match self.lanes.acquire(&mut progress.stage).await {
             Ok(checkout) => checkout,
             Err(e) => {
-                RedisStats::bump(&self.stats.unreachable);
+                self.stats.unreachable.count();
                 tracing::debug!(error = %e, "redis: connecting failed");
                 return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
             }
@@ -125,7 +125,7 @@ impl Inner {
         // NOSCRIPT: the script did not run, nothing was charged. The node
         // lost its script cache (a restart, a promoted replica, a new
         // cluster node, SCRIPT FLUSH): load it there and try once more.
-        RedisStats::bump(&self.stats.noscript);
+        self.stats.noscript.count();
         tracing::debug!(error = %error, "redis: script missing, loading it again");
         let checkout = progress.sent.take();
         progress.loading = true;
@@ -135,7 +135,7 @@ impl Inner {
                     self.lanes.retire(checkout);
                 }
             }
-            RedisStats::bump(&self.stats.unreachable);
+            self.stats.unreachable.count();
             return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
         }
         progress.loading = false;
@@ -147,7 +147,7 @@ impl Inner {
             Ok(value) => self.answer(request, &value),
             // Flushed again between the load and the call: still nothing ran.
             Err(e) if no_script(&e) => {
-                RedisStats::bump(&self.stats.noscript);
+                self.stats.noscript.count();
                 Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
             }
             Err(e) => self.failed_after_send(e, progress),
@@ -160,7 +160,7 @@ impl Inner {
         if Instant::now() < request.deadline {
             return None;
         }
-        RedisStats::bump(&self.stats.budget_spent);
+        self.stats.budget_spent.count();
         Some(Attempt::NotApplied(
             Unavailable::AdmissionRejected,
             Health::Unknown,
@@ -175,15 +175,15 @@ impl Inner {
                 skew,
             }) => {
                 if replayed {
-                    RedisStats::bump(&self.stats.dedupe_hits);
+                    self.stats.dedupe_hits.count();
                 }
                 if skew > 0 {
-                    RedisStats::bump(&self.stats.clock_steps_absorbed);
+                    self.stats.clock_steps_absorbed.count();
                 }
                 Attempt::Answered(Outcome::from_decision(decision))
             }
             Ok(Reply::ClockUnsafe { skew }) => {
-                RedisStats::bump(&self.stats.clock_unsafe);
+                self.stats.clock_unsafe.count();
                 if self.stats.may_warn() {
                     tracing::warn!(
                         behind_us = skew,
@@ -193,7 +193,7 @@ impl Inner {
                 Attempt::Answered(Outcome::Unavailable(Unavailable::ClockUnsafe))
             }
             Err(malformed) => {
-                RedisStats::bump(&self.stats.malformed);
+                self.stats.malformed.count();
                 if self.stats.may_warn() {
                     tracing::warn!(
                         reason = malformed.0,
@@ -212,8 +212,8 @@ impl Inner {
             // connections (and its address, behind a stable endpoint), so
             // only a new connection finds the new primary. Nothing ran.
             Some("READONLY" | "MASTERDOWN" | "LOADING") => {
-                RedisStats::bump(&self.stats.refused);
-                RedisStats::bump(&self.stats.reconnects);
+                self.stats.refused.count();
+                self.stats.reconnects.count();
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: node cannot take writes, reconnecting");
                 }
@@ -227,7 +227,7 @@ impl Inner {
                 "OOM" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK" | "MISCONF"
                 | "NOREPLICAS" | "NOAUTH",
             ) => {
-                RedisStats::bump(&self.stats.refused);
+                self.stats.refused.count();
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: refused the evaluation");
                 }
@@ -237,14 +237,14 @@ impl Inner {
             // write), or Redis refused a command inside it (NOPERM): sluice
             // and this Redis disagree; retrying cannot help.
             Some(_) => {
-                RedisStats::bump(&self.stats.script_errors);
+                self.stats.script_errors.count();
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: script failed");
                 }
                 Attempt::Answered(Outcome::Incompatible(Incompatible::MalformedReply))
             }
             None => {
-                RedisStats::bump(&self.stats.connection_lost);
+                self.stats.connection_lost.count();
                 tracing::debug!(error = %error, "redis: no reply to a sent evaluation");
                 if let Some(checkout) = &progress.sent {
                     if broken_connection(&error) {
@@ -259,7 +259,7 @@ impl Inner {
     /// Loads `script` on the node that serves `key`.
     async fn load(&self, script: &Script, conn: &mut Conn, key: &[u8]) -> Result<(), RedisError> {
         let reply = conn.load_script(script.load_command(), key).await?;
-        RedisStats::bump(&self.stats.script_loads);
+        self.stats.script_loads.count();
         if !matches!(&reply, Value::BulkString(sha) if *sha == script.sha.as_bytes()) {
             return Err(RedisError::from((
                 ErrorKind::UnexpectedReturnType,
@@ -273,7 +273,7 @@ impl Inner {
     /// all of them).
     async fn load_everywhere(&self, script: &Script, conn: &mut Conn) -> Result<(), RedisError> {
         let reply: Value = script.load_command().query_async(conn).await?;
-        RedisStats::bump(&self.stats.script_loads);
+        self.stats.script_loads.count();
         let loaded = match &reply {
             Value::BulkString(sha) => *sha == script.sha.as_bytes(),
             Value::SimpleString(sha) => *sha == script.sha,

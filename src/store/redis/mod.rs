@@ -22,7 +22,7 @@ mod reply;
 mod scripts;
 mod stats;
 
-pub use stats::RedisStats;
+pub use stats::{RedisStats, Stat};
 
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -110,7 +110,7 @@ impl RedisStore {
             }),
             breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
             prepared: AtomicBool::new(false),
-            stats: RedisStats::default(),
+            stats: RedisStats::new(),
         });
         for policy in policies {
             inner.scripts.get(policy);
@@ -167,11 +167,11 @@ impl Inner {
         }
         let now = Instant::now();
         if evaluation.deadline <= now {
-            RedisStats::bump(&inner.stats.budget_spent);
+            inner.stats.budget_spent.count();
             return Outcome::Unavailable(Unavailable::AdmissionRejected);
         }
         let Some(permit) = inner.breaker.try_acquire(now) else {
-            RedisStats::bump(&inner.stats.breaker_rejected);
+            inner.stats.breaker_rejected.count();
             return Outcome::Unavailable(Unavailable::AdmissionRejected);
         };
         let script = inner.scripts.get(policy);
@@ -201,6 +201,13 @@ impl RedisStore {
     /// How many times the breaker has opened.
     pub fn breaker_opened_total(&self) -> u64 {
         self.inner.breaker.opened_total()
+    }
+
+    /// Brings the breaker's metrics up to date (when `/metrics` is
+    /// scraped); every other counter is counted as it happens.
+    pub fn publish_metrics(&self) {
+        let stats = &self.inner.stats;
+        stats.publish_breaker(self.breaker_open(), self.breaker_opened_total());
     }
 
     /// Connections currently open: at most one per lane, and there are
@@ -248,7 +255,7 @@ async fn probe(inner: Weak<Inner>, cooldown: Duration) {
         if !store.prepared.load(Ordering::Acquire) || !store.breaker.wants_probe(now) {
             continue;
         }
-        RedisStats::bump(&store.stats.probes);
+        store.stats.probes.count();
         let evaluation = Evaluation {
             policy: &store.probe.policy,
             subject: &store.probe.subject,

@@ -1,57 +1,97 @@
-//! Counters for metrics. Plain atomics: the metrics exporter reads them;
-//! the hot path only adds.
+//! The Redis store's metric handles, registered once when the store is
+//! built. One field per condition, so counting one is a field access, not
+//! a lookup by name; each also keeps this store's own tally, which holds
+//! whether or not a recorder is installed (tests read it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-#[derive(Debug, Default)]
+use metrics::{Counter, Gauge};
+
+use crate::telemetry::{
+    BREAKER_OPEN, BREAKER_OPENED, DEDUPE_HITS, SCRIPT_LOADS, STORE_ERRORS, STORE_EVENTS,
+    STORE_RETRIES,
+};
+
+#[derive(Debug)]
 pub struct RedisStats {
     /// The last second a warning was logged (see [`RedisStats::may_warn`]).
     warned_at: AtomicU64,
 
     /// `SCRIPT LOAD`s that succeeded (at start and after `NOSCRIPT`).
-    pub script_loads: AtomicU64,
-    /// `NOSCRIPT` replies (Redis lost its script cache).
-    pub noscript: AtomicU64,
+    pub script_loads: Stat,
     /// Retries that found their evaluation id already applied.
-    pub dedupe_hits: AtomicU64,
+    pub dedupe_hits: Stat,
     /// Indeterminate attempts retried with the same evaluation id.
-    pub retries: AtomicU64,
+    pub retries: Stat,
+
+    // Conditions recovered from (`sluice_store_events_total`), rather than
+    // failed decisions.
+    /// `NOSCRIPT` replies (Redis lost its script cache).
+    pub noscript: Stat,
     /// Decisions taken while the Redis clock was behind a key's last write
     /// (by less than the bound: no time counted as passing).
-    pub clock_steps_absorbed: AtomicU64,
+    pub clock_steps_absorbed: Stat,
     /// Connections retired because their node could no longer take writes
     /// (READONLY, MASTERDOWN, LOADING: a failover), so the next one finds
     /// the new primary.
-    pub reconnects: AtomicU64,
+    pub reconnects: Stat,
     /// Probes the store sent on its own to learn whether Redis decides
     /// again, while the breaker was open and no request came to probe.
-    pub probes: AtomicU64,
+    pub probes: Stat,
 
-    /// Errors by kind. Unavailable(BeforeSend): connecting failed or timed out.
-    pub unreachable: AtomicU64,
+    // Failures (`sluice_store_errors_total`).
+    /// Unavailable(BeforeSend): connecting failed or timed out.
+    pub unreachable: Stat,
     /// Unavailable(BeforeSend): Redis refused to run the script (OOM, BUSY,
     /// LOADING, READONLY, ...).
-    pub refused: AtomicU64,
+    pub refused: Stat,
     /// Unavailable(AdmissionRejected): the budget ran out before sending.
-    pub budget_spent: AtomicU64,
+    pub budget_spent: Stat,
     /// Unavailable(AdmissionRejected): the breaker was open.
-    pub breaker_rejected: AtomicU64,
+    pub breaker_rejected: Stat,
     /// Unavailable(ClockUnsafe).
-    pub clock_unsafe: AtomicU64,
+    pub clock_unsafe: Stat,
     /// Indeterminate: sent, then the deadline passed.
-    pub timeouts: AtomicU64,
+    pub timeouts: Stat,
     /// Indeterminate: sent, then the connection failed.
-    pub connection_lost: AtomicU64,
+    pub connection_lost: Stat,
     /// Incompatible: a reply of the wrong shape or version.
-    pub malformed: AtomicU64,
+    pub malformed: Stat,
     /// Incompatible: the script raised an error.
-    pub script_errors: AtomicU64,
+    pub script_errors: Stat,
+
+    // The breaker keeps its own state; these mirror it when `/metrics` is
+    // scraped (see [`RedisStats::publish_breaker`]).
+    breaker_open: Gauge,
+    breaker_opened: Counter,
 }
 
 impl RedisStats {
-    pub(super) fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+    pub(super) fn new() -> RedisStats {
+        let event = |kind: &'static str| Stat::new(metrics::counter!(STORE_EVENTS, "kind" => kind));
+        let error = |kind: &'static str| Stat::new(metrics::counter!(STORE_ERRORS, "kind" => kind));
+        RedisStats {
+            warned_at: AtomicU64::new(0),
+            script_loads: Stat::new(metrics::counter!(SCRIPT_LOADS)),
+            dedupe_hits: Stat::new(metrics::counter!(DEDUPE_HITS)),
+            retries: Stat::new(metrics::counter!(STORE_RETRIES)),
+            noscript: event("noscript"),
+            clock_steps_absorbed: event("clock_steps_absorbed"),
+            reconnects: event("reconnects"),
+            probes: event("probes"),
+            unreachable: error("unreachable"),
+            refused: error("refused"),
+            budget_spent: error("budget_spent"),
+            breaker_rejected: error("breaker_rejected"),
+            clock_unsafe: error("clock_unsafe"),
+            timeouts: error("timeouts"),
+            connection_lost: error("connection_lost"),
+            malformed: error("malformed"),
+            script_errors: error("script_errors"),
+            breaker_open: metrics::gauge!(BREAKER_OPEN),
+            breaker_opened: metrics::counter!(BREAKER_OPENED),
+        }
     }
 
     /// At most one warning a second: a failing Redis fails every request,
@@ -63,26 +103,36 @@ impl RedisStats {
         self.warned_at.swap(second, Ordering::Relaxed) != second
     }
 
-    /// Every counter with a short, bounded name (for a `kind` label).
-    pub fn counters(&self) -> [(&'static str, u64); 16] {
-        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        [
-            ("script_loads", read(&self.script_loads)),
-            ("noscript", read(&self.noscript)),
-            ("dedupe_hits", read(&self.dedupe_hits)),
-            ("retries", read(&self.retries)),
-            ("clock_steps_absorbed", read(&self.clock_steps_absorbed)),
-            ("reconnects", read(&self.reconnects)),
-            ("probes", read(&self.probes)),
-            ("unreachable", read(&self.unreachable)),
-            ("refused", read(&self.refused)),
-            ("budget_spent", read(&self.budget_spent)),
-            ("breaker_rejected", read(&self.breaker_rejected)),
-            ("clock_unsafe", read(&self.clock_unsafe)),
-            ("timeouts", read(&self.timeouts)),
-            ("connection_lost", read(&self.connection_lost)),
-            ("malformed", read(&self.malformed)),
-            ("script_errors", read(&self.script_errors)),
-        ]
+    /// Whether the breaker is open follows from the time as much as from
+    /// events, so it is read when scraped rather than pushed.
+    pub(super) fn publish_breaker(&self, open: bool, opened_total: u64) {
+        self.breaker_open.set(if open { 1.0 } else { 0.0 });
+        self.breaker_opened.absolute(opened_total);
+    }
+}
+
+/// One condition: its exported counter and this store's tally of it.
+#[derive(Debug)]
+pub struct Stat {
+    tally: AtomicU64,
+    counter: Counter,
+}
+
+impl Stat {
+    fn new(counter: Counter) -> Stat {
+        Stat {
+            tally: AtomicU64::new(0),
+            counter,
+        }
+    }
+
+    pub(super) fn count(&self) {
+        self.tally.fetch_add(1, Ordering::Relaxed);
+        self.counter.increment(1);
+    }
+
+    /// How many times this store counted it.
+    pub fn load(&self, order: Ordering) -> u64 {
+        self.tally.load(order)
     }
 }

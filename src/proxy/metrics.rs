@@ -1,0 +1,84 @@
+//! The proxy's metric handles, registered once: per route when a
+//! configuration loads, per process for the rest. The request path does
+//! no registry lookups and no label allocations, and every series exists
+//! (at 0) from the start, which also makes `rate()` well defined before
+//! the first event.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use metrics::{Counter, Histogram};
+
+use crate::telemetry::{
+    DECISION_DURATION, FORWARDED_WITHOUT_DECISION, REQUESTS, REQUESTS_REFUSED, UPSTREAM_DURATION,
+    UPSTREAM_RESPONSES,
+};
+
+use super::verdict::{OutcomeLabel, Verdict};
+
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The handles counted under one route's name.
+pub struct RouteMetrics {
+    /// Indexed by [`OutcomeLabel`]: every verdict has its counter.
+    requests: [Counter; OutcomeLabel::ALL.len()],
+    upstream_responses: [Counter; STATUS_CLASSES.len()],
+    upstream_duration: Histogram,
+}
+
+impl RouteMetrics {
+    pub fn new(route: &str, policy: Option<&str>) -> RouteMetrics {
+        let route = route.to_owned();
+        let policy = policy.unwrap_or("none").to_owned();
+        RouteMetrics {
+            requests: OutcomeLabel::ALL.map(|outcome| {
+                metrics::counter!(REQUESTS, "route" => route.clone(), "policy" => policy.clone(), "outcome" => outcome.label())
+            }),
+            upstream_responses: STATUS_CLASSES.map(|class| {
+                metrics::counter!(UPSTREAM_RESPONSES, "route" => route.clone(), "status_class" => class)
+            }),
+            upstream_duration: metrics::histogram!(UPSTREAM_DURATION, "route" => route.clone()),
+        }
+    }
+
+    /// Counts one routed request under its verdict.
+    pub fn request(&self, verdict: &Verdict) {
+        self.requests[verdict.outcome() as usize].increment(1);
+    }
+
+    /// Counts the response to a forwarded request (the upstream's, or
+    /// sluice's 502/504 when the upstream failed).
+    pub fn upstream(&self, status: StatusCode, elapsed: Duration) {
+        let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
+        self.upstream_responses[class].increment(1);
+        self.upstream_duration.record(elapsed.as_secs_f64());
+    }
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMetrics").finish_non_exhaustive()
+    }
+}
+
+/// The handles of the proxy as a whole.
+pub struct ProxyMetrics {
+    /// Time to a decision, under the store's `store` label.
+    pub decision_duration: Histogram,
+    pub forwarded_without_decision: Counter,
+}
+
+impl ProxyMetrics {
+    pub fn new(store: &'static str) -> ProxyMetrics {
+        ProxyMetrics {
+            decision_duration: metrics::histogram!(DECISION_DURATION, "store" => store),
+            forwarded_without_decision: metrics::counter!(FORWARDED_WITHOUT_DECISION),
+        }
+    }
+}
+
+/// Counts a request refused before routing (400/501), by a bounded reason.
+/// Rare by nature, so the registry lookup is acceptable here.
+pub fn request_refused(reason: &'static str) {
+    metrics::counter!(REQUESTS_REFUSED, "reason" => reason).increment(1);
+}

@@ -1,0 +1,164 @@
+//! Every metric sluice exports: name, type and help text, in one table.
+//!
+//! The recorder describes each one from [`ALL`] and sets buckets for its
+//! histograms; the code that counts registers its handles once, from these
+//! names, where it lives (the proxy per route at load, the Redis store,
+//! the reloader, the listener).
+
+use metrics::Unit;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    /// Always in seconds, with [`super::SECONDS_BUCKETS`].
+    Histogram,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+impl Metric {
+    const fn counter(name: &'static str, help: &'static str) -> Metric {
+        Metric {
+            name,
+            kind: Kind::Counter,
+            help,
+        }
+    }
+
+    const fn gauge(name: &'static str, help: &'static str) -> Metric {
+        Metric {
+            name,
+            kind: Kind::Gauge,
+            help,
+        }
+    }
+
+    const fn seconds(name: &'static str, help: &'static str) -> Metric {
+        Metric {
+            name,
+            kind: Kind::Histogram,
+            help,
+        }
+    }
+
+    pub(super) fn describe(&self) {
+        use metrics::{describe_counter, describe_gauge, describe_histogram};
+        match self.kind {
+            Kind::Counter => describe_counter!(self.name, self.help),
+            Kind::Gauge => describe_gauge!(self.name, self.help),
+            Kind::Histogram => describe_histogram!(self.name, Unit::Seconds, self.help),
+        }
+    }
+}
+
+// Labels are bounded: route, policy, outcome, store, kind, result, reason,
+// status_class, hash, version. Never a subject, a pseudonym or anything a
+// client chose.
+
+pub const REQUESTS: &str = "sluice_requests_total";
+pub const REQUESTS_REFUSED: &str = "sluice_requests_refused_total";
+pub const DECISION_DURATION: &str = "sluice_decision_duration_seconds";
+pub const FORWARDED_WITHOUT_DECISION: &str = "sluice_forwarded_without_decision_total";
+pub const UPSTREAM_RESPONSES: &str = "sluice_upstream_responses_total";
+pub const UPSTREAM_DURATION: &str = "sluice_upstream_duration_seconds";
+pub const STORE_ERRORS: &str = "sluice_store_errors_total";
+pub const STORE_RETRIES: &str = "sluice_store_retries_total";
+pub const STORE_EVENTS: &str = "sluice_store_events_total";
+pub const BREAKER_OPEN: &str = "sluice_store_breaker_open";
+pub const BREAKER_OPENED: &str = "sluice_store_breaker_opened_total";
+pub const SCRIPT_LOADS: &str = "sluice_store_script_loads_total";
+pub const DEDUPE_HITS: &str = "sluice_store_dedupe_hits_total";
+pub const DENY_CACHE_HITS: &str = "sluice_local_deny_cache_hits_total";
+pub const MEMORY_SUBJECTS: &str = "sluice_memory_store_subjects";
+pub const CONFIG_RELOADS: &str = "sluice_config_reloads_total";
+pub const CONFIG_REVISION: &str = "sluice_config_revision";
+pub const CONFIG_INFO: &str = "sluice_config_info";
+pub const BUILD_INFO: &str = "sluice_build_info";
+pub const CONNECTIONS_REFUSED: &str = "sluice_connections_refused_total";
+
+pub const ALL: &[Metric] = &[
+    Metric::counter(REQUESTS, "Requests by route, policy and decision outcome."),
+    Metric::counter(
+        REQUESTS_REFUSED,
+        "Malformed requests refused before routing (400/501), by reason.",
+    ),
+    Metric::counter(
+        STORE_RETRIES,
+        "Indeterminate store calls retried with the same evaluation id.",
+    ),
+    Metric::counter(STORE_EVENTS, "Store conditions recovered from, by kind."),
+    Metric::counter(BREAKER_OPENED, "Times the store breaker opened."),
+    Metric::seconds(DECISION_DURATION, "Time to reach a decision, by store."),
+    Metric::counter(STORE_ERRORS, "Store failures by kind."),
+    Metric::gauge(BREAKER_OPEN, "1 while the store breaker is open."),
+    Metric::counter(
+        SCRIPT_LOADS,
+        "Lua scripts loaded into Redis (start and NOSCRIPT).",
+    ),
+    Metric::counter(
+        DEDUPE_HITS,
+        "Retried evaluations answered from the recorded decision.",
+    ),
+    Metric::counter(
+        FORWARDED_WITHOUT_DECISION,
+        "Requests forwarded without a decision (on_failure: allow).",
+    ),
+    Metric::counter(
+        UPSTREAM_RESPONSES,
+        "Upstream responses by route and status class.",
+    ),
+    Metric::seconds(
+        UPSTREAM_DURATION,
+        "Time to the upstream's response head, by route.",
+    ),
+    Metric::counter(CONFIG_RELOADS, "Configuration reloads by result."),
+    Metric::gauge(
+        CONFIG_REVISION,
+        "Number of configurations loaded since start (1 = the initial one).",
+    ),
+    Metric::gauge(
+        CONFIG_INFO,
+        "1 for the configuration serving now, by content hash.",
+    ),
+    Metric::gauge(
+        BUILD_INFO,
+        "Always 1; the version label says which sluice runs.",
+    ),
+    Metric::gauge(MEMORY_SUBJECTS, "Subjects tracked by the embedded store."),
+    Metric::counter(
+        CONNECTIONS_REFUSED,
+        "Traffic connections closed at once because server.max_connections were open.",
+    ),
+    Metric::counter(
+        DENY_CACHE_HITS,
+        "Requests denied by the local over-limit cache without asking the store.",
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_prometheus_conventions_and_appear_once() {
+        for (i, metric) in ALL.iter().enumerate() {
+            assert!(metric.name.starts_with("sluice_"), "{}", metric.name);
+            let total = metric.name.ends_with("_total");
+            assert_eq!(total, metric.kind == Kind::Counter, "{}", metric.name);
+            if metric.kind == Kind::Histogram {
+                assert!(metric.name.ends_with("_seconds"), "{}", metric.name);
+            }
+            assert!(
+                ALL[..i].iter().all(|m| m.name != metric.name),
+                "{} twice",
+                metric.name
+            );
+        }
+    }
+}

@@ -31,6 +31,7 @@ use crate::proxy::{ConnInfo, Proxy};
 use crate::telemetry;
 
 use super::accept::AcceptErrors;
+use super::framing::Watched;
 use super::send_timeout::SendTimeout;
 use super::Settings;
 
@@ -203,7 +204,7 @@ impl Connection {
         // Under TLS too: a client that stops reading blocks the TCP writes.
         let stream = SendTimeout::new(stream, self.send_timeout);
         match self.tls.clone() {
-            None => self.serve(TokioIo::new(stream), info).await,
+            None => self.serve(TokioIo::new(Watched::new(stream)), info).await,
             // Boxed: the TLS state is twice the size of a plain connection's,
             // and every connection task would be that large otherwise.
             Some(acceptor) => Box::pin(self.serve_tls(acceptor, stream, info)).await,
@@ -217,7 +218,7 @@ impl Connection {
         info: ConnInfo,
     ) {
         match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {
-            Ok(Ok(stream)) => self.serve(TokioIo::new(stream), info).await,
+            Ok(Ok(stream)) => self.serve(TokioIo::new(Watched::new(stream)), info).await,
             Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
             Err(_) => tracing::debug!("TLS handshake timed out"),
         }

@@ -8,6 +8,7 @@
 //!   reading.
 
 pub mod accept;
+mod framing;
 mod listener;
 mod send_timeout;
 pub mod tls;

@@ -19,7 +19,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use support::faults::Netns;
+use support::faults::{DelayRelay, Netns};
 use support::ops::{metric, scrape};
 use support::redis::RedisServer;
 use support::redis_sidecar::{admin, readyz_becomes, redis_yaml, start_ready, Load, Shot};
@@ -407,4 +407,150 @@ async fn a_blackholed_redis_answers_503_within_the_budget_and_service_returns() 
         tally.ok,
         outcome(&text, "capped", "indeterminate"),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_delayed_around_the_budget_are_decided_in_time_or_503_and_never_misattributed() {
+    // A budget with room for a 20 ms delay on a loaded machine, and a
+    // breaker that never opens: every request below waits out its own
+    // deadline, so late replies pile up on the connections.
+    const BUDGET: Duration = Duration::from_millis(100);
+    const BELOW: Duration = Duration::from_millis(20);
+    const ABOVE: Duration = Duration::from_millis(150);
+    let _serial = SERIAL.lock().await;
+    clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
+    let redis = RedisServer::start();
+    let relay = DelayRelay::start(redis.port()).await;
+    let upstream = Upstream::start().await;
+    let yaml = redis_yaml(
+        &upstream,
+        &relay.url(),
+        "  big: { algorithm: fixed-window, limit: 10000000, window: 24h }\n  \
+         one: { algorithm: fixed-window, limit: 1, window: 24h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: big }\n  \
+         - { name: deny, match: { path_prefix: /deny }, subject: client_ip, policy: one }\n",
+    )
+    .replace("budget: 50ms", "budget: 100ms")
+    .replace("breaker_failures: 5", "breaker_failures: 1000000")
+    .replace("deny_cache_entries: 100000", "deny_cache_entries: 0");
+    let sluice = start_ready(&yaml).await;
+    // `/deny` spends its one admission now: from here on Redis denies it.
+    let mut shots = vec![hit(sluice.addr(), "/deny").await];
+    assert_eq!(shots[0].status, StatusCode::OK);
+    hit_until(
+        &sluice,
+        "/deny",
+        StatusCode::TOO_MANY_REQUESTS,
+        RECOVERY,
+        &mut shots,
+    )
+    .await;
+
+    // Below the budget: every decision made, none faster than the delay.
+    relay.set_delay(BELOW);
+    let load = Load::start(sluice.addr(), "/api", 4, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let below = load.stop().await;
+    assert!(below.len() >= 40, "only {} requests", below.len());
+    for shot in &below {
+        assert_eq!(shot.status, StatusCode::OK, "{BELOW:?} late: {shot:?}");
+        assert!(shot.elapsed >= BELOW, "faster than the relay: {shot:?}");
+    }
+    let tally = invariants(
+        "delay below",
+        &below,
+        upstream.count() - 1,
+        usize::MAX,
+        BUDGET,
+    );
+    assert!(tally.max <= BUDGET + MARGIN);
+
+    // Above the budget: 503 at the deadline, nothing forwarded.
+    relay.set_delay(ABOVE);
+    let switched = Instant::now();
+    let forwarded_before = upstream.count();
+    let load = Load::start(sluice.addr(), "/api", 4, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let above = load.stop().await;
+    assert!(above.len() >= 20, "only {} requests", above.len());
+    for shot in &above {
+        assert_eq!(
+            shot.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{ABOVE:?} late: {shot:?}"
+        );
+        assert!(
+            shot.elapsed >= BUDGET,
+            "503 before the budget was spent: {shot:?}"
+        );
+    }
+    invariants(
+        "delay above",
+        &above,
+        upstream.count() - forwarded_before,
+        usize::MAX,
+        BUDGET,
+    );
+    println!("delay above: switched {:?} before", switched.elapsed());
+
+    // Late replies and prompt ones interleaved: `/api` is always allowed and
+    // `/deny` always denied, so a reply delivered to the wrong request would
+    // show as a 429 on `/api` or a 200 (and a forward) on `/deny`.
+    let forwarded_before = upstream.count();
+    let apis = Load::start(sluice.addr(), "/api", 3, Duration::from_millis(3));
+    let denies = Load::start(sluice.addr(), "/deny", 3, Duration::from_millis(3));
+    for i in 0..30 {
+        relay.set_delay(if i % 2 == 0 { ABOVE } else { Duration::ZERO });
+        tokio::time::sleep(Duration::from_millis(70)).await;
+    }
+    relay.set_delay(Duration::ZERO);
+    let mut mixed = apis.stop().await;
+    let denied = denies.stop().await;
+    let count = |v: &[Shot], s: StatusCode| v.iter().filter(|x| x.status == s).count();
+    for shot in &mixed {
+        assert_ne!(
+            shot.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "/api got a denial: {shot:?}"
+        );
+    }
+    for shot in &denied {
+        assert_ne!(
+            shot.status,
+            StatusCode::OK,
+            "/deny got an admission: {shot:?}"
+        );
+    }
+    assert!(
+        count(&mixed, StatusCode::OK) >= 20 && count(&denied, StatusCode::TOO_MANY_REQUESTS) >= 20,
+        "too few decisions to tell: {} 200 on /api, {} 429 on /deny",
+        count(&mixed, StatusCode::OK),
+        count(&denied, StatusCode::TOO_MANY_REQUESTS)
+    );
+    assert!(
+        count(&mixed, StatusCode::SERVICE_UNAVAILABLE) >= 20,
+        "too few late replies to tell"
+    );
+    println!(
+        "mixed: /deny {} 429, {} 503",
+        count(&denied, StatusCode::TOO_MANY_REQUESTS),
+        count(&denied, StatusCode::SERVICE_UNAVAILABLE)
+    );
+    mixed.extend(denied);
+    invariants(
+        "mixed",
+        &mixed,
+        upstream.count() - forwarded_before,
+        usize::MAX,
+        BUDGET,
+    );
+    shots.extend(below.into_iter().chain(above).chain(mixed));
+    invariants("delays", &shots, upstream.count(), usize::MAX, BUDGET);
+    let deny_forwarded = upstream
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/deny")
+        .count();
+    assert_eq!(deny_forwarded, 1, "/deny admitted over its limit of 1");
+    nothing_forwarded_undecided(&sluice).await;
 }

@@ -554,3 +554,111 @@ async fn replies_delayed_around_the_budget_are_decided_in_time_or_503_and_never_
     assert_eq!(deny_forwarded, 1, "/deny admitted over its limit of 1");
     nothing_forwarded_undecided(&sluice).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_refuses_the_scripts_whole_and_service_resumes_when_freed() {
+    const LIMIT: usize = 150;
+    let _serial = SERIAL.lock().await;
+    clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
+    let redis = RedisServer::builder()
+        .config("maxmemory-policy noeviction")
+        .start();
+    let upstream = Upstream::start().await;
+    let sluice = start_ready(&capped(&upstream, &redis.url(), LIMIT as u32, BUDGET)).await;
+    let mut conn = redis.connection();
+
+    let load = Load::start(sluice.addr(), "/api", 4, Duration::from_millis(10));
+    eventually(RECOVERY, || async {
+        (upstream.count() >= 30).then_some(())
+    })
+    .await;
+    let used = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("memory").query(conn).expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory")
+    };
+    let config_set = |conn: &mut redis::Connection, key: &str, value: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(key)
+            .arg(value)
+            .query(conn)
+            .expect("CONFIG SET");
+    };
+    let max = used(&mut conn) + 4 * 1024 * 1024;
+    config_set(&mut conn, "maxmemory", &max.to_string());
+    let junk = vec![b'x'; 64 * 1024];
+    let mut keys = 0usize;
+    loop {
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("junk:{keys}"))
+            .arg(&junk)
+            .query(&mut conn);
+        match set {
+            Ok(()) => keys += 1,
+            Err(e) if e.code() == Some("OOM") => break,
+            Err(e) => panic!("SET junk: {e}"),
+        }
+        assert!(keys < 1000, "still no OOM after {keys} junk keys");
+    }
+    // Hold Redis well over its limit, so client buffers that come and go
+    // cannot let one write through for a moment.
+    let half = used(&mut conn) / 2;
+    config_set(&mut conn, "maxmemory", &half.to_string());
+    let full = Instant::now();
+    let before = read_back(&mut conn, "capped").count;
+    let forwarded_full = upstream.count();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = read_back(&mut conn, "capped").count;
+    let forwarded_later = upstream.count();
+    let freeing = Instant::now();
+    assert_eq!(after, before, "charged while Redis refused writes");
+
+    // Freed: the junk goes, the limit stays.
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(200) {
+        let names: Vec<String> = chunk.iter().map(|i| format!("junk:{i}")).collect();
+        let _: usize = redis::cmd("DEL")
+            .arg(names)
+            .query(&mut conn)
+            .expect("DEL junk");
+    }
+    let back = forwarded_after(&upstream, forwarded_later).await;
+    readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
+    let mut extra = Vec::new();
+    hit_until(
+        &sluice,
+        "/api",
+        StatusCode::TOO_MANY_REQUESTS,
+        Duration::from_secs(10),
+        &mut extra,
+    )
+    .await;
+    let mut shots = load.stop().await;
+    shots.extend(extra);
+
+    // Anything sent once the junk was in was refused whole (a request in
+    // flight as the limit was lowered may have been decided).
+    let during = failed_closed_between("out of memory", &shots, full, freeing);
+    assert!(during >= 50, "only {during} answers while out of memory");
+    assert!(
+        forwarded_later <= forwarded_full + 4,
+        "forwarded while full: {forwarded_full} -> {forwarded_later}"
+    );
+    let tally = invariants("oom", &shots, upstream.count(), LIMIT, BUDGET);
+    println!("oom: {keys} junk keys of 64 KiB, {during} answers while full, service back {back:?} after freeing");
+    let text = nothing_forwarded_undecided(&sluice).await;
+    assert!(
+        store_kind(&text, "refused") >= 1.0,
+        "no refusal counted:\n{text}"
+    );
+    let charged = read_back(&mut conn, "capped");
+    charged_once(
+        "oom",
+        &charged,
+        LIMIT,
+        tally.ok,
+        outcome(&text, "capped", "indeterminate"),
+    );
+}

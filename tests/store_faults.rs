@@ -229,6 +229,10 @@ fn store_kind(text: &str, kind: &str) -> f64 {
         .sum()
 }
 
+fn script_loads(text: &str) -> f64 {
+    metric(text, "sluice_store_script_loads_total", &[]).unwrap_or(0.0)
+}
+
 fn outcome(text: &str, policy: &str, outcome: &str) -> f64 {
     metric(
         text,
@@ -661,4 +665,82 @@ async fn redis_out_of_memory_refuses_the_scripts_whole_and_service_resumes_when_
         tally.ok,
         outcome(&text, "capped", "indeterminate"),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_reloads_its_scripts_and_opens_a_fresh_window_of_exactly_the_limit() {
+    // The over-admission allowance of an empty restart: every count is
+    // gone, so each subject gets a whole fresh window, `LIMIT` more and no
+    // more. The budget is generous so no decision times out on a healthy
+    // Redis: the counts are then exact, not bounded.
+    const LIMIT: usize = 50;
+    const BUDGET: Duration = Duration::from_millis(300);
+    let _serial = SERIAL.lock().await;
+    clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let sluice = start_ready(&capped(&upstream, &redis.url(), LIMIT as u32, BUDGET)).await;
+    let pid = sluice.pid();
+
+    let load = Load::start(sluice.addr(), "/api", 3, Duration::from_millis(5));
+    let mut extra = Vec::new();
+    hit_until(
+        &sluice,
+        "/api",
+        StatusCode::TOO_MANY_REQUESTS,
+        Duration::from_secs(10),
+        &mut extra,
+    )
+    .await;
+    let first_window = upstream.count();
+    assert_eq!(
+        first_window, LIMIT,
+        "the first window admitted {first_window}"
+    );
+    assert_eq!(
+        read_back(&mut redis.connection(), "capped").count,
+        LIMIT as u64
+    );
+    let text = scrape(admin(&sluice)).await;
+    let noscript_before = store_kind(&text, "noscript");
+    let loads_before = script_loads(&text);
+
+    tokio::task::block_in_place(|| redis.restart());
+    let restarted = Instant::now();
+    let back = forwarded_after(&upstream, first_window).await;
+    hit_until(
+        &sluice,
+        "/api",
+        StatusCode::TOO_MANY_REQUESTS,
+        Duration::from_secs(10),
+        &mut extra,
+    )
+    .await;
+    let mut shots = load.stop().await;
+    shots.extend(extra);
+
+    assert_eq!(sluice.pid(), pid);
+    let second_window = upstream.count() - first_window;
+    assert_eq!(
+        second_window, LIMIT,
+        "the fresh window admitted {second_window}"
+    );
+    let tally = invariants("restart", &shots, upstream.count(), 2 * LIMIT, BUDGET);
+    assert_eq!(tally.ok, 2 * LIMIT);
+    println!("restart: service back {back:?} after the restart; {first_window} + {second_window} admitted");
+    let text = nothing_forwarded_undecided(&sluice).await;
+    assert!(
+        store_kind(&text, "noscript") > noscript_before,
+        "no NOSCRIPT seen:\n{text}"
+    );
+    assert!(
+        script_loads(&text) > loads_before,
+        "scripts not reloaded:\n{text}"
+    );
+    let charged = read_back(&mut redis.connection(), "capped");
+    // Evaluations in flight at the kill are Indeterminate (503), but the
+    // Redis they may have charged is gone: the fresh one counts only what
+    // it admitted, each once.
+    charged_once("restart", &charged, LIMIT, second_window, 0.0);
+    println!("restart: fresh Redis after {:?}", restarted.elapsed());
 }

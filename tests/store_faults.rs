@@ -556,6 +556,11 @@ async fn replies_delayed_around_the_budget_are_decided_in_time_or_503_and_never_
         .filter(|r| r.path == "/deny")
         .count();
     assert_eq!(deny_forwarded, 1, "/deny admitted over its limit of 1");
+    let charged = read_back(&mut redis.connection(), "one");
+    assert_eq!(
+        charged.count, 1,
+        "/deny charged more than once: {charged:?}"
+    );
     nothing_forwarded_undecided(&sluice).await;
 }
 
@@ -657,6 +662,20 @@ async fn redis_out_of_memory_refuses_the_scripts_whole_and_service_resumes_when_
         store_kind(&text, "refused") >= 1.0,
         "no refusal counted:\n{text}"
     );
+    // Redis's own account: it refused with OOM, the scripts never ran.
+    let errors: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(&mut conn)
+        .expect("INFO errorstats");
+    let refused_oom: u64 = errors
+        .lines()
+        .find_map(|l| l.strip_prefix("errorstat_OOM:count="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        refused_oom as f64 >= store_kind(&text, "refused"),
+        "Redis refused {refused_oom} with OOM:\n{errors}"
+    );
     let charged = read_back(&mut conn, "capped");
     charged_once(
         "oom",
@@ -679,8 +698,7 @@ async fn redis_restarted_empty_reloads_its_scripts_and_opens_a_fresh_window_of_e
     clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
     let mut redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let sluice = start_ready(&capped(&upstream, &redis.url(), LIMIT as u32, BUDGET)).await;
-    let pid = sluice.pid();
+    let mut sluice = start_ready(&capped(&upstream, &redis.url(), LIMIT as u32, BUDGET)).await;
 
     let load = Load::start(sluice.addr(), "/api", 3, Duration::from_millis(5));
     let mut extra = Vec::new();
@@ -719,7 +737,10 @@ async fn redis_restarted_empty_reloads_its_scripts_and_opens_a_fresh_window_of_e
     let mut shots = load.stop().await;
     shots.extend(extra);
 
-    assert_eq!(sluice.pid(), pid);
+    assert!(
+        sluice.wait_exit(Duration::ZERO).is_none(),
+        "sluice exited across the Redis restart"
+    );
     let second_window = upstream.count() - first_window;
     assert_eq!(
         second_window, LIMIT,
@@ -742,5 +763,10 @@ async fn redis_restarted_empty_reloads_its_scripts_and_opens_a_fresh_window_of_e
     // Redis they may have charged is gone: the fresh one counts only what
     // it admitted, each once.
     charged_once("restart", &charged, LIMIT, second_window, 0.0);
+    println!(
+        "restart: {} NOSCRIPT, {} scripts loaded since the restart",
+        store_kind(&text, "noscript") - noscript_before,
+        script_loads(&text) - loads_before
+    );
     println!("restart: fresh Redis after {:?}", restarted.elapsed());
 }

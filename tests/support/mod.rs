@@ -6,11 +6,13 @@
 //! - [`client`]: requests, bursts, raw bytes.
 //! - [`redis`]: `RedisServer`, a real redis-server on a free port (TLS, ACL).
 //! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
+//! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
 //!
 //! Each test file compiles this module on its own and uses only part of it.
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod faults;
 pub mod ops;
 pub mod redis;
 pub mod redis_sidecar;

@@ -34,6 +34,8 @@ pub struct Builder {
     config: Vec<String>,
     tls: Option<TlsFiles>,
     admin: Option<(String, String)>,
+    host: Option<String>,
+    wrapper: Vec<String>,
 }
 
 impl Builder {
@@ -52,6 +54,20 @@ impl Builder {
     /// The user the helper itself connects as (when `default` is off).
     pub fn admin(mut self, user: &str, password: &str) -> Builder {
         self.admin = Some((user.to_owned(), password.to_owned()));
+        self
+    }
+
+    /// Listen on `host` instead of 127.0.0.1 (an address in another
+    /// network namespace, say).
+    pub fn host(mut self, host: &str) -> Builder {
+        self.host = Some(host.to_owned());
+        self
+    }
+
+    /// Run `redis-server` under `command` (e.g. `ip netns exec NAME`),
+    /// which must exec it in place so that the child is the server itself.
+    pub fn wrapped(mut self, command: &[&str]) -> Builder {
+        self.wrapper = command.iter().map(|s| (*s).to_owned()).collect();
         self
     }
 
@@ -98,6 +114,8 @@ impl Builder {
             config: self.config,
             tls: self.tls,
             admin: self.admin,
+            host: self.host.unwrap_or_else(|| "127.0.0.1".to_owned()),
+            wrapper: self.wrapper,
             child: None,
         }
     }
@@ -109,6 +127,8 @@ pub struct RedisServer {
     config: Vec<String>,
     tls: Option<TlsFiles>,
     admin: Option<(String, String)>,
+    host: String,
+    wrapper: Vec<String>,
     child: Option<Child>,
 }
 
@@ -132,7 +152,7 @@ impl RedisServer {
         } else {
             "redis"
         };
-        format!("{scheme}://127.0.0.1:{}", self.port)
+        format!("{scheme}://{}:{}", self.host, self.port)
     }
 
     /// The same URL with a user and password.
@@ -199,7 +219,15 @@ impl RedisServer {
     /// exited (the port was taken).
     fn spawn(&mut self) -> bool {
         let conf = self.write_config();
-        let child = Command::new(binary())
+        let mut command = match self.wrapper.split_first() {
+            None => Command::new(binary()),
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary());
+                command
+            }
+        };
+        let child = command
             .arg(&conf)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -265,7 +293,8 @@ impl RedisServer {
         let mut conf = String::new();
         let dir = self.dir.path().display();
         conf.push_str(&format!(
-            "bind 127.0.0.1\nsave \"\"\nappendonly no\ndir {dir}\nlogfile {}\n",
+            "bind {}\nsave \"\"\nappendonly no\ndir {dir}\nlogfile {}\n",
+            self.host,
             self.log().display()
         ));
         match &self.tls {

@@ -24,7 +24,7 @@ mod body;
 mod forward;
 mod headers;
 mod log_budget;
-mod metrics;
+pub(crate) mod metrics;
 mod overrides;
 pub mod respond;
 mod runtime;

@@ -326,14 +326,18 @@ fn refuse(invalid: &Invalid) -> Response<Body> {
     match invalid {
         Invalid::TransferCoding => respond::closing(respond::not_implemented(invalid.reason())),
         Invalid::Connect => respond::not_implemented(invalid.reason()),
-        Invalid::BadHost | Invalid::RequestTarget => {
-            respond::closing(respond::bad_request(invalid.reason()))
-        }
-        Invalid::MissingHost
+        // A malformed request line or Host: what else the client sent on
+        // the connection is not to be trusted either (nginx closes after
+        // a 400 too).
+        Invalid::BadHost
+        | Invalid::RequestTarget
+        | Invalid::MissingHost
         | Invalid::DuplicateHost
         | Invalid::HostMismatch
-        | Invalid::ConnectionNamesIdentity(_)
-        | Invalid::MethodCase
+        | Invalid::MethodCase => respond::closing(respond::bad_request(invalid.reason())),
+        // A well-framed request refused for what it asks: the connection
+        // stays usable.
+        Invalid::ConnectionNamesIdentity(_)
         | Invalid::Path(_)
         | Invalid::DuplicateIdentity(_)
         | Invalid::ForwardedFor

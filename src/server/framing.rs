@@ -10,9 +10,9 @@
 //! sluice. Neither is visible once hyper has parsed the head (it removes
 //! the `Content-Length` it ignored), so the bytes are watched as they are
 //! read: [`Framing`] follows each HTTP/1 request head and body, and when a
-//! head is one of these it spoils the head's last byte before hyper sees
-//! it, so hyper answers its own 400 and closes the connection, having
-//! routed nothing.
+//! head is one of these it spoils the part of it not yet handed to hyper,
+//! so hyper answers its own 400 and closes the connection, having routed
+//! nothing.
 //!
 //! Following the framing never guesses: whatever it cannot follow exactly
 //! (an upgrade or `CONNECT`, an HTTP/2 preface, a head too large, a chunk
@@ -26,6 +26,9 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Put behind a spoiled head so the parser refuses it at once.
+const SETTLE: &[u8] = b"\r\n\r\n";
 
 /// A head this long is hyper's to refuse (431); the watch stops there.
 const MAX_HEAD: usize = 64 * 1024;
@@ -172,9 +175,10 @@ impl Framing {
                 self.head.clear();
                 self.state = match verdict {
                     Head::Refuse(_) => {
-                        // A NUL where httparse wants a newline or a header
-                        // name: hyper answers 400 and closes.
-                        bytes[last] = 0;
+                        // NULs over the part of the head in this read: where
+                        // httparse wants a method, a header name or value,
+                        // it refuses them, and hyper answers 400 and closes.
+                        bytes[at..=last].fill(0);
                         self.refused += 1;
                         State::Off
                     }
@@ -398,6 +402,14 @@ impl<S: AsyncRead> AsyncRead for Watched<S> {
             let refused = this.framing.refused();
             this.framing.inspect(&mut buf.filled_mut()[before..]);
             if this.framing.refused() > refused {
+                // httparse waits for more before it calls a line bad when
+                // the NULs end the buffer; a line break behind them makes
+                // it decide now. Without room for it (a head ending just at
+                // the end of a small read), hyper waits for the rest until
+                // `header_read_timeout` and closes: refused all the same.
+                if buf.remaining() >= SETTLE.len() {
+                    buf.put_slice(SETTLE);
+                }
                 crate::proxy::metrics::request_refused("framing");
                 tracing::debug!(
                     "request framing refused: Content-Length with Transfer-Encoding, or a bare LF"

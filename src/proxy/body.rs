@@ -76,6 +76,8 @@ pin_project! {
         timeout: Duration,
         waiting: bool,
         side: Side,
+        // An upstream body's error, held for one poll (see `poll_frame`).
+        held: Option<BoxError>,
     }
 }
 
@@ -99,6 +101,7 @@ impl<B> IdleTimeout<B> {
             timeout,
             waiting: false,
             side,
+            held: None,
         }
     }
 }
@@ -116,7 +119,19 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
+        if let Some(error) = this.held.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
         match this.inner.poll_frame(cx) {
+            // hyper drops a connection at once when a response body fails,
+            // with whatever it had buffered of the head and the frames
+            // before: the client would see nothing at all, not a clean
+            // truncation. One `Pending` first lets it flush them.
+            Poll::Ready(Some(Err(error))) if *this.side == Side::Response => {
+                *this.held = Some(error.into());
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
             Poll::Ready(frame) => {
                 *this.waiting = false;
                 let side = *this.side;

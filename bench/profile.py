@@ -220,6 +220,45 @@ def stage_costs(dump):
     return total, stages
 
 
+def profile_nginx(procs, workdir, upstream_port, seconds, conns):
+    """nginx `proxy_pass` (and `limit_req` refusing) under callgrind, the
+    same way: instructions per request, the reference for `/none` and
+    `/blocked`."""
+    port = tools.free_port()
+    for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(workdir, "proxy-tmp", sub), exist_ok=True)
+    conf = render("proxy.nginx.conf", os.path.join(workdir, "proxy.nginx.conf"),
+                  DIR=workdir, PORT=port, UPSTREAM_PORT=upstream_port)
+    out = os.path.join(workdir, "nginx.callgrind")
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+            "nginx", "-p", workdir, "-c", conf, "-e", os.path.join(workdir, "proxy.error.log")]
+    proc = procs.start("nginx-callgrind", argv, 1, os.path.join(workdir, "nginx-callgrind.log"))
+    if not tools.wait_tcp(port, proc, timeout=60):
+        raise RuntimeError("nginx under valgrind did not start")
+    figures = {}
+    for path, label in (("/", "nginx /"), ("/blocked", "nginx /blocked")):
+        url = f"http://127.0.0.1:{port}{path}"
+        tools.run_wrk(url, conns, 1, 0, timeout_s=10)
+        callgrind(["-z", str(proc.pid)])
+        callgrind(["-i", "on", str(proc.pid)])
+        run = tools.run_wrk(url, conns, seconds, 0, timeout_s=10)
+        callgrind(["-i", "off", str(proc.pid)])
+        callgrind(["-d", str(proc.pid)])
+        time.sleep(0.5)
+        dumps = sorted((os.path.join(workdir, f) for f in os.listdir(workdir)
+                        if f.startswith("nginx.callgrind.") and f.count(".") == 3),
+                       key=os.path.getmtime)
+        used = {v["dump"] for v in figures.values()}
+        dump = [d for d in dumps if d not in used][-1]
+        total, _ = stage_costs(dump)
+        figures[label] = {"requests": run["requests"], "instructions_per_request": round(total / run["requests"]),
+                          "dump": dump}
+        print(f"{label}: {run['requests']} requests, {round(total / run['requests'])} instructions each",
+              file=sys.stderr)
+    procs.stop(proc, grace=20)
+    return figures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
@@ -271,6 +310,7 @@ def main():
                 }
                 print(f"{path}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
             procs.stop(proc, grace=20)
+        results["nginx"] = profile_nginx(procs, workdir, upstream.port, args.seconds, args.conns)
     finally:
         procs.stop_all()
     write(results)
@@ -292,6 +332,12 @@ def write(results):
             v = results["paths"][p]["stages"].get(stage)
             cells.append(f"{v:,}" if v else "—")
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    if results.get("nginx"):
+        lines += ["", "nginx under callgrind, the same load (`proxy_pass`; `limit_req` refusing):", ""]
+        lines.append("| nginx | instructions per request |")
+        lines.append("|---|---:|")
+        for label, fig in results["nginx"].items():
+            lines.append(f"| {label} | {fig['instructions_per_request']:,} |")
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)

@@ -271,40 +271,40 @@ impl Framing {
 /// Where the head ends in `rest`, given the head's last bytes `tail` before
 /// it: the count of bytes of `rest` through the blank line's LF.
 fn find_end(tail: &[u8], rest: &[u8]) -> Option<usize> {
-    // The three bytes before each LF of `rest`, across the boundary.
-    let byte_at = |i: isize| -> Option<u8> {
-        if i >= 0 {
-            rest.get(i as usize).copied()
-        } else {
-            let j = tail.len() as isize + i;
-            (j >= 0).then(|| tail[j as usize])
+    // The byte `back` places before `rest[i]`, looking into `tail` when
+    // `rest` does not reach back that far.
+    let before = |i: usize, back: usize| -> Option<u8> {
+        match i.checked_sub(back) {
+            Some(j) => Some(rest[j]),
+            None => tail.len().checked_sub(back - i).map(|j| tail[j]),
         }
     };
-    for (i, &b) in rest.iter().enumerate() {
-        if b != b'\n' {
-            continue;
-        }
-        let i = i as isize;
-        let blank = byte_at(i - 1) == Some(b'\n')
-            || (byte_at(i - 1) == Some(b'\r') && byte_at(i - 2) == Some(b'\n'));
+    let mut from = 0;
+    while let Some(found) = rest[from..].iter().position(|&b| b == b'\n') {
+        let i = from + found;
+        let blank = match before(i, 1) {
+            Some(b'\n') => true,
+            Some(b'\r') => before(i, 2) == Some(b'\n'),
+            _ => false,
+        };
         if blank {
-            return Some(i as usize + 1);
+            return Some(i + 1);
         }
+        from = i + 1;
     }
     None
 }
 
 /// Reads a whole head (request line through the blank line).
 fn read_head(head: &[u8]) -> Head {
-    let mut lines = head.split(|&b| b == b'\n');
-    // Every line but the part after the last LF (empty) must end in CR.
-    let line_count = head.iter().filter(|&&b| b == b'\n').count();
+    // Every line, without its LF; the last is the blank line.
+    let body = head.strip_suffix(b"\n").unwrap_or(head);
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut transfer_encoding = false;
     let mut content_length = false;
     let mut unfollowable = false;
-    for (n, line) in lines.by_ref().take(line_count).enumerate() {
+    for (n, line) in body.split(|&b| b == b'\n').enumerate() {
         let Some(line) = line.strip_suffix(b"\r") else {
             return Head::Refuse(Refusal::BareLineFeed);
         };
@@ -317,8 +317,12 @@ fn read_head(head: &[u8]) -> Head {
             }
             continue;
         }
+        // Only three names matter; most lines are passed over at their
+        // first byte.
+        if !matches!(line.first(), Some(b'c' | b'C' | b't' | b'T' | b'u' | b'U')) {
+            continue;
+        }
         let Some(colon) = line.iter().position(|&b| b == b':') else {
-            // The blank line, or a line hyper refuses itself.
             continue;
         };
         let (name, value) = (&line[..colon], trim(&line[colon + 1..]));

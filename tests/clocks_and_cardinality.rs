@@ -1,0 +1,312 @@
+//! Clocks and cardinality, through the built binary: the memory store under
+//! wall-clock steps (libfaketime on sluice), one hot subject hammered from
+//! three sidecars sharing one Redis, and many distinct subjects whose state
+//! must all expire.
+//!
+//! The issue behind these asks for one million distinct subjects. On a
+//! debug build on two cores that takes minutes per store, so the tests
+//! here use as many as fit in a few seconds ([`MANY`]); the million-subject
+//! figure is measured by the benchmark in `bench/`, on a release build.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use http::StatusCode;
+use support::{clear_of_window_edge, get, Sidecar, Upstream};
+use tempfile::TempDir;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+// ---------------------------------------------------------------------------
+// Wall-clock steps on the memory store
+// ---------------------------------------------------------------------------
+
+/// The libfaketime preload library the `faketime` package installs (its
+/// directory is per architecture).
+fn libfaketime() -> PathBuf {
+    let mut candidates = vec![
+        PathBuf::from("/usr/lib/faketime/libfaketime.so.1"),
+        PathBuf::from("/usr/local/lib/faketime/libfaketime.so.1"),
+    ];
+    if let Ok(dirs) = std::fs::read_dir("/usr/lib") {
+        for dir in dirs.flatten() {
+            candidates.push(dir.path().join("faketime/libfaketime.so.1"));
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("libfaketime.so.1 not found: install the faketime package (scripts/test.sh does)")
+}
+
+/// The wall clock sluice reads, as libfaketime's timestamp file: an offset
+/// from the real time (`+0`, `-1h`, `+1h`) that sluice re-reads on every
+/// clock call (`FAKETIME_NO_CACHE=1`).
+struct FakeWallClock {
+    dir: TempDir,
+}
+
+impl FakeWallClock {
+    fn new() -> FakeWallClock {
+        let clock = FakeWallClock {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        };
+        clock.set("+0");
+        clock
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("faketime.rc")
+    }
+
+    /// Replaces the offset in one rename, so sluice never reads half a file.
+    fn set(&self, offset: &str) {
+        let next = self.dir.path().join("faketime.rc.next");
+        std::fs::write(&next, format!("{offset}\n")).expect("write the timestamp file");
+        std::fs::rename(&next, self.path()).expect("replace the timestamp file");
+    }
+
+    /// Runs sluice under libfaketime reading this file.
+    ///
+    /// What libfaketime 0.9.10 (Debian bookworm) does to sluice's clocks:
+    /// by default it fakes `CLOCK_MONOTONIC` too, and steps it with the
+    /// wall clock. Tried by hand: after a step back of an hour, tokio's
+    /// timers (hyper's timeouts, the sweeper, the store's budget) stood
+    /// still and requests hung; `Instant::elapsed` saturated at zero, so
+    /// the memory store's clock stood still too and 2 s windows no longer
+    /// rolled over; after the step forward every timer fired at once and
+    /// the store's clock jumped an hour, handing out a fresh window. No
+    /// real wall-clock step (`settimeofday`, an NTP step) moves
+    /// `CLOCK_MONOTONIC`, so this models a broken kernel, not a clock
+    /// step. `FAKETIME_DONT_FAKE_MONOTONIC=1` leaves it alone: sluice then
+    /// sees exactly what a step does, `SystemTime` (its log timestamps)
+    /// moves and `Instant` does not. (Under it, `clock_nanosleep` with an
+    /// absolute `CLOCK_MONOTONIC` deadline fails with EINVAL in this
+    /// version, as Python's `time.sleep` shows; tokio and Rust's std never
+    /// call it.)
+    fn start_sluice(&self, yaml: &str) -> Sidecar {
+        let lib = libfaketime();
+        let file = self.path();
+        Sidecar::start_via(
+            yaml,
+            &[
+                ("LD_PRELOAD", lib.to_str().expect("a UTF-8 path")),
+                (
+                    "FAKETIME_TIMESTAMP_FILE",
+                    file.to_str().expect("a UTF-8 path"),
+                ),
+                ("FAKETIME_NO_CACHE", "1"),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ],
+            // FAKETIME in the environment would take priority over the file.
+            &["env", "-u", "FAKETIME"],
+        )
+    }
+}
+
+/// How far sluice's wall clock is from the real one, in whole seconds, read
+/// from the timestamp of the next log line it writes: a denied
+/// request on `/spent` is logged (at most 5 a second per route).
+async fn offset_seen(sluice: &Sidecar, tally: &mut Tally) -> Option<i64> {
+    let before = sluice.logs().len();
+    tally.get(sluice, "/spent/x").await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let logs = sluice.logs();
+    let line = logs[before..]
+        .iter()
+        .rev()
+        .find(|l| l.contains("\"decision\""))?;
+    let json: serde_json::Value = serde_json::from_str(line).ok()?;
+    let written = humantime::parse_rfc3339(json.get("timestamp")?.as_str()?).ok()?;
+    let now = SystemTime::now();
+    let secs = match written.duration_since(now) {
+        Ok(ahead) => ahead.as_secs_f64(),
+        Err(behind) => -behind.duration().as_secs_f64(),
+    };
+    Some(secs.round() as i64)
+}
+
+/// Waits until sluice's wall clock is `expected` seconds off the real one
+/// (within a minute), proving libfaketime moved it.
+async fn clock_becomes(sluice: &Sidecar, tally: &mut Tally, expected: i64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(offset) = offset_seen(sluice, tally).await {
+            if (offset - expected).abs() < 60 {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sluice's wall clock did not move to {expected} s off the real one\n{}",
+            sluice.logs().join("\n")
+        );
+    }
+}
+
+/// Every exchange of the wall-clock test: what was asked, what came back,
+/// and the real wall time around it.
+#[derive(Default)]
+struct Tally {
+    shots: Vec<(String, StatusCode, SystemTime, SystemTime)>,
+}
+
+impl Tally {
+    async fn get(&mut self, sluice: &Sidecar, path: &str) -> StatusCode {
+        let sent = SystemTime::now();
+        let (status, _, _) = get(sluice.addr(), path, &[]).await;
+        self.shots
+            .push((path.to_owned(), status, sent, SystemTime::now()));
+        status
+    }
+
+    fn count(&self, prefix: &str, status: StatusCode) -> usize {
+        self.shots
+            .iter()
+            .filter(|(p, s, _, _)| p.starts_with(prefix) && *s == status)
+            .count()
+    }
+
+    /// Polls `path` until it is admitted; how long that took.
+    async fn until_admitted(&mut self, sluice: &Sidecar, path: &str, within: Duration) -> Duration {
+        let start = Instant::now();
+        loop {
+            if self.get(sluice, path).await == StatusCode::OK {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < within,
+                "{path} not admitted again within {within:?}: its window did not roll over"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn window_index(t: SystemTime, window: Duration) -> u128 {
+    t.duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros()
+        / window.as_micros()
+}
+
+/// A fixed window of 3 an hour is spent; the wall clock then steps back an
+/// hour and forward two (to an hour ahead). A store reading the wall clock
+/// would find itself in another aligned hour after either step and hand
+/// out a fresh window; sluice's memory clock is anchored at start and
+/// advanced by `Instant`, so the spent subject stays spent. Beside it a
+/// 2 s window keeps rolling over by real elapsed time after each step
+/// (a clock clamped to the latest time seen would freeze for an hour after
+/// the step back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_clock_steps_neither_refill_a_spent_window_nor_stop_windows_rolling() {
+    const SHORT: Duration = Duration::from_secs(2);
+    // The short window rolls over within SHORT of any moment; the rest is
+    // for a busy machine.
+    const ROLLOVER_DEADLINE: Duration = Duration::from_secs(5);
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+upstream:
+  url: {url}
+store:
+  kind: memory
+policies:
+  spent: {{ algorithm: fixed-window, limit: 3, window: 1h }}
+  short: {{ algorithm: fixed-window, limit: 2, window: 2s }}
+routes:
+  - {{ name: spent, match: {{ path_prefix: /spent }}, subject: client_ip, policy: spent }}
+  - {{ name: short, match: {{ path_prefix: /short }}, subject: client_ip, policy: short }}
+",
+        url = upstream.url()
+    );
+    let clock = FakeWallClock::new();
+    let sluice = clock.start_sluice(&yaml);
+    let mut tally = Tally::default();
+    clear_of_window_edge(HOUR, Duration::from_secs(60)).await;
+    clear_of_window_edge(SHORT, Duration::from_millis(1500)).await;
+
+    // Real time: spend both.
+    for _ in 0..3 {
+        assert_eq!(tally.get(&sluice, "/spent/x").await, StatusCode::OK);
+    }
+    for _ in 0..2 {
+        assert_eq!(tally.get(&sluice, "/short/x").await, StatusCode::OK);
+    }
+    assert_eq!(
+        tally.get(&sluice, "/short/x").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    clock_becomes(&sluice, &mut tally, 0).await;
+
+    // An hour back.
+    clock.set("-1h");
+    clock_becomes(&sluice, &mut tally, -3600).await;
+    for _ in 0..3 {
+        assert_eq!(
+            tally.get(&sluice, "/spent/x").await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "the step back refilled a spent window"
+        );
+    }
+    let after_back = tally
+        .until_admitted(&sluice, "/short/x", ROLLOVER_DEADLINE)
+        .await;
+
+    // Two hours forward: an hour ahead of the real time.
+    clock.set("+1h");
+    clock_becomes(&sluice, &mut tally, 3600).await;
+    for _ in 0..3 {
+        assert_eq!(
+            tally.get(&sluice, "/spent/x").await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "the step forward refilled a spent window"
+        );
+    }
+    // Spend the short window again, then see it roll over.
+    while tally.get(&sluice, "/short/x").await == StatusCode::OK {}
+    let after_forward = tally
+        .until_admitted(&sluice, "/short/x", ROLLOVER_DEADLINE)
+        .await;
+
+    // Exactly 3 of the hour ever reached the app, and nothing undecided.
+    let forwarded = upstream.requests();
+    let forwarded_spent = forwarded
+        .iter()
+        .filter(|r| r.path.starts_with("/spent"))
+        .count();
+    assert_eq!(forwarded_spent, 3, "the spent window at the upstream");
+    assert_eq!(tally.count("/spent", StatusCode::OK), 3);
+    let ok = tally.count("/", StatusCode::OK);
+    let denied = tally.count("/", StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(ok + denied, tally.shots.len(), "only 200 and 429");
+    assert_eq!(upstream.count(), ok, "forwarded == answered 200");
+
+    // No 2 s window (aligned to the real epoch) admitted more than 2: each
+    // answer whose send and receipt fall in one window is counted there.
+    let mut per_window = std::collections::BTreeMap::<u128, usize>::new();
+    for (path, status, sent, received) in &tally.shots {
+        let window = window_index(*sent, SHORT);
+        if path.starts_with("/short")
+            && *status == StatusCode::OK
+            && window == window_index(*received, SHORT)
+        {
+            *per_window.entry(window).or_default() += 1;
+        }
+    }
+    assert!(
+        per_window.values().all(|n| *n <= 2),
+        "a 2 s window admitted more than 2: {per_window:?}"
+    );
+    eprintln!(
+        "wall-clock steps: {} requests, {ok} admitted ({forwarded_spent} of the hour, {} of the 2 s windows), \
+         short window admitted again {after_back:?} after the step back and {after_forward:?} after the step forward",
+        tally.shots.len(),
+        ok - forwarded_spent,
+    );
+}

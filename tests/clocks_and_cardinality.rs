@@ -11,11 +11,19 @@
 mod support;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use http::StatusCode;
-use support::{clear_of_window_edge, get, Sidecar, Upstream};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use support::client::{build, http1_client, send};
+use support::ops::{metric, scrape};
+use support::redis::RedisServer;
+use support::redis_sidecar::{admin, redis_yaml, start_ready};
+use support::{clear_of_window_edge, eventually, get, Sidecar, Upstream};
 use tempfile::TempDir;
+use tokio::task::JoinSet;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -308,5 +316,292 @@ routes:
          short window admitted again {after_back:?} after the step back and {after_forward:?} after the step forward",
         tally.shots.len(),
         ok - forwarded_spent,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Redis: keys, records and a hot subject
+// ---------------------------------------------------------------------------
+
+/// Every key matching `pattern`, by `SCAN` (never `KEYS`, as an operator
+/// would on a live Redis).
+fn scan(conn: &mut redis::Connection, pattern: &str) -> Vec<String> {
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(conn)
+            .expect("SCAN");
+        keys.extend(batch);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+/// `PTTL` of each key, in one pipeline: milliseconds left, `-1` for a key
+/// with no expiry, `-2` for one gone since it was listed.
+fn pttls(conn: &mut redis::Connection, keys: &[String]) -> Vec<i64> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("PTTL").arg(key);
+    }
+    if keys.is_empty() {
+        return Vec::new();
+    }
+    pipe.query(conn).expect("PTTL")
+}
+
+/// Every sluice key (prefix `sluice`): subject state and evaluation records.
+const ALL_KEYS: &str = "sluice:*";
+/// An evaluation's de-duplication record: the state's key plus `:e:<id>`.
+const RECORD_KEYS: &str = "sluice:*:e:*";
+
+/// One request of the hot-subject load, as the client saw it.
+struct Shot {
+    started: Instant,
+    ended: Instant,
+    status: StatusCode,
+}
+
+/// One look at the records while the load runs.
+struct Look {
+    started: Instant,
+    ended: Instant,
+    records: usize,
+    pttls: Vec<i64>,
+}
+
+/// `connections` keep-alive connections to each of `addrs`, each sending
+/// `per_connection` GETs of `path` one after another.
+async fn hammer(
+    addrs: &[std::net::SocketAddr],
+    path: &str,
+    connections: usize,
+    per_connection: usize,
+) -> Vec<Shot> {
+    let mut tasks = JoinSet::new();
+    for addr in addrs {
+        for _ in 0..connections {
+            let addr = *addr;
+            let path = path.to_owned();
+            tasks.spawn(async move {
+                // One client per task: one keep-alive connection.
+                let client = http1_client();
+                let mut shots = Vec::with_capacity(per_connection);
+                for _ in 0..per_connection {
+                    let started = Instant::now();
+                    let req = build(addr, Method::GET, &path, &[], Bytes::new());
+                    let (status, _, _) = send(&client, req).await;
+                    shots.push(Shot {
+                        started,
+                        ended: Instant::now(),
+                        status,
+                    });
+                }
+                shots
+            });
+        }
+    }
+    let mut shots = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(mut s) => shots.append(&mut s),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    shots
+}
+
+/// Three sidecars on one Redis, one subject (every request comes from
+/// 127.0.0.1) hammered through all three at once: 3 × 8 connections × 50
+/// requests against a fixed window of 250 an hour, with the local
+/// over-limit cache off so every request is a Redis decision and leaves a
+/// record. Exactly 250 are admitted; every decision comes within its
+/// budget; and the subject's records stay bounded by the decisions of the
+/// last `dedupe_window`, each expiring within it, none left once it has
+/// passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_subject_from_three_sidecars_stays_within_budget_and_its_records_stay_bounded() {
+    const LIMIT: usize = 250;
+    const SIDECARS: usize = 3;
+    const CONNECTIONS: usize = 8;
+    const PER_CONNECTION: usize = 50;
+    const TOTAL: usize = SIDECARS * CONNECTIONS * PER_CONNECTION;
+    const BUDGET: Duration = Duration::from_millis(250);
+    const DEDUPE_WINDOW: Duration = Duration::from_secs(1);
+    // The margin over the budget. Three debug-build sidecars, Redis, the
+    // upstream and this load share two cores with the rest of the suite:
+    // a task can wait a few hundred milliseconds to run, after its
+    // deadline fired and before its answer is written. Server side, the
+    // decision histogram's next bucket above the budget (0.5 s) bounds
+    // every decision; client side, the answer also waits for this
+    // process's scheduling, so it gets a second more. A sluice that waited
+    // for Redis without a deadline (redis-rs's own default is 500 ms
+    // response plus 1 s connect, per attempt) would show up past both.
+    const DECISION_BOUND_LE: &str = "0.5";
+    const ANSWER_BOUND: Duration = Duration::from_millis(1250);
+
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = redis_yaml(
+        &upstream,
+        &redis.url(),
+        &format!("  hot: {{ algorithm: fixed-window, limit: {LIMIT}, window: 1h }}\n"),
+        "  - { name: hot, match: { path_prefix: /hot }, subject: client_ip, policy: hot }\n",
+    );
+    let yaml = yaml
+        .replace("  budget: 50ms\n", "  budget: 250ms\n  dedupe_window: 1s\n")
+        .replace(
+            "  deny_cache_entries: 100000\n",
+            "  deny_cache_entries: 0\n",
+        );
+    assert!(yaml.contains("budget: 250ms") && yaml.contains("deny_cache_entries: 0"));
+    let mut sidecars = Vec::new();
+    for _ in 0..SIDECARS {
+        sidecars.push(start_ready(&yaml).await);
+    }
+    let addrs: Vec<_> = sidecars.iter().map(Sidecar::addr).collect();
+    clear_of_window_edge(HOUR, Duration::from_secs(60)).await;
+
+    // Look at the records every 50 ms while the load runs.
+    let running = Arc::new(AtomicBool::new(true));
+    let looker = {
+        let running = running.clone();
+        let mut conn = redis.connection();
+        std::thread::spawn(move || {
+            let mut looks = Vec::new();
+            while running.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let keys = scan(&mut conn, RECORD_KEYS);
+                let ended = Instant::now();
+                looks.push(Look {
+                    started,
+                    ended,
+                    records: keys.len(),
+                    pttls: pttls(&mut conn, &keys),
+                });
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            looks
+        })
+    };
+    let shots = hammer(&addrs, "/hot/x", CONNECTIONS, PER_CONNECTION).await;
+    running.store(false, Ordering::SeqCst);
+    let looks = looker.join().expect("the looking thread");
+    let load_ended = shots.iter().map(|s| s.ended).max().expect("shots");
+
+    // Admitted: exactly the limit, at the upstream and in Redis.
+    let statuses: Vec<StatusCode> = shots.iter().map(|s| s.status).collect();
+    let ok = support::count(&statuses, StatusCode::OK);
+    let denied = support::count(&statuses, StatusCode::TOO_MANY_REQUESTS);
+    let failed = support::count(&statuses, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(ok + denied + failed, TOTAL, "only 200, 429 and 503");
+    assert_eq!(
+        failed, 0,
+        "no decision should fail here (a 503 may have charged the window)"
+    );
+    assert_eq!(ok, LIMIT, "admitted");
+    assert_eq!(upstream.count(), LIMIT, "forwarded == admitted");
+    let mut conn = redis.connection();
+    let state: Vec<String> = scan(&mut conn, ALL_KEYS)
+        .into_iter()
+        .filter(|k| !k.contains(":e:"))
+        .collect();
+    assert_eq!(state.len(), 1, "one subject, one state key: {state:?}");
+    let counted: usize = redis::cmd("HGET")
+        .arg(&state[0])
+        .arg("c1")
+        .query(&mut conn)
+        .expect("HGET c1");
+    assert_eq!(counted, LIMIT, "the window's count in Redis");
+
+    // Within the budget: server side and client side.
+    let mut decisions = 0.0;
+    for sluice in &sidecars {
+        let text = scrape(admin(sluice)).await;
+        let redis_store = [("store", "redis")];
+        let count = metric(
+            &text,
+            "sluice_decision_duration_seconds_count",
+            &redis_store,
+        )
+        .expect("the decision histogram");
+        let within = metric(
+            &text,
+            "sluice_decision_duration_seconds_bucket",
+            &[("store", "redis"), ("le", DECISION_BOUND_LE)],
+        )
+        .expect("the decision histogram's buckets");
+        assert_eq!(
+            within, count,
+            "decisions past budget + margin ({DECISION_BOUND_LE} s)"
+        );
+        decisions += count;
+    }
+    assert_eq!(decisions as usize, TOTAL, "one decision per request");
+    let mut latencies: Vec<Duration> = shots.iter().map(|s| s.ended - s.started).collect();
+    latencies.sort();
+    let worst = *latencies.last().expect("latencies");
+    assert!(
+        worst <= ANSWER_BOUND,
+        "an answer took {worst:?}, past budget {BUDGET:?} + margin"
+    );
+
+    // Records: bounded by the decisions that could have written one still
+    // alive while Redis was looked at, each living at most dedupe_window.
+    assert!(!looks.is_empty(), "no look at Redis during the load");
+    let slack = Duration::from_millis(10);
+    let mut peak = (0, 0);
+    for look in &looks {
+        let oldest_alive = look.started.checked_sub(DEDUPE_WINDOW + slack);
+        let could_write = shots
+            .iter()
+            .filter(|s| oldest_alive.is_none_or(|t| s.ended >= t) && s.started <= look.ended)
+            .count();
+        assert!(
+            look.records <= could_write,
+            "{} records, but only {could_write} decisions in the last {DEDUPE_WINDOW:?}",
+            look.records
+        );
+        let window_ms = DEDUPE_WINDOW.as_millis() as i64;
+        // 0: the record expires within this millisecond; -2: it is gone
+        // since SCAN listed it; -1 (no expiry) must never appear.
+        let wrong: Vec<_> = look
+            .pttls
+            .iter()
+            .filter(|t| **t != -2 && !(0..=window_ms).contains(*t))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "records without a TTL, or longer than dedupe_window: {wrong:?}"
+        );
+        peak = peak.max((look.records, could_write));
+    }
+    assert!(peak.0 > 0, "the pattern {RECORD_KEYS} matched no record");
+
+    // Once dedupe_window has passed after the last decision, none is left.
+    let cleared = eventually(DEDUPE_WINDOW + Duration::from_secs(2), || {
+        let records = scan(&mut conn, RECORD_KEYS).len();
+        async move { (records == 0).then(Instant::now) }
+    })
+    .await;
+    let load_time = load_ended - shots.iter().map(|s| s.started).min().expect("shots");
+    eprintln!(
+        "hot subject: {TOTAL} requests in {load_time:?}, {ok} admitted, {denied} denied; \
+         latency p50 {:?} p99 {:?} max {worst:?}; {} looks at Redis, peak {} records (bound {}); \
+         none left {:?} after the last answer",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() * 99 / 100],
+        looks.len(),
+        peak.0,
+        peak.1,
+        cleared - load_ended,
     );
 }

@@ -116,10 +116,16 @@ impl FakeWallClock {
 
 /// How far sluice's wall clock is from the real one, in whole seconds, read
 /// from the timestamp of the next log line it writes: a denied
-/// request on `/spent` is logged (at most 5 a second per route).
+/// request on `/spent` (spent by then) is logged (at most 5 a second per
+/// route).
 async fn offset_seen(sluice: &Sidecar, tally: &mut Tally) -> Option<i64> {
     let before = sluice.logs().len();
-    tally.get(sluice, "/spent/x").await;
+    // Only called once `/spent` is spent: every probe must be denied.
+    assert_eq!(
+        tally.get(sluice, "/spent/x").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the spent window was refilled"
+    );
     tokio::time::sleep(Duration::from_millis(30)).await;
     let logs = sluice.logs();
     let line = logs[before..]

@@ -14,6 +14,8 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # slowhttptest runs slowloris and slow-body attacks against sluice.
 command -v slowhttptest >/dev/null 2>&1 || missing+=(slowhttptest)
+# faketime (libfaketime) steps the wall clock under a running sluice.
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -24,6 +26,7 @@ command -v redis-server >/dev/null
 command -v redis-cli >/dev/null
 command -v promtool >/dev/null
 command -v slowhttptest >/dev/null
+command -v faketime >/dev/null
 
 echo "== cargo tests"
 if cargo nextest --version >/dev/null 2>&1; then

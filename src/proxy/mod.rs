@@ -17,7 +17,7 @@
 
 mod body;
 mod forward;
-mod headers;
+pub(crate) mod headers;
 mod overrides;
 pub mod respond;
 mod service;

@@ -353,9 +353,10 @@ fn sf_integer(n: u64) -> u64 {
     n.min(SF_INTEGER_MAX)
 }
 
-/// Whole seconds, rounded up.
+/// Whole seconds, rounded up. Saturating: `Duration::MAX` has a fraction
+/// on top of `u64::MAX` seconds.
 fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// `Retry-After` is at least one second: `0` would invite an immediate

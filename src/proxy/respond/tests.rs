@@ -118,6 +118,16 @@ fn bucket_windows_and_short_windows_round_up() {
 }
 
 #[test]
+fn seconds_round_up_without_overflowing() {
+    assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+    assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+    // Found by the `ratelimit_fields` fuzz target: an overflow panic.
+    assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+    let max = policy("max", Bands::FixedWindow(vec![window(1, Duration::MAX)]));
+    assert_eq!(policy_value(&max), r#""max";q=1;w=999999999999999"#);
+}
+
+#[test]
 fn integers_stay_within_fifteen_digits() {
     let long = policy(
         "long",

@@ -123,7 +123,7 @@ fn sf_integer(n: u64) -> u64 {
 }
 
 fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 fuzz_target!(|input: Input| {

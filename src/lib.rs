@@ -33,3 +33,13 @@ pub mod server;
 pub mod store;
 pub mod subject;
 pub mod telemetry;
+
+/// Internals the fuzz targets (`fuzz/`) drive directly, re-exported so they
+/// can stay private to the crate otherwise. Not a stable interface.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::proxy::headers::{
+        check_connection, check_head, check_identity_headers, Invalid,
+    };
+    pub use crate::store::redis::reply::{decode as decode_reply, Malformed, Reply};
+}

@@ -221,7 +221,7 @@ fn valid_host(value: &[u8]) -> bool {
         },
     };
     let host_ok = !host.is_empty()
-        && host.iter().all(|&b| {
+        && host.iter().enumerate().all(|(i, &b)| {
             b.is_ascii_alphanumeric()
                 || matches!(
                     b,
@@ -239,8 +239,14 @@ fn valid_host(value: &[u8]) -> bool {
                         | b','
                         | b';'
                         | b'='
-                        | b'%'
                 )
+                // Only as `pct-encoded`, `%` and two hex digits: the two
+                // digits are then checked as alphanumerics. A bare `%` is
+                // no host an app can parse back.
+                || (b == b'%'
+                    && host
+                        .get(i + 1..i + 3)
+                        .is_some_and(|e| e.iter().all(u8::is_ascii_hexdigit)))
         });
     let port_ok = match port {
         None => true,

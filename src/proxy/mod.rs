@@ -22,7 +22,7 @@
 
 mod body;
 mod forward;
-mod headers;
+pub(crate) mod headers;
 mod log_budget;
 pub(crate) mod metrics;
 mod overrides;

@@ -86,9 +86,11 @@ impl Prepared {
             dash,
             band,
             b"\";r=",
-            remaining.format(decision.remaining).as_bytes(),
+            remaining.format(sf_integer(decision.remaining)).as_bytes(),
             b";t=",
-            reset.format(ceil_secs(decision.reset_after)).as_bytes(),
+            reset
+                .format(sf_integer(ceil_secs(decision.reset_after)))
+                .as_bytes(),
         ]);
         HeaderValue::from_maybe_shared(value).ok()
     }
@@ -304,7 +306,11 @@ fn policy_value(policy: &Policy) -> String {
         }
         push_band_name(&mut out, policy, i, quotas.len());
         // A window under a second still has to be announced as one.
-        let _ = write!(out, ";q={quota};w={}", ceil_secs(*window).max(1));
+        let _ = write!(
+            out,
+            ";q={quota};w={}",
+            sf_integer(ceil_secs(*window).max(1))
+        );
     }
     out
 }
@@ -336,9 +342,21 @@ fn sf_string_inner(name: &str) -> String {
     out
 }
 
-/// Whole seconds, rounded up.
+/// The largest structured-field Integer (RFC 8941 §3.3.1: at most 15
+/// digits). A larger number makes the whole field unparseable, so it is
+/// announced as this one: a remaining count or a wait this large means
+/// "more than a client will ever use" either way. `remaining` comes from
+/// the store's reply, which is only known to be a non-negative `i64`.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+fn sf_integer(n: u64) -> u64 {
+    n.min(SF_INTEGER_MAX)
+}
+
+/// Whole seconds, rounded up. Saturating: `Duration::MAX` has a fraction
+/// on top of `u64::MAX` seconds.
 fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// `Retry-After` is at least one second: `0` would invite an immediate

@@ -18,7 +18,7 @@
 mod call;
 mod connect;
 mod pool;
-mod reply;
+pub(crate) mod reply;
 mod scripts;
 mod stats;
 

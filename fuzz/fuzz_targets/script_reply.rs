@@ -1,0 +1,124 @@
+//! The script reply decoder: any `redis::Value` tree → a reply only when it
+//! has exactly the shape `lua/README.md` documents, checked against an
+//! independent reading of that contract.
+#![no_main]
+
+use std::time::Duration;
+
+use arbitrary::{Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use redis::Value;
+use sluice::fuzzing::{decode_reply, Reply};
+
+/// A reply as a script could send it: most inputs become an eight-integer
+/// array of small numbers (the interesting region), the rest any tree.
+fn reply(u: &mut Unstructured<'_>) -> arbitrary::Result<Value> {
+    if u.ratio(3, 4)? {
+        let len = if u.ratio(7, 8)? {
+            8
+        } else {
+            u.int_in_range(0..=10)?
+        };
+        let fields = (0..len)
+            .map(|_| {
+                Ok(match u.int_in_range(0..=9)? {
+                    0 => Value::Int(i64::arbitrary(u)?),
+                    1 => value(u, 2)?,
+                    _ => Value::Int(u.int_in_range(-1..=3)?),
+                })
+            })
+            .collect::<arbitrary::Result<Vec<_>>>()?;
+        Ok(Value::Array(fields))
+    } else {
+        value(u, 4)
+    }
+}
+
+fn value(u: &mut Unstructured<'_>, depth: u32) -> arbitrary::Result<Value> {
+    let kinds = if depth == 0 { 9 } else { 13 };
+    Ok(match u.int_in_range(0..=kinds)? {
+        0 => Value::Nil,
+        1 => Value::Int(i64::arbitrary(u)?),
+        2 => Value::BulkString(Vec::arbitrary(u)?),
+        3 => Value::SimpleString(String::arbitrary(u)?),
+        4 => Value::Okay,
+        5 => Value::Double(f64::arbitrary(u)?),
+        6 => Value::Boolean(bool::arbitrary(u)?),
+        7 => Value::BigNumber(Vec::arbitrary(u)?),
+        8 | 9 => Value::Int(u.int_in_range(-1..=3)?),
+        10 => Value::Array(values(u, depth)?),
+        11 => Value::Set(values(u, depth)?),
+        12 => Value::Map(
+            values(u, depth)?
+                .chunks_exact(2)
+                .map(|kv| (kv[0].clone(), kv[1].clone()))
+                .collect(),
+        ),
+        _ => Value::Attribute {
+            data: Box::new(value(u, depth - 1)?),
+            attributes: Vec::new(),
+        },
+    })
+}
+
+fn values(u: &mut Unstructured<'_>, depth: u32) -> arbitrary::Result<Vec<Value>> {
+    let len = u.int_in_range(0..=9)?;
+    (0..len).map(|_| value(u, depth - 1)).collect()
+}
+
+/// `lua/README.md`, read again: an array of exactly eight non-negative
+/// integers `{version=1, outcome, remaining, reset_after_us,
+/// retry_after_us, band, replayed, skew_us}`.
+fn expected(value: &Value, bands: usize) -> Option<Reply> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let fields: Vec<u64> = items
+        .iter()
+        .map(|v| match v {
+            Value::Int(n) if *n >= 0 => Some(*n as u64),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let [version, outcome, remaining, reset_after, retry_after, band, replayed, skew] =
+        <[u64; 8]>::try_from(fields).ok()?;
+    if version != 1 || replayed > 1 {
+        return None;
+    }
+    if outcome == 2 {
+        return Some(Reply::ClockUnsafe { skew });
+    }
+    let allowed = match outcome {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    if band >= bands as u64 || allowed != (retry_after == 0) {
+        return None;
+    }
+    Some(Reply::Decided {
+        decision: sluice::limit::Decision {
+            allowed,
+            band: band as usize,
+            remaining,
+            reset_after: Duration::from_micros(reset_after),
+            retry_after: Duration::from_micros(retry_after),
+            approximate: false,
+        },
+        replayed: replayed == 1,
+        skew,
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let (Ok(bands), Ok(value)) = (u.int_in_range(0..=4usize), reply(&mut u)) else {
+        return;
+    };
+    let decoded = decode_reply(&value, bands, false);
+    match (&decoded, expected(&value, bands)) {
+        (Ok(got), Some(want)) => assert_eq!(*got, want, "{value:?}"),
+        (Err(_), None) => {}
+        (got, want) => panic!("decoded {got:?}, the contract says {want:?}, for {value:?}"),
+    }
+});

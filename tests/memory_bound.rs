@@ -18,9 +18,9 @@ use support::{clear_of_window_edge, get, Sidecar, Upstream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-/// (50 MiB − the 48 MiB reserve) ÷ 256 bytes: 8,192 subjects.
+/// (50 MiB − the 48 MiB reserve) ÷ 320 bytes: 6,553 subjects.
 const LIMIT_BYTES: u64 = 50 << 20;
-const EXPECTED_ENTRIES: u64 = 8_192;
+const EXPECTED_ENTRIES: u64 = 6_553;
 
 /// A memory cgroup made for one test, removed on drop (after the process
 /// in it has gone).

@@ -4,7 +4,7 @@ Redis: what each one costs, and that every one of them expires.
 
     python3 bench/cardinality.py [--sluice target/release/sluice] [--subjects N] [--window S] [--keep]
 
-CARD_SUBJECTS (default 1,000,000) and CARD_WINDOW (seconds, default 180)
+CARD_SUBJECTS (default 1,000,000) and CARD_WINDOW (seconds, default 300)
 set the figures. Two sluice (release build, `server.workers: 1`) in front of
 nginx `return 200`: one on the memory store (`max_entries` twice the
 subjects), one on a redis-server started here. Each gets N requests, every
@@ -131,10 +131,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
     ap.add_argument("--subjects", type=int, default=int(os.environ.get("CARD_SUBJECTS", "1000000")))
-    ap.add_argument("--window", type=int, default=int(os.environ.get("CARD_WINDOW", "180")))
+    ap.add_argument("--window", type=int, default=int(os.environ.get("CARD_WINDOW", "300")))
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
+    ap.add_argument("--render", metavar="JSON", help="only re-render the report of a saved result")
     args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            md = markdown(json.load(f))
+        with open(os.path.join(os.path.dirname(os.path.abspath(args.render)), "cardinality.md"), "w") as f:
+            f.write(md)
+        print(md)
+        return
     if not os.access(args.sluice, os.X_OK):
         raise SystemExit(f"cardinality: no sluice binary at {args.sluice} (cargo build --release)")
 
@@ -299,12 +307,20 @@ def markdown(res):
                  f"{_mb(m['rss_before_kb'])} → {_mb(m['rss_after_kb'])} | **{m['rss_per_subject_bytes']:.0f} B** of "
                  f"sluice RSS |")
     rb, ra = r["redis_before"], r["redis_after"]
-    lines.append(f"| redis | {ld(rl)} | {_n(ra['dbsize'])} keys (`DBSIZE`, {r['keys_per_subject']} per subject) | "
+    keys = ra["dbsize"] - rb["dbsize"]
+    grown = ra["used_memory"] - rb["used_memory"]
+    per_subject = grown / (st["subjects"] + 1)
+    lines.append(f"| redis | {ld(rl)} | {_n(keys)} keys (`DBSIZE`) | "
                  f"{_mb(r['rss_before_kb'])} → {_mb(r['rss_after_kb'])} (sluice holds no subject) | "
-                 f"**{r['used_memory_per_subject_bytes']:.0f} B** of Redis `used_memory` "
-                 f"({_bytes(rb['used_memory'])} → {_bytes(ra['used_memory'])}) |")
-    lines += ["", "Redis is read once the retry records (`store.dedupe_window`, 5 s) have expired, so the keys "
-              "left are the subjects' state. Past the N-th request wrk repeats one subject until it is stopped "
+                 f"**{per_subject:.0f} B** of Redis `used_memory` ({_bytes(rb['used_memory'])} → "
+                 f"{_bytes(ra['used_memory'])}; {grown / max(1, keys):.0f} B per key) |")
+    extra = keys - (st["subjects"] + 1)
+    lines += ["", "Redis is read 7 s after the load, when the retry records (`<state key>:e:<id>`, one per "
+              "evaluation, `PX` 5 s: `store.dedupe_window`) have all expired. Expired is not yet reclaimed: "
+              "Redis's active expiry samples keys with a TTL, and with the live state keys among them "
+              f"it finds few expired ones per sample, so {_n(extra)} records beyond the {st['subjects'] + 1:,} "
+              "state keys were still counted (and in `used_memory`); they go as the sampling finds them. The "
+              "per-subject figure includes them: an upper bound. Past the N-th request wrk repeats one subject until it is stopped "
               "(its 429s above), so exactly N + 1 subjects are sent.", "", "## Expiry", ""]
     ttl = st["ttl_s"]
 
@@ -328,7 +344,7 @@ def markdown(res):
     ok_m = (m["subjects_after"] or 0) >= n
     lines.append(f"| distinct subjects live at once, memory | {n:,} | {_n(m['subjects_after'])} | "
                  f"{'met' if ok_m else 'missed'} |")
-    ok_r = ra["dbsize"] - rb["dbsize"] >= n
+    ok_r = ra["dbsize"] - rb["dbsize"] >= n + 1
     lines.append(f"| distinct subjects live at once, Redis | {n:,} keys | {_n(ra['dbsize'] - rb['dbsize'])} | "
                  f"{'met' if ok_r else 'missed'} |")
     lines.append(f"| every key expires, memory | gauge 0 shortly after the TTL | "
@@ -338,7 +354,7 @@ def markdown(res):
                  f"{'%+.1f s' % r['zero_after_ttl_s'] if r['zero_after_ttl_s'] is not None else 'not 0'} | "
                  f"{'met' if r['zero_after_ttl_s'] is not None else 'missed'} |")
     lines.append(f"| memory per subject | reported | sluice RSS {m['rss_per_subject_bytes']:.0f} B; Redis "
-                 f"{r['used_memory_per_subject_bytes']:.0f} B | reported |")
+                 f"{per_subject:.0f} B (at most) | reported |")
     lines.append("")
     return "\n".join(lines)
 

@@ -78,16 +78,20 @@ def redis_figures(port):
         r.close()
 
 
-def load(procs, workdir, server, n, tag):
-    """N requests with N new subjects; the wrk result and how long it took."""
+def load(procs, workdir, server, n, tag, distinct_until_stopped=False):
+    """N requests with N new subjects; the wrk result and how long it took.
+    With `distinct_until_stopped` every request has a new subject until N
+    were allowed (a 503 from an open breaker writes no key)."""
     prefix = "%08x" % random.getrandbits(32)
     argv = ["wrk", "-t1", f"-c{CONNS}", "-d900s", "--timeout=5s", "-s", os.path.join(soak.WRK_DIR, "subjects.lua"),
-            f"http://127.0.0.1:{server.port}/subjects", "--", "X-Subject", prefix, str(n),
+            f"http://127.0.0.1:{server.port}/subjects", "--", "X-Subject", prefix,
+            "0" if distinct_until_stopped else str(n),
             str(random.getrandbits(24))]
     logf = os.path.join(workdir, f"wrk-{tag}.log")
     def decided():
         try:
-            return soak.metric_sum(soak.scrape(server.admin_port), "sluice_requests_total", route="subjects")
+            return soak.metric_sum(soak.scrape(server.admin_port), "sluice_requests_total", route="subjects",
+                                   outcome="allowed")
         except OSError:
             return 0
 
@@ -95,8 +99,8 @@ def load(procs, workdir, server, n, tag):
     t0 = time.monotonic()
     proc = procs.start(f"wrk-{tag}", argv, CPU_REST, logf)
     try:
-        # Past the N-th request wrk repeats one subject; stop it once
-        # sluice has decided N (SIGINT: wrk prints its counts and ends).
+        # Stop once N subjects were allowed (their keys written; a 503 from
+        # an open breaker writes none), SIGINT: wrk prints its counts and ends.
         while proc.poll() is None and time.monotonic() - t0 < 900:
             if decided() - start >= n:
                 break
@@ -135,6 +139,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
     ap.add_argument("--render", metavar="JSON", help="only re-render the report of a saved result")
+    ap.add_argument("--redis-only", metavar="JSON",
+                    help="run the Redis store only; the memory store's figures come from this saved result")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -202,32 +208,40 @@ def session(procs, workdir, args):
                         "connections": CONNS, "budget_ms": harness.BUDGET_MS,
                         "pinning": {"sluice_cpu": harness.CPU_PROXY, "load_upstream_redis_cpu": CPU_REST}}}
 
-    # Memory store.
-    warm(mem)
-    time.sleep(2)
-    m = {"rss_before_kb": tools.rss_kb(mem.pid), "subjects_before": subjects_gauge(mem.admin_port)}
-    log(f"memory store: {n:,} subjects")
-    m["load"] = load(procs, workdir, mem, n, "memory")
-    mem_end = time.monotonic()
-    time.sleep(2)  # the gauge is set by the sweeper, once a second
-    m["rss_after_kb"] = tools.rss_kb(mem.pid)
-    m["subjects_after"] = subjects_gauge(mem.admin_port)
-    live = max(1, (m["subjects_after"] or 0) - (m["subjects_before"] or 0))
-    m["rss_per_subject_bytes"] = round((m["rss_after_kb"] - m["rss_before_kb"]) * 1024 / live, 1)
-    log(f"  {m['subjects_after']:,} subjects, RSS {m['rss_before_kb']} → {m['rss_after_kb']} kB")
+    if args.redis_only:
+        with open(args.redis_only) as f:
+            saved = json.load(f)
+        m = saved["memory"]
+        out["memory_from"] = saved.get("generated_at")
+        mem_end = None  # nothing to poll
+    else:
+        # Memory store.
+        warm(mem)
+        time.sleep(2)
+        m = {"rss_before_kb": tools.rss_kb(mem.pid), "subjects_before": subjects_gauge(mem.admin_port)}
+        log(f"memory store: {n:,} subjects")
+        m["load"] = load(procs, workdir, mem, n, "memory")
+        mem_end = time.monotonic()
+        time.sleep(2)  # the gauge is set by the sweeper, once a second
+        m["rss_after_kb"] = tools.rss_kb(mem.pid)
+        m["subjects_after"] = subjects_gauge(mem.admin_port)
+        live = max(1, (m["subjects_after"] or 0) - (m["subjects_before"] or 0))
+        m["rss_per_subject_bytes"] = round((m["rss_after_kb"] - m["rss_before_kb"]) * 1024 / live, 1)
+        log(f"  {m['subjects_after']:,} subjects, RSS {m['rss_before_kb']} → {m['rss_after_kb']} kB")
 
     # Redis.
     warm(red)
     time.sleep(DEDUPE_S + 2)
     r = {"rss_before_kb": tools.rss_kb(red.pid), "redis_before": redis_figures(redis_srv.port)}
     log(f"redis store: {n:,} subjects")
-    r["load"] = load(procs, workdir, red, n, "redis")
+    r["load"] = load(procs, workdir, red, n, "redis", distinct_until_stopped=True)
     red_end = time.monotonic()
     time.sleep(DEDUPE_S + 2)  # retry records gone: what is left is the subjects' state
     r["rss_after_kb"] = tools.rss_kb(red.pid)
     r["redis_after"] = redis_figures(redis_srv.port)
     keys = r["redis_after"]["dbsize"] - r["redis_before"]["dbsize"]
     r["keys_per_subject"] = round(keys / (n + 1), 3)
+    r["allowed"] = r["load"]["statuses"].get("200", 0)
     r["used_memory_per_subject_bytes"] = round(
         (r["redis_after"]["used_memory"] - r["redis_before"]["used_memory"]) / max(1, keys), 1)
     log(f"  DBSIZE {r['redis_after']['dbsize']:,}, used_memory {r['redis_before']['used_memory']} → "
@@ -236,8 +250,12 @@ def session(procs, workdir, args):
     # Expiry: poll both every second until empty, up to EXPIRY_POLL_S past
     # the TTL (counted from the end of each store's load: the last write).
     log(f"waiting for expiry: TTL {ttl} s after each subject's write")
-    m["expiry"], r["expiry"] = [], []
-    m_zero = r_zero = None
+    r["expiry"] = []
+    r_zero = None
+    if mem_end is None:
+        m_zero = m["zero_after_ttl_s"]
+    else:
+        m["expiry"], m_zero = [], None
     deadline = red_end + ttl + EXPIRY_POLL_S
     while time.monotonic() < deadline and (m_zero is None or r_zero is None):
         now = time.monotonic()
@@ -252,8 +270,10 @@ def session(procs, workdir, args):
             if d == 0:
                 r_zero = round(now - red_end - ttl, 1)
         time.sleep(1)
-    m["zero_after_ttl_s"], r["zero_after_ttl_s"] = m_zero, r_zero
-    m["rss_expired_kb"] = tools.rss_kb(mem.pid)
+    r["zero_after_ttl_s"] = r_zero
+    if mem_end is not None:
+        m["zero_after_ttl_s"] = m_zero
+        m["rss_expired_kb"] = tools.rss_kb(mem.pid)
     r["redis_expired"] = redis_figures(redis_srv.port)
     r["rss_expired_kb"] = tools.rss_kb(red.pid)
     out["memory"], out["redis"] = m, r
@@ -290,7 +310,9 @@ def markdown(res):
         f"takes, so every subject is live when measured. Memory store with `max_entries: "
         f"{2 * st['subjects']:,}`. Whole run {res.get('elapsed_s', '—')} s.",
         "",
-        "Throughput depends on what else runs on the machine; memory figures do not.",
+        "Throughput depends on what else runs on the machine; memory figures do not."
+        + (f" The memory store's figures are from the run of {res['memory_from']} (`--redis-only` reran Redis)."
+           if res.get("memory_from") else ""),
         "",
         "## Cost per subject",
         "",
@@ -309,19 +331,24 @@ def markdown(res):
     rb, ra = r["redis_before"], r["redis_after"]
     keys = ra["dbsize"] - rb["dbsize"]
     grown = ra["used_memory"] - rb["used_memory"]
-    per_subject = grown / (st["subjects"] + 1)
+    # Subjects with a key: every allowed answer was a new subject (a 503
+    # from an open breaker wrote none).
+    with_keys = r.get("allowed") or (st["subjects"] + 1)
+    per_subject = grown / with_keys
     lines.append(f"| redis | {ld(rl)} | {_n(keys)} keys (`DBSIZE`) | "
                  f"{_mb(r['rss_before_kb'])} → {_mb(r['rss_after_kb'])} (sluice holds no subject) | "
                  f"**{per_subject:.0f} B** of Redis `used_memory` ({_bytes(rb['used_memory'])} → "
                  f"{_bytes(ra['used_memory'])}; {grown / max(1, keys):.0f} B per key) |")
-    extra = keys - (st["subjects"] + 1)
+    extra = keys - with_keys
     lines += ["", "Redis is read 7 s after the load, when the retry records (`<state key>:e:<id>`, one per "
               "evaluation, `PX` 5 s: `store.dedupe_window`) have all expired. Expired is not yet reclaimed: "
               "Redis's active expiry samples keys with a TTL, and with the live state keys among them "
-              f"it finds few expired ones per sample, so {_n(extra)} records beyond the {st['subjects'] + 1:,} "
+              f"it finds few expired ones per sample, so {_n(extra)} records beyond the {with_keys:,} "
               "state keys were still counted (and in `used_memory`); they go as the sampling finds them. The "
-              "per-subject figure includes them: an upper bound. Past the N-th request wrk repeats one subject until it is stopped "
-              "(its 429s above), so exactly N + 1 subjects are sent.", "", "## Expiry", ""]
+              "per-subject figure includes them: an upper bound. Memory store: past the N-th request wrk repeats one "
+              "subject until it is stopped (its 429s above), so exactly N + 1 subjects are sent. Redis: every request "
+              "has a new subject until N were allowed (a 503 while the breaker is open writes no key), so the "
+              "subjects with a key are the allowed answers.", "", "## Expiry", ""]
     ttl = st["ttl_s"]
 
     def exp(name, zero, series, key):
@@ -344,8 +371,9 @@ def markdown(res):
     ok_m = (m["subjects_after"] or 0) >= n
     lines.append(f"| distinct subjects live at once, memory | {n:,} | {_n(m['subjects_after'])} | "
                  f"{'met' if ok_m else 'missed'} |")
-    ok_r = ra["dbsize"] - rb["dbsize"] >= n + 1
-    lines.append(f"| distinct subjects live at once, Redis | {n:,} keys | {_n(ra['dbsize'] - rb['dbsize'])} | "
+    ok_r = with_keys >= n
+    lines.append(f"| distinct subjects live at once, Redis | {n:,} | {_n(with_keys)} with a key "
+                 f"({_n(keys)} keys in all) | "
                  f"{'met' if ok_r else 'missed'} |")
     lines.append(f"| every key expires, memory | gauge 0 shortly after the TTL | "
                  f"{'%+.1f s' % m['zero_after_ttl_s'] if m['zero_after_ttl_s'] is not None else 'not 0'} | "

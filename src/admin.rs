@@ -110,12 +110,23 @@ fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         },
         "/metrics" => {
             health.store.publish_metrics();
+            publish_runtime_metrics();
             Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
                 .body(Full::new(Bytes::from(crate::telemetry::render_metrics())))
                 .unwrap_or_default()
         }
         _ => json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.into()),
+    }
+}
+
+/// The runtime's live task count, read when scraped: the admin listener
+/// runs on the same runtime as the traffic it counts. A task that leaks
+/// (a connection never closed, a request never finished) shows here.
+fn publish_runtime_metrics() {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        metrics::gauge!(crate::telemetry::RUNTIME_ALIVE_TASKS)
+            .set(handle.metrics().num_alive_tasks() as f64);
     }
 }
 

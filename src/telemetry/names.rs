@@ -81,6 +81,7 @@ pub const CONFIG_REVISION: &str = "sluice_config_revision";
 pub const CONFIG_INFO: &str = "sluice_config_info";
 pub const BUILD_INFO: &str = "sluice_build_info";
 pub const CONNECTIONS_REFUSED: &str = "sluice_connections_refused_total";
+pub const RUNTIME_ALIVE_TASKS: &str = "sluice_runtime_alive_tasks";
 
 pub const ALL: &[Metric] = &[
     Metric::counter(REQUESTS, "Requests by route, policy and decision outcome."),
@@ -131,6 +132,10 @@ pub const ALL: &[Metric] = &[
         "Always 1; the version label says which sluice runs.",
     ),
     Metric::gauge(MEMORY_SUBJECTS, "Subjects tracked by the embedded store."),
+    Metric::gauge(
+        RUNTIME_ALIVE_TASKS,
+        "Tasks alive in the async runtime (connections, requests in flight, background work), read at each scrape.",
+    ),
     Metric::counter(
         CONNECTIONS_REFUSED,
         "Traffic connections closed at once because server.max_connections were open.",

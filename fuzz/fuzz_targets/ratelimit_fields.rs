@@ -11,7 +11,7 @@ use arbitrary::Arbitrary;
 use http::header::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use sfv::{BareItem, Integer, ListEntry, Parser, Version};
-use sluice::config::{Match, Route, SubjectSource};
+use sluice::route::{Match, Route, SubjectSource};
 use sluice::limit::{Bands, BucketBand, Decision, GcraBand, Policy, WindowBand};
 use sluice::proxy::respond::{add_ratelimit_headers, Prepared, RATELIMIT, RATELIMIT_POLICY};
 

@@ -20,7 +20,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TRANSFE
 use http::{Method, Uri, Version};
 use ipnet::IpNet;
 use libfuzzer_sys::fuzz_target;
-use sluice::config::SubjectSource;
+use sluice::route::SubjectSource;
 use sluice::fuzzing::{check_connection, check_head, check_identity_headers, Invalid};
 use sluice::path::{normalize, EscapedSlashes, PathParameters, PathRules};
 use sluice::subject::client_ip;

@@ -29,6 +29,7 @@ mod overrides;
 pub mod respond;
 mod runtime;
 mod service;
+pub mod explain;
 mod upgrade;
 mod upstream_head;
 mod upstream_timer;

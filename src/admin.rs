@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
 use http_body_util::LengthLimitError;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;

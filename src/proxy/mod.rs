@@ -21,6 +21,7 @@
 //! - `log_budget`: how many decisions a route may log a second.
 
 mod body;
+pub mod explain;
 mod forward;
 pub(crate) mod headers;
 mod log_budget;
@@ -29,7 +30,6 @@ mod overrides;
 pub mod respond;
 mod runtime;
 mod service;
-pub mod explain;
 mod upgrade;
 mod upstream_head;
 mod upstream_timer;

@@ -245,7 +245,12 @@ pub(super) fn prepare<'r>(
 
 /// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
 /// outcome must be decided here before sluice builds.
-pub(super) fn decide(outcome: Outcome, route: &Route, limited: &Limited, live: &Live) -> (Verdict, Action) {
+pub(super) fn decide(
+    outcome: Outcome,
+    route: &Route,
+    limited: &Limited,
+    live: &Live,
+) -> (Verdict, Action) {
     let (policy, store) = (&*limited.policy, &live.store);
     match outcome {
         Outcome::Allowed(decision) => {

@@ -218,7 +218,10 @@ async fn limit(
         id: EvaluationId::random(),
     };
     let outcome = store.peek(&evaluation).await;
-    out.insert("state".to_owned(), state(&outcome, policy, route.cost, store));
+    out.insert(
+        "state".to_owned(),
+        state(&outcome, policy, route.cost, store),
+    );
     let (verdict, action) = service::decide(outcome, route, limited, live);
     let status = match &action {
         Action::Respond(response) => response.status(),
@@ -328,7 +331,9 @@ fn unavailable(reason: Unavailable) -> &'static str {
             "not asked: the breaker is open, the budget was spent, or the memory store is full"
         }
         Unavailable::BeforeSend => "the store could not be reached",
-        Unavailable::ClockUnsafe => "the store's clock went back past store.redis.max_clock_regression",
+        Unavailable::ClockUnsafe => {
+            "the store's clock went back past store.redis.max_clock_regression"
+        }
     }
 }
 

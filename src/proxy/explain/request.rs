@@ -181,8 +181,8 @@ mod tests {
         // Explained as refusals (400), not refused as descriptions.
         let d = parse(r#"{"method": "get", "path": "/a/../../b"}"#).unwrap();
         assert_eq!(d.method.as_str(), "get");
-        let d = parse(r#"{"method":"GET","path":"/","headers":{"X-Key":"a","x-key":"b"}}"#)
-            .unwrap();
+        let d =
+            parse(r#"{"method":"GET","path":"/","headers":{"X-Key":"a","x-key":"b"}}"#).unwrap();
         assert_eq!(d.headers.get_all("x-key").iter().count(), 2);
     }
 
@@ -193,16 +193,28 @@ mod tests {
             ("[]", "not an explain request"),
             (r#"{"path": "/"}"#, "missing field `method`"),
             (r#"{"method": "GET"}"#, "missing field `path`"),
-            (r#"{"method": "GET", "path": "/", "body": "x"}"#, "unknown field `body`"),
+            (
+                r#"{"method": "GET", "path": "/", "body": "x"}"#,
+                "unknown field `body`",
+            ),
             (r#"{"method": 1, "path": "/"}"#, "invalid type"),
             (r#"{"method": "G T", "path": "/"}"#, "`method`"),
             (r#"{"method": "", "path": "/"}"#, "`method`"),
             (r#"{"method": "GET", "path": ""}"#, "`path` is empty"),
             (r#"{"method": "GET", "path": "/a b"}"#, "`path`"),
-            (r#"{"method":"GET","path":"/","headers":{"a b":"1"}}"#, "not a header name"),
-            (r#"{"method":"GET","path":"/","headers":{"a":1}}"#, "not an explain request"),
+            (
+                r#"{"method":"GET","path":"/","headers":{"a b":"1"}}"#,
+                "not a header name",
+            ),
+            (
+                r#"{"method":"GET","path":"/","headers":{"a":1}}"#,
+                "not an explain request",
+            ),
             (r#"{"method":"GET","path":"/","peer":"nowhere"}"#, "`peer`"),
-            (r#"{"method":"GET","path":"/","peer":"10.0.0.300"}"#, "`peer`"),
+            (
+                r#"{"method":"GET","path":"/","peer":"10.0.0.300"}"#,
+                "`peer`",
+            ),
         ] {
             let message = error(body);
             assert!(message.contains(says), "{body}: {message}");

@@ -1,5 +1,5 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics`. Its own port,
-//! never the traffic port.
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`, and `POST
+//! /explain` (`proxy::explain`). Its own port, never the traffic port.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::LengthLimitError;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::proxy::SharedRuntime;
+use crate::proxy::{explain, SharedRuntime};
 use crate::server::accept::AcceptErrors;
 use crate::store::Store;
 
@@ -81,7 +82,7 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let health = health.clone();
-                async move { Ok::<_, Infallible>(respond(&health, &req)) }
+                async move { Ok::<_, Infallible>(respond(&health, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -92,7 +93,20 @@ pub async fn serve(
     }
 }
 
-fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+async fn respond(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.uri().path() == "/explain" {
+        if req.method() != Method::POST {
+            let mut response = json(
+                StatusCode::METHOD_NOT_ALLOWED,
+                r#"{"error":"POST a request description to /explain"}"#.into(),
+            );
+            response
+                .headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+            return response;
+        }
+        return explain(health, req).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return json(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -118,6 +132,46 @@ fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         }
         _ => json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.into()),
     }
+}
+
+/// `POST /explain`: the body is read whole, up to
+/// [`explain::MAX_BODY`] and within [`EXPLAIN_BODY_TIMEOUT`], then
+/// explained under the configuration live now. The explanation itself is
+/// always 200, whatever it says a request would be answered.
+async fn explain(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let limited = Limited::new(req.into_body(), explain::MAX_BODY);
+    let body = match tokio::time::timeout(EXPLAIN_BODY_TIMEOUT, limited.collect()).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(error)) if error.is::<LengthLimitError>() => {
+            return error_json(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("the body is over {} bytes", explain::MAX_BODY),
+            )
+        }
+        Ok(Err(_)) => return error_json(StatusCode::BAD_REQUEST, "the body could not be read"),
+        Err(_) => {
+            return error_json(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive in time",
+            )
+        }
+    };
+    let described = match explain::Described::parse(&body) {
+        Ok(described) => described,
+        Err(bad) => return error_json(StatusCode::BAD_REQUEST, &bad.0),
+    };
+    let runtime = health.runtime.load_full();
+    let explained =
+        explain::explain(&runtime, explain::Source::Store(&health.store), &described).await;
+    json(StatusCode::OK, explained.to_string())
+}
+
+/// Long enough for any operator's client on any network; short enough
+/// that a body trickled in cannot hold a connection.
+const EXPLAIN_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn error_json(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    json(status, serde_json::json!({ "error": message }).to_string())
 }
 
 /// The runtime's live task count, read when scraped: the admin listener

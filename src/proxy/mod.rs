@@ -21,6 +21,7 @@
 //! - `log_budget`: how many decisions a route may log a second.
 
 mod body;
+pub mod explain;
 mod forward;
 pub(crate) mod headers;
 mod log_budget;

@@ -4,10 +4,11 @@
 //!
 //! The decision is made before any byte of the request goes upstream.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::uri::PathAndQuery;
-use http::{Request, Response, Uri};
+use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -16,7 +17,7 @@ use crate::limit::{Decision, Outcome};
 use crate::path;
 use crate::route::Route;
 use crate::store::{Evaluation, EvaluationId, Store};
-use crate::subject::{self, Pseudonym, UnreadableForwardedFor};
+use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::Body;
 use super::forward::{self, Upstream};
@@ -38,7 +39,7 @@ pub struct Proxy {
 }
 
 /// What the outcome asks of the request.
-enum Action {
+pub(super) enum Action {
     /// To the upstream; with a decision when its `RateLimit` fields are to
     /// be added to the response.
     Forward {
@@ -60,28 +61,24 @@ impl Proxy {
 
     pub async fn handle(&self, mut request: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let arrival = Instant::now();
-        let checked = headers::check_head(
-            request.method(),
-            request.version(),
-            request.uri(),
-            request.headers(),
-        );
-        if let Err(invalid) = checked {
-            return refuse(&invalid);
-        }
-
         // Loaded once: a reload mid-request does not change the rules it
         // is judged by.
         let runtime = self.runtime.load_full();
         let live = &*runtime.live;
-        let matched =
-            headers::check_identity_headers(request.headers(), runtime.routes.identity_headers())
-                .and_then(|()| {
-                    overrides::methods(request.method(), request.headers(), request.uri().query())
-                })
-                .and_then(|methods| route(&runtime, &methods, request.uri(), live));
-        let (matched, rewritten) = match matched {
-            Ok(found) => found,
+        let routed = prepare(
+            &runtime,
+            request.method(),
+            request.version(),
+            request.uri(),
+            request.headers(),
+            conn.peer.ip(),
+        );
+        let Routed {
+            matched,
+            rewritten,
+            subjects,
+        } = match routed {
+            Ok(routed) => routed,
             Err(invalid) => return refuse(&invalid),
         };
         // From here on the request carries the path that was matched, and
@@ -90,35 +87,12 @@ impl Proxy {
             *request.uri_mut() = uri;
         }
 
-        // Every subject is resolved before anything is charged, so a
-        // request refused for one route consumes nothing of another.
-        let mut subjects: [Option<Pseudonym>; MAX_METHODS] = Default::default();
-        for (entry, slot) in matched.iter().zip(subjects.iter_mut()) {
-            let route = entry.route;
-            if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
-                return refuse(&invalid);
-            }
-            if entry.limited.is_some() {
-                let resolved = subject::resolve(
-                    &route.subject,
-                    &route.name,
-                    conn.peer.ip(),
-                    request.headers(),
-                    &live.identity,
-                    &runtime.key,
-                );
-                match resolved {
-                    Ok((pseudonym, _)) => *slot = Some(pseudonym),
-                    Err(UnreadableForwardedFor) => return refuse(&Invalid::ForwardedFor),
-                }
-            }
-        }
-
         // Every route the request matched must let it through; the first
         // to refuse answers, and the ones after it are not charged.
         let mut ratelimit = None;
         for (entry, subject) in matched.iter().zip(&subjects) {
-            match self.check(entry, subject.as_ref(), live, arrival).await {
+            let subject = subject.as_ref().map(|(pseudonym, _)| pseudonym);
+            match self.check(entry, subject, live, arrival).await {
                 Ok(allowed) => ratelimit = ratelimit.or(allowed),
                 Err(response) => return response,
             }
@@ -213,9 +187,70 @@ impl Proxy {
     }
 }
 
+/// What the routing half found for a request: the routes it matched, the
+/// URI to forward when normalization changed the path, and the subject of
+/// each limited route, in the order of `matched`.
+pub(super) struct Routed<'r> {
+    pub matched: Matched<'r>,
+    pub rewritten: Option<Uri>,
+    pub subjects: [Option<(Pseudonym, Resolved)>; MAX_METHODS],
+}
+
+/// Everything a request goes through before a store is asked: the head
+/// checks, the identity headers, the methods it may run as, the path
+/// normalized and routed, and every subject resolved. The proxy and
+/// `POST /explain` both call it, so an explanation follows the very rules
+/// a request is judged by.
+pub(super) fn prepare<'r>(
+    runtime: &'r Runtime,
+    method: &Method,
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+    peer: IpAddr,
+) -> Result<Routed<'r>, Invalid> {
+    headers::check_head(method, version, uri, headers)?;
+    let live = &*runtime.live;
+    headers::check_identity_headers(headers, runtime.routes.identity_headers())?;
+    let methods = overrides::methods(method, headers, uri.query())?;
+    let (matched, rewritten) = route(runtime, &methods, uri, live)?;
+
+    // Every subject is resolved before anything is charged, so a
+    // request refused for one route consumes nothing of another.
+    let mut subjects: [Option<(Pseudonym, Resolved)>; MAX_METHODS] = Default::default();
+    for (entry, slot) in matched.iter().zip(subjects.iter_mut()) {
+        let route = entry.route;
+        headers::check_connection(headers, &route.subject)?;
+        if entry.limited.is_some() {
+            let resolved = subject::resolve(
+                &route.subject,
+                &route.name,
+                peer,
+                headers,
+                &live.identity,
+                &runtime.key,
+            );
+            match resolved {
+                Ok(found) => *slot = Some(found),
+                Err(UnreadableForwardedFor) => return Err(Invalid::ForwardedFor),
+            }
+        }
+    }
+    Ok(Routed {
+        matched,
+        rewritten,
+        subjects,
+    })
+}
+
 /// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
 /// outcome must be decided here before sluice builds.
-fn decide(outcome: Outcome, route: &Route, limited: &Limited, live: &Live) -> (Verdict, Action) {
+pub(super) fn decide(
+    outcome: Outcome,
+    route: &Route,
+    limited: &Limited,
+    live: &Live,
+) -> (Verdict, Action) {
     let (policy, store) = (&*limited.policy, &live.store);
     match outcome {
         Outcome::Allowed(decision) => {
@@ -257,12 +292,12 @@ fn fail(failure: Failure, limited: &Limited, store: &config::StoreLive) -> (Verd
 
 /// The routes a request matched: one per distinct route its methods
 /// found, the wire method's first. Nothing is allocated.
-struct Matched<'r> {
+pub(super) struct Matched<'r> {
     entries: [Option<Entry<'r>>; MAX_METHODS],
 }
 
 impl<'r> Matched<'r> {
-    fn iter(&self) -> impl Iterator<Item = Entry<'r>> + '_ {
+    pub(super) fn iter(&self) -> impl Iterator<Item = Entry<'r>> + '_ {
         self.entries.iter().flatten().copied()
     }
 
@@ -323,6 +358,12 @@ fn with_path(uri: &Uri, path: &str) -> Uri {
 fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
     request_refused(invalid.label());
+    refusal(invalid)
+}
+
+/// The answer to a request refused before any decision; counted by the
+/// caller (an explanation builds it without counting it).
+pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
     match invalid {
         Invalid::TransferCoding => respond::closing(respond::not_implemented(invalid.reason())),
         Invalid::Connect => respond::not_implemented(invalid.reason()),

@@ -74,6 +74,16 @@ impl Store {
         }
     }
 
+    /// What `evaluation` would be answered now, charging nothing and
+    /// writing nothing (for `POST /explain`). The local over-limit cache
+    /// is not consulted: it only repeats a denial the store would give.
+    pub async fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        match self {
+            Store::Memory(store) => store.peek(evaluation),
+            Store::Redis(store, _) => Box::pin(store.peek(evaluation)).await,
+        }
+    }
+
     /// The `store` label of metrics.
     pub fn kind(&self) -> &'static str {
         match self {

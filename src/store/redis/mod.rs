@@ -124,6 +124,12 @@ impl RedisStore {
         self.inner.evaluate(evaluation).await
     }
 
+    /// What `evaluation` would be answered now, charging nothing: the
+    /// policy's read-only script (see `scripts`), run like any other.
+    pub async fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        self.inner.peek(evaluation).await
+    }
+
     /// Makes the scripts of `policies` (a configuration just loaded) and
     /// loads those not seen before, in the background: their first
     /// requests then need no `NOSCRIPT` round.
@@ -185,6 +191,45 @@ impl Inner {
         let (outcome, health) = inner.decide(&request).await;
         permit.report(health, Instant::now());
         outcome
+    }
+}
+
+impl Inner {
+    async fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        let policy = evaluation.policy;
+        if evaluation.cost == 0 || evaluation.cost > policy.max_cost() {
+            return Outcome::Incompatible(Incompatible::CostAboveMaximum);
+        }
+        let now = Instant::now();
+        if evaluation.deadline <= now {
+            return Outcome::Unavailable(Unavailable::AdmissionRejected);
+        }
+        // Real requests are refused while the breaker is; but a peek takes
+        // no permit and reports nothing: it must neither take the probe
+        // real traffic brings nor open the breaker by itself.
+        if !self.breaker.admits(now) {
+            return Outcome::Unavailable(Unavailable::AdmissionRejected);
+        }
+        let (script, made) = self.scripts.peek(policy);
+        if made {
+            // Loaded outside the request's budget: that first load is the
+            // explanation's own cost, not something a request would wait
+            // for (request scripts are loaded at start). If it fails, the
+            // call below reloads it on NOSCRIPT like any script.
+            let loaded = tokio::time::timeout(PREPARE_TIMEOUT, self.load_one(&script)).await;
+            if !matches!(loaded, Ok(Ok(()))) {
+                tracing::debug!("redis: the read-only script loads on its first call");
+            }
+        }
+        let deadline = Instant::now() + (evaluation.deadline - now);
+        let request = Request {
+            script: &script,
+            cmd: scripts::evalsha(&script, self.scripts.common(), evaluation),
+            bands: policy.bands().len(),
+            approximate: !policy.algorithm().is_exact(),
+            deadline,
+        };
+        self.decide(&request).await.0
     }
 }
 

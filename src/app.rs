@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::admin::{self, Health};
 use crate::config::{Boot, Config, Live, StoreKind};
+use crate::proxy::fallback::Fallback;
 use crate::proxy::{Proxy, Runtime, SharedRuntime, Upstream};
 use crate::server;
 use crate::store::deny_cache::DenyCache;
@@ -184,6 +185,7 @@ impl Bound {
             self.store.clone(),
             upstream,
         ));
+        let fallback = spawn_fallback_upkeep(proxy.fallback().clone());
         let settings = server::Settings::from(&boot.server);
         let mut stop = stop_rx.clone();
         let traffic = tokio::spawn(server::serve(
@@ -205,9 +207,22 @@ impl Bound {
             admin.abort();
         }
         sweeper.abort();
+        fallback.abort();
         reloader.abort();
         tracing::info!("stopped");
     }
+}
+
+/// Once a second: the local fallback's expired state dropped and its time
+/// counted.
+fn spawn_fallback_upkeep(fallback: Arc<Fallback>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            fallback.tick();
+        }
+    })
 }
 
 /// Drops expired memory-store entries once a second, so idle subjects cost

@@ -238,23 +238,20 @@ fn local_fallback(
     policies: &policy::Policies,
 ) {
     let store_path = top.key("store");
-    let mut written: Vec<(KeyPath, At)> = Vec::new();
+    let mut written: Vec<KeyPath> = Vec::new();
     if store.is_some_and(|s| s.on_failure == OnFailure::Local) {
-        written.push((store_path.key("on_failure"), At::Value));
+        written.push(store_path.key("on_failure"));
     }
     for p in &policies.valid {
         if p.on_failure == Some(OnFailure::Local) {
-            written.push((
-                top.key("policies").key(&p.name).key("on_failure"),
-                At::Value,
-            ));
+            written.push(top.key("policies").key(&p.name).key("on_failure"));
         }
     }
     if kind == Some(sections::Kind::Memory) {
-        for (path, at) in &written {
+        for path in &written {
             cx.error(
                 path,
-                *at,
+                At::Value,
                 "`local` applies only to `kind: redis`: the memory store already decides in this sidecar",
             );
         }

@@ -59,8 +59,10 @@ enum Action {
 
 impl Proxy {
     pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
-        // Bounded as the embedded store would be: a process with a shared
-        // store has no other in-memory limiter state to share memory with.
+        // Bounded as the embedded store would be (a process with a shared
+        // store holds no other per-subject state of that size), with the
+        // default `ttl_grace`: local state is dropped when the store is
+        // back anyway.
         let fallback = Fallback::new(
             MemoryBound::resolve(None).entries(),
             std::time::Duration::from_secs(5),
@@ -242,7 +244,8 @@ impl Proxy {
     }
 }
 
-/// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
+/// The one place an [`Outcome`] becomes an action (a local fallback's
+/// outcome too, through [`decide_locally`]). No catch-all arm: a new
 /// outcome must be decided here before sluice builds.
 fn decide(
     outcome: Outcome,

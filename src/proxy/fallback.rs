@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use metrics::{Counter, Gauge};
 
+use super::log_budget::LogBudget;
 use super::respond;
 use crate::limit::{Incompatible, Outcome, Policy};
 use crate::store::memory::MemoryStore;
@@ -44,6 +45,10 @@ pub struct Fallback {
     /// Built on first use in an outage, dropped with the state.
     policies: Mutex<Vec<Shared>>,
     metrics: FallbackMetrics,
+    /// A store failing one call in a hundred enters and leaves the
+    /// fallback that often: a few lines a second say so, the counters say
+    /// how much.
+    log_budget: LogBudget,
 }
 
 #[derive(Default)]
@@ -79,6 +84,7 @@ impl Fallback {
                 seconds: metrics::counter!(STORE_FALLBACK_SECONDS),
                 entered: metrics::counter!(STORE_FALLBACKS),
             },
+            log_budget: LogBudget::default(),
         }
     }
 
@@ -123,6 +129,9 @@ impl Fallback {
         let dropped = self.store.clear();
         lock(&self.policies).clear();
         self.metrics.active.set(0.0);
+        if !self.log_budget.take(Instant::now()) {
+            return;
+        }
         tracing::info!(
             lasted_ms = u64::try_from(lasted.as_millis()).unwrap_or(u64::MAX),
             subjects_dropped = dropped,
@@ -142,6 +151,9 @@ impl Fallback {
         self.active.store(true, Ordering::Release);
         self.metrics.active.set(1.0);
         self.metrics.entered.increment(1);
+        if !self.log_budget.take(Instant::now()) {
+            return;
+        }
         tracing::warn!(
             "the store cannot decide: deciding locally, each quota divided by store.local_share"
         );

@@ -15,6 +15,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use crate::config::OnFailure;
+use crate::proxy::fallback::Fallback;
 use crate::proxy::{explain, SharedRuntime};
 use crate::server::accept::AcceptErrors;
 use crate::store::Store;
@@ -23,12 +25,15 @@ use crate::store::Store;
 pub struct Health {
     runtime: SharedRuntime,
     store: Arc<Store>,
+    /// The proxy's local fallback, which `POST /explain` reads.
+    fallback: Arc<Fallback>,
     shutting_down: AtomicBool,
 }
 
 impl Health {
-    pub fn new(runtime: SharedRuntime, store: Arc<Store>) -> Health {
+    pub fn new(runtime: SharedRuntime, store: Arc<Store>, fallback: Arc<Fallback>) -> Health {
         Health {
+            fallback,
             runtime,
             store,
             shutting_down: AtomicBool::new(false),
@@ -41,17 +46,25 @@ impl Health {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
-    /// `Ok` when ready, else the reason.
-    pub fn readiness(&self) -> Result<(), &'static str> {
+    /// `Ok` when ready (with a note when ready although the store is
+    /// not answering), else the reason.
+    pub fn readiness(&self) -> Result<Option<&'static str>, &'static str> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err("shutting down");
         }
         // A runtime always holds a validated configuration.
-        let _ = self.runtime.load();
+        let runtime = self.runtime.load();
         if !self.store.ready() {
+            // Under `store.on_failure: local` this sidecar still decides
+            // every request; failing readiness would take every replica
+            // out of its Service at once in an outage, the very moment
+            // the fallback exists for.
+            if runtime.live.store.on_failure == OnFailure::Local {
+                return Ok(Some("store not answering: deciding locally"));
+            }
             return Err("store not answering");
         }
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -116,7 +129,11 @@ async fn respond(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes
     match req.uri().path() {
         "/healthz" => json(StatusCode::OK, r#"{"status":"alive"}"#.into()),
         "/readyz" => match health.readiness() {
-            Ok(()) => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+            Ok(None) => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+            Ok(Some(note)) => json(
+                StatusCode::OK,
+                serde_json::json!({"status": "ready", "store": note}).to_string(),
+            ),
             Err(why) => json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 serde_json::json!({"status": "not ready", "reason": why}).to_string(),
@@ -161,8 +178,12 @@ async fn explain(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes
         Err(bad) => return error_json(StatusCode::BAD_REQUEST, &bad.0),
     };
     let runtime = health.runtime.load_full();
-    let explained =
-        explain::explain(&runtime, explain::Source::Store(&health.store), &described).await;
+    let explained = explain::explain(
+        &runtime,
+        explain::Source::Store(&health.store, &health.fallback),
+        &described,
+    )
+    .await;
     json(StatusCode::OK, explained.to_string())
 }
 

@@ -409,3 +409,50 @@ async fn every_algorithm_is_explained_on_redis_by_a_user_that_may_not_eval() {
     let sluice = start_ready(&yaml).await;
     every_algorithm_reads_without_charging(&sluice).await;
 }
+
+#[tokio::test]
+async fn with_redis_down_and_on_failure_local_the_local_answer_is_explained_without_charging() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    // Limit 6 shared by two sidecars: 3 each while Redis is away.
+    let policies = "  login: { algorithm: fixed-window, limit: 6, window: 1h }\n";
+    let routes =
+        "  - { name: login, match: { path_prefix: /login }, subject: client_ip, policy: login }\n";
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
+        .replace("on_failure: deny", "on_failure: local\n  local_share: 2");
+    let sluice = start_ready(&yaml).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    drop(redis);
+
+    let described = from_loopback(login());
+    let explained = support::eventually(Duration::from_secs(5), || async {
+        let explained = explain(&sluice, &described).await;
+        (first_limit(&explained)["state"]["store"] == "unavailable").then_some(explained)
+    })
+    .await;
+    for _ in 0..2 {
+        let again = explain(&sluice, &described).await;
+        assert_eq!(again["answer"]["status"], 200, "{again}");
+        assert_eq!(again["answer"]["outcome"], "local_allowed", "{again}");
+    }
+    assert_eq!(
+        explained["answer"]["outcome"], "local_allowed",
+        "{explained}"
+    );
+
+    // The explanations took nothing of the local share: all three of it
+    // are left for real requests, and the fourth is denied here.
+    for n in 1..=3 {
+        let status = get(sluice.addr(), "/login", &[]).await.0;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "request {n} of the local share of 3"
+        );
+    }
+    let over = explain(&sluice, &described).await;
+    assert_eq!(over["answer"]["status"], 429, "{over}");
+    assert_eq!(over["answer"]["outcome"], "local_denied", "{over}");
+    let status = get(sluice.addr(), "/login", &[]).await.0;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+}

@@ -189,6 +189,7 @@ pub struct Store {
     pub kind: Option<Scalar>,
     pub budget: Option<Scalar>,
     pub on_failure: Option<Scalar>,
+    pub local_share: Option<Scalar>,
     pub failure_retry_after: Option<Scalar>,
     pub ttl_grace: Option<Scalar>,
     // memory
@@ -278,6 +279,7 @@ pub struct Policy {
     pub bands: Option<Vec<Params>>,
     pub shadow: Option<Scalar>,
     pub revision: Option<Scalar>,
+    pub on_failure: Option<Scalar>,
 }
 
 impl Policy {

@@ -16,12 +16,15 @@
 //!   table, per-route metric handles and prepared answers), swapped whole
 //!   on reload.
 //! - `body`: the boxed body type and the request-body idle timeout.
+//! - `fallback`: `on_failure: local`, deciding alone while the store
+//!   cannot, each quota divided by `store.local_share`.
 //! - `verdict`: what became of a request, the hook metrics attach to.
 //! - `metrics`: the proxy's metric handles (per route, verdict-indexed).
 //! - `log_budget`: how many decisions a route may log a second.
 
 mod body;
 pub mod explain;
+pub mod fallback;
 mod forward;
 pub(crate) mod headers;
 mod log_budget;

@@ -50,9 +50,7 @@ impl Prepared {
     pub fn new(route: &Route, policy: &Policy) -> Prepared {
         let (route, name) = (&*route.name, &*policy.name);
         Prepared {
-            // Built from printable ASCII only (see `push_band_name`).
-            policy_field: HeaderValue::from_str(&policy_value(policy))
-                .unwrap_or_else(|_| HeaderValue::from_static("")),
+            policy_field: policy_field(policy),
             band_name: sf_string_inner(name).into(),
             several_bands: policy.bands().len() > 1,
             denied: Template::new(
@@ -164,6 +162,28 @@ pub fn too_many_requests(prepared: &Prepared, decision: &Decision) -> Response<B
         Some(retry_after),
     );
     add_ratelimit_headers(response.headers_mut(), prepared, decision);
+    response
+}
+
+/// 429 decided by this sidecar alone (`on_failure: local`): the same
+/// answer, but `RateLimit-Policy` announces the quotas it enforces alone
+/// (`local_field`), which are what `RateLimit` and `Retry-After` count.
+pub fn too_many_requests_local(
+    prepared: &Prepared,
+    local_field: &HeaderValue,
+    decision: &Decision,
+) -> Response<Body> {
+    let retry_after = retry_after_secs(decision.retry_after);
+    let mut response = problem_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        prepared.denied.render(retry_after),
+        Some(retry_after),
+    );
+    let headers = response.headers_mut();
+    headers.append(&RATELIMIT_POLICY, local_field.clone());
+    if let Some(value) = prepared.limit_value(decision) {
+        headers.append(&RATELIMIT, value);
+    }
     response
 }
 
@@ -294,6 +314,12 @@ pub fn add_ratelimit_headers(headers: &mut HeaderMap, prepared: &Prepared, decis
     if let Some(value) = prepared.limit_value(decision) {
         headers.append(&RATELIMIT, value);
     }
+}
+
+/// `RateLimit-Policy` for `policy`.
+pub fn policy_field(policy: &Policy) -> HeaderValue {
+    // Built from printable ASCII only (see `push_band_name`).
+    HeaderValue::from_str(&policy_value(policy)).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// `"<name>";q=<quota>;w=<seconds>` per band.

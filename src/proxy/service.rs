@@ -16,10 +16,11 @@ use crate::config::{self, Live, OnFailure};
 use crate::limit::{Decision, Outcome};
 use crate::path;
 use crate::route::Route;
-use crate::store::{Evaluation, EvaluationId, Store};
+use crate::store::{Evaluation, EvaluationId, Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::Body;
+use super::fallback::Fallback;
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
@@ -33,9 +34,19 @@ use super::ConnInfo;
 pub struct Proxy {
     runtime: SharedRuntime,
     store: Arc<Store>,
+    /// Decides `on_failure: local` policies while the store cannot.
+    fallback: Arc<Fallback>,
     upstream: Upstream,
     tunnels: Tunnels,
     metrics: ProxyMetrics,
+}
+
+/// What deciding alone needs, should the store not decide.
+pub(super) struct Local<'a> {
+    pub fallback: &'a Fallback,
+    pub evaluation: &'a Evaluation<'a>,
+    /// `false` for `POST /explain`: the local answer is read, not charged.
+    pub charge: bool,
 }
 
 /// What the outcome asks of the request.
@@ -49,11 +60,17 @@ pub(super) enum Action {
 }
 
 impl Proxy {
-    pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
+    pub fn new(
+        runtime: SharedRuntime,
+        store: Arc<Store>,
+        fallback: Arc<Fallback>,
+        upstream: Upstream,
+    ) -> Proxy {
         Proxy {
             metrics: ProxyMetrics::new(store.kind()),
             runtime,
             store,
+            fallback,
             upstream,
             tunnels: Tunnels::new(),
         }
@@ -135,11 +152,19 @@ impl Proxy {
             deadline: arrival + live.store.budget,
             id: EvaluationId::random(),
         };
-        let outcome = self.store.evaluate(&evaluation).await;
+        let (outcome, source) = self.store.evaluate_sourced(&evaluation).await;
+        if source == Source::Store && matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_)) {
+            self.fallback.store_decided();
+        }
         self.metrics
             .decision_duration
             .record(arrival.elapsed().as_secs_f64());
-        let (verdict, action) = decide(outcome, route, limited, live);
+        let local = Local {
+            fallback: &self.fallback,
+            evaluation: &evaluation,
+            charge: true,
+        };
+        let (verdict, action) = decide(outcome, route, limited, live, &local);
 
         metrics.request(&verdict);
         if verdict.forwarded_without_decision() {
@@ -179,6 +204,11 @@ impl Proxy {
         .await;
         entry.metrics.upstream(response.status(), sent.elapsed());
         response
+    }
+
+    /// The local fallback, for its upkeep (sweeping, metrics).
+    pub fn fallback(&self) -> &Arc<Fallback> {
+        &self.fallback
     }
 
     /// Lets upgraded connections run until `deadline`, then cuts them.
@@ -243,13 +273,15 @@ pub(super) fn prepare<'r>(
     })
 }
 
-/// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
+/// The one place an [`Outcome`] becomes an action (a local fallback's
+/// outcome too, through [`decide_locally`]). No catch-all arm: a new
 /// outcome must be decided here before sluice builds.
 pub(super) fn decide(
     outcome: Outcome,
     route: &Route,
     limited: &Limited,
     live: &Live,
+    local: &Local<'_>,
 ) -> (Verdict, Action) {
     let (policy, store) = (&*limited.policy, &live.store);
     match outcome {
@@ -267,8 +299,8 @@ pub(super) fn decide(
                 (Verdict::Denied, Action::Respond(response))
             }
         }
-        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), limited, store),
-        Outcome::Indeterminate => fail(Failure::Indeterminate, limited, store),
+        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), limited, live, local),
+        Outcome::Indeterminate => fail(Failure::Indeterminate, limited, live, local),
         Outcome::Incompatible(reason) => {
             let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
             (Verdict::Incompatible(reason), Action::Respond(response))
@@ -276,17 +308,65 @@ pub(super) fn decide(
     }
 }
 
-/// No decision could be made: `on_failure` says what happens.
-fn fail(failure: Failure, limited: &Limited, store: &config::StoreLive) -> (Verdict, Action) {
-    match store.on_failure {
-        OnFailure::Deny => {
-            let response = respond::unavailable(&limited.responses, store.failure_retry_after);
-            (Verdict::FailedClosed(failure), Action::Respond(response))
-        }
+/// No decision could be made: `on_failure` (the policy's, else the
+/// store's) says what happens.
+fn fail(failure: Failure, limited: &Limited, live: &Live, local: &Local<'_>) -> (Verdict, Action) {
+    let store = &live.store;
+    match limited.policy.failure_mode(store.on_failure) {
+        OnFailure::Deny => fail_closed(failure, limited, store),
         OnFailure::Allow => (
             Verdict::FailedOpen(failure),
             Action::Forward { ratelimit: None },
         ),
+        OnFailure::Local => decide_locally(failure, limited, live, local),
+    }
+}
+
+fn fail_closed(
+    failure: Failure,
+    limited: &Limited,
+    store: &config::StoreLive,
+) -> (Verdict, Action) {
+    let response = respond::unavailable(&limited.responses, store.failure_retry_after);
+    (Verdict::FailedClosed(failure), Action::Respond(response))
+}
+
+/// `on_failure: local`: this sidecar's share of the policy, decided here.
+fn decide_locally(
+    failure: Failure,
+    limited: &Limited,
+    live: &Live,
+    local: &Local<'_>,
+) -> (Verdict, Action) {
+    let (policy, store) = (&limited.policy, &live.store);
+    let (outcome, shared) = if local.charge {
+        local
+            .fallback
+            .evaluate(local.evaluation, policy, store.local_share)
+    } else {
+        local
+            .fallback
+            .peek(local.evaluation, policy, store.local_share)
+    };
+    match outcome {
+        // No `RateLimit` fields: the response would pair the shared
+        // policy's `RateLimit-Policy` with a count kept here alone.
+        Outcome::Allowed(_) => (Verdict::LocalAllowed, Action::Forward { ratelimit: None }),
+        Outcome::Denied(_) if policy.shadow => (
+            Verdict::LocalShadowDenied,
+            Action::Forward { ratelimit: None },
+        ),
+        Outcome::Denied(decision) => {
+            let response =
+                respond::too_many_requests_local(&limited.responses, &shared.field, &decision);
+            (Verdict::LocalDenied, Action::Respond(response))
+        }
+        // The local store is full (a newcomer is never given room by
+        // forgetting someone), or the request costs more than the local
+        // share could ever admit: no decision here either.
+        Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => {
+            fail_closed(failure, limited, store)
+        }
     }
 }
 

@@ -236,6 +236,19 @@ impl MemoryStore {
         }
     }
 
+    /// Drops every entry: what the local fallback does once the shared
+    /// store decides again, so the next outage starts from nothing.
+    pub fn clear(&self) -> usize {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            removed += map.len();
+            map.clear();
+        }
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
     /// Drops expired entries. Called periodically by the sweeper task; the
     /// lock is taken one shard at a time.
     pub fn sweep(&self) -> usize {

@@ -60,11 +60,25 @@ pub enum Store {
     Redis(redis::RedisStore, Option<deny_cache::DenyCache>),
 }
 
+/// Who gave an outcome: the store, or this sidecar's over-limit cache in
+/// front of it. A remembered denial says nothing about whether the store
+/// decides right now, which the local fallback needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Store,
+    DenyCache,
+}
+
 impl Store {
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        self.evaluate_sourced(evaluation).await.0
+    }
+
+    /// [`Store::evaluate`], saying where the outcome came from.
+    pub async fn evaluate_sourced(&self, evaluation: &Evaluation<'_>) -> (Outcome, Source) {
         match self {
             // Decides at once; no future to hold.
-            Store::Memory(store) => store.evaluate(evaluation),
+            Store::Memory(store) => (store.evaluate(evaluation), Source::Store),
             // Boxed: a Redis round trip is a large future (several KB), and
             // held inline it would make every connection's in-flight request
             // future that large, memory-store requests included.
@@ -115,9 +129,9 @@ async fn evaluate_shared(
     store: &redis::RedisStore,
     cache: Option<&deny_cache::DenyCache>,
     evaluation: &Evaluation<'_>,
-) -> Outcome {
+) -> (Outcome, Source) {
     let Some(cache) = cache else {
-        return store.evaluate(evaluation).await;
+        return (store.evaluate(evaluation).await, Source::Store);
     };
     let Evaluation {
         policy,
@@ -129,11 +143,11 @@ async fn evaluate_shared(
     // early, never late.
     let asked = Instant::now();
     if let Some(decision) = cache.check(policy, subject, cost, asked) {
-        return Outcome::Denied(decision);
+        return (Outcome::Denied(decision), Source::DenyCache);
     }
     let outcome = store.evaluate(evaluation).await;
     if let Outcome::Denied(decision) = &outcome {
         cache.remember(policy, subject, cost, asked, decision);
     }
-    outcome
+    (outcome, Source::Store)
 }

@@ -112,6 +112,12 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         None => Some(None),
         Some(s) => cx.value(&path.key("revision"), s, check::name).map(Some),
     };
+    let on_failure = match &raw.on_failure {
+        None => Some(None),
+        Some(s) => cx
+            .value(&path.key("on_failure"), s, super::sections::on_failure)
+            .map(Some),
+    };
     let flat = raw.flat();
     let bands = match (&raw.bands, algorithm) {
         (_, None) => None,
@@ -141,7 +147,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         Some(explicit) => explicit,
         None => derived_revision(&bands),
     };
-    Some(Policy::new(name, revision, bands, shadow?))
+    Some(Policy::new(name, revision, bands, shadow?).with_on_failure(on_failure?))
 }
 
 /// A short digest of everything that changes what a counter means: the

@@ -30,10 +30,11 @@ use crate::route::{Route, SubjectSource};
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject::{Pseudonym, Resolved};
 
+use super::fallback::Fallback;
 use super::headers::Invalid;
 use super::overrides;
 use super::runtime::{Limited, Runtime};
-use super::service::{self, Action};
+use super::service::{self, Action, Local};
 use super::verdict::{Failure, Verdict};
 
 pub use request::{BadDescription, Described, DEFAULT_PEER, MAX_BODY};
@@ -41,8 +42,9 @@ pub use request::{BadDescription, Described, DEFAULT_PEER, MAX_BODY};
 /// Where the state comes from.
 #[derive(Clone, Copy)]
 pub enum Source<'a> {
-    /// The running sidecar's store, read without charging.
-    Store(&'a Store),
+    /// The running sidecar's store and local fallback, read without
+    /// charging.
+    Store(&'a Store, &'a Fallback),
     /// `sluice check --explain`: routing only, no store asked, and the
     /// pseudonym key only known when the configuration sets it.
     Offline,
@@ -157,7 +159,7 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         Source::Offline => json!({
             "why": "offline: no store was asked; a running sidecar's POST /explain gives the state and the answer",
         }),
-        Source::Store(_) => {
+        Source::Store(..) => {
             let chosen = answers
                 .iter()
                 .find(|(a, ..)| !a.forwarded)
@@ -206,7 +208,7 @@ async fn limit(
         "subject".to_owned(),
         subject(sources, pseudonym, resolved, live, source),
     );
-    let Source::Store(store) = source else {
+    let Source::Store(store, fallback) = source else {
         return (Value::Object(out), None);
     };
 
@@ -222,7 +224,12 @@ async fn limit(
         "state".to_owned(),
         state(&outcome, policy, route.cost, store),
     );
-    let (verdict, action) = service::decide(outcome, route, limited, live);
+    let local = Local {
+        fallback,
+        evaluation: &evaluation,
+        charge: false,
+    };
+    let (verdict, action) = service::decide(outcome, route, limited, live, &local);
     let status = match &action {
         Action::Respond(response) => response.status(),
         Action::Forward { .. } => StatusCode::OK,
@@ -353,14 +360,26 @@ fn why(verdict: &Verdict, live: &Live) -> String {
                 .to_owned()
         }
         Verdict::FailedClosed(f) => format!(
-            "no decision ({}); store.on_failure is deny: answered 503, Retry-After {}s",
+            "no decision ({}); on_failure is deny, or a local decision could not be made: answered 503, Retry-After {}s",
             failure(f),
             live.store.failure_retry_after.as_secs()
         ),
         Verdict::FailedOpen(f) => format!(
-            "no decision ({}); store.on_failure is allow: forwarded without a decision",
+            "no decision ({}); on_failure is allow: forwarded without a decision",
             failure(f)
         ),
+        Verdict::LocalAllowed => format!(
+            "the store cannot decide; on_failure is local: within this sidecar's share (each quota divided by store.local_share, {}): forwarded",
+            live.store.local_share
+        ),
+        Verdict::LocalDenied => format!(
+            "the store cannot decide; on_failure is local: over this sidecar's share (each quota divided by store.local_share, {}): answered 429",
+            live.store.local_share
+        ),
+        Verdict::LocalShadowDenied => {
+            "the store cannot decide; on_failure is local: over this sidecar's share, but the policy is shadow: forwarded"
+                .to_owned()
+        }
         Verdict::Incompatible(reason) => {
             format!("the store cannot evaluate this policy ({reason:?}): answered 503")
         }

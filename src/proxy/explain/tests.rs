@@ -59,7 +59,11 @@ fn store() -> Store {
 fn a_shadow_limit_over_its_quota_still_forwards() {
     let (runtime, store) = (runtime(true), store());
     let body = json!({"method": "GET", "path": "/shadow", "peer": "192.0.2.1"});
-    let fresh = run(&runtime, Source::Store(&store), body.clone());
+    let fresh = run(
+        &runtime,
+        Source::Store(&store, &Fallback::for_sidecar()),
+        body.clone(),
+    );
     assert_eq!(fresh["routes"][0]["limits"][0]["shadow"], true);
     assert_eq!(fresh["answer"]["outcome"], "allowed", "{fresh}");
     // Spend the one unit through the store, as a request would.
@@ -77,7 +81,11 @@ fn a_shadow_limit_over_its_quota_still_forwards() {
         unreachable!("built as memory");
     };
     assert!(matches!(memory.evaluate(&evaluation), Outcome::Allowed(_)));
-    let over = run(&runtime, Source::Store(&store), body);
+    let over = run(
+        &runtime,
+        Source::Store(&store, &Fallback::for_sidecar()),
+        body,
+    );
     assert_eq!(over["answer"]["status"], 200, "{over}");
     assert_eq!(over["answer"]["outcome"], "shadow_denied", "{over}");
     assert_eq!(over["answer"]["forwarded"], true);
@@ -89,7 +97,7 @@ fn an_unlimited_route_has_no_limit_and_is_forwarded() {
     let (runtime, store) = (runtime(true), store());
     let out = run(
         &runtime,
-        Source::Store(&store),
+        Source::Store(&store, &Fallback::for_sidecar()),
         json!({"method": "POST", "path": "/open/x"}),
     );
     assert_eq!(out["routes"][0]["route"], "open");
@@ -104,7 +112,7 @@ fn a_full_memory_store_is_explained_by_on_failure() {
     let store = Store::Memory(MemoryStore::new(0, Duration::ZERO));
     let out = run(
         &runtime,
-        Source::Store(&store),
+        Source::Store(&store, &Fallback::for_sidecar()),
         json!({"method": "GET", "path": "/x", "headers": {"x-api-key": "k"}}),
     );
     let limit = &out["routes"][0]["limits"][0];
@@ -143,7 +151,10 @@ fn the_explanation_quotes_no_identity() {
         json!({"method": "GET", "path": "/x", "peer": "198.51.100.23",
                "headers": {"x-api-key": ["key-4711", "key-4711"]}}),
     ] {
-        for source in [Source::Store(&store), Source::Offline] {
+        for source in [
+            Source::Store(&store, &Fallback::for_sidecar()),
+            Source::Offline,
+        ] {
             let text = run(&runtime, source, body.clone()).to_string();
             for raw in ["198.51.100.23", "key-4711", "203.0.113.9"] {
                 assert!(!text.contains(raw), "{raw} in {text}");

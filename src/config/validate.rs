@@ -208,7 +208,7 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
             store: store_live,
             identity: identity?,
             responses: responses?,
-            policies: policies.valid,
+            policies: policies.rates(),
             routes,
             default: default?,
         },

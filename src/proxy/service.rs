@@ -1,30 +1,43 @@
 //! The per-request service: validate → normalize the path → route (once
-//! per method the request may run as) → subjects → limits → one exhaustive
-//! match on each outcome → forward or answer.
+//! per method the request may run as) → subjects (one per limit) →
+//! concurrency places → every rate limit at once → one exhaustive match on
+//! each outcome → forward or answer.
 //!
 //! The decision is made before any byte of the request goes upstream.
+//!
+//! A request is checked against every limit of every route it matched,
+//! together: all must let it through, and one refused consumes nothing of
+//! any. Concurrency places are taken first (a cheap local try), then the
+//! rate limits are asked in one store call; a request refused by either
+//! gives its places back at once, so a 429 or 503 never holds one, and a
+//! request refused for concurrency has charged no rate limit. The places
+//! of a forwarded request are held by its response body, released when it
+//! ends or the client goes away.
 
 use std::sync::Arc;
 
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::config::{self, Live, OnFailure};
-use crate::limit::{Decision, Outcome};
+use crate::limit::{Decision, LimitPolicy, Outcome, Policy};
 use crate::path;
-use crate::route::Route;
+use crate::route::{Limit, Route};
+use crate::store::in_flight::{InFlight, Permit};
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject::{self, Pseudonym, UnreadableForwardedFor};
 
-use super::body::Body;
+use super::body::{Body, Holding};
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
-use super::respond;
-use super::runtime::{Entry, Limited, Runtime, SharedRuntime};
+use super::respond::{self, Prepared};
+use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
 use super::upgrade::Tunnels;
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
@@ -32,6 +45,9 @@ use super::ConnInfo;
 pub struct Proxy {
     runtime: SharedRuntime,
     store: Arc<Store>,
+    /// Requests in flight per concurrency policy and subject; outlives
+    /// reloads, as the requests it counts do.
+    in_flight: Arc<InFlight>,
     upstream: Upstream,
     tunnels: Tunnels,
     metrics: ProxyMetrics,
@@ -47,12 +63,43 @@ enum Action {
     Respond(Response<Body>),
 }
 
+/// One limit of a route the request matched, and the subject it counts.
+#[derive(Clone, Copy)]
+struct Check<'r> {
+    entry: Entry<'r>,
+    /// The route's position among those the request matched.
+    route_at: usize,
+    /// Its index in `entry.route.limits`.
+    limit: usize,
+    subject: Pseudonym,
+}
+
+impl<'r> Check<'r> {
+    fn limit(&self) -> &'r Limit {
+        &self.entry.route.limits[self.limit]
+    }
+
+    fn state(&self) -> &'r LimitState {
+        &self.entry.limits[self.limit]
+    }
+}
+
+/// A request every limit let through.
+struct Admitted<'r> {
+    /// The `RateLimit` fields the response carries: of the rate limit with
+    /// the least remaining (the first of them on ties).
+    ratelimit: Option<(&'r Prepared, Decision)>,
+    /// Its concurrency places, given back with the response body.
+    permits: SmallVec<[Permit; 1]>,
+}
+
 impl Proxy {
     pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
         Proxy {
             metrics: ProxyMetrics::new(store.kind()),
             runtime,
             store,
+            in_flight: InFlight::new(),
             upstream,
             tunnels: Tunnels::new(),
         }
@@ -92,97 +139,186 @@ impl Proxy {
 
         // Every subject is resolved before anything is charged, so a
         // request refused for one route consumes nothing of another.
-        let mut subjects: [Option<Pseudonym>; MAX_METHODS] = Default::default();
-        for (entry, slot) in matched.iter().zip(subjects.iter_mut()) {
+        let mut checks: SmallVec<[Check<'_>; 2]> = SmallVec::new();
+        for (route_at, entry) in matched.iter().enumerate() {
             let route = entry.route;
-            if let Err(invalid) = headers::check_connection(request.headers(), &route.subject) {
+            if let Err(invalid) =
+                headers::check_connection(request.headers(), route.subject_sources())
+            {
                 return refuse(&invalid);
             }
-            if entry.limited.is_some() {
-                let resolved = subject::resolve(
-                    &route.subject,
-                    &route.name,
-                    conn.peer.ip(),
-                    request.headers(),
-                    &live.identity,
-                    &runtime.key,
-                );
-                match resolved {
-                    Ok((pseudonym, _)) => *slot = Some(pseudonym),
-                    Err(UnreadableForwardedFor) => return refuse(&Invalid::ForwardedFor),
+            let first = checks.len();
+            for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
+                // Limits of one route counting the same subject share its
+                // pseudonym: one HMAC, not one per limit.
+                let known = state.fixed_subject.or_else(|| {
+                    checks[first..]
+                        .iter()
+                        .find(|c| c.limit().subject == limit.subject)
+                        .map(|c| c.subject)
+                });
+                let subject = match known {
+                    Some(subject) => subject,
+                    None => match subject::resolve(
+                        &limit.subject,
+                        &route.name,
+                        conn.peer.ip(),
+                        request.headers(),
+                        &live.identity,
+                        &runtime.key,
+                    ) {
+                        Ok((pseudonym, _)) => pseudonym,
+                        Err(UnreadableForwardedFor) => return refuse(&Invalid::ForwardedFor),
+                    },
+                };
+                checks.push(Check {
+                    entry,
+                    route_at,
+                    limit: i,
+                    subject,
+                });
+            }
+        }
+
+        let admitted = match self.admit(&matched, &checks, live, arrival).await {
+            Ok(admitted) => admitted,
+            Err(response) => return response,
+        };
+
+        let primary = matched.primary();
+        let mut response = self.forward(request, conn, live, primary).await;
+        if let Some((prepared, decision)) = admitted.ratelimit {
+            if !response.status().is_informational() {
+                respond::add_ratelimit_headers(response.headers_mut(), prepared, &decision);
+            }
+        }
+        if admitted.permits.is_empty() {
+            response
+        } else {
+            // Also when the upstream failed (502/504): the place is given
+            // back once that answer is written.
+            response.map(|body| Holding::new(body, admitted.permits).boxed())
+        }
+    }
+
+    /// Every limit of every matched route, together: `Ok` to forward (with
+    /// what the response needs), or the answer that ends the request.
+    /// Counts the request: once, under the route and limit that refused
+    /// it; or, when it goes on, once per matched route, under the limit
+    /// whose verdict is not Allowed (a shadow denial, no decision under
+    /// `on_failure: allow`) or else the route's first.
+    async fn admit<'r>(
+        &self,
+        matched: &Matched<'r>,
+        checks: &[Check<'r>],
+        live: &Live,
+        arrival: Instant,
+    ) -> Result<Admitted<'r>, Response<Body>> {
+        let mut admitted = Admitted {
+            ratelimit: None,
+            permits: SmallVec::new(),
+        };
+        // Places first: a local try, before any store is asked.
+        for check in checks {
+            if let LimitPolicy::Concurrency(policy) = &check.limit().policy {
+                match self.in_flight.try_acquire(policy, &check.subject) {
+                    Some(permit) => admitted.permits.push(permit),
+                    None => {
+                        self.count(
+                            check.entry,
+                            check.limit,
+                            Verdict::ConcurrencyDenied,
+                            arrival,
+                        );
+                        let responses = &check.state().responses;
+                        return Err(respond::over_concurrency(responses, policy.retry_after));
+                    }
                 }
             }
         }
 
-        // Every route the request matched must let it through; the first
-        // to refuse answers, and the ones after it are not charged.
-        let mut ratelimit = None;
-        for (entry, subject) in matched.iter().zip(&subjects) {
-            match self.check(entry, subject.as_ref(), live, arrival).await {
-                Ok(allowed) => ratelimit = ratelimit.or(allowed),
-                Err(response) => return response,
+        // A route's verdict, when not Allowed, and the limit it came from.
+        let mut noted: [Option<(usize, Verdict)>; MAX_METHODS] = [None; MAX_METHODS];
+        let rated: SmallVec<[(&Check<'r>, &'r Policy); 2]> = checks
+            .iter()
+            .filter_map(|c| c.limit().policy.as_rate().map(|p| (c, &**p)))
+            .collect();
+        if !rated.is_empty() {
+            let deadline = arrival + live.store.budget;
+            let evaluations: SmallVec<[Evaluation<'_>; 2]> = rated
+                .iter()
+                .map(|(check, policy)| Evaluation {
+                    policy,
+                    subject: &check.subject,
+                    cost: check.limit().cost,
+                    deadline,
+                    id: EvaluationId::random(),
+                })
+                .collect();
+            let outcomes = self.store.evaluate_all(&evaluations).await;
+            self.metrics
+                .decision_duration
+                .record(arrival.elapsed().as_secs_f64());
+            for ((check, policy), outcome) in rated.iter().zip(outcomes) {
+                let responses = &check.state().responses;
+                let (verdict, action) = decide(outcome, check.entry.route, policy, responses, live);
+                match action {
+                    Action::Respond(response) => {
+                        // Its places go back as `admitted` drops.
+                        self.count(check.entry, check.limit, verdict, arrival);
+                        return Err(response);
+                    }
+                    Action::Forward { ratelimit } => {
+                        let slot = &mut noted[check.route_at];
+                        if verdict != Verdict::Allowed && slot.is_none() {
+                            *slot = Some((check.limit, verdict));
+                        }
+                        let better = match (&ratelimit, &admitted.ratelimit) {
+                            (Some(d), Some((_, best))) => d.remaining < best.remaining,
+                            (Some(_), None) => true,
+                            (None, _) => false,
+                        };
+                        if let (true, Some(decision)) = (better, ratelimit) {
+                            admitted.ratelimit = Some((responses, decision));
+                        }
+                    }
+                }
             }
         }
 
-        let primary = matched.primary();
-        let mut response = self.forward(request, conn, live, primary).await;
-        if let Some((limited, decision)) = ratelimit {
-            if !response.status().is_informational() {
-                respond::add_ratelimit_headers(
-                    response.headers_mut(),
-                    &limited.responses,
-                    &decision,
-                );
-            }
+        for (route_at, entry) in matched.iter().enumerate() {
+            let (limit, verdict) = match noted[route_at] {
+                Some(noted) => noted,
+                None if entry.route.limits.is_empty() => (0, Verdict::Unlimited),
+                None => (0, Verdict::Allowed),
+            };
+            self.count(entry, limit, verdict, arrival);
         }
-        response
+        Ok(admitted)
     }
 
-    /// One route's limit for this request: `Ok` to go on (with the
-    /// decision whose `RateLimit` fields the response should carry), or
-    /// the answer that ends the request.
-    async fn check<'r>(
-        &self,
-        entry: Entry<'r>,
-        subject: Option<&Pseudonym>,
-        live: &Live,
-        arrival: Instant,
-    ) -> Result<Option<(&'r Limited, Decision)>, Response<Body>> {
-        let (route, metrics) = (entry.route, entry.metrics);
-        let (Some(limited), Some(subject)) = (entry.limited, subject) else {
-            metrics.request(&Verdict::Unlimited);
-            return Ok(None);
-        };
-        let policy = &*limited.policy;
-        let evaluation = Evaluation {
-            policy,
-            subject,
-            cost: route.cost,
-            deadline: arrival + live.store.budget,
-            id: EvaluationId::random(),
-        };
-        let outcome = self.store.evaluate(&evaluation).await;
-        self.metrics
-            .decision_duration
-            .record(arrival.elapsed().as_secs_f64());
-        let (verdict, action) = decide(outcome, route, limited, live);
-
-        metrics.request(&verdict);
+    /// Counts one request under `entry`'s route and the policy of its limit
+    /// `limit`, and logs what was not a plain pass (a few a second per
+    /// route at most).
+    fn count(&self, entry: Entry<'_>, limit: usize, verdict: Verdict, arrival: Instant) {
+        entry.metrics.request(limit, &verdict);
         if verdict.forwarded_without_decision() {
             self.metrics.forwarded_without_decision.increment(1);
         }
-        if verdict != Verdict::Allowed && entry.log_budget.take(arrival.into_std()) {
+        let plain = matches!(verdict, Verdict::Allowed | Verdict::Unlimited);
+        if !plain && entry.log_budget.take(arrival.into_std()) {
+            let policy = entry
+                .route
+                .limits
+                .get(limit)
+                .map_or("none", |l| &**l.policy.name());
             tracing::info!(
-                route = %route.name,
-                policy = %policy.name,
+                route = %entry.route.name,
+                policy = %policy,
                 outcome = verdict.label(),
                 forwarded = verdict.forwarded(),
                 "decision"
             );
-        }
-        match action {
-            Action::Respond(response) => Err(response),
-            Action::Forward { ratelimit } => Ok(ratelimit.map(|decision| (limited, decision))),
         }
     }
 
@@ -213,10 +349,17 @@ impl Proxy {
     }
 }
 
-/// The one place an [`Outcome`] becomes an action. No catch-all arm: a new
+/// The one place a store's [`Outcome`] becomes an action, for one rate
+/// limit (`policy`, answered with `responses`). No catch-all arm: a new
 /// outcome must be decided here before sluice builds.
-fn decide(outcome: Outcome, route: &Route, limited: &Limited, live: &Live) -> (Verdict, Action) {
-    let (policy, store) = (&*limited.policy, &live.store);
+fn decide(
+    outcome: Outcome,
+    route: &Route,
+    policy: &Policy,
+    responses: &Prepared,
+    live: &Live,
+) -> (Verdict, Action) {
+    let store = &live.store;
     match outcome {
         Outcome::Allowed(decision) => {
             // A shadow policy is invisible to clients.
@@ -228,12 +371,12 @@ fn decide(outcome: Outcome, route: &Route, limited: &Limited, live: &Live) -> (V
             if policy.shadow {
                 (Verdict::ShadowDenied, Action::Forward { ratelimit: None })
             } else {
-                let response = respond::too_many_requests(&limited.responses, &decision);
+                let response = respond::too_many_requests(responses, &decision);
                 (Verdict::Denied, Action::Respond(response))
             }
         }
-        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), limited, store),
-        Outcome::Indeterminate => fail(Failure::Indeterminate, limited, store),
+        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), responses, store),
+        Outcome::Indeterminate => fail(Failure::Indeterminate, responses, store),
         Outcome::Incompatible(reason) => {
             let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
             (Verdict::Incompatible(reason), Action::Respond(response))
@@ -242,10 +385,10 @@ fn decide(outcome: Outcome, route: &Route, limited: &Limited, live: &Live) -> (V
 }
 
 /// No decision could be made: `on_failure` says what happens.
-fn fail(failure: Failure, limited: &Limited, store: &config::StoreLive) -> (Verdict, Action) {
+fn fail(failure: Failure, responses: &Prepared, store: &config::StoreLive) -> (Verdict, Action) {
     match store.on_failure {
         OnFailure::Deny => {
-            let response = respond::unavailable(&limited.responses, store.failure_retry_after);
+            let response = respond::unavailable(responses, store.failure_retry_after);
             (Verdict::FailedClosed(failure), Action::Respond(response))
         }
         OnFailure::Allow => (

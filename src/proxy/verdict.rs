@@ -21,6 +21,9 @@ pub enum Verdict {
     FailedOpen(Failure),
     /// Answered 503 whatever `on_failure` says.
     Incompatible(Incompatible),
+    /// Over a concurrency limit: answered 503, nothing of any rate limit
+    /// charged.
+    ConcurrencyDenied,
 }
 
 /// Why a store made no decision.
@@ -42,12 +45,13 @@ pub enum OutcomeLabel {
     Unavailable,
     Indeterminate,
     Incompatible,
+    ConcurrencyDenied,
 }
 
 impl OutcomeLabel {
     /// Every variant, each at the position of its discriminant (checked
     /// below at compile time).
-    pub const ALL: [OutcomeLabel; 7] = [
+    pub const ALL: [OutcomeLabel; 8] = [
         OutcomeLabel::Unlimited,
         OutcomeLabel::Allowed,
         OutcomeLabel::Denied,
@@ -55,6 +59,7 @@ impl OutcomeLabel {
         OutcomeLabel::Unavailable,
         OutcomeLabel::Indeterminate,
         OutcomeLabel::Incompatible,
+        OutcomeLabel::ConcurrencyDenied,
     ];
 
     pub fn label(self) -> &'static str {
@@ -66,6 +71,7 @@ impl OutcomeLabel {
             OutcomeLabel::Unavailable => "unavailable",
             OutcomeLabel::Indeterminate => "indeterminate",
             OutcomeLabel::Incompatible => "incompatible",
+            OutcomeLabel::ConcurrencyDenied => "concurrency_denied",
         }
     }
 }
@@ -77,7 +83,7 @@ const _: () = {
         assert!(OutcomeLabel::ALL[i] as usize == i);
         i += 1;
     }
-    assert!(OutcomeLabel::Incompatible as usize + 1 == OutcomeLabel::ALL.len());
+    assert!(OutcomeLabel::ConcurrencyDenied as usize + 1 == OutcomeLabel::ALL.len());
 };
 
 impl Verdict {
@@ -91,6 +97,7 @@ impl Verdict {
             Verdict::ShadowDenied => OutcomeLabel::ShadowDenied,
             Verdict::FailedClosed(f) | Verdict::FailedOpen(f) => f.outcome(),
             Verdict::Incompatible(_) => OutcomeLabel::Incompatible,
+            Verdict::ConcurrencyDenied => OutcomeLabel::ConcurrencyDenied,
         }
     }
 
@@ -104,7 +111,10 @@ impl Verdict {
         match self {
             Verdict::Unlimited | Verdict::Allowed | Verdict::ShadowDenied => true,
             Verdict::FailedOpen(_) => true,
-            Verdict::Denied | Verdict::FailedClosed(_) | Verdict::Incompatible(_) => false,
+            Verdict::Denied
+            | Verdict::FailedClosed(_)
+            | Verdict::Incompatible(_)
+            | Verdict::ConcurrencyDenied => false,
         }
     }
 

@@ -1,14 +1,18 @@
-//! Where limiter state lives. One `evaluate` per request, ending in exactly
-//! one [`Outcome`], whatever the store.
+//! Where limiter state lives. One `evaluate` per limit, ending in exactly
+//! one [`Outcome`], whatever the store; `evaluate_all` for every rate limit
+//! of a request at once. `in_flight` counts what concurrency policies
+//! limit, always in this process.
 
 pub mod breaker;
 pub mod deny_cache;
+pub mod in_flight;
 pub mod memory;
 pub mod memory_bound;
 pub mod redis;
 
 use std::fmt;
 
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::limit::{Outcome, Policy};
@@ -50,6 +54,11 @@ pub struct Evaluation<'a> {
     pub id: EvaluationId,
 }
 
+/// One outcome per evaluation of [`Store::evaluate_all`], in order, up to
+/// and including the first that blocks ([`Outcome::blocks`]): the ones
+/// after it were not asked.
+pub type Outcomes = SmallVec<[Outcome; 2]>;
+
 /// The configured store. An enum rather than a trait object: two variants,
 /// async methods, no boxing on the hot path.
 pub enum Store {
@@ -70,6 +79,31 @@ impl Store {
             // future that large, memory-store requests included.
             Store::Redis(store, cache) => {
                 Box::pin(evaluate_shared(store, cache.as_ref(), evaluation)).await
+            }
+        }
+    }
+
+    /// Every rate limit of one request, checked together: all must pass.
+    /// The memory store checks them in one critical section and, when one
+    /// blocks, charges none. Redis evaluates them in order and stops at the
+    /// first that blocks: the ones before it stay charged (README, "Several
+    /// limits on one route").
+    pub async fn evaluate_all(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
+        match self {
+            Store::Memory(store) => store.evaluate_all(evaluations),
+            Store::Redis(store, cache) => {
+                Box::pin(async {
+                    let mut outcomes = Outcomes::new();
+                    for evaluation in evaluations {
+                        let outcome = evaluate_shared(store, cache.as_ref(), evaluation).await;
+                        outcomes.push(outcome);
+                        if outcome.blocks(evaluation.policy.shadow) {
+                            break;
+                        }
+                    }
+                    outcomes
+                })
+                .await
             }
         }
     }

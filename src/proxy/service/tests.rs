@@ -45,12 +45,12 @@ fn decision(allowed: bool) -> Decision {
 /// `RateLimit` fields are to be added).
 fn run(config: &Live, outcome: Outcome) -> (Verdict, Result<bool, Response<Body>>) {
     let route = &config.routes[0];
-    let policy = route.policy.clone().expect("the route has a policy");
-    let limited = Limited {
-        responses: respond::Prepared::new(route, &policy),
-        policy,
-    };
-    let (verdict, action) = decide(outcome, route, &limited, config);
+    let policy = route.limits[0]
+        .policy
+        .as_rate()
+        .expect("the route has a rate policy");
+    let responses = respond::Prepared::new(route, 0);
+    let (verdict, action) = decide(outcome, route, policy, &responses, config);
     let action = match action {
         Action::Forward { ratelimit } => Ok(ratelimit.is_some()),
         Action::Respond(response) => Err(response),

@@ -259,7 +259,10 @@ impl Proxy {
             self.metrics
                 .decision_duration
                 .record(arrival.elapsed().as_secs_f64());
-            for ((check, policy), outcome) in rated.iter().zip(outcomes) {
+            for (at, outcome) in outcomes.iter() {
+                let Some(&(check, policy)) = rated.get(at) else {
+                    continue;
+                };
                 let responses = &check.state().responses;
                 let (verdict, action) = decide(outcome, check.entry.route, policy, responses, live);
                 match action {

@@ -174,7 +174,7 @@ impl MemoryStore {
     /// [`MemoryStore::evaluate_all`] at a given time.
     pub fn evaluate_all_at(&self, evaluations: &[Evaluation<'_>], now: Micros) -> Outcomes {
         if let [one] = evaluations {
-            return smallvec::smallvec![self.evaluate_at(one, now)];
+            return Outcomes::at(0, self.evaluate_at(one, now));
         }
         let keys: SmallVec<[Key; 2]> = evaluations.iter().map(|e| self.key(e)).collect();
         let mut shards: SmallVec<[usize; 2]> = keys.iter().map(|k| shard_of(k.hash)).collect();
@@ -186,7 +186,10 @@ impl MemoryStore {
         // What each charged limit held before, to put back if a later one
         // blocks.
         let mut undo: SmallVec<[(Key, Before); 2]> = SmallVec::new();
-        let mut outcomes = Outcomes::new();
+        let mut outcomes = Outcomes {
+            first: 0,
+            list: SmallVec::new(),
+        };
         let last = evaluations.len() - 1;
         for (i, (evaluation, key)) in evaluations.iter().zip(keys).enumerate() {
             let map = locked(&mut guards, key.hash);
@@ -197,7 +200,7 @@ impl MemoryStore {
                     .map(|entry| (entry.state.clone(), entry.expires_at))
             });
             let outcome = self.step(map, key.clone(), evaluation, now);
-            outcomes.push(outcome);
+            outcomes.list.push(outcome);
             if outcome.blocks(evaluation.policy.shadow) {
                 for (key, before) in undo.into_iter().rev() {
                     let map = locked(&mut guards, key.hash);
@@ -413,7 +416,9 @@ mod tests {
                 id: EvaluationId(0),
             })
             .collect();
-        store.evaluate_all_at(&evaluations, now).to_vec()
+        let outcomes = store.evaluate_all_at(&evaluations, now);
+        assert_eq!(outcomes.first, 0);
+        outcomes.list.to_vec()
     }
 
     #[test]

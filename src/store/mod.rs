@@ -54,10 +54,35 @@ pub struct Evaluation<'a> {
     pub id: EvaluationId,
 }
 
-/// One outcome per evaluation of [`Store::evaluate_all`], in order, up to
-/// and including the first that blocks ([`Outcome::blocks`]): the ones
-/// after it were not asked.
-pub type Outcomes = SmallVec<[Outcome; 2]>;
+/// What [`Store::evaluate_all`] found: the outcomes of `evaluations[first..]`,
+/// in order, up to and including the first that blocks
+/// ([`Outcome::blocks`]); the ones after it were not asked. `first` is 0
+/// unless a later limit was known to block before any was asked (an
+/// over-limit cache, a cost no policy admits, a store that cannot be
+/// reached): the outcome is then that limit's alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcomes {
+    pub first: usize,
+    pub list: SmallVec<[Outcome; 2]>,
+}
+
+impl Outcomes {
+    /// `outcome`, for `evaluations[at]`.
+    pub fn at(at: usize, outcome: Outcome) -> Outcomes {
+        Outcomes {
+            first: at,
+            list: smallvec::smallvec![outcome],
+        }
+    }
+
+    /// Each outcome with the index of its evaluation.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, Outcome)> + '_ {
+        self.list
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (self.first + i, *o))
+    }
+}
 
 /// The configured store. An enum rather than a trait object: two variants,
 /// async methods, no boxing on the hot path.
@@ -83,27 +108,16 @@ impl Store {
         }
     }
 
-    /// Every rate limit of one request, checked together: all must pass.
-    /// The memory store checks them in one critical section and, when one
-    /// blocks, charges none. Redis evaluates them in order and stops at the
-    /// first that blocks: the ones before it stay charged (README, "Several
-    /// limits on one route").
+    /// Every rate limit of one request, checked together: all must pass,
+    /// and when one blocks none is charged. The memory store checks them in
+    /// one critical section; Redis in one call of one script (on Cluster,
+    /// in order, one call each: README, "Several limits on one route").
     pub async fn evaluate_all(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
         match self {
             Store::Memory(store) => store.evaluate_all(evaluations),
+            // Boxed, as in `evaluate`.
             Store::Redis(store, cache) => {
-                Box::pin(async {
-                    let mut outcomes = Outcomes::new();
-                    for evaluation in evaluations {
-                        let outcome = evaluate_shared(store, cache.as_ref(), evaluation).await;
-                        outcomes.push(outcome);
-                        if outcome.blocks(evaluation.policy.shadow) {
-                            break;
-                        }
-                    }
-                    outcomes
-                })
-                .await
+                Box::pin(store.evaluate_all(evaluations, cache.as_ref())).await
             }
         }
     }

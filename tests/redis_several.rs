@@ -1,6 +1,7 @@
 //! Several limits of one request on Redis standalone: one `EVALSHA` of
 //! the script made of theirs (`lua/several.lua`), all or nothing, against
-//! a real `redis-server`; then two sidecars sharing it, end to end.
+//! a real `redis-server`; then two sidecars sharing it, end to end; and on
+//! Redis Cluster, where they are evaluated in order, one call each.
 
 mod support;
 
@@ -19,6 +20,7 @@ use sluice::store::{Evaluation, EvaluationId, Outcomes};
 use sluice::subject::{Pseudonym, PseudonymKey};
 use support::redis::RedisServer;
 use support::redis_sidecar::{commandstats, redis_yaml, reset_stats, start_ready};
+use support::topology::RedisCluster;
 use support::{get, header, Upstream};
 
 const BUDGET: Duration = Duration::from_millis(500);
@@ -293,5 +295,54 @@ async fn two_sidecars_on_one_redis_admit_exactly_and_charge_nothing_on_denial() 
     assert_eq!(
         header(&headers, "ratelimit-policy"),
         Some(r#""per_ip";q=5;w=3600, "everyone";q=12;w=3600"#)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_limits_are_evaluated_in_order_one_call_each() {
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let policies = "  per_key: { algorithm: fixed-window, limit: 5, window: 1h }
+  everyone: { algorithm: fixed-window, limit: 12, window: 1h }
+";
+    let routes = "  - name: login
+    match: { path: /login }
+    limits:
+      - { policy: per_key, subject: header:X-API-Key }
+      - { policy: everyone, subject: global }
+";
+    let nodes = format!(
+        "  topology: cluster\n  nodes: {}\n  budget: 1s\n",
+        RedisCluster::yaml_list(&cluster.urls()[..1])
+    );
+    let yaml = redis_yaml(&upstream, "URL", policies, routes)
+        .replace("  url: URL\n", &nodes)
+        .replace("  budget: 50ms\n", "");
+    let sluice = start_ready(&yaml).await;
+    let mut admitted = HashMap::new();
+    for key in ["a", "b", "c"] {
+        for _ in 0..6 {
+            let (status, _, body) = get(sluice.addr(), "/login", &[("x-api-key", key)]).await;
+            match status {
+                StatusCode::OK => *admitted.entry(key).or_insert(0) += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{key}: {other} {body:?}"),
+            }
+        }
+    }
+    // Exact however the keys are spread over the slots (never CROSSSLOT):
+    // a and b stop at their own 5, c at what the route has left.
+    assert_eq!(admitted, HashMap::from([("a", 5), ("b", 5), ("c", 2)]));
+    assert_eq!(upstream.count(), 12);
+    // Not atomic, as documented: the requests of c the global limit
+    // refused had already been charged to c's own limit (its 6th request
+    // found it spent: 2 admitted, 3 refused by the global limit), so c
+    // has nothing left of it either.
+    let (status, _, body) = get(sluice.addr(), "/login", &[("x-api-key", "c")]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        problem["policy"], "per_key",
+        "c's own limit is spent: {problem}"
     );
 }

@@ -276,13 +276,12 @@ impl Proxy {
                         if verdict != Verdict::Allowed && slot.is_none() {
                             *slot = Some((check.limit, verdict));
                         }
-                        let better = match (&ratelimit, &admitted.ratelimit) {
-                            (Some(d), Some((_, best))) => d.remaining < best.remaining,
-                            (Some(_), None) => true,
-                            (None, _) => false,
-                        };
-                        if let (true, Some(decision)) = (better, ratelimit) {
-                            admitted.ratelimit = Some((responses, decision));
+                        if let Some(decision) = ratelimit {
+                            let fewer =
+                                |(_, best): &(_, Decision)| decision.remaining < best.remaining;
+                            if admitted.ratelimit.as_ref().is_none_or(fewer) {
+                                admitted.ratelimit = Some((responses, decision));
+                            }
                         }
                     }
                 }

@@ -189,6 +189,14 @@ fn limits(
         let item = at.index(i);
         let policy_at = item.key("policy");
         let policy = match &raw.policy {
+            None => {
+                cx.error(
+                    &policy_at,
+                    At::Key,
+                    "required key is missing (name a policy)",
+                );
+                None
+            }
             Some(s) if s.0 == "none" => {
                 cx.error(
                     &policy_at,
@@ -199,7 +207,12 @@ fn limits(
             }
             p => route_policy(cx, &policy_at, p.as_ref(), policies).flatten(),
         };
-        if let Some(name) = raw.policy.as_ref().map(|s| s.0.clone()) {
+        let name = raw
+            .policy
+            .as_ref()
+            .map(|s| s.0.clone())
+            .filter(|n| n != "none");
+        if let Some(name) = name {
             if let Some(first) = named.get(&name) {
                 cx.error(
                     &policy_at,

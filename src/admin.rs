@@ -1,5 +1,5 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics`. Its own port,
-//! never the traffic port.
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`, and `POST
+//! /explain` (`proxy::explain`). Its own port, never the traffic port.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -9,12 +9,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::LengthLimitError;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::proxy::SharedRuntime;
+use crate::config::OnFailure;
+use crate::proxy::fallback::Fallback;
+use crate::proxy::{explain, SharedRuntime};
 use crate::server::accept::AcceptErrors;
 use crate::store::Store;
 
@@ -22,12 +25,15 @@ use crate::store::Store;
 pub struct Health {
     runtime: SharedRuntime,
     store: Arc<Store>,
+    /// The proxy's local fallback, which `POST /explain` reads.
+    fallback: Arc<Fallback>,
     shutting_down: AtomicBool,
 }
 
 impl Health {
-    pub fn new(runtime: SharedRuntime, store: Arc<Store>) -> Health {
+    pub fn new(runtime: SharedRuntime, store: Arc<Store>, fallback: Arc<Fallback>) -> Health {
         Health {
+            fallback,
             runtime,
             store,
             shutting_down: AtomicBool::new(false),
@@ -40,17 +46,25 @@ impl Health {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
-    /// `Ok` when ready, else the reason.
-    pub fn readiness(&self) -> Result<(), &'static str> {
+    /// `Ok` when ready (with a note when ready although the store is
+    /// not answering), else the reason.
+    pub fn readiness(&self) -> Result<Option<&'static str>, &'static str> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err("shutting down");
         }
         // A runtime always holds a validated configuration.
-        let _ = self.runtime.load();
+        let runtime = self.runtime.load();
         if !self.store.ready() {
+            // Under `store.on_failure: local` this sidecar still decides
+            // every request; failing readiness would take every replica
+            // out of its Service at once in an outage, the very moment
+            // the fallback exists for.
+            if runtime.live.store.on_failure == OnFailure::Local {
+                return Ok(Some("store not answering: deciding locally"));
+            }
             return Err("store not answering");
         }
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -81,7 +95,7 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let health = health.clone();
-                async move { Ok::<_, Infallible>(respond(&health, &req)) }
+                async move { Ok::<_, Infallible>(respond(&health, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -92,7 +106,20 @@ pub async fn serve(
     }
 }
 
-fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+async fn respond(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.uri().path() == "/explain" {
+        if req.method() != Method::POST {
+            let mut response = json(
+                StatusCode::METHOD_NOT_ALLOWED,
+                r#"{"error":"POST a request description to /explain"}"#.into(),
+            );
+            response
+                .headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+            return response;
+        }
+        return explain(health, req).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return json(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -102,7 +129,11 @@ fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" => json(StatusCode::OK, r#"{"status":"alive"}"#.into()),
         "/readyz" => match health.readiness() {
-            Ok(()) => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+            Ok(None) => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+            Ok(Some(note)) => json(
+                StatusCode::OK,
+                serde_json::json!({"status": "ready", "store": note}).to_string(),
+            ),
             Err(why) => json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 serde_json::json!({"status": "not ready", "reason": why}).to_string(),
@@ -118,6 +149,50 @@ fn respond(health: &Health, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         }
         _ => json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.into()),
     }
+}
+
+/// `POST /explain`: the body is read whole, up to
+/// [`explain::MAX_BODY`] and within [`EXPLAIN_BODY_TIMEOUT`], then
+/// explained under the configuration live now. The explanation itself is
+/// always 200, whatever it says a request would be answered.
+async fn explain(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let limited = Limited::new(req.into_body(), explain::MAX_BODY);
+    let body = match tokio::time::timeout(EXPLAIN_BODY_TIMEOUT, limited.collect()).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(error)) if error.is::<LengthLimitError>() => {
+            return error_json(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("the body is over {} bytes", explain::MAX_BODY),
+            )
+        }
+        Ok(Err(_)) => return error_json(StatusCode::BAD_REQUEST, "the body could not be read"),
+        Err(_) => {
+            return error_json(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive in time",
+            )
+        }
+    };
+    let described = match explain::Described::parse(&body) {
+        Ok(described) => described,
+        Err(bad) => return error_json(StatusCode::BAD_REQUEST, &bad.0),
+    };
+    let runtime = health.runtime.load_full();
+    let explained = explain::explain(
+        &runtime,
+        explain::Source::Store(&health.store, &health.fallback),
+        &described,
+    )
+    .await;
+    json(StatusCode::OK, explained.to_string())
+}
+
+/// Long enough for any operator's client on any network; short enough
+/// that a body trickled in cannot hold a connection.
+const EXPLAIN_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn error_json(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    json(status, serde_json::json!({ "error": message }).to_string())
 }
 
 /// The runtime's live task count, read when scraped: the admin listener

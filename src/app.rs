@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::admin::{self, Health};
 use crate::config::{Boot, Config, Live, StoreKind};
+use crate::proxy::fallback::Fallback;
 use crate::proxy::{Proxy, Runtime, SharedRuntime, Upstream};
 use crate::server;
 use crate::store::deny_cache::DenyCache;
@@ -156,7 +157,12 @@ impl Bound {
     /// `server.shutdown_grace`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let boot = self.boot;
-        let health = Arc::new(Health::new(self.runtime.clone(), self.store.clone()));
+        let fallback = Arc::new(Fallback::for_sidecar());
+        let health = Arc::new(Health::new(
+            self.runtime.clone(),
+            self.store.clone(),
+            fallback.clone(),
+        ));
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let sweeper = spawn_sweeper(self.store.clone());
@@ -183,8 +189,10 @@ impl Bound {
         let proxy = Arc::new(Proxy::new(
             self.runtime.clone(),
             self.store.clone(),
+            fallback.clone(),
             upstream,
         ));
+        let fallback = spawn_fallback_upkeep(fallback);
         let settings = server::Settings::from(&boot.server);
         let mut stop = stop_rx.clone();
         let traffic = tokio::spawn(server::serve(
@@ -206,9 +214,22 @@ impl Bound {
             admin.abort();
         }
         sweeper.abort();
+        fallback.abort();
         reloader.abort();
         tracing::info!("stopped");
     }
+}
+
+/// Once a second: the local fallback's expired state dropped and its time
+/// counted.
+fn spawn_fallback_upkeep(fallback: Arc<Fallback>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            fallback.tick();
+        }
+    })
 }
 
 /// Drops expired memory-store entries once a second, so idle subjects cost

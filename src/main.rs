@@ -1,11 +1,18 @@
-//! `sluice run` serves; `sluice check` validates and prints the route table.
-//! Exit codes: 0 ok, 2 invalid configuration, 1 runtime failure.
+//! `sluice run` serves; `sluice check` validates and prints the route table,
+//! or with `--explain` the routing of one described request.
+//! Exit codes: 0 ok, 2 invalid configuration (or request description),
+//! 1 runtime failure.
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use sluice::config::Config;
+use sluice::proxy::explain::{explain, Described, Source};
+use sluice::proxy::Runtime;
+use sluice::subject::PseudonymKey;
 use sluice::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
@@ -33,6 +40,11 @@ enum Command {
     Check {
         #[arg(long, env = "SLUICE_CONFIG")]
         config: PathBuf,
+        /// Instead of the table, explain the routing of the request
+        /// described in this JSON file (as `POST /explain` takes it):
+        /// route, subjects, policies. No store is asked.
+        #[arg(long, value_name = "REQUEST.json")]
+        explain: Option<PathBuf>,
     },
 }
 
@@ -42,11 +54,14 @@ const EXIT_CONFIG: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config } => match Config::load(&config) {
-            Ok(config) => {
-                print!("{}", config.route_table());
-                ExitCode::SUCCESS
-            }
+        Command::Check { config, explain } => match Config::load(&config) {
+            Ok(config) => match explain {
+                None => {
+                    print!("{}", config.route_table());
+                    ExitCode::SUCCESS
+                }
+                Some(request) => explain_offline(config, &request),
+            },
             Err(errors) => {
                 eprintln!("{errors}");
                 ExitCode::from(EXIT_CONFIG)
@@ -72,6 +87,45 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `sluice check --explain`: the routing half of `POST /explain`, offline.
+fn explain_offline(config: Config, request: &Path) -> ExitCode {
+    let body = match std::fs::read(request) {
+        Ok(body) => body,
+        Err(error) => {
+            eprintln!("{}: {error}", request.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let described = match Described::parse(&body) {
+        Ok(described) => described,
+        Err(bad) => {
+            eprintln!("{}: {bad}", request.display());
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let live = config.live;
+    // Pseudonyms match a sidecar's only under the configured key; without
+    // one the explanation says so instead of showing any.
+    let key = match &live.identity.pseudonym_key {
+        Some(secret) => PseudonymKey::new(
+            secret.expose().as_bytes(),
+            live.identity.pseudonym_key_version,
+        ),
+        None => PseudonymKey::random(),
+    };
+    let runtime = Runtime::new(Arc::new(live), key);
+    // Nothing offline awaits anything; a runtime only drives the future.
+    let Ok(executor) = tokio::runtime::Builder::new_current_thread().build() else {
+        eprintln!("cannot start a runtime");
+        return ExitCode::from(EXIT_RUNTIME);
+    };
+    let explained = executor.block_on(explain(&runtime, Source::Offline, &described));
+    let text = serde_json::to_string_pretty(&explained).unwrap_or_default();
+    // A closed pipe (`| head`) is no failure of the explanation.
+    let _ = writeln!(std::io::stdout(), "{text}");
+    ExitCode::SUCCESS
 }
 
 fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {

@@ -203,7 +203,8 @@ routes:
             10_000,
             Duration::from_secs(1),
         )));
-        let proxy = Arc::new(Proxy::new(runtime, store, upstream));
+        let fallback = Arc::new(sluice::proxy::fallback::Fallback::for_sidecar());
+        let proxy = Arc::new(Proxy::new(runtime, store, fallback, upstream));
 
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -3,7 +3,9 @@
 //! been sent), a client that stops reading a large response holds only
 //! bounded buffers (sluice stops reading the upstream), and slowhttptest's
 //! slowloris and slow-body attacks are cut at the timeouts while a normal
-//! client is served throughout.
+//! client is served throughout. On HTTP/2, a stream whose client grants it
+//! no flow-control window is reset at the send timeout, alone, and a
+//! stream waiting on the upstream is not.
 
 mod support;
 
@@ -326,4 +328,143 @@ async fn slowhttptest_slow_body_is_cut_at_the_body_idle_timeout() {
     // A piece of body every 4 s, longer than the body idle timeout.
     let attack = attack(&sluice, "-B", 4, 12).await;
     check_cut(&attack, 2, 12);
+}
+
+/// An HTTP/2 connection to sluice whose streams start with `window`
+/// bytes of flow-control window, never raised by anything but `release`;
+/// the task drives the connection and ends when sluice closes it.
+async fn h2_connect(
+    sluice: &Sidecar,
+    window: u32,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<()>,
+) {
+    let tcp = TcpStream::connect(sluice.addr()).await.expect("connect");
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("HTTP/2 handshake");
+    let driven = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (client, driven)
+}
+
+/// Sends `GET path` on `client` and waits for the response head.
+async fn h2_get(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+) -> http::Response<h2::RecvStream> {
+    let request = http::Request::get(format!("http://app.test{path}"))
+        .body(())
+        .expect("request");
+    let mut ready = client.clone().ready().await.expect("ready to send");
+    let (response, _) = ready.send_request(request, true).expect("send");
+    *client = ready;
+    tokio::time::timeout(REQUEST_DEADLINE, response)
+        .await
+        .expect("a response head in time")
+        .expect("a response head")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_granted_no_window_is_reset_at_the_send_timeout() {
+    const LEN: u64 = 1 << 30;
+    let upstream = Scripted::start(Answer::Large(LEN)).await;
+    let sluice = Sidecar::start(&config(&upstream.url(), "  send_timeout: 2s\n", "30s"));
+    let (mut client, _driven) = h2_connect(&sluice, 0).await;
+
+    let response = h2_get(&mut client, "/large").await;
+    assert_eq!(response.status(), 200);
+    let stopped = Instant::now();
+
+    // The client never grants the stream a byte: h2 holds the first chunk
+    // and stops asking for more; at the send timeout the stream is reset.
+    let mut body = response.into_body();
+    let ended = tokio::time::timeout(Duration::from_secs(15), body.data())
+        .await
+        .expect("the stream was reset");
+    let after = stopped.elapsed();
+    let error = match ended {
+        Some(Err(error)) => error,
+        other => panic!("the stream ended without a reset: {other:?}"),
+    };
+    assert_eq!(error.reason(), Some(h2::Reason::CANCEL), "{error}");
+    assert!(
+        after >= Duration::from_millis(1900) && after < Duration::from_secs(8),
+        "reset {after:?} after the response head"
+    );
+    // And the upstream connection behind it was let go.
+    support::eventually(Duration::from_secs(10), || async {
+        (upstream.broken() == 1).then_some(())
+    })
+    .await;
+
+    // Only that stream: the connection still serves the next request.
+    let next = h2_get(&mut client, "/large").await;
+    assert_eq!(next.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_waiting_on_the_upstream_is_not_cut_at_the_send_timeout() {
+    // Half the body, then the upstream goes quiet: sluice waits for it,
+    // which is no fault of the client's, until `upstream.timeout`.
+    let upstream = Scripted::start(Answer::KeepOpen(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello".to_vec(),
+    ))
+    .await;
+    let sluice = Sidecar::start(&config(&upstream.url(), "  send_timeout: 1s\n", "4s"));
+    let (mut client, _driven) = h2_connect(&sluice, 65_535).await;
+
+    let response = h2_get(&mut client, "/half").await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(REQUEST_DEADLINE, body.data())
+        .await
+        .expect("the first half in time")
+        .expect("data")
+        .expect("data");
+    assert_eq!(&first[..], b"hello");
+    let _ = body.flow_control().release_capacity(first.len());
+    let waiting = Instant::now();
+
+    let ended = tokio::time::timeout(Duration::from_secs(15), body.data())
+        .await
+        .expect("the stream ended");
+    assert!(
+        matches!(ended, Some(Err(_))),
+        "a body cut short must not end cleanly: {ended:?}"
+    );
+    let after = waiting.elapsed();
+    assert!(
+        after >= Duration::from_millis(3500),
+        "cut {after:?} after the upstream went quiet: that is the send timeout, not the upstream's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_holding_unsent_bytes_is_closed() {
+    // A whole small body, of which the client takes one byte and no more:
+    // the response is over for sluice, the rest waits in h2's buffers.
+    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n".to_vec();
+    answer.extend(std::iter::repeat_n(b'x', 1000));
+    let upstream = Scripted::start(Answer::KeepOpen(answer)).await;
+    let sluice = Sidecar::start(&config(
+        &upstream.url(),
+        "  send_timeout: 1s\n  idle_timeout: 1s\n",
+        "30s",
+    ));
+    let (mut client, driven) = h2_connect(&sluice, 1).await;
+    let response = h2_get(&mut client, "/small").await;
+    assert_eq!(response.status(), 200);
+    let _body = response.into_body();
+    drop(client);
+
+    // Idle, then GOAWAY; the stream would hold the close open for ever.
+    tokio::time::timeout(Duration::from_secs(15), driven)
+        .await
+        .expect("sluice closed the connection")
+        .expect("the connection task");
 }

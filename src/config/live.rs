@@ -5,6 +5,7 @@
 //! [`crate::proxy::Runtime`]) and keeps it to the end; a reload swaps it
 //! whole.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +61,9 @@ pub struct StoreLive {
     /// The whole decision: pool wait, connect, round trips.
     pub budget: Duration,
     pub on_failure: OnFailure,
+    /// How many sidecars share the store's limits: under `local`, each
+    /// enforces every quota divided by this.
+    pub local_share: NonZeroU32,
     pub failure_retry_after: Duration,
 }
 
@@ -69,6 +73,19 @@ pub enum OnFailure {
     Deny,
     /// Forward without a decision (counted).
     Allow,
+    /// Decide in this sidecar's memory, each quota divided by
+    /// `local_share`, until the store decides again.
+    Local,
+}
+
+impl OnFailure {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnFailure::Deny => "deny",
+            OnFailure::Allow => "allow",
+            OnFailure::Local => "local",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

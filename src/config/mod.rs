@@ -88,6 +88,8 @@ impl Config {
 }
 
 #[cfg(test)]
+mod fallback_tests;
+#[cfg(test)]
 mod tests;
 
 /// The `Upgrade` protocols a route passes when it names none.

@@ -189,6 +189,7 @@ pub struct Store {
     pub kind: Option<Scalar>,
     pub budget: Option<Scalar>,
     pub on_failure: Option<Scalar>,
+    pub local_share: Option<Scalar>,
     pub failure_retry_after: Option<Scalar>,
     pub ttl_grace: Option<Scalar>,
     // memory
@@ -280,6 +281,7 @@ pub struct Policy {
     pub revision: Option<Scalar>,
     /// `concurrency` only.
     pub retry_after: Option<Scalar>,
+    pub on_failure: Option<Scalar>,
 }
 
 impl Policy {

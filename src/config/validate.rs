@@ -20,7 +20,8 @@ use self::check::Checker;
 use super::env::{self, key_text, Lookup};
 use super::locate::{At, KeyPath, Locations};
 use super::raw::{self, SECTIONS};
-use super::{Boot, Config, ConfigError, ConfigErrors, Live};
+use super::{Boot, Config, ConfigError, ConfigErrors, Live, OnFailure, StoreLive};
+use crate::limit::LimitPolicy;
 
 /// Reads `${NAME}` from the process environment.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
@@ -161,6 +162,7 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
     let kind = raw_store
         .as_ref()
         .and_then(|raw| sections::store_kind(cx, &p, raw));
+    let share_written = raw_store.as_ref().is_some_and(|r| r.local_share.is_some());
     let store = raw_store.and_then(|raw| sections::store(cx, &p, raw, kind));
     let p = top.key("identity");
     let identity = cx
@@ -192,6 +194,15 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         &policies,
     );
 
+    local_fallback(
+        cx,
+        &top,
+        kind,
+        share_written,
+        store.as_ref().map(|(_, live)| live),
+        &policies,
+    );
+
     let (server, server_live) = server?;
     let (upstream, upstream_live) = upstream?;
     let (store, store_live) = store?;
@@ -213,4 +224,47 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
             default: default?,
         },
     })
+}
+
+/// `on_failure: local` needs a shared store to fall back from, and
+/// `store.local_share` means nothing without it: both mistakes are refused
+/// rather than silently ignored, since an operator who writes either
+/// believes a fallback is in place.
+fn local_fallback(
+    cx: &mut Checker<'_>,
+    top: &KeyPath,
+    kind: Option<sections::Kind>,
+    share_written: bool,
+    store: Option<&StoreLive>,
+    policies: &policy::Policies,
+) {
+    let store_path = top.key("store");
+    let mut written: Vec<KeyPath> = Vec::new();
+    if store.is_some_and(|s| s.on_failure == OnFailure::Local) {
+        written.push(store_path.key("on_failure"));
+    }
+    for p in policies.valid.iter().filter_map(LimitPolicy::as_rate) {
+        if p.on_failure == Some(OnFailure::Local) {
+            written.push(top.key("policies").key(&p.name).key("on_failure"));
+        }
+    }
+    if kind == Some(sections::Kind::Memory) {
+        for path in &written {
+            cx.error(
+                path,
+                At::Value,
+                "`local` applies only to `kind: redis`: the memory store already decides in this sidecar",
+            );
+        }
+    }
+    // Unknown while the store section or a policy is itself invalid
+    // (already reported).
+    let all_known = store.is_some() && policies.valid.len() == policies.declared.len();
+    if share_written && written.is_empty() && all_known {
+        cx.error(
+            &store_path.key("local_share"),
+            At::Key,
+            "`local_share` applies only with `on_failure: local` (on the store or on a policy)",
+        );
+    }
 }

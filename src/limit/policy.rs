@@ -5,10 +5,12 @@
 //! (non-zero limits and windows, consistent burst), so the algorithms
 //! never check parameters.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Algorithm, Bands};
+use crate::config::OnFailure;
 
 /// A named, validated policy. Shared by reference between routes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +22,10 @@ pub struct Policy {
     pub revision: Arc<str>,
     /// Count and report, never block.
     pub shadow: bool,
+    /// What happens when the store cannot decide, when the policy says so
+    /// rather than leaving it to `store.on_failure`. Not part of the
+    /// derived revision: changing it changes no counter's meaning.
+    pub on_failure: Option<OnFailure>,
     /// Private with what is derived from it, so the two cannot disagree;
     /// derived once here rather than on every request.
     bands: Bands,
@@ -39,11 +45,37 @@ impl Policy {
             name: name.into(),
             revision: revision.into(),
             shadow,
+            on_failure: None,
             horizon: bands.horizon(),
             max_cost: bands.max_cost(),
             quotas: bands.quotas().into(),
             bands,
         }
+    }
+
+    /// The policy with its own `on_failure`.
+    pub fn with_on_failure(mut self, on_failure: Option<OnFailure>) -> Policy {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// Its own `on_failure`, else the store's.
+    pub fn failure_mode(&self, store: OnFailure) -> OnFailure {
+        self.on_failure.unwrap_or(store)
+    }
+
+    /// The policy one of `share` sidecars enforces alone while the store
+    /// cannot decide: every band's quota divided by `share` (see
+    /// [`Bands::shared`]). Same name and revision: its state lives in a
+    /// store of its own, never beside the shared counters.
+    pub fn shared(&self, share: NonZeroU32) -> Policy {
+        Policy::new(
+            self.name.clone(),
+            self.revision.clone(),
+            self.bands.shared(share),
+            self.shadow,
+        )
+        .with_on_failure(self.on_failure)
     }
 
     pub fn bands(&self) -> &Bands {
@@ -67,5 +99,117 @@ impl Policy {
     /// See [`Bands::quotas`].
     pub fn quotas(&self) -> &[(u32, Duration)] {
         &self.quotas
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{BucketBand, GcraBand, WindowBand};
+
+    fn n(v: u32) -> NonZeroU32 {
+        NonZeroU32::new(v).unwrap()
+    }
+
+    fn window(limit: u32) -> WindowBand {
+        WindowBand {
+            limit: n(limit),
+            window: Duration::from_secs(60),
+        }
+    }
+
+    fn policy(bands: Bands) -> Policy {
+        Policy::new("p", "r1", bands, false)
+    }
+
+    #[test]
+    fn window_quotas_are_divided_rounded_down_and_at_least_one() {
+        for bands in [
+            Bands::FixedWindow(vec![window(30), window(1000), window(2)]),
+            Bands::SlidingCounter(vec![window(30), window(1000), window(2)]),
+            Bands::SlidingLog(vec![window(30), window(1000), window(2)]),
+        ] {
+            let local = policy(bands).shared(n(3));
+            let quotas: Vec<u32> = local.quotas().iter().map(|(q, _)| *q).collect();
+            assert_eq!(quotas, [10, 333, 1], "{:?}", local.algorithm());
+            assert!(local
+                .quotas()
+                .iter()
+                .all(|(_, w)| *w == Duration::from_secs(60)));
+            assert_eq!((&*local.name, &*local.revision), ("p", "r1"));
+        }
+    }
+
+    #[test]
+    fn a_share_of_one_changes_nothing() {
+        let p = policy(Bands::Gcra(vec![GcraBand {
+            limit: n(60),
+            window: Duration::from_secs(60),
+            burst: n(10),
+        }]));
+        assert_eq!(p.shared(NonZeroU32::MIN).bands(), p.bands());
+    }
+
+    #[test]
+    fn a_bucket_divides_capacity_and_rate() {
+        let fast = BucketBand {
+            capacity: n(100),
+            refill_tokens: n(10),
+            refill_every: Duration::from_secs(1),
+        };
+        let slow = BucketBand {
+            capacity: n(5),
+            refill_tokens: n(1),
+            refill_every: Duration::from_secs(10),
+        };
+        let local = policy(Bands::TokenBucket(vec![fast, slow])).shared(n(3));
+        let Bands::TokenBucket(bands) = local.bands() else {
+            panic!("still a bucket")
+        };
+        // Enough tokens per period: divided by tokens.
+        assert_eq!(
+            bands[0],
+            BucketBand {
+                capacity: n(33),
+                refill_tokens: n(3),
+                refill_every: Duration::from_secs(1),
+            }
+        );
+        // One token per period: the period is stretched, so the rate is a
+        // third as well (1 per 30 s), not rounded up to the fleet's.
+        assert_eq!(
+            bands[1],
+            BucketBand {
+                capacity: n(1),
+                refill_tokens: n(1),
+                refill_every: Duration::from_secs(30),
+            }
+        );
+    }
+
+    #[test]
+    fn gcra_divides_rate_and_burst() {
+        let p = policy(Bands::Gcra(vec![GcraBand {
+            limit: n(60),
+            window: Duration::from_secs(60),
+            burst: n(2),
+        }]));
+        let Bands::Gcra(bands) = p.shared(n(4)).bands().clone() else {
+            panic!("still gcra")
+        };
+        assert_eq!(bands[0].limit, n(15));
+        assert_eq!(bands[0].burst, n(1));
+        assert_eq!(bands[0].window, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_policy_override_wins_over_the_store() {
+        let p = policy(Bands::FixedWindow(vec![window(30)]));
+        assert_eq!(p.failure_mode(OnFailure::Deny), OnFailure::Deny);
+        let p = p.with_on_failure(Some(OnFailure::Local));
+        assert_eq!(p.failure_mode(OnFailure::Deny), OnFailure::Local);
+        assert_eq!(p.failure_mode(OnFailure::Allow), OnFailure::Local);
+        // The local copy keeps it.
+        assert_eq!(p.shared(n(3)).on_failure, Some(OnFailure::Local));
     }
 }

@@ -19,11 +19,15 @@
 //! - `body`: the boxed body type, the request-body idle timeout, and the
 //!   wrapper that holds a request's places in flight until its response
 //!   body is done.
+//! - `fallback`: `on_failure: local`, deciding alone while the store
+//!   cannot, each quota divided by `store.local_share`.
 //! - `verdict`: what became of a request, the hook metrics attach to.
 //! - `metrics`: the proxy's metric handles (per route, verdict-indexed).
 //! - `log_budget`: how many decisions a route may log a second.
 
 mod body;
+pub mod explain;
+pub mod fallback;
 mod forward;
 pub(crate) mod headers;
 mod log_budget;

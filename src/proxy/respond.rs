@@ -206,6 +206,28 @@ pub fn over_concurrency(prepared: &Prepared, retry_after: Duration) -> Response<
     response
 }
 
+/// 429 decided by this sidecar alone (`on_failure: local`): the same
+/// answer, but `RateLimit-Policy` announces the quotas it enforces alone
+/// (`local_field`), which are what `RateLimit` and `Retry-After` count.
+pub fn too_many_requests_local(
+    prepared: &Prepared,
+    local_field: &HeaderValue,
+    decision: &Decision,
+) -> Response<Body> {
+    let retry_after = retry_after_secs(decision.retry_after);
+    let mut response = problem_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        prepared.denied.render(retry_after),
+        Some(retry_after),
+    );
+    let headers = response.headers_mut();
+    headers.append(&RATELIMIT_POLICY, local_field.clone());
+    if let Some(value) = prepared.limit_value(decision) {
+        headers.append(&RATELIMIT, value);
+    }
+    response
+}
+
 /// 503: the store could not decide in time and `on_failure` is `deny`.
 pub fn unavailable(prepared: &Prepared, retry_after: Duration) -> Response<Body> {
     let retry_after = retry_after_secs(retry_after);
@@ -333,6 +355,14 @@ pub fn add_ratelimit_headers(headers: &mut HeaderMap, prepared: &Prepared, decis
     if let Some(value) = prepared.limit_value(decision) {
         headers.append(&RATELIMIT, value);
     }
+}
+
+/// `RateLimit-Policy` for `policy` alone (the local fallback's quotas).
+pub fn policy_field(policy: &Policy) -> HeaderValue {
+    let mut out = String::new();
+    policy_value(&mut out, policy);
+    // Built from printable ASCII only (see `push_band_name`).
+    HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Every limit of `route`, in order, as `RateLimit-Policy` members.

@@ -14,10 +14,11 @@
 //! of a forwarded request are held by its response body, released when it
 //! ends or the client goes away.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::uri::PathAndQuery;
-use http::{Request, Response, Uri};
+use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use smallvec::SmallVec;
@@ -28,10 +29,11 @@ use crate::limit::{Decision, LimitPolicy, Outcome, Policy};
 use crate::path;
 use crate::route::{Limit, Route};
 use crate::store::in_flight::{InFlight, Permit};
-use crate::store::{Evaluation, EvaluationId, Store};
-use crate::subject::{self, Pseudonym, UnreadableForwardedFor};
+use crate::store::{Evaluation, EvaluationId, Source, Store};
+use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::{Body, Holding};
+use super::fallback::Fallback;
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
@@ -45,6 +47,8 @@ use super::ConnInfo;
 pub struct Proxy {
     runtime: SharedRuntime,
     store: Arc<Store>,
+    /// Decides `on_failure: local` policies while the store cannot.
+    fallback: Arc<Fallback>,
     /// Requests in flight per concurrency policy and subject; outlives
     /// reloads, as the requests it counts do.
     in_flight: Arc<InFlight>,
@@ -53,8 +57,16 @@ pub struct Proxy {
     metrics: ProxyMetrics,
 }
 
+/// What deciding alone needs, should the store not decide.
+pub(super) struct Local<'a> {
+    pub fallback: &'a Fallback,
+    pub evaluation: &'a Evaluation<'a>,
+    /// `false` for `POST /explain`: the local answer is read, not charged.
+    pub charge: bool,
+}
+
 /// What the outcome asks of the request.
-enum Action {
+pub(super) enum Action {
     /// To the upstream; with a decision when its `RateLimit` fields are to
     /// be added to the response.
     Forward {
@@ -65,21 +77,23 @@ enum Action {
 
 /// One limit of a route the request matched, and the subject it counts.
 #[derive(Clone, Copy)]
-struct Check<'r> {
-    entry: Entry<'r>,
+pub(super) struct Check<'r> {
+    pub entry: Entry<'r>,
     /// The route's position among those the request matched.
-    route_at: usize,
+    pub route_at: usize,
     /// Its index in `entry.route.limits`.
-    limit: usize,
-    subject: Pseudonym,
+    pub limit: usize,
+    pub subject: Pseudonym,
+    /// How the subject was found (for `POST /explain`).
+    pub resolved: Resolved,
 }
 
 impl<'r> Check<'r> {
-    fn limit(&self) -> &'r Limit {
+    pub fn limit(&self) -> &'r Limit {
         &self.entry.route.limits[self.limit]
     }
 
-    fn state(&self) -> &'r LimitState {
+    pub fn state(&self) -> &'r LimitState {
         &self.entry.limits[self.limit]
     }
 }
@@ -94,11 +108,17 @@ struct Admitted<'r> {
 }
 
 impl Proxy {
-    pub fn new(runtime: SharedRuntime, store: Arc<Store>, upstream: Upstream) -> Proxy {
+    pub fn new(
+        runtime: SharedRuntime,
+        store: Arc<Store>,
+        fallback: Arc<Fallback>,
+        upstream: Upstream,
+    ) -> Proxy {
         Proxy {
             metrics: ProxyMetrics::new(store.kind()),
             runtime,
             store,
+            fallback,
             in_flight: InFlight::new(),
             upstream,
             tunnels: Tunnels::new(),
@@ -107,77 +127,30 @@ impl Proxy {
 
     pub async fn handle(&self, mut request: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
         let arrival = Instant::now();
-        let checked = headers::check_head(
-            request.method(),
-            request.version(),
-            request.uri(),
-            request.headers(),
-        );
-        if let Err(invalid) = checked {
-            return refuse(&invalid);
-        }
-
         // Loaded once: a reload mid-request does not change the rules it
         // is judged by.
         let runtime = self.runtime.load_full();
         let live = &*runtime.live;
-        let matched =
-            headers::check_identity_headers(request.headers(), runtime.routes.identity_headers())
-                .and_then(|()| {
-                    overrides::methods(request.method(), request.headers(), request.uri().query())
-                })
-                .and_then(|methods| route(&runtime, &methods, request.uri(), live));
-        let (matched, rewritten) = match matched {
-            Ok(found) => found,
+        let routed = prepare(
+            &runtime,
+            request.method(),
+            request.version(),
+            request.uri(),
+            request.headers(),
+            conn.peer.ip(),
+        );
+        let Routed {
+            matched,
+            rewritten,
+            checks,
+        } = match routed {
+            Ok(routed) => routed,
             Err(invalid) => return refuse(&invalid),
         };
         // From here on the request carries the path that was matched, and
         // the app receives exactly that.
         if let Some(uri) = rewritten {
             *request.uri_mut() = uri;
-        }
-
-        // Every subject is resolved before anything is charged, so a
-        // request refused for one route consumes nothing of another.
-        let mut checks: SmallVec<[Check<'_>; 2]> = SmallVec::new();
-        for (route_at, entry) in matched.iter().enumerate() {
-            let route = entry.route;
-            if let Err(invalid) =
-                headers::check_connection(request.headers(), route.subject_sources())
-            {
-                return refuse(&invalid);
-            }
-            let first = checks.len();
-            for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
-                // Limits of one route counting the same subject share its
-                // pseudonym: one HMAC, not one per limit.
-                let known = state.fixed_subject.or_else(|| {
-                    checks[first..]
-                        .iter()
-                        .find(|c| c.limit().subject == limit.subject)
-                        .map(|c| c.subject)
-                });
-                let subject = match known {
-                    Some(subject) => subject,
-                    None => match subject::resolve(
-                        &limit.subject,
-                        &route.name,
-                        conn.peer.ip(),
-                        request.headers(),
-                        &live.identity,
-                        &runtime.key,
-                    ) {
-                        Ok((pseudonym, _)) => pseudonym,
-                        Err(UnreadableForwardedFor) => return refuse(&Invalid::ForwardedFor),
-                    },
-                };
-                checks.push(Check {
-                    entry,
-                    route_at,
-                    limit: i,
-                    subject,
-                });
-            }
         }
 
         let admitted = match self.admit(&matched, &checks, live, arrival).await {
@@ -239,16 +212,16 @@ impl Proxy {
 
         // A route's verdict, when not Allowed, and the limit it came from.
         let mut noted: [Option<(usize, Verdict)>; MAX_METHODS] = [None; MAX_METHODS];
-        let rated: SmallVec<[(&Check<'r>, &'r Policy); 2]> = checks
+        let rated: SmallVec<[(&Check<'r>, &'r Arc<Policy>); 2]> = checks
             .iter()
-            .filter_map(|c| c.limit().policy.as_rate().map(|p| (c, &**p)))
+            .filter_map(|c| c.limit().policy.as_rate().map(|p| (c, p)))
             .collect();
         if !rated.is_empty() {
             let deadline = arrival + live.store.budget;
             let evaluations: SmallVec<[Evaluation<'_>; 2]> = rated
                 .iter()
                 .map(|(check, policy)| Evaluation {
-                    policy,
+                    policy: policy.as_ref(),
                     subject: &check.subject,
                     cost: check.limit().cost,
                     deadline,
@@ -256,15 +229,33 @@ impl Proxy {
                 })
                 .collect();
             let outcomes = self.store.evaluate_all(&evaluations).await;
+            if outcomes.source == Source::Store && outcomes.list.iter().any(decided) {
+                self.fallback.store_decided();
+            }
             self.metrics
                 .decision_duration
                 .record(arrival.elapsed().as_secs_f64());
-            for (at, outcome) in outcomes.iter() {
-                let Some(&(check, policy)) = rated.get(at) else {
+            // A limit the store could not decide leaves the ones after it
+            // undecided too: each then follows its own `on_failure`.
+            let undecided = outcomes.list.last().copied().filter(|o| !decided(o));
+            let after = outcomes.first + outcomes.list.len();
+            let rest = undecided
+                .into_iter()
+                .flat_map(|o| (after..rated.len()).map(move |i| (i, o)));
+            for (at, outcome) in outcomes.iter().chain(rest) {
+                let (Some(&(check, policy)), Some(evaluation)) =
+                    (rated.get(at), evaluations.get(at))
+                else {
                     continue;
                 };
                 let responses = &check.state().responses;
-                let (verdict, action) = decide(outcome, check.entry.route, policy, responses, live);
+                let local = Local {
+                    fallback: &self.fallback,
+                    evaluation,
+                    charge: true,
+                };
+                let (verdict, action) =
+                    decide(outcome, check.entry.route, policy, responses, live, &local);
                 match action {
                     Action::Respond(response) => {
                         // Its places go back as `admitted` drops.
@@ -345,21 +336,106 @@ impl Proxy {
         response
     }
 
+    /// The local fallback, for its upkeep (sweeping, metrics).
+    pub fn fallback(&self) -> &Arc<Fallback> {
+        &self.fallback
+    }
+
     /// Lets upgraded connections run until `deadline`, then cuts them.
     pub async fn drain_tunnels(&self, deadline: Instant) {
         self.tunnels.drain(deadline).await;
     }
 }
 
+/// What the routing half found for a request: the routes it matched, the
+/// URI to forward when normalization changed the path, and every limit of
+/// those routes with the subject it counts, in the order they are checked.
+pub(super) struct Routed<'r> {
+    pub matched: Matched<'r>,
+    pub rewritten: Option<Uri>,
+    pub checks: SmallVec<[Check<'r>; 2]>,
+}
+
+/// Everything a request goes through before a store is asked: the head
+/// checks, the identity headers, the methods it may run as, the path
+/// normalized and routed, and every limit's subject resolved. The proxy
+/// and `POST /explain` both call it, so an explanation follows the very
+/// rules a request is judged by.
+pub(super) fn prepare<'r>(
+    runtime: &'r Runtime,
+    method: &Method,
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+    peer: IpAddr,
+) -> Result<Routed<'r>, Invalid> {
+    headers::check_head(method, version, uri, headers)?;
+    let live = &*runtime.live;
+    headers::check_identity_headers(headers, runtime.routes.identity_headers())?;
+    let methods = overrides::methods(method, headers, uri.query())?;
+    let (matched, rewritten) = route(runtime, &methods, uri, live)?;
+
+    // Every subject is resolved before anything is charged, so a
+    // request refused for one route consumes nothing of another.
+    let mut checks: SmallVec<[Check<'r>; 2]> = SmallVec::new();
+    for (route_at, entry) in matched.iter().enumerate() {
+        let route = entry.route;
+        headers::check_connection(headers, route.subject_sources())?;
+        let first = checks.len();
+        for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
+            // Limits of one route counting the same subject share its
+            // pseudonym: one HMAC, not one per limit.
+            let known = match state.fixed_subject {
+                Some(global) => Some((global, Resolved::Global)),
+                None => checks[first..]
+                    .iter()
+                    .find(|c| c.limit().subject == limit.subject)
+                    .map(|c| (c.subject, c.resolved)),
+            };
+            let (subject, resolved) = match known {
+                Some(known) => known,
+                None => subject::resolve(
+                    &limit.subject,
+                    &route.name,
+                    peer,
+                    headers,
+                    &live.identity,
+                    &runtime.key,
+                )
+                .map_err(|UnreadableForwardedFor| Invalid::ForwardedFor)?,
+            };
+            checks.push(Check {
+                entry,
+                route_at,
+                limit: i,
+                subject,
+                resolved,
+            });
+        }
+    }
+    Ok(Routed {
+        matched,
+        rewritten,
+        checks,
+    })
+}
+
+/// A decision, rather than no decision at all.
+fn decided(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_))
+}
+
 /// The one place a store's [`Outcome`] becomes an action, for one rate
-/// limit (`policy`, answered with `responses`). No catch-all arm: a new
-/// outcome must be decided here before sluice builds.
-fn decide(
+/// limit (`policy`, answered with `responses`), a local fallback's outcome
+/// too, through [`decide_locally`]. No catch-all arm: a new outcome must be
+/// decided here before sluice builds.
+pub(super) fn decide(
     outcome: Outcome,
     route: &Route,
-    policy: &Policy,
+    policy: &Arc<Policy>,
     responses: &Prepared,
     live: &Live,
+    local: &Local<'_>,
 ) -> (Verdict, Action) {
     let store = &live.store;
     match outcome {
@@ -377,8 +453,10 @@ fn decide(
                 (Verdict::Denied, Action::Respond(response))
             }
         }
-        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), responses, store),
-        Outcome::Indeterminate => fail(Failure::Indeterminate, responses, store),
+        Outcome::Unavailable(reason) => {
+            fail(Failure::Unavailable(reason), policy, responses, live, local)
+        }
+        Outcome::Indeterminate => fail(Failure::Indeterminate, policy, responses, live, local),
         Outcome::Incompatible(reason) => {
             let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
             (Verdict::Incompatible(reason), Action::Respond(response))
@@ -386,28 +464,85 @@ fn decide(
     }
 }
 
-/// No decision could be made: `on_failure` says what happens.
-fn fail(failure: Failure, responses: &Prepared, store: &config::StoreLive) -> (Verdict, Action) {
-    match store.on_failure {
-        OnFailure::Deny => {
-            let response = respond::unavailable(responses, store.failure_retry_after);
-            (Verdict::FailedClosed(failure), Action::Respond(response))
-        }
+/// No decision could be made: `on_failure` (the policy's, else the
+/// store's) says what happens.
+fn fail(
+    failure: Failure,
+    policy: &Arc<Policy>,
+    responses: &Prepared,
+    live: &Live,
+    local: &Local<'_>,
+) -> (Verdict, Action) {
+    let store = &live.store;
+    match policy.failure_mode(store.on_failure) {
+        OnFailure::Deny => fail_closed(failure, responses, store),
         OnFailure::Allow => (
             Verdict::FailedOpen(failure),
             Action::Forward { ratelimit: None },
         ),
+        OnFailure::Local => decide_locally(failure, policy, responses, live, local),
+    }
+}
+
+fn fail_closed(
+    failure: Failure,
+    responses: &Prepared,
+    store: &config::StoreLive,
+) -> (Verdict, Action) {
+    let response = respond::unavailable(responses, store.failure_retry_after);
+    (Verdict::FailedClosed(failure), Action::Respond(response))
+}
+
+/// `on_failure: local`: this sidecar's share of the policy, decided here.
+/// A route's several limits are decided here one by one, in order: unlike
+/// the store, the local fallback does not put back what a limit charged
+/// when a later one refuses (README, "When the store is down").
+fn decide_locally(
+    failure: Failure,
+    policy: &Arc<Policy>,
+    responses: &Prepared,
+    live: &Live,
+    local: &Local<'_>,
+) -> (Verdict, Action) {
+    let store = &live.store;
+    let (outcome, shared) = if local.charge {
+        local
+            .fallback
+            .evaluate(local.evaluation, policy, store.local_share)
+    } else {
+        local
+            .fallback
+            .peek(local.evaluation, policy, store.local_share)
+    };
+    match outcome {
+        // No `RateLimit` fields: the response would pair the shared
+        // policy's `RateLimit-Policy` with a count kept here alone.
+        Outcome::Allowed(_) => (Verdict::LocalAllowed, Action::Forward { ratelimit: None }),
+        Outcome::Denied(_) if policy.shadow => (
+            Verdict::LocalShadowDenied,
+            Action::Forward { ratelimit: None },
+        ),
+        Outcome::Denied(decision) => {
+            let response = respond::too_many_requests_local(responses, &shared.field, &decision);
+            (Verdict::LocalDenied, Action::Respond(response))
+        }
+        // The local store is full (a newcomer is never given room by
+        // forgetting someone), or the request costs more than the local
+        // share could ever admit: no decision here either.
+        Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => {
+            fail_closed(failure, responses, store)
+        }
     }
 }
 
 /// The routes a request matched: one per distinct route its methods
 /// found, the wire method's first. Nothing is allocated.
-struct Matched<'r> {
+pub(super) struct Matched<'r> {
     entries: [Option<Entry<'r>>; MAX_METHODS],
 }
 
 impl<'r> Matched<'r> {
-    fn iter(&self) -> impl Iterator<Item = Entry<'r>> + '_ {
+    pub(super) fn iter(&self) -> impl Iterator<Item = Entry<'r>> + '_ {
         self.entries.iter().flatten().copied()
     }
 
@@ -468,6 +603,12 @@ fn with_path(uri: &Uri, path: &str) -> Uri {
 fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
     request_refused(invalid.label());
+    refusal(invalid)
+}
+
+/// The answer to a request refused before any decision; counted by the
+/// caller (an explanation builds it without counting it).
+pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
     match invalid {
         Invalid::TransferCoding => respond::closing(respond::not_implemented(invalid.reason())),
         Invalid::Connect => respond::not_implemented(invalid.reason()),

@@ -21,6 +21,14 @@ pub enum Verdict {
     FailedOpen(Failure),
     /// Answered 503 whatever `on_failure` says.
     Incompatible(Incompatible),
+    /// No decision from the store; `on_failure: local` admitted it within
+    /// this sidecar's share. A decision, so not counted as forwarded
+    /// without one.
+    LocalAllowed,
+    /// As [`Verdict::LocalAllowed`], over the local share: answered 429.
+    LocalDenied,
+    /// Over the local share under a shadow policy: counted, forwarded.
+    LocalShadowDenied,
     /// Over a concurrency limit: answered 503, nothing of any rate limit
     /// charged.
     ConcurrencyDenied,
@@ -45,13 +53,16 @@ pub enum OutcomeLabel {
     Unavailable,
     Indeterminate,
     Incompatible,
+    LocalAllowed,
+    LocalDenied,
+    LocalShadowDenied,
     ConcurrencyDenied,
 }
 
 impl OutcomeLabel {
     /// Every variant, each at the position of its discriminant (checked
     /// below at compile time).
-    pub const ALL: [OutcomeLabel; 8] = [
+    pub const ALL: [OutcomeLabel; 11] = [
         OutcomeLabel::Unlimited,
         OutcomeLabel::Allowed,
         OutcomeLabel::Denied,
@@ -59,6 +70,9 @@ impl OutcomeLabel {
         OutcomeLabel::Unavailable,
         OutcomeLabel::Indeterminate,
         OutcomeLabel::Incompatible,
+        OutcomeLabel::LocalAllowed,
+        OutcomeLabel::LocalDenied,
+        OutcomeLabel::LocalShadowDenied,
         OutcomeLabel::ConcurrencyDenied,
     ];
 
@@ -71,6 +85,9 @@ impl OutcomeLabel {
             OutcomeLabel::Unavailable => "unavailable",
             OutcomeLabel::Indeterminate => "indeterminate",
             OutcomeLabel::Incompatible => "incompatible",
+            OutcomeLabel::LocalAllowed => "local_allowed",
+            OutcomeLabel::LocalDenied => "local_denied",
+            OutcomeLabel::LocalShadowDenied => "local_shadow_denied",
             OutcomeLabel::ConcurrencyDenied => "concurrency_denied",
         }
     }
@@ -97,6 +114,9 @@ impl Verdict {
             Verdict::ShadowDenied => OutcomeLabel::ShadowDenied,
             Verdict::FailedClosed(f) | Verdict::FailedOpen(f) => f.outcome(),
             Verdict::Incompatible(_) => OutcomeLabel::Incompatible,
+            Verdict::LocalAllowed => OutcomeLabel::LocalAllowed,
+            Verdict::LocalDenied => OutcomeLabel::LocalDenied,
+            Verdict::LocalShadowDenied => OutcomeLabel::LocalShadowDenied,
             Verdict::ConcurrencyDenied => OutcomeLabel::ConcurrencyDenied,
         }
     }
@@ -110,10 +130,11 @@ impl Verdict {
     pub fn forwarded(&self) -> bool {
         match self {
             Verdict::Unlimited | Verdict::Allowed | Verdict::ShadowDenied => true,
-            Verdict::FailedOpen(_) => true,
+            Verdict::FailedOpen(_) | Verdict::LocalAllowed | Verdict::LocalShadowDenied => true,
             Verdict::Denied
             | Verdict::FailedClosed(_)
             | Verdict::Incompatible(_)
+            | Verdict::LocalDenied
             | Verdict::ConcurrencyDenied => false,
         }
     }
@@ -152,5 +173,17 @@ mod tests {
         assert!(Verdict::ShadowDenied.forwarded());
         assert!(!Verdict::ShadowDenied.forwarded_without_decision());
         assert!(!Verdict::Denied.forwarded());
+    }
+
+    #[test]
+    fn a_local_decision_is_a_decision() {
+        assert!(Verdict::LocalAllowed.forwarded());
+        assert!(!Verdict::LocalAllowed.forwarded_without_decision());
+        assert_eq!(Verdict::LocalAllowed.label(), "local_allowed");
+        assert!(!Verdict::LocalDenied.forwarded());
+        assert_eq!(Verdict::LocalDenied.label(), "local_denied");
+        assert!(Verdict::LocalShadowDenied.forwarded());
+        assert!(!Verdict::LocalShadowDenied.forwarded_without_decision());
+        assert_eq!(Verdict::LocalShadowDenied.label(), "local_shadow_denied");
     }
 }

@@ -7,7 +7,9 @@
 //! protocol sniffing has no timeout at all, so the first request head is
 //! also bounded here, from accept. hyper has no HTTP/2 idle timeout either
 //! (hyper #1628): each connection counts its requests in flight and closes
-//! itself gracefully after `idle_timeout` with none. The same graceful
+//! itself gracefully after `idle_timeout` with none (an HTTP/2 stream is in
+//! flight until its response body has been handed to h2 whole; a client
+//! that stops granting window is `stream_watchdog`'s). The same graceful
 //! close serves the drain at shutdown, so each connection gets the drain
 //! signal itself rather than through hyper-util's watcher.
 
@@ -19,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
@@ -33,6 +35,7 @@ use crate::telemetry;
 use super::accept::AcceptErrors;
 use super::framing::Watched;
 use super::send_timeout::SendTimeout;
+use super::stream_watchdog::{self, StreamExecutor};
 use super::Settings;
 
 /// hyper refuses a smaller HTTP/1.1 buffer.
@@ -112,8 +115,10 @@ pub async fn serve(
     connections.shutdown().await;
 }
 
-fn builder(settings: &Settings) -> Builder<TokioExecutor> {
-    let mut builder = Builder::new(TokioExecutor::new());
+fn builder(settings: &Settings) -> Builder<StreamExecutor> {
+    let mut builder = Builder::new(StreamExecutor {
+        send_timeout: settings.send_timeout,
+    });
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -134,7 +139,7 @@ fn builder(settings: &Settings) -> Builder<TokioExecutor> {
 struct Connection {
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
-    builder: Arc<Builder<TokioExecutor>>,
+    builder: Arc<Builder<StreamExecutor>>,
     proxy: Arc<Proxy>,
     /// Turns true when the server starts draining.
     draining: watch::Receiver<bool>,
@@ -148,6 +153,8 @@ struct Connection {
 struct Activity {
     in_flight: AtomicUsize,
     idle_since: Mutex<Instant>,
+    /// Its requests are HTTP/2 streams.
+    http2: AtomicBool,
 }
 
 impl Activity {
@@ -155,6 +162,7 @@ impl Activity {
         Activity {
             in_flight: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
+            http2: AtomicBool::new(false),
         }
     }
 
@@ -245,7 +253,22 @@ impl Connection {
                 let proxy = proxy.clone();
                 async move {
                     let response = proxy.handle(request, &info).await;
-                    drop(in_flight);
+                    let response = match stream_watchdog::current() {
+                        // HTTP/2: the stream's watchdog watches the body,
+                        // and the stream is in flight until the body ends,
+                        // so the connection is idle only once every
+                        // response has been handed to h2 whole.
+                        Some(handed) => {
+                            in_flight.0.http2.store(true, Ordering::Relaxed);
+                            response.map(|body| stream_watchdog::watched(body, handed, in_flight))
+                        }
+                        // HTTP/1: the connection's own writes block on a
+                        // client that stops reading (`SendTimeout`).
+                        None => {
+                            drop(in_flight);
+                            response
+                        }
+                    };
                     Ok::<_, Infallible>(response)
                 }
             })
@@ -270,6 +293,11 @@ impl Connection {
         // Graceful from here: HTTP/1.1 finishes the request in flight and
         // closes; HTTP/2 sends GOAWAY and lets its open streams finish.
         let mut closing = false;
+        // Set when an idle HTTP/2 connection is closed: by then h2 holds
+        // every response whole, but a client that grants no window can keep
+        // the last bytes of one in h2's buffers, and the GOAWAY would wait
+        // on that stream for ever. It gets `send_timeout` to take them.
+        let mut close_by = None;
         loop {
             if !closing && *draining.borrow() {
                 closing = true;
@@ -284,7 +312,17 @@ impl Connection {
                         tracing::debug!(peer = %info.peer, "idle; closing the connection");
                         closing = true;
                         conn.as_mut().graceful_shutdown();
+                        if activity.http2.load(Ordering::Relaxed) {
+                            close_by = Some(Instant::now() + self.send_timeout);
+                        }
                     }
+                }
+                () = sleep_until_some(close_by), if close_by.is_some() => {
+                    tracing::debug!(
+                        peer = %info.peer,
+                        "the client took no data for send_timeout while closing; cut"
+                    );
+                    return;
                 }
             }
         }

@@ -6,11 +6,14 @@
 //! - [`tls`]: the rustls acceptor built from the configured PEM files.
 //! - `send_timeout`: the connection wrapper that cuts a client that stops
 //!   reading.
+//! - `stream_watchdog`: the same for one HTTP/2 stream, which flow control
+//!   stops before any socket write blocks.
 
 pub mod accept;
 mod framing;
 mod listener;
 mod send_timeout;
+mod stream_watchdog;
 pub mod tls;
 
 use std::time::Duration;

@@ -186,10 +186,7 @@ impl MemoryStore {
         // What each charged limit held before, to put back if a later one
         // blocks.
         let mut undo: SmallVec<[(Key, Before); 2]> = SmallVec::new();
-        let mut outcomes = Outcomes {
-            first: 0,
-            list: SmallVec::new(),
-        };
+        let mut outcomes = Outcomes::empty();
         let last = evaluations.len() - 1;
         for (i, (evaluation, key)) in evaluations.iter().zip(keys).enumerate() {
             let map = locked(&mut guards, key.hash);
@@ -280,6 +277,56 @@ impl MemoryStore {
             entry.expires_at = now;
         }
         Outcome::from_decision(decision)
+    }
+
+    /// What `evaluation` would be answered now, charging nothing (for
+    /// `POST /explain`): the step runs on a copy of the subject's state,
+    /// and nothing is written back: no entry is made for a subject never
+    /// seen, and no expiry moves.
+    pub fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        self.peek_at(evaluation, self.clock.now())
+    }
+
+    /// [`MemoryStore::peek`] at a given time.
+    pub fn peek_at(&self, evaluation: &Evaluation<'_>, now: Micros) -> Outcome {
+        let policy = evaluation.policy;
+        let key = self.key(evaluation);
+        let shard = &self.shards[shard_of(key.hash)];
+        let mut state = {
+            let map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get(&key) {
+                Some(entry) if entry.expires_at > now => entry.state.clone(),
+                Some(_) => State::new(policy.bands()),
+                None => {
+                    // As `evaluate_at` would find it: a newcomer to a full
+                    // store is refused unless this shard's expired entries
+                    // make room.
+                    let len = self.len.load(Ordering::Relaxed);
+                    if len >= self.max_entries {
+                        let expired = map.values().filter(|e| e.expires_at <= now).count();
+                        if len - expired.min(len) >= self.max_entries {
+                            return Outcome::Unavailable(Unavailable::AdmissionRejected);
+                        }
+                    }
+                    State::new(policy.bands())
+                }
+            }
+        };
+        let decision = algorithm::evaluate(policy.bands(), &mut state, now, evaluation.cost);
+        Outcome::from_decision(decision)
+    }
+
+    /// Drops every entry: what the local fallback does once the shared
+    /// store decides again, so the next outage starts from nothing.
+    pub fn clear(&self) -> usize {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            removed += map.len();
+            map.clear();
+        }
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        removed
     }
 
     /// Drops expired entries. Called periodically by the sweeper task; the
@@ -501,6 +548,60 @@ mod tests {
             !allowed(ask(&store, &real, &s, now)),
             "the real limit was charged"
         );
+    }
+
+    fn peek(store: &MemoryStore, policy: &Policy, subject: &Pseudonym, now: Micros) -> Outcome {
+        let evaluation = Evaluation {
+            policy,
+            subject,
+            cost: 1,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0),
+        };
+        store.peek_at(&evaluation, now)
+    }
+
+    #[test]
+    fn peeking_charges_nothing_and_stores_nothing() {
+        let store = MemoryStore::new(2, Duration::ZERO);
+        let p = policy("p", "r1", 3);
+        let now = 3_600 * SECOND;
+        let s = subject(1);
+        // A subject never seen: a full quota, and no entry made for it.
+        let Outcome::Allowed(fresh) = peek(&store, &p, &s, now) else {
+            panic!("a fresh subject is admitted");
+        };
+        assert_eq!(fresh.remaining, 2);
+        assert_eq!(store.len(), 0);
+        assert!(allowed(ask(&store, &p, &s, now)));
+        for _ in 0..3 {
+            let Outcome::Allowed(d) = peek(&store, &p, &s, now + SECOND) else {
+                panic!("two are left");
+            };
+            assert_eq!(d.remaining, 1, "what one more would leave");
+        }
+        assert!(allowed(ask(&store, &p, &s, now)));
+        assert!(allowed(ask(&store, &p, &s, now)));
+        assert!(matches!(peek(&store, &p, &s, now), Outcome::Denied(_)));
+        assert!(!allowed(ask(&store, &p, &s, now)));
+        // Past the entry's expiry it reads as fresh, and stays expired.
+        let later = now + 61 * SECOND;
+        assert!(allowed(peek(&store, &p, &s, later)));
+        assert_eq!(store.sweep_at(later), 1);
+    }
+
+    #[test]
+    fn peeking_a_newcomer_at_a_full_store_says_it_would_be_refused() {
+        let store = MemoryStore::new(1, Duration::ZERO);
+        let p = policy("p", "r1", 3);
+        let now = 3_600 * SECOND;
+        assert!(allowed(ask(&store, &p, &subject(1), now)));
+        assert_eq!(
+            peek(&store, &p, &subject(2), now),
+            Outcome::Unavailable(Unavailable::AdmissionRejected)
+        );
+        assert!(allowed(peek(&store, &p, &subject(1), now)));
+        assert_eq!(store.len(), 1);
     }
 
     #[test]

@@ -64,14 +64,27 @@ pub struct Evaluation<'a> {
 pub struct Outcomes {
     pub first: usize,
     pub list: SmallVec<[Outcome; 2]>,
+    /// [`Source::Store`] when the store itself was asked (by any of the
+    /// limits), rather than the over-limit cache answering alone.
+    pub source: Source,
 }
 
 impl Outcomes {
-    /// `outcome`, for `evaluations[at]`.
+    /// `outcome`, for `evaluations[at]`, from the store.
     pub fn at(at: usize, outcome: Outcome) -> Outcomes {
         Outcomes {
             first: at,
             list: smallvec::smallvec![outcome],
+            source: Source::Store,
+        }
+    }
+
+    /// None yet, for `evaluations[0..]`, from the store.
+    pub fn empty() -> Outcomes {
+        Outcomes {
+            first: 0,
+            list: SmallVec::new(),
+            source: Source::Store,
         }
     }
 
@@ -94,11 +107,25 @@ pub enum Store {
     Redis(redis::RedisStore, Option<deny_cache::DenyCache>),
 }
 
+/// Who gave an outcome: the store, or this sidecar's over-limit cache in
+/// front of it. A remembered denial says nothing about whether the store
+/// decides right now, which the local fallback needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Store,
+    DenyCache,
+}
+
 impl Store {
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        self.evaluate_sourced(evaluation).await.0
+    }
+
+    /// [`Store::evaluate`], saying where the outcome came from.
+    pub async fn evaluate_sourced(&self, evaluation: &Evaluation<'_>) -> (Outcome, Source) {
         match self {
             // Decides at once; no future to hold.
-            Store::Memory(store) => store.evaluate(evaluation),
+            Store::Memory(store) => (store.evaluate(evaluation), Source::Store),
             // Boxed: a Redis round trip is a large future (several KB), and
             // held inline it would make every connection's in-flight request
             // future that large, memory-store requests included.
@@ -119,6 +146,16 @@ impl Store {
             Store::Redis(store, cache) => {
                 Box::pin(store.evaluate_all(evaluations, cache.as_ref())).await
             }
+        }
+    }
+
+    /// What `evaluation` would be answered now, charging nothing and
+    /// writing nothing (for `POST /explain`). The local over-limit cache
+    /// is not consulted: it only repeats a denial the store would give.
+    pub async fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        match self {
+            Store::Memory(store) => store.peek(evaluation),
+            Store::Redis(store, _) => Box::pin(store.peek(evaluation)).await,
         }
     }
 
@@ -153,9 +190,9 @@ async fn evaluate_shared(
     store: &redis::RedisStore,
     cache: Option<&deny_cache::DenyCache>,
     evaluation: &Evaluation<'_>,
-) -> Outcome {
+) -> (Outcome, Source) {
     let Some(cache) = cache else {
-        return store.evaluate(evaluation).await;
+        return (store.evaluate(evaluation).await, Source::Store);
     };
     let Evaluation {
         policy,
@@ -167,11 +204,11 @@ async fn evaluate_shared(
     // early, never late.
     let asked = Instant::now();
     if let Some(decision) = cache.check(policy, subject, cost, asked) {
-        return Outcome::Denied(decision);
+        return (Outcome::Denied(decision), Source::DenyCache);
     }
     let outcome = store.evaluate(evaluation).await;
     if let Outcome::Denied(decision) = &outcome {
         cache.remember(policy, subject, cost, asked, decision);
     }
-    outcome
+    (outcome, Source::Store)
 }

@@ -75,6 +75,9 @@ pub const BREAKER_OPENED: &str = "sluice_store_breaker_opened_total";
 pub const SCRIPT_LOADS: &str = "sluice_store_script_loads_total";
 pub const DEDUPE_HITS: &str = "sluice_store_dedupe_hits_total";
 pub const DENY_CACHE_HITS: &str = "sluice_local_deny_cache_hits_total";
+pub const STORE_FALLBACK: &str = "sluice_store_fallback";
+pub const STORE_FALLBACK_SECONDS: &str = "sluice_store_fallback_seconds_total";
+pub const STORE_FALLBACKS: &str = "sluice_store_fallbacks_total";
 pub const MEMORY_SUBJECTS: &str = "sluice_memory_store_subjects";
 pub const CONFIG_RELOADS: &str = "sluice_config_reloads_total";
 pub const CONFIG_REVISION: &str = "sluice_config_revision";
@@ -108,7 +111,7 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(
         FORWARDED_WITHOUT_DECISION,
-        "Requests forwarded without a decision (on_failure: allow).",
+        "Requests forwarded without a decision (on_failure: allow; never under local).",
     ),
     Metric::counter(
         UPSTREAM_RESPONSES,
@@ -130,6 +133,18 @@ pub const ALL: &[Metric] = &[
     Metric::gauge(
         BUILD_INFO,
         "Always 1; the version label says which sluice runs.",
+    ),
+    Metric::gauge(
+        STORE_FALLBACK,
+        "1 while this sidecar decides alone because the store cannot (on_failure: local).",
+    ),
+    Metric::counter(
+        STORE_FALLBACK_SECONDS,
+        "Whole seconds spent deciding alone (on_failure: local).",
+    ),
+    Metric::counter(
+        STORE_FALLBACKS,
+        "Times this sidecar started deciding alone (on_failure: local).",
     ),
     Metric::gauge(MEMORY_SUBJECTS, "Subjects tracked by the embedded store."),
     Metric::gauge(

@@ -375,11 +375,54 @@ def test_secrets_reach_sluice_only_as_env_references(case: tuple[str, Render]) -
 def test_all_options_wires_secrets_into_config() -> None:
     r = render(CASES["all-options"])
     assert r.config["identity"]["pseudonym_key"] == "${SLUICE_PSEUDONYM_KEY}"
-    assert r.config["store"] == {**CASES["all-options"]["sluice"]["config"]["store"], "url": "${REDIS_URL}"}
+    assert r.config["store"] == {
+        **CASES["all-options"]["sluice"]["config"]["store"],
+        "url": "${REDIS_URL}",
+        # on_failure: local, and no share given: one per replica.
+        "local_share": CASES["all-options"]["replicaCount"],
+    }
     env = {e["name"]: e for e in r.sluice["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "redis-acl", "key": "password"}
     assert r.sluice["args"][3:] == ["--log-format", "text"]
     assert r.sluice["lifecycle"]["preStop"]["sleep"]["seconds"] == 5
+
+
+def redis_values(replicas: int, store: dict[str, Any], policies: dict[str, Any] | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = {"store": {"kind": "redis", "url": "redis://redis:6379", **store}}
+    if policies:
+        config["policies"] = policies
+    return {
+        "replicaCount": replicas,
+        "sluice": {"secrets": {"pseudonymKey": {"secretName": "keys", "key": "k"}}, "config": config},
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "share"),
+    [
+        # The replicas share the store: each enforces a replicaCount-th.
+        (redis_values(4, {"on_failure": "local"}), 4),
+        # What the user writes wins.
+        (redis_values(4, {"on_failure": "local", "local_share": 2}), 2),
+        # One policy using `local` is enough.
+        (
+            redis_values(
+                5,
+                {"on_failure": "deny"},
+                {"api": {"algorithm": "fixed-window", "limit": 9, "window": "1m", "on_failure": "local"}},
+            ),
+            5,
+        ),
+        # Nothing uses `local`: no share (sluice would refuse one).
+        (redis_values(4, {"on_failure": "deny"}), None),
+        ({"replicaCount": 4}, None),
+    ],
+)
+def test_local_share_follows_replica_count(values: dict[str, Any], share: int | None, tmp_path: Path) -> None:
+    r = render(values)
+    assert r.config["store"].get("local_share") == share
+    result = sluice_check(r.config_text, tmp_path)
+    assert result.returncode == 0, f"sluice check failed:\n{result.stdout}\n{result.stderr}"
 
 
 def test_prometheus_scrape_annotations(case: tuple[str, Render]) -> None:

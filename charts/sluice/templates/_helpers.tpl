@@ -119,6 +119,25 @@ and the ${NAME} references of the secrets it passes in.
 {{- $_ := set $cfg "store" $store }}
 {{- end }}
 
+{{- /*
+With `on_failure: local` (on the store or on any policy) each replica
+enforces every quota divided by `store.local_share`: the replicas sharing
+the store are this Deployment's, so unless the user says otherwise the
+share is `replicaCount`. Written only when something uses `local` (sluice
+refuses a `local_share` nothing uses).
+*/}}
+{{- $store := default (dict) (index $cfg "store") }}
+{{- $local := eq (toString (index $store "on_failure")) "local" }}
+{{- range $name, $policy := (default (dict) (index $cfg "policies")) }}
+{{- if and (kindIs "map" $policy) (eq (toString (index $policy "on_failure")) "local") }}
+{{- $local = true }}
+{{- end }}
+{{- end }}
+{{- if and $local (not (hasKey $store "local_share")) }}
+{{- $_ := set $store "local_share" (max 1 (int .Values.replicaCount)) }}
+{{- $_ := set $cfg "store" $store }}
+{{- end }}
+
 {{- toYaml $cfg }}
 {{- end }}
 

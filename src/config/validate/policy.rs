@@ -140,6 +140,12 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
             "`retry_after` is a parameter of concurrency only; a rate policy's 429 says when its quota returns",
         );
     }
+    let on_failure = match &raw.on_failure {
+        None => Some(None),
+        Some(s) => cx
+            .value(&path.key("on_failure"), s, super::sections::on_failure)
+            .map(Some),
+    };
     let flat = raw.flat();
     let bands = match (&raw.bands, algorithm) {
         (_, None) => None,
@@ -169,7 +175,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         Some(explicit) => explicit,
         None => derived_revision(&bands),
     };
-    Some(Policy::new(name, revision, bands, shadow?))
+    Some(Policy::new(name, revision, bands, shadow?).with_on_failure(on_failure?))
 }
 
 /// `algorithm: concurrency`: `limit` and an optional `retry_after`, nothing
@@ -189,6 +195,7 @@ fn concurrency(
         ("bands", raw.bands.is_some()),
         ("shadow", raw.shadow.is_some()),
         ("revision", raw.revision.is_some()),
+        ("on_failure", raw.on_failure.is_some()),
     ];
     let mut ok = true;
     for (key, written) in foreign {

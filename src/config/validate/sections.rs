@@ -1,6 +1,7 @@
 //! The plain sections: server, upstream, store, identity, responses.
 
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -320,11 +321,15 @@ pub fn store(
         &path.key("on_failure"),
         raw.on_failure.as_ref(),
         OnFailure::Deny,
-        |s| match s {
-            "deny" => Ok(OnFailure::Deny),
-            "allow" => Ok(OnFailure::Allow),
-            _ => Err(format!("expected deny or allow, not `{s}`")),
-        },
+        on_failure,
+    );
+    // Whether anything uses it is only known once the policies are read
+    // (`validate::local_fallback`).
+    let local_share = cx.optional(
+        &path.key("local_share"),
+        raw.local_share.as_ref(),
+        NonZeroU32::MIN,
+        check::positive,
     );
     let failure_retry_after = cx.optional(
         &path.key("failure_retry_after"),
@@ -365,9 +370,20 @@ pub fn store(
     let live = StoreLive {
         budget: budget?,
         on_failure: on_failure?,
+        local_share: local_share?,
         failure_retry_after: failure_retry_after?,
     };
     Some((boot, live))
+}
+
+/// `on_failure`, on the store or on a policy.
+pub fn on_failure(s: &str) -> Result<OnFailure, String> {
+    match s {
+        "deny" => Ok(OnFailure::Deny),
+        "allow" => Ok(OnFailure::Allow),
+        "local" => Ok(OnFailure::Local),
+        _ => Err(format!("expected deny, allow or local, not `{s}`")),
+    }
 }
 
 fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {

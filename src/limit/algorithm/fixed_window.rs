@@ -1,6 +1,7 @@
 //! Fixed window: `limit` units per window aligned to multiples of `window`
 //! since the Unix epoch, so every sidecar agrees where a window starts.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{per_band, window, BandVerdict, Spec, WindowBand};
@@ -44,6 +45,10 @@ impl Spec for FixedWindow {
 
     fn describe(band: &WindowBand) -> String {
         band.describe()
+    }
+
+    fn shared(band: &WindowBand, share: NonZeroU32) -> WindowBand {
+        band.shared(share)
     }
 
     fn fresh(bands: &[WindowBand]) -> Vec<BandState> {

@@ -95,6 +95,15 @@ impl Spec for Gcra {
         format!("{}/{} burst {}", band.limit, short(band.window), band.burst)
     }
 
+    /// The rate (`limit` per `window`) and the burst both divided.
+    fn shared(band: &GcraBand, share: NonZeroU32) -> GcraBand {
+        GcraBand {
+            limit: super::divided(band.limit, share),
+            window: band.window,
+            burst: super::divided(band.burst, share),
+        }
+    }
+
     fn fresh(bands: &[GcraBand]) -> Vec<BandState> {
         vec![BandState::default(); bands.len()]
     }

@@ -52,6 +52,7 @@ mod tests;
 
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{Decision, Micros};
@@ -104,6 +105,12 @@ pub trait Spec {
     fn revision(band: &Self::Band) -> String;
     /// The band in the `LIMITS` column of `sluice check`.
     fn describe(band: &Self::Band) -> String;
+    /// The band one of `share` sidecars enforces alone while the shared
+    /// store cannot decide (`on_failure: local`): its quota divided by
+    /// `share`, rounded down, never below 1 (see [`divided`]). What
+    /// "quota" means is the algorithm's to say; README, "When the store is
+    /// down: local fallback", lists them.
+    fn shared(band: &Self::Band, share: NonZeroU32) -> Self::Band;
 
     /// A subject never seen before. Needs no `now`: the fresh state is
     /// written so that the step gives exactly the spec's "never seen"
@@ -181,6 +188,12 @@ fn exact_in_lua(cx: &mut Checker<'_>, path: &KeyPath, product_us: u128, what: &s
         return None;
     }
     Some(())
+}
+
+/// `n / share`, rounded down but at least 1: a fleet of `share` sidecars
+/// then admits about `n` together, and never a sidecar nothing.
+pub fn divided(n: NonZeroU32, share: NonZeroU32) -> NonZeroU32 {
+    NonZeroU32::new(n.get() / share.get()).unwrap_or(NonZeroU32::MIN)
 }
 
 /// `1h`, `10s`, `1m30s`, `250ms`: no spaces, so `sluice check`'s columns

@@ -7,6 +7,7 @@
 //! rather than hand-written matches: the same five arms were once written
 //! out in eight places.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{
@@ -84,6 +85,16 @@ macro_rules! register {
             pub fn len(&self) -> usize {
                 match self {
                     $(Bands::$variant(b) => b.len(),)*
+                }
+            }
+
+            /// Every band as one of `share` sidecars enforces it alone
+            /// (see [`Spec::shared`]).
+            pub fn shared(&self, share: NonZeroU32) -> Bands {
+                match self {
+                    $(Bands::$variant(b) => Bands::$variant(
+                        b.iter().map(|band| <$spec as Spec>::shared(band, share)).collect(),
+                    ),)*
                 }
             }
 

@@ -3,6 +3,7 @@
 //! still covers (Cloudflare's estimate). The weighting is in whole
 //! milliseconds so the Lua side's products stay exact in doubles.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{per_band, window, BandVerdict, Spec, WindowBand};
@@ -59,6 +60,10 @@ impl Spec for SlidingCounter {
 
     fn describe(band: &WindowBand) -> String {
         band.describe()
+    }
+
+    fn shared(band: &WindowBand, share: NonZeroU32) -> WindowBand {
+        band.shared(share)
     }
 
     fn fresh(bands: &[WindowBand]) -> Vec<BandState> {

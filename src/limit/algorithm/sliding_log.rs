@@ -10,6 +10,7 @@
 //! searches rather than scans of up to `limit` entries.
 
 use std::collections::VecDeque;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{bind, window, BandVerdict, Spec, WindowBand};
@@ -53,6 +54,10 @@ impl Spec for SlidingLog {
 
     fn describe(band: &WindowBand) -> String {
         band.describe()
+    }
+
+    fn shared(band: &WindowBand, share: NonZeroU32) -> WindowBand {
+        band.shared(share)
     }
 
     fn fresh(_: &[WindowBand]) -> Log {

@@ -106,6 +106,27 @@ impl Spec for TokenBucket {
         )
     }
 
+    /// Capacity and refill rate both divided. The rate is divided by
+    /// tokens while there are at least `share` of them per period;
+    /// otherwise by stretching the period (`refill_tokens` every
+    /// `refill_every × share`), so a slow bucket is not handed the whole
+    /// fleet's rate by rounding its one token up.
+    fn shared(band: &BucketBand, share: NonZeroU32) -> BucketBand {
+        let (refill_tokens, refill_every) = if band.refill_tokens >= share {
+            (super::divided(band.refill_tokens, share), band.refill_every)
+        } else {
+            (
+                band.refill_tokens,
+                band.refill_every.saturating_mul(share.get()),
+            )
+        };
+        BucketBand {
+            capacity: super::divided(band.capacity, share),
+            refill_tokens,
+            refill_every,
+        }
+    }
+
     fn fresh(bands: &[BucketBand]) -> Vec<BandState> {
         bands.iter().map(BandState::fresh).collect()
     }

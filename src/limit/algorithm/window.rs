@@ -35,6 +35,15 @@ impl WindowBand {
         (self.limit.get(), self.window)
     }
 
+    /// `limit / share` per the same window: the three window algorithms
+    /// count requests per window, and that count is their quota.
+    pub(super) fn shared(&self, share: NonZeroU32) -> WindowBand {
+        WindowBand {
+            limit: super::divided(self.limit, share),
+            window: self.window,
+        }
+    }
+
     pub(super) fn lua_args(&self) -> Vec<u64> {
         vec![u64::from(self.limit.get()), micros(self.window)]
     }

@@ -198,7 +198,9 @@ impl Inner {
             }
         };
         let list = replies.iter().map(|reply| self.outcome(reply)).collect();
-        Attempt::Answered(Outcomes { first: 0, list })
+        let mut outcomes = Outcomes::empty();
+        outcomes.list = list;
+        Attempt::Answered(outcomes)
     }
 
     /// One limit's decoded reply, counted.
@@ -311,6 +313,20 @@ impl Inner {
             )));
         }
         Ok(())
+    }
+
+    /// Loads one script on every node.
+    pub(super) async fn load_one(&self, script: &Script) -> Result<(), RedisError> {
+        let mut stage = Stage::Waiting;
+        let checkout = self.lanes.acquire(&mut stage).await?;
+        let mut conn = checkout.conn.clone();
+        let loaded = self.load_everywhere(script, &mut conn).await;
+        if let Err(e) = &loaded {
+            if broken_connection(e) {
+                self.lanes.retire(&checkout);
+            }
+        }
+        loaded
     }
 
     pub(super) async fn load_all(&self) -> Result<(), RedisError> {

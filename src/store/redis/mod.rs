@@ -46,7 +46,7 @@ use crate::subject::{Pseudonym, PseudonymKey};
 
 use super::breaker::Breaker;
 use super::deny_cache::DenyCache;
-use super::{Evaluation, EvaluationId, Outcomes};
+use super::{Evaluation, EvaluationId, Outcomes, Source};
 use call::Request;
 use pool::Lanes;
 use reply::Shape;
@@ -149,16 +149,20 @@ impl RedisStore {
         cache: Option<&DenyCache>,
     ) -> Outcomes {
         if let [one] = evaluations {
-            return Outcomes::at(0, super::evaluate_shared(self, cache, one).await);
+            let (outcome, source) = super::evaluate_shared(self, cache, one).await;
+            let mut outcomes = Outcomes::at(0, outcome);
+            outcomes.source = source;
+            return outcomes;
         }
         if !self.inner.one_call {
-            let mut outcomes = Outcomes {
-                first: 0,
-                list: SmallVec::new(),
-            };
+            let mut outcomes = Outcomes::empty();
+            outcomes.source = Source::DenyCache;
             for evaluation in evaluations {
-                let outcome = super::evaluate_shared(self, cache, evaluation).await;
+                let (outcome, source) = super::evaluate_shared(self, cache, evaluation).await;
                 outcomes.list.push(outcome);
+                if source == Source::Store {
+                    outcomes.source = Source::Store;
+                }
                 if outcome.blocks(evaluation.policy.shadow) {
                     break;
                 }
@@ -174,7 +178,9 @@ impl RedisStore {
                     continue;
                 }
                 if let Some(decision) = cache.check(e.policy, e.subject, e.cost, asked) {
-                    return Outcomes::at(i, Outcome::Denied(decision));
+                    let mut outcomes = Outcomes::at(i, Outcome::Denied(decision));
+                    outcomes.source = Source::DenyCache;
+                    return outcomes;
                 }
             }
         }
@@ -223,6 +229,12 @@ impl RedisStore {
                 }
             }
         });
+    }
+
+    /// What `evaluation` would be answered now, charging nothing: the
+    /// policy's read-only script (see `scripts`), run like any other.
+    pub async fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        self.inner.peek(evaluation).await
     }
 
     /// Makes the scripts of `policies` (a configuration just loaded) and
@@ -325,6 +337,49 @@ fn shape(policy: &Policy) -> Shape {
         bands: policy.bands().len(),
         approximate: !policy.algorithm().is_exact(),
         shadow: policy.shadow,
+    }
+}
+
+impl Inner {
+    async fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
+        let policy = evaluation.policy;
+        if evaluation.cost == 0 || evaluation.cost > policy.max_cost() {
+            return Outcome::Incompatible(Incompatible::CostAboveMaximum);
+        }
+        let now = Instant::now();
+        if evaluation.deadline <= now {
+            return Outcome::Unavailable(Unavailable::AdmissionRejected);
+        }
+        // Real requests are refused while the breaker is; but a peek takes
+        // no permit and reports nothing: it must neither take the probe
+        // real traffic brings nor open the breaker by itself.
+        if !self.breaker.admits(now) {
+            return Outcome::Unavailable(Unavailable::AdmissionRejected);
+        }
+        let (script, made) = self.scripts.peek(policy);
+        if made {
+            // Loaded outside the request's budget: that first load is the
+            // explanation's own cost, not something a request would wait
+            // for (request scripts are loaded at start). If it fails, the
+            // call below reloads it on NOSCRIPT like any script.
+            let loaded = tokio::time::timeout(PREPARE_TIMEOUT, self.load_one(&script)).await;
+            if !matches!(loaded, Ok(Ok(()))) {
+                tracing::debug!("redis: the read-only script loads on its first call");
+            }
+        }
+        let deadline = Instant::now() + (evaluation.deadline - now);
+        let request = Request {
+            script: &script,
+            cmd: scripts::evalsha(&script, self.scripts.common(), evaluation),
+            limits: smallvec::smallvec![shape(policy)],
+            deadline,
+        };
+        let (outcomes, _) = self.decide(&request).await;
+        outcomes
+            .list
+            .first()
+            .copied()
+            .unwrap_or(Outcome::Indeterminate)
     }
 }
 

@@ -42,18 +42,44 @@ const COMMON: &str = include_str!("../../../lua/common.lua");
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
 const LIMITS_AT: &str =
     "-- @limits (sluice splices each limit's script in here, in the route's order)\n";
+
+/// What makes a policy's script read-only for `POST /explain`, spliced in
+/// before `lua/common.lua` (see `lua/peek.lua`).
+const PEEK: &str = include_str!("../../../lua/peek.lua");
 const SHEBANG: &str = "#!lua\n";
+/// Redis then refuses any write the script would still attempt, and lets
+/// it run on a replica or when out of memory.
+const SHEBANG_NO_WRITES: &str = "#!lua flags=no-writes\n";
 
 impl Script {
     /// The script `policy` runs with on a store configured as `common`.
     pub fn for_policy(policy: &Policy, common: &Common) -> Script {
+        Script::compile(policy, common, false)
+    }
+
+    /// `policy`'s script made read-only: it decides exactly as
+    /// [`Script::for_policy`]'s does and writes nothing. A script of its
+    /// own, so the one requests run is the same, byte for byte, whether
+    /// or not anyone asks for an explanation.
+    pub fn peek_for_policy(policy: &Policy, common: &Common) -> Script {
+        Script::compile(policy, common, true)
+    }
+
+    fn compile(policy: &Policy, common: &Common, peek: bool) -> Script {
         let algorithm = policy.algorithm();
         let file = algorithm.lua();
         let mut spliced = literals(policy, common);
+        if peek {
+            spliced.push_str(PEEK);
+        }
         spliced.push_str(COMMON);
         // Every embedded file has the marker once (a unit test checks); a
         // file without it would be sent as is and fail its own tests.
-        let source = file.replacen(COMMON_AT, &spliced, 1);
+        let mut source = file.replacen(COMMON_AT, &spliced, 1);
+        if peek {
+            // Every file starts with the plain shebang (a unit test checks).
+            source = source.replacen(SHEBANG, SHEBANG_NO_WRITES, 1);
+        }
         Script {
             algorithm: Some(algorithm),
             sha: redis::Script::new(&source).get_hash().to_owned(),
@@ -146,6 +172,9 @@ pub struct Scripts {
     by_bands: RwLock<HashMap<Bands, Arc<Script>>>,
     /// The scripts of several limits, by each limit's bands and shadow.
     by_limits: RwLock<HashMap<LimitsKey, Arc<Script>>>,
+    /// The read-only scripts of `POST /explain`, made and loaded on first
+    /// use only: most sidecars never explain anything.
+    peeks: RwLock<HashMap<Bands, Arc<Script>>>,
 }
 
 impl Scripts {
@@ -154,7 +183,29 @@ impl Scripts {
             common,
             by_bands: RwLock::new(HashMap::new()),
             by_limits: RwLock::new(HashMap::new()),
+            peeks: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// `policy`'s read-only script, made on first use; `true` when this
+    /// call made it (so it is not loaded yet).
+    pub fn peek(&self, policy: &Policy) -> (Arc<Script>, bool) {
+        let found = self
+            .peeks
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(policy.bands())
+            .cloned();
+        if let Some(script) = found {
+            return (script, false);
+        }
+        let mut map = self.peeks.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(script) = map.get(policy.bands()) {
+            return (script.clone(), false);
+        }
+        let script = Arc::new(Script::peek_for_policy(policy, &self.common));
+        map.insert(policy.bands().clone(), script.clone());
+        (script, true)
     }
 
     /// The script of `policies` together, made on first use. Looked up by
@@ -384,6 +435,35 @@ mod tests {
             assert!(!script.source.contains("EVAL"), "scripts never nest EVAL");
             assert_eq!(script.sha.len(), 40);
         }
+    }
+
+    #[test]
+    fn the_read_only_script_is_the_same_script_writing_nothing() {
+        for policy in policies() {
+            let script = Script::for_policy(&policy, &common());
+            let peek = Script::peek_for_policy(&policy, &common());
+            let name = script.algorithm.map_or("several", |a| a.name());
+            assert!(script.source.starts_with(SHEBANG), "{name}");
+            assert!(!script.source.contains(PEEK), "{name}: requests run it");
+            assert!(peek.source.starts_with(SHEBANG_NO_WRITES), "{name}");
+            assert_ne!(peek.sha, script.sha, "{name}");
+            // Take the read-only part out again and it is the request's
+            // script: the algorithm itself is not touched.
+            let back = peek
+                .source
+                .replacen(SHEBANG_NO_WRITES, SHEBANG, 1)
+                .replacen(PEEK, "", 1);
+            assert_eq!(back, script.source, "{name}");
+        }
+        let scripts = Scripts::new(common());
+        let policy = &policies()[0];
+        let (peek, made) = scripts.peek(policy);
+        assert!(made);
+        let (again, made) = scripts.peek(policy);
+        assert!(Arc::ptr_eq(&peek, &again) && !made);
+        // Never loaded with the request scripts.
+        assert!(scripts.all().is_empty());
+        assert!(!scripts.has(policy));
     }
 
     #[test]

@@ -1,0 +1,427 @@
+//! `POST /explain` and `sluice check --explain`: for a described request,
+//! the route it matches, each limit's subject (as a pseudonym only),
+//! policy and state, and what sluice would answer it now, charging nothing.
+//!
+//! Nothing here re-implements the request path: the routing half is the
+//! proxy's own [`service::prepare`], the state is read with
+//! [`Store::peek`] (the same algorithm step, its result not written), and
+//! the answer is the proxy's own [`service::decide`] applied to that
+//! outcome. Only the counting is left out: an explanation is not a request
+//! and appears in no request metric.
+//!
+//! The output never holds a raw identity: no header value, no peer, no
+//! client address; subjects appear as the pseudonyms the stores key by.
+
+mod request;
+
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use http::{StatusCode, Version};
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use crate::config::Live;
+use crate::limit::{Decision, LimitPolicy, Outcome, Policy, Unavailable};
+use crate::path;
+use crate::route::SubjectSource;
+use crate::store::{Evaluation, EvaluationId, Store};
+use crate::subject::{Pseudonym, Resolved};
+
+use super::fallback::Fallback;
+use super::headers::Invalid;
+use super::overrides;
+use super::runtime::Runtime;
+use super::service::{self, Action, Check, Local};
+use super::verdict::{Failure, Verdict};
+
+pub use request::{BadDescription, Described, DEFAULT_PEER, MAX_BODY};
+
+/// Where the state comes from.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// The running sidecar's store and local fallback, read without
+    /// charging.
+    Store(&'a Store, &'a Fallback),
+    /// `sluice check --explain`: routing only, no store asked, and the
+    /// pseudonym key only known when the configuration sets it.
+    Offline,
+}
+
+/// What a real request would be answered now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    status: StatusCode,
+    /// The `outcome` it would be counted under.
+    outcome: &'static str,
+    forwarded: bool,
+    why: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        json!({
+            "status": self.status.as_u16(),
+            "outcome": self.outcome,
+            "forwarded": self.forwarded,
+            "why": self.why,
+        })
+    }
+}
+
+/// The explanation of `described` under `runtime`, as JSON.
+pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Described) -> Value {
+    let live = &*runtime.live;
+    let mut out = Map::new();
+    out.insert(
+        "request".to_owned(),
+        json!({
+            "method": described.method.as_str(),
+            "path": described.uri.path(),
+            "peer_given": described.peer_given,
+        }),
+    );
+    let routed = service::prepare(
+        runtime,
+        &described.method,
+        Version::HTTP_11,
+        &described.uri,
+        &described.headers,
+        described.peer,
+    );
+    let routed = match routed {
+        Ok(routed) => routed,
+        Err(invalid) => {
+            let (refused, answer) = refused(&invalid);
+            out.insert("refused".to_owned(), refused);
+            out.insert("answer".to_owned(), answer);
+            return Value::Object(out);
+        }
+    };
+
+    // Both ran inside `prepare` and succeeded there; run again only to
+    // show what they found.
+    let matching = path::normalize(described.uri.path(), &live.server.paths)
+        .ok()
+        .map(|normal| {
+            out.insert("path".to_owned(), json!(&*normal.forward));
+            normal.matching.into_owned()
+        });
+    let methods: Vec<http::Method> =
+        overrides::methods(&described.method, &described.headers, described.uri.query())
+            .map(|m| m.iter().cloned().collect())
+            .unwrap_or_default();
+    out.insert("matched_as".to_owned(), json!(matching));
+    out.insert(
+        "runs_as".to_owned(),
+        json!(methods.iter().map(|m| m.as_str()).collect::<Vec<_>>()),
+    );
+
+    let mut routes = Vec::new();
+    // Each limit's answer, in the order the proxy checks them.
+    let mut answers: Vec<(Answer, &str, Option<&str>)> = Vec::new();
+    for (route_at, entry) in routed.matched.iter().enumerate() {
+        let route = entry.route;
+        let mut limits = Vec::new();
+        for check in routed.checks.iter().filter(|c| c.route_at == route_at) {
+            let (json, said) = limit(check, live, source).await;
+            limits.push(json);
+            if let Some(said) = said {
+                answers.push((said, &route.name, Some(&**check.limit().policy.name())));
+            }
+        }
+        if route.limits.is_empty() {
+            answers.push((unlimited(), &route.name, None));
+        }
+        let found_by: Vec<&str> = match &matching {
+            Some(matching) => methods
+                .iter()
+                .filter(|m| std::ptr::eq(runtime.routes.route(m, matching), route))
+                .map(|m| m.as_str())
+                .collect(),
+            None => vec![described.method.as_str()],
+        };
+        routes.push(json!({
+            "route": &*route.name,
+            "methods": found_by,
+            // The first limit's; each limit says its own.
+            "cost": route.limits.first().map_or(1, |l| l.cost),
+            "limits": limits,
+        }));
+    }
+    out.insert("routes".to_owned(), Value::Array(routes));
+
+    // As the proxy does: the first limit to refuse answers, and when none
+    // does, the request goes on (its first limit's answer says how).
+    let answer = match source {
+        Source::Offline => json!({
+            "why": "offline: no store was asked; a running sidecar's POST /explain gives the state and the answer",
+        }),
+        Source::Store(..) => {
+            let chosen = answers
+                .iter()
+                .find(|(a, ..)| !a.forwarded)
+                .or_else(|| answers.first());
+            match chosen {
+                Some((answer, route, policy)) => {
+                    let mut json = answer.json();
+                    if let Value::Object(map) = &mut json {
+                        map.insert("route".to_owned(), json!(route));
+                        map.insert("policy".to_owned(), json!(policy));
+                    }
+                    json
+                }
+                None => unlimited().json(),
+            }
+        }
+    };
+    out.insert("answer".to_owned(), answer);
+    Value::Object(out)
+}
+
+/// Explains one limit: the policy, the subject as it resolved, the state
+/// read without charging, and what it would answer (`None` offline). A
+/// concurrency limit's state is this process's, not the store's: it is
+/// shown without one, and answers as if a place were free.
+async fn limit(check: &Check<'_>, live: &Live, source: Source<'_>) -> (Value, Option<Answer>) {
+    let (limit, route) = (check.limit(), check.entry.route);
+    let mut out = Map::new();
+    out.insert("policy".to_owned(), json!(&**limit.policy.name()));
+    out.insert("cost".to_owned(), json!(limit.cost));
+    let policy = match &limit.policy {
+        LimitPolicy::Rate(policy) => policy,
+        LimitPolicy::Concurrency(c) => {
+            out.insert("algorithm".to_owned(), json!("concurrency"));
+            out.insert("limit".to_owned(), json!(c.limit.get()));
+            out.insert(
+                "subject".to_owned(),
+                subject(&limit.subject, check.subject, check.resolved, live, source),
+            );
+            return (Value::Object(out), None);
+        }
+    };
+    out.insert("algorithm".to_owned(), json!(policy.algorithm().name()));
+    out.insert("shadow".to_owned(), json!(policy.shadow));
+    out.insert("revision".to_owned(), json!(&*policy.revision));
+    let quotas: Vec<Value> = policy
+        .quotas()
+        .iter()
+        .map(|(quota, window)| json!({"quota": quota, "window_seconds": seconds(*window)}))
+        .collect();
+    out.insert("bands".to_owned(), Value::Array(quotas));
+    out.insert(
+        "subject".to_owned(),
+        subject(&limit.subject, check.subject, check.resolved, live, source),
+    );
+    let Source::Store(store, fallback) = source else {
+        return (Value::Object(out), None);
+    };
+
+    let evaluation = Evaluation {
+        policy,
+        subject: &check.subject,
+        cost: limit.cost,
+        deadline: Instant::now() + live.store.budget,
+        id: EvaluationId::random(),
+    };
+    let outcome = store.peek(&evaluation).await;
+    out.insert(
+        "state".to_owned(),
+        state(&outcome, policy, limit.cost, store),
+    );
+    let local = Local {
+        fallback,
+        evaluation: &evaluation,
+        charge: false,
+    };
+    let responses = &check.state().responses;
+    let (verdict, action) = service::decide(outcome, route, policy, responses, live, &local);
+    let status = match &action {
+        Action::Respond(response) => response.status(),
+        Action::Forward { .. } => StatusCode::OK,
+    };
+    let answer = Answer {
+        status,
+        outcome: verdict.label(),
+        forwarded: verdict.forwarded(),
+        why: why(&verdict, live),
+    };
+    out.insert("answer".to_owned(), answer.json());
+    (Value::Object(out), Some(answer))
+}
+
+fn subject(
+    sources: &[SubjectSource],
+    pseudonym: Pseudonym,
+    resolved: Resolved,
+    live: &Live,
+    source: Source<'_>,
+) -> Value {
+    let sources: Vec<String> = sources
+        .iter()
+        .map(|s| match s {
+            SubjectSource::ClientIp => "client_ip".to_owned(),
+            SubjectSource::Header(name) => format!("header:{name}"),
+            SubjectSource::Global => "global".to_owned(),
+        })
+        .collect();
+    let kind = match resolved {
+        Resolved::ClientIp => "client_ip",
+        Resolved::Header => "header",
+        Resolved::Global => "global",
+        Resolved::Unresolved => "unresolved",
+    };
+    let mut out = json!({
+        "sources": sources,
+        "resolved": resolved != Resolved::Unresolved,
+        "kind": kind,
+        "pseudonym": pseudonym.to_string(),
+    });
+    if let Value::Object(map) = &mut out {
+        if resolved == Resolved::Unresolved {
+            map.insert(
+                "note".to_owned(),
+                json!("unresolved → shared bucket: every request of this route without a subject counts as one"),
+            );
+        }
+        // A key drawn at random when a process starts is not this one:
+        // the pseudonym would name nobody the sidecar counts.
+        if matches!(source, Source::Offline) && live.identity.pseudonym_key.is_none() {
+            map.insert("pseudonym".to_owned(), Value::Null);
+            map.insert(
+                "pseudonym_note".to_owned(),
+                json!("identity.pseudonym_key is not set: each sidecar draws its own key at start"),
+            );
+        }
+    }
+    out
+}
+
+/// The state as it stands, from a peek's outcome. A peek evaluates the
+/// route's cost without charging it: when admitted, what it reports left
+/// is after that cost, so the cost is added back to say what is left now.
+fn state(outcome: &Outcome, policy: &Policy, cost: u32, store: &Store) -> Value {
+    let decided = |d: &Decision, allowed: bool| {
+        let remaining = if allowed {
+            d.remaining.saturating_add(u64::from(cost))
+        } else {
+            d.remaining
+        };
+        let (quota, window) = policy.quotas().get(d.band).copied().unwrap_or_default();
+        json!({
+            "store": store.kind(),
+            "remaining": remaining,
+            "band": d.band,
+            "quota": quota,
+            "window_seconds": seconds(window),
+            "reset_seconds": seconds(d.reset_after),
+            "retry_after_seconds": seconds(d.retry_after),
+            "approximate": d.approximate,
+        })
+    };
+    match outcome {
+        Outcome::Allowed(d) => decided(d, true),
+        Outcome::Denied(d) => decided(d, false),
+        Outcome::Unavailable(reason) => json!({
+            "store": "unavailable",
+            "kind": store.kind(),
+            "reason": unavailable(*reason),
+        }),
+        Outcome::Indeterminate => json!({
+            "store": "unavailable",
+            "kind": store.kind(),
+            "reason": "the store was asked but no reply was confirmed",
+        }),
+        Outcome::Incompatible(reason) => json!({
+            "store": "incompatible",
+            "kind": store.kind(),
+            "reason": format!("{reason:?}"),
+        }),
+    }
+}
+
+fn unavailable(reason: Unavailable) -> &'static str {
+    match reason {
+        Unavailable::AdmissionRejected => {
+            "not asked: the breaker is open, the budget was spent, or the memory store is full"
+        }
+        Unavailable::BeforeSend => "the store could not be reached",
+        Unavailable::ClockUnsafe => {
+            "the store's clock went back past store.redis.max_clock_regression"
+        }
+    }
+}
+
+/// Why a request would get what it gets. No catch-all: a new verdict is
+/// explained here before sluice builds.
+fn why(verdict: &Verdict, live: &Live) -> String {
+    let failure = |f: &Failure| match f {
+        Failure::Unavailable(reason) => unavailable(*reason),
+        Failure::Indeterminate => "the store gave no confirmed reply",
+    };
+    match verdict {
+        Verdict::Unlimited => "no limit applies (policy: none): forwarded".to_owned(),
+        Verdict::Allowed => "within the limit: forwarded to the upstream".to_owned(),
+        Verdict::Denied => "over the limit: answered 429".to_owned(),
+        Verdict::ShadowDenied => {
+            "over the limit, but the policy is shadow: forwarded, counted as shadow_denied"
+                .to_owned()
+        }
+        Verdict::FailedClosed(f) => format!(
+            "no decision ({}); on_failure is deny, or a local decision could not be made: answered 503, Retry-After {}s",
+            failure(f),
+            live.store.failure_retry_after.as_secs()
+        ),
+        Verdict::FailedOpen(f) => format!(
+            "no decision ({}); on_failure is allow: forwarded without a decision",
+            failure(f)
+        ),
+        Verdict::LocalAllowed => format!(
+            "the store cannot decide; on_failure is local: within this sidecar's share (each quota divided by store.local_share, {}): forwarded",
+            live.store.local_share
+        ),
+        Verdict::LocalDenied => format!(
+            "the store cannot decide; on_failure is local: over this sidecar's share (each quota divided by store.local_share, {}): answered 429",
+            live.store.local_share
+        ),
+        Verdict::LocalShadowDenied => {
+            "the store cannot decide; on_failure is local: over this sidecar's share, but the policy is shadow: forwarded"
+                .to_owned()
+        }
+        Verdict::Incompatible(reason) => {
+            format!("the store cannot evaluate this policy ({reason:?}): answered 503")
+        }
+        Verdict::ConcurrencyDenied => {
+            "every place of a concurrency limit is taken: answered 503".to_owned()
+        }
+    }
+}
+
+fn unlimited() -> Answer {
+    Answer {
+        status: StatusCode::OK,
+        outcome: Verdict::Unlimited.label(),
+        forwarded: true,
+        why: "no limit applies (policy: none): forwarded".to_owned(),
+    }
+}
+
+/// A request the proxy refuses before any route or store.
+fn refused(invalid: &Invalid) -> (Value, Value) {
+    let status = service::refusal(invalid).status();
+    let refused = json!({"label": invalid.label(), "reason": invalid.reason()});
+    let answer = json!({
+        "status": status.as_u16(),
+        "outcome": "refused",
+        "forwarded": false,
+        "why": format!("refused before routing: {}", invalid.reason()),
+    });
+    (refused, answer)
+}
+
+/// Seconds, to the millisecond.
+fn seconds(d: Duration) -> f64 {
+    (d.as_millis() as f64) / 1000.0
+}

@@ -1,0 +1,308 @@
+//! `on_failure: local`: while the shared store cannot decide, this sidecar
+//! decides alone, in memory, each quota divided by `store.local_share`
+//! (seed 003's local fallback limiter).
+//!
+//! The fallback is entered by the first request of a `local` policy the
+//! store could not decide, and left at the first decision the store makes
+//! again (after an outage, the breaker's probe), whatever its policy. Its
+//! state lives in a [`MemoryStore`] of its own, bounded like the embedded
+//! store, and is dropped when the fallback is left: counts made alone
+//! mean nothing beside the shared ones, and a later outage starts fresh.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use http::HeaderValue;
+use metrics::{Counter, Gauge};
+
+use super::log_budget::LogBudget;
+use super::respond;
+use crate::limit::{Incompatible, Outcome, Policy};
+use crate::store::memory::MemoryStore;
+use crate::store::memory_bound::Bound as MemoryBound;
+use crate::store::Evaluation;
+use crate::telemetry::{STORE_FALLBACK, STORE_FALLBACKS, STORE_FALLBACK_SECONDS};
+
+/// More distinct (policy, share) pairs than any configuration has; past
+/// it (reload after reload during one outage) the list starts over.
+const MAX_POLICIES: usize = 1024;
+
+/// A policy as this sidecar enforces it alone.
+#[derive(Debug)]
+pub struct LocalPolicy {
+    pub policy: Policy,
+    /// `RateLimit-Policy` with the local quotas, for local 429s.
+    pub field: HeaderValue,
+}
+
+pub struct Fallback {
+    store: MemoryStore,
+    /// Read on every decision; the transitions themselves happen under
+    /// `times`, so entering and leaving never interleave.
+    active: AtomicBool,
+    times: Mutex<Times>,
+    /// Built on first use in an outage, dropped with the state.
+    policies: Mutex<Vec<Shared>>,
+    metrics: FallbackMetrics,
+    /// A store failing one call in a hundred enters and leaves the
+    /// fallback that often: a few lines a second say so, the counters say
+    /// how much.
+    log_budget: LogBudget,
+}
+
+#[derive(Default)]
+struct Times {
+    /// When the current fallback began.
+    since: Option<Instant>,
+    /// Time spent in earlier fallbacks.
+    spent: Duration,
+}
+
+struct Shared {
+    /// Held, so its address cannot be reused by another policy.
+    of: Arc<Policy>,
+    share: NonZeroU32,
+    local: Arc<LocalPolicy>,
+}
+
+struct FallbackMetrics {
+    active: Gauge,
+    seconds: Counter,
+    entered: Counter,
+}
+
+impl Fallback {
+    pub fn new(max_entries: usize, grace: Duration) -> Fallback {
+        Fallback {
+            store: MemoryStore::new(max_entries, grace),
+            active: AtomicBool::new(false),
+            times: Mutex::new(Times::default()),
+            policies: Mutex::new(Vec::new()),
+            metrics: FallbackMetrics {
+                active: metrics::gauge!(STORE_FALLBACK),
+                seconds: metrics::counter!(STORE_FALLBACK_SECONDS),
+                entered: metrics::counter!(STORE_FALLBACKS),
+            },
+            log_budget: LogBudget::default(),
+        }
+    }
+
+    /// Bounded as the embedded store would be (a process with a shared
+    /// store holds no other per-subject state of that size), with the
+    /// default `ttl_grace`: local state is dropped when the store is back
+    /// anyway.
+    pub fn for_sidecar() -> Fallback {
+        Fallback::new(MemoryBound::resolve(None).entries(), Duration::from_secs(5))
+    }
+
+    /// Whether requests are being decided here rather than by the store.
+    pub fn active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Decides `evaluation` alone, its policy divided by `share`; enters
+    /// the fallback if this is the first such decision.
+    pub fn evaluate(
+        &self,
+        evaluation: &Evaluation<'_>,
+        policy: &Arc<Policy>,
+        share: NonZeroU32,
+    ) -> (Outcome, Arc<LocalPolicy>) {
+        self.enter();
+        let local = self.local(policy, share);
+        if evaluation.cost > local.policy.max_cost() {
+            return (Outcome::Incompatible(Incompatible::CostAboveMaximum), local);
+        }
+        let outcome = self.store.evaluate(&Evaluation {
+            policy: &local.policy,
+            ..*evaluation
+        });
+        (outcome, local)
+    }
+
+    /// What [`Fallback::evaluate`] would answer now, charging nothing and
+    /// entering nothing (for `POST /explain`).
+    pub fn peek(
+        &self,
+        evaluation: &Evaluation<'_>,
+        policy: &Arc<Policy>,
+        share: NonZeroU32,
+    ) -> (Outcome, Arc<LocalPolicy>) {
+        let local = self.local(policy, share);
+        if evaluation.cost > local.policy.max_cost() {
+            return (Outcome::Incompatible(Incompatible::CostAboveMaximum), local);
+        }
+        let outcome = self.store.peek(&Evaluation {
+            policy: &local.policy,
+            ..*evaluation
+        });
+        (outcome, local)
+    }
+
+    /// The store decided: back on it, and what was counted alone is
+    /// forgotten. One atomic load when there is no fallback to leave.
+    pub fn store_decided(&self) {
+        if !self.active() {
+            return;
+        }
+        let mut times = lock(&self.times);
+        if !self.active() {
+            return;
+        }
+        self.active.store(false, Ordering::Release);
+        let lasted = times.since.take().map(|s| s.elapsed()).unwrap_or_default();
+        times.spent += lasted;
+        let dropped = self.store.clear();
+        lock(&self.policies).clear();
+        self.metrics.active.set(0.0);
+        if !self.log_budget.take(Instant::now()) {
+            return;
+        }
+        tracing::info!(
+            lasted_ms = u64::try_from(lasted.as_millis()).unwrap_or(u64::MAX),
+            subjects_dropped = dropped,
+            "the store decides again: local fallback left, its state dropped"
+        );
+    }
+
+    fn enter(&self) {
+        if self.active() {
+            return;
+        }
+        let mut times = lock(&self.times);
+        if self.active() {
+            return;
+        }
+        times.since = Some(Instant::now());
+        self.active.store(true, Ordering::Release);
+        self.metrics.active.set(1.0);
+        self.metrics.entered.increment(1);
+        if !self.log_budget.take(Instant::now()) {
+            return;
+        }
+        tracing::warn!(
+            "the store cannot decide: deciding locally, each quota divided by store.local_share"
+        );
+    }
+
+    fn local(&self, policy: &Arc<Policy>, share: NonZeroU32) -> Arc<LocalPolicy> {
+        let mut list = lock(&self.policies);
+        if let Some(found) = list
+            .iter()
+            .find(|s| Arc::ptr_eq(&s.of, policy) && s.share == share)
+        {
+            return found.local.clone();
+        }
+        if list.len() >= MAX_POLICIES {
+            list.clear();
+        }
+        let shared = policy.shared(share);
+        let local = Arc::new(LocalPolicy {
+            field: respond::policy_field(&shared),
+            policy: shared,
+        });
+        list.push(Shared {
+            of: policy.clone(),
+            share,
+            local: local.clone(),
+        });
+        local
+    }
+
+    /// Drops expired local state and brings the time-in-fallback counter
+    /// up to date; called once a second.
+    pub fn tick(&self) {
+        self.store.sweep();
+        let times = lock(&self.times);
+        let current = times.since.map(|s| s.elapsed()).unwrap_or_default();
+        self.metrics
+            .seconds
+            .absolute((times.spent + current).as_secs());
+    }
+
+    /// Subjects decided locally right now.
+    pub fn subjects(&self) -> usize {
+        self.store.len()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data whole: poison means nothing.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::limit::{Bands, WindowBand};
+    use crate::store::EvaluationId;
+    use crate::subject::PseudonymKey;
+
+    fn policy(limit: u32) -> Arc<Policy> {
+        Arc::new(Policy::new(
+            "p",
+            "r1",
+            Bands::FixedWindow(vec![WindowBand {
+                limit: NonZeroU32::new(limit).unwrap(),
+                window: Duration::from_secs(24 * 3600),
+            }]),
+            false,
+        ))
+    }
+
+    fn admitted(fallback: &Fallback, policy: &Arc<Policy>, share: u32, n: usize) -> usize {
+        let subject = PseudonymKey::new(b"k", 1).pseudonym("ip", b"10.0.0.1", "r");
+        let evaluation = Evaluation {
+            policy,
+            subject: &subject,
+            cost: 1,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0),
+        };
+        let share = NonZeroU32::new(share).unwrap();
+        (0..n)
+            .filter(|_| {
+                matches!(
+                    fallback.evaluate(&evaluation, policy, share).0,
+                    Outcome::Allowed(_)
+                )
+            })
+            .count()
+    }
+
+    #[test]
+    fn each_sidecar_admits_its_share_until_the_store_decides_again() {
+        let fallback = Fallback::new(1000, Duration::ZERO);
+        let p = policy(30);
+        assert!(!fallback.active());
+        assert_eq!(admitted(&fallback, &p, 3, 15), 10);
+        assert!(fallback.active());
+        assert_eq!(fallback.subjects(), 1);
+
+        fallback.store_decided();
+        assert!(!fallback.active());
+        assert_eq!(fallback.subjects(), 0, "the local state is dropped");
+        // The next outage starts fresh, under the share in effect then.
+        assert_eq!(admitted(&fallback, &p, 2, 20), 15);
+    }
+
+    #[test]
+    fn the_local_429_announces_the_local_quota() {
+        let fallback = Fallback::new(1000, Duration::ZERO);
+        let p = policy(30);
+        let subject = PseudonymKey::new(b"k", 1).pseudonym("ip", b"10.0.0.1", "r");
+        let evaluation = Evaluation {
+            policy: &p,
+            subject: &subject,
+            cost: 1,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0),
+        };
+        let (_, local) = fallback.evaluate(&evaluation, &p, NonZeroU32::new(3).unwrap());
+        assert_eq!(local.field, "\"p\";q=10;w=86400");
+    }
+}

@@ -1,0 +1,458 @@
+//! `POST /explain` and `sluice check --explain` through the built binary,
+//! on the memory store and on a real Redis: an explanation reads the state
+//! without charging it, says what a request would be answered, explains
+//! refusals, and never shows a raw identity.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::{json, Value};
+use support::redis::RedisServer;
+use support::redis_sidecar::{redis_yaml, start_ready};
+use support::sidecar::{run_binary, write_config};
+use support::{clear_of_window_edge, get, request, Sidecar, Upstream};
+
+const HOUR: Duration = Duration::from_secs(3600);
+/// Enough for any of these tests to finish inside one aligned window.
+const EDGE_MARGIN: Duration = Duration::from_secs(20);
+const KEY: &str = "0123456789abcdef0123456789abcdef";
+/// A client address and an API key no output may contain.
+const PEER: &str = "10.0.0.7";
+const API_KEY: &str = "k-7f3a9c-secret";
+
+const POLICIES: &str = "  login: { algorithm: fixed-window, limit: 5, window: 1h }
+  keyed: { algorithm: token-bucket, capacity: 10, refill_tokens: 1, refill_every: 1s }
+";
+/// `/login` by client address; `/api` by API key, one shared bucket
+/// without it.
+const ROUTES: &str =
+    "  - { name: login, match: { path_prefix: /login }, subject: client_ip, policy: login }
+  - { name: api, match: { path_prefix: /api }, subject: \"header:x-api-key\", policy: keyed }
+";
+
+fn memory_yaml(upstream: &Upstream) -> String {
+    format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+upstream:
+  url: {}
+store:
+  kind: memory
+identity:
+  pseudonym_key: \"{KEY}\"
+policies:
+{POLICIES}routes:
+{ROUTES}",
+        upstream.url()
+    )
+}
+
+fn admin(sluice: &Sidecar) -> SocketAddr {
+    sluice.admin_addr().expect("the admin address is logged")
+}
+
+/// `POST /explain` with `body`: the status and the JSON answer.
+async fn explain_raw(sluice: &Sidecar, body: impl Into<Bytes>) -> (StatusCode, Value) {
+    let (status, _, body) =
+        request(admin(sluice), Method::POST, "/explain", &[], body.into()).await;
+    let json = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("/explain answered no JSON ({e}): {body:?}"));
+    (status, json)
+}
+
+/// An explanation that must succeed; also checks it shows no raw identity.
+async fn explain(sluice: &Sidecar, described: &Value) -> Value {
+    let (status, json) = explain_raw(sluice, described.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let text = json.to_string();
+    for raw in [PEER, API_KEY] {
+        assert!(!text.contains(raw), "the explanation shows {raw}: {text}");
+    }
+    json
+}
+
+fn login() -> Value {
+    json!({"method": "GET", "path": "/login", "peer": PEER, "headers": {"X-API-Key": API_KEY}})
+}
+
+/// The first limit of the first route.
+fn first_limit(explained: &Value) -> &Value {
+    &explained["routes"][0]["limits"][0]
+}
+
+/// Requests from [`PEER`]: the sidecar sees 127.0.0.1, so these go by the
+/// described peer only when it is 127.0.0.1.
+fn from_loopback(mut described: Value) -> Value {
+    described["peer"] = json!("127.0.0.1");
+    described
+}
+
+/// Three real requests on a limit of 5; the explanation says 2 are left,
+/// twice, and the fourth and fifth real requests pass, the sixth is the
+/// first denied.
+async fn explain_consumes_nothing(sluice: &Sidecar, store: &str) {
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    for _ in 0..3 {
+        assert_eq!(get(sluice.addr(), "/login", &[]).await.0, StatusCode::OK);
+    }
+    let described = from_loopback(login());
+    for _ in 0..2 {
+        let explained = explain(sluice, &described).await;
+        assert_eq!(explained["routes"][0]["route"], "login", "{explained}");
+        let limit = first_limit(&explained);
+        assert_eq!(limit["policy"], "login");
+        assert_eq!(limit["algorithm"], "fixed-window");
+        assert_eq!(limit["shadow"], false);
+        assert_eq!(limit["subject"]["kind"], "client_ip");
+        assert_eq!(limit["subject"]["resolved"], true);
+        assert!(limit["subject"]["pseudonym"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("v1:")));
+        assert_eq!(limit["state"]["store"], store, "{explained}");
+        assert_eq!(limit["state"]["remaining"], 2, "{explained}");
+        assert_eq!(limit["state"]["retry_after_seconds"], 0.0);
+        let reset = limit["state"]["reset_seconds"].as_f64().unwrap_or(0.0);
+        assert!(reset > 0.0 && reset <= 3600.0, "{explained}");
+        assert_eq!(explained["answer"]["status"], 200, "{explained}");
+        assert_eq!(explained["answer"]["outcome"], "allowed");
+    }
+    for _ in 0..2 {
+        assert_eq!(get(sluice.addr(), "/login", &[]).await.0, StatusCode::OK);
+    }
+    let explained = explain(sluice, &described).await;
+    let state = &first_limit(&explained)["state"];
+    assert_eq!(state["remaining"], 0, "{explained}");
+    assert!(state["retry_after_seconds"].as_f64().unwrap_or(0.0) > 0.0);
+    assert_eq!(explained["answer"]["status"], 429, "{explained}");
+    assert_eq!(explained["answer"]["outcome"], "denied");
+    assert_eq!(
+        get(sluice.addr(), "/login", &[]).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another client's bucket is untouched, and explaining it makes none.
+    let other = explain(sluice, &login()).await;
+    assert_eq!(first_limit(&other)["state"]["remaining"], 5, "{other}");
+    assert_ne!(
+        first_limit(&other)["subject"]["pseudonym"],
+        first_limit(&explained)["subject"]["pseudonym"]
+    );
+}
+
+#[tokio::test]
+async fn explaining_on_the_memory_store_reads_the_state_without_charging() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&memory_yaml(&upstream));
+    explain_consumes_nothing(&sluice, "memory").await;
+    assert_eq!(upstream.count(), 5, "explanations are never forwarded");
+}
+
+#[tokio::test]
+async fn explaining_on_redis_reads_the_state_without_charging_or_writing() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml =
+        redis_yaml(&upstream, &redis.url(), POLICIES, ROUTES).replace("budget: 50ms", "budget: 1s");
+    let sluice = start_ready(&yaml).await;
+    explain_consumes_nothing(&sluice, "redis").await;
+    // The unknown client's explanation wrote nothing: only the loopback
+    // client's state key exists (beside the evaluation records).
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
+    let states: Vec<&String> = keys.iter().filter(|k| !k.contains("}:e:")).collect();
+    assert_eq!(states.len(), 1, "{keys:?}");
+    let written: u64 = redis::cmd("INFO")
+        .arg("commandstats")
+        .query::<String>(&mut conn)
+        .map(|info| {
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_eval:"))
+                .count() as u64
+        })
+        .expect("INFO");
+    assert_eq!(written, 0, "sluice never sends EVAL");
+
+    // Redis gone: the explanation says so and what on_failure answers.
+    drop(redis);
+    let explained = support::eventually(Duration::from_secs(5), || async {
+        let explained = explain(&sluice, &from_loopback(login())).await;
+        (first_limit(&explained)["state"]["store"] == "unavailable").then_some(explained)
+    })
+    .await;
+    assert_eq!(explained["answer"]["status"], 503, "{explained}");
+    assert!(explained["answer"]["why"]
+        .as_str()
+        .is_some_and(|w| w.contains("on_failure is deny")));
+}
+
+#[tokio::test]
+async fn an_unresolved_subject_is_explained_as_the_shared_bucket() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&memory_yaml(&upstream));
+    let explained = explain(&sluice, &json!({"method": "GET", "path": "/api/items"})).await;
+    let subject = &first_limit(&explained)["subject"];
+    assert_eq!(explained["routes"][0]["route"], "api");
+    assert_eq!(subject["resolved"], false, "{explained}");
+    assert_eq!(subject["kind"], "unresolved");
+    assert!(subject["note"]
+        .as_str()
+        .is_some_and(|n| n.contains("shared bucket")));
+    assert_eq!(explained["request"]["peer_given"], false);
+    // With the key, it resolves; the key itself is never shown.
+    let keyed = explain(
+        &sluice,
+        &json!({"method": "GET", "path": "/api/items", "headers": {"x-api-key": API_KEY}}),
+    )
+    .await;
+    assert_eq!(first_limit(&keyed)["subject"]["kind"], "header", "{keyed}");
+    assert_eq!(first_limit(&keyed)["state"]["remaining"], 10);
+}
+
+#[tokio::test]
+async fn a_request_the_proxy_refuses_is_explained_as_refused() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&memory_yaml(&upstream));
+    for (described, label) in [
+        (json!({"method": "get", "path": "/login"}), "method_case"),
+        (
+            json!({"method": "GET", "path": "/api", "headers": {"X-API-Key": [API_KEY, "other"]}}),
+            "duplicate_identity",
+        ),
+        (json!({"method": "GET", "path": "/a/%2e%2e/%2e%2e/etc"}), ""),
+    ] {
+        let explained = explain(&sluice, &described).await;
+        assert_eq!(explained["answer"]["status"], 400, "{explained}");
+        assert_eq!(explained["answer"]["outcome"], "refused");
+        if !label.is_empty() {
+            assert_eq!(explained["refused"]["label"], label, "{explained}");
+        }
+        assert!(explained.get("routes").is_none());
+        // And the proxy does answer it 400.
+    }
+    let (status, _, _) = get(sluice.addr(), "/a/%2e%2e/%2e%2e/etc", &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // A method override: both methods, as the proxy matches them.
+    let explained = explain(
+        &sluice,
+        &json!({"method": "GET", "path": "/api?_method=DELETE", "headers": {"x-api-key": "a"}}),
+    )
+    .await;
+    assert_eq!(
+        explained["runs_as"],
+        json!(["GET", "DELETE"]),
+        "{explained}"
+    );
+    assert_eq!(explained["routes"][0]["methods"], json!(["GET", "DELETE"]));
+}
+
+#[tokio::test]
+async fn a_malformed_explain_body_is_refused_with_a_json_error() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&memory_yaml(&upstream));
+    for body in [
+        "",
+        "{",
+        "[1]",
+        r#"{"path": "/"}"#,
+        r#"{"method": "GET", "path": "/", "peer": "nowhere"}"#,
+        r#"{"method": "GET", "path": "/", "extra": 1}"#,
+    ] {
+        let (status, json) = explain_raw(&sluice, body.to_owned()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {json}");
+        assert!(
+            json["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{json}"
+        );
+    }
+    let (status, json) = explain_raw(&sluice, vec![b' '; 65 * 1024]).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{json}");
+    let (status, _, _) = get(admin(&sluice), "/explain", &[]).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    // Nothing of it reached the upstream, and the sidecar still serves.
+    assert_eq!(get(sluice.addr(), "/login", &[]).await.0, StatusCode::OK);
+    assert_eq!(upstream.count(), 1);
+}
+
+#[tokio::test]
+async fn check_explain_routes_a_described_request_offline() {
+    let upstream = Upstream::start().await;
+    let (dir, config) = write_config(&memory_yaml(&upstream));
+    let described = dir.path().join("request.json");
+    std::fs::write(&described, login().to_string()).expect("write the request");
+    let args = [
+        "check",
+        "--config",
+        config.to_str().expect("a UTF-8 path"),
+        "--explain",
+        described.to_str().expect("a UTF-8 path"),
+    ];
+    let (code, stdout, stderr) = run_binary(&args, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let explained: Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    assert_eq!(explained["routes"][0]["route"], "login", "{stdout}");
+    let limit = first_limit(&explained);
+    assert_eq!(limit["policy"], "login");
+    assert_eq!(limit["subject"]["kind"], "client_ip");
+    assert!(limit.get("state").is_none(), "no store offline: {stdout}");
+    for raw in [PEER, API_KEY] {
+        assert!(!stdout.contains(raw), "{stdout}");
+    }
+    // The same pseudonym a running sidecar shows, under the same key.
+    let sluice = Sidecar::start(&memory_yaml(&upstream));
+    let online = explain(&sluice, &login()).await;
+    assert_eq!(
+        first_limit(&online)["subject"]["pseudonym"],
+        limit["subject"]["pseudonym"]
+    );
+
+    // A bad description exits 2 and says why.
+    std::fs::write(&described, r#"{"method": "GET"}"#).expect("write the request");
+    let (code, _, stderr) = run_binary(&args, &[]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("missing field `path`"), "{stderr}");
+}
+
+const ALGORITHMS: [&str; 5] = ["fw", "sc", "sl", "tb", "gc"];
+/// One policy per algorithm, each admitting 5 an hour, and a route `/NAME`
+/// to each, by client address.
+const EVERY_ALGORITHM: &str = "  fw: { algorithm: fixed-window, limit: 5, window: 1h }
+  sc: { algorithm: sliding-counter, limit: 5, window: 1h }
+  sl: { algorithm: sliding-log, limit: 5, window: 1h }
+  tb: { algorithm: token-bucket, capacity: 5, refill_every: 1h }
+  gc: { algorithm: gcra, limit: 5, window: 1h }
+";
+
+fn every_algorithm_routes() -> String {
+    ALGORITHMS
+        .iter()
+        .map(|a| {
+            format!("  - {{ name: {a}, match: {{ path_prefix: /{a} }}, subject: client_ip, policy: {a} }}\n")
+        })
+        .collect()
+}
+
+/// For each algorithm: 3 requests of 5, explained twice as 2 left, then
+/// the 4th and 5th pass and the 6th is the first denied.
+async fn every_algorithm_reads_without_charging(sluice: &Sidecar) {
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    for a in ALGORITHMS {
+        let path = format!("/{a}");
+        for _ in 0..3 {
+            assert_eq!(
+                get(sluice.addr(), &path, &[]).await.0,
+                StatusCode::OK,
+                "{a}"
+            );
+        }
+        let described = json!({"method": "GET", "path": path, "peer": "127.0.0.1"});
+        for _ in 0..2 {
+            let explained = explain(sluice, &described).await;
+            let limit = first_limit(&explained);
+            assert_eq!(limit["policy"], a, "{explained}");
+            assert_eq!(limit["state"]["remaining"], 2, "{a}: {explained}");
+            assert_eq!(explained["answer"]["status"], 200, "{a}: {explained}");
+        }
+        for _ in 0..2 {
+            assert_eq!(
+                get(sluice.addr(), &path, &[]).await.0,
+                StatusCode::OK,
+                "{a}"
+            );
+        }
+        let explained = explain(sluice, &described).await;
+        assert_eq!(explained["answer"]["status"], 429, "{a}: {explained}");
+        assert_eq!(
+            get(sluice.addr(), &path, &[]).await.0,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{a}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_algorithm_is_explained_without_charging_on_the_memory_store() {
+    let upstream = Upstream::start().await;
+    let yaml = memory_yaml(&upstream)
+        .replace(POLICIES, EVERY_ALGORITHM)
+        .replace(ROUTES, &every_algorithm_routes());
+    let sluice = Sidecar::start(&yaml);
+    every_algorithm_reads_without_charging(&sluice).await;
+}
+
+/// The user a deployment should create (lua/README.md): the read-only
+/// scripts need nothing more than the others.
+const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
+     +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
+     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore";
+
+#[tokio::test]
+async fn every_algorithm_is_explained_on_redis_by_a_user_that_may_not_eval() {
+    let redis = RedisServer::builder()
+        .config("user default off")
+        .config("user admin on >admin-pw ~* &* +@all")
+        .config(SLUICE_ACL)
+        .admin("admin", "admin-pw")
+        .start();
+    let upstream = Upstream::start().await;
+    let yaml = redis_yaml(
+        &upstream,
+        &redis.url_as("sluice", "pw"),
+        EVERY_ALGORITHM,
+        &every_algorithm_routes(),
+    )
+    .replace("budget: 50ms", "budget: 1s");
+    let sluice = start_ready(&yaml).await;
+    every_algorithm_reads_without_charging(&sluice).await;
+}
+
+#[tokio::test]
+async fn with_redis_down_and_on_failure_local_the_local_answer_is_explained_without_charging() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    // Limit 6 shared by two sidecars: 3 each while Redis is away.
+    let policies = "  login: { algorithm: fixed-window, limit: 6, window: 1h }\n";
+    let routes =
+        "  - { name: login, match: { path_prefix: /login }, subject: client_ip, policy: login }\n";
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
+        .replace("on_failure: deny", "on_failure: local\n  local_share: 2");
+    let sluice = start_ready(&yaml).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    drop(redis);
+
+    let described = from_loopback(login());
+    let explained = support::eventually(Duration::from_secs(5), || async {
+        let explained = explain(&sluice, &described).await;
+        (first_limit(&explained)["state"]["store"] == "unavailable").then_some(explained)
+    })
+    .await;
+    for _ in 0..2 {
+        let again = explain(&sluice, &described).await;
+        assert_eq!(again["answer"]["status"], 200, "{again}");
+        assert_eq!(again["answer"]["outcome"], "local_allowed", "{again}");
+    }
+    assert_eq!(
+        explained["answer"]["outcome"], "local_allowed",
+        "{explained}"
+    );
+
+    // The explanations took nothing of the local share: all three of it
+    // are left for real requests, and the fourth is denied here.
+    for n in 1..=3 {
+        let status = get(sluice.addr(), "/login", &[]).await.0;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "request {n} of the local share of 3"
+        );
+    }
+    let over = explain(&sluice, &described).await;
+    assert_eq!(over["answer"]["status"], 429, "{over}");
+    assert_eq!(over["answer"]["outcome"], "local_denied", "{over}");
+    let status = get(sluice.addr(), "/login", &[]).await.0;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+}

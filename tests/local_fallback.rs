@@ -1,0 +1,292 @@
+//! `on_failure: local` under the built binary: three sidecars share one
+//! real Redis with `local_share: 3`; with Redis killed each decides alone
+//! within a third of the limit (429s, never 503s, nothing forwarded
+//! without a decision), and with Redis back they share the limit again.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::json;
+use support::ops::{metric, scrape};
+use support::redis::RedisServer;
+use support::redis_sidecar::{admin, readyz, redis_yaml, READY_DEADLINE};
+use support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
+
+/// The shared limit, per day so no run straddles a window edge
+/// ([`clear_of_window_edge`] waits out the last minute of one).
+const LIMIT: usize = 30;
+const SHARE: usize = 3;
+const WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// How soon after Redis is back every sidecar must decide on it again.
+const BACK_WITHIN: Duration = Duration::from_secs(3);
+
+/// One route `/api` by client address (one subject: every request comes
+/// from 127.0.0.1, and the sidecars share the pseudonym key), decided
+/// locally when Redis cannot. The over-limit cache is off, so every 429
+/// after the outage is Redis's own.
+fn config(upstream: &Upstream, redis: &RedisServer) -> String {
+    redis_yaml(
+        upstream,
+        &redis.url(),
+        &format!("  capped: {{ algorithm: fixed-window, limit: {LIMIT}, window: 24h }}\n"),
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: capped }\n",
+    )
+    .replace(
+        "  on_failure: deny\n",
+        &format!("  on_failure: local\n  local_share: {SHARE}\n"),
+    )
+    .replace("deny_cache_entries: 100000", "deny_cache_entries: 0")
+}
+
+/// `sluice_requests_total` of the route under `outcome`.
+fn requests(text: &str, outcome: &str) -> f64 {
+    metric(
+        text,
+        "sluice_requests_total",
+        &[("route", "api"), ("policy", "capped"), ("outcome", outcome)],
+    )
+    .unwrap_or(0.0)
+}
+
+/// What Redis counted for the one subject in the current window.
+fn charged(redis: &RedisServer) -> u64 {
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*{capped:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    let states: Vec<&String> = keys.iter().filter(|k| !k.contains("}:e:")).collect();
+    assert!(states.len() <= 1, "one subject, one state key: {states:?}");
+    states.first().map_or(0, |key| {
+        let count: Option<u64> = redis::cmd("HGET")
+            .arg(key.as_str())
+            .arg("c1")
+            .query(&mut conn)
+            .expect("HGET c1");
+        count.unwrap_or(0)
+    })
+}
+
+/// Started, and its store connected: readiness says nothing of deciding
+/// locally (under `local` it is 200 either way).
+async fn start_on_redis(yaml: &str) -> Sidecar {
+    let sluice = Sidecar::start(yaml);
+    eventually(READY_DEADLINE, || async {
+        let (status, body) = readyz(&sluice).await;
+        (status == StatusCode::OK && body == json!({"status": "ready"})).then_some(())
+    })
+    .await;
+    sluice
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_redis_down_each_sidecar_enforces_its_share_and_shares_the_limit_again_once_back() {
+    clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
+    let mut redis = RedisServer::start();
+    let mut upstreams = Vec::new();
+    for _ in 0..SHARE {
+        upstreams.push(Upstream::start().await);
+    }
+    let mut sidecars = Vec::new();
+    for upstream in &upstreams {
+        sidecars.push(start_on_redis(&config(upstream, &redis)).await);
+    }
+
+    // Redis decides: one request per sidecar, counted once each in Redis.
+    for sluice in &sidecars {
+        let (status, _, _) = get(sluice.addr(), "/api", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(charged(&redis), SHARE as u64);
+
+    tokio::task::block_in_place(|| redis.kill());
+
+    // Each sidecar alone: 30 / 3 = 10 admitted, the rest 429 with the
+    // local figures, none 503.
+    let per_sidecar = LIMIT / SHARE + 5;
+    for (i, (sluice, upstream)) in sidecars.iter().zip(&upstreams).enumerate() {
+        let before = upstream.count();
+        let mut ok = 0;
+        for _ in 0..per_sidecar {
+            let (status, headers, _) = get(sluice.addr(), "/api", &[]).await;
+            match status {
+                StatusCode::OK => ok += 1,
+                StatusCode::TOO_MANY_REQUESTS => {
+                    assert!(header(&headers, "retry-after").is_some());
+                    assert_eq!(
+                        header(&headers, "ratelimit-policy"),
+                        Some(format!("\"capped\";q={};w=86400", LIMIT / SHARE).as_str()),
+                        "a local 429 announces the local quota"
+                    );
+                }
+                other => panic!("sidecar {i}: answered {other} with Redis down"),
+            }
+        }
+        assert!(
+            (1..=LIMIT / SHARE).contains(&ok),
+            "sidecar {i} admitted {ok} alone"
+        );
+        assert_eq!(
+            upstream.count() - before,
+            ok,
+            "sidecar {i}: forwarded what it did not admit"
+        );
+        let text = scrape(admin(sluice)).await;
+        assert_eq!(requests(&text, "local_allowed"), ok as f64, "{text}");
+        assert_eq!(
+            requests(&text, "local_denied"),
+            (per_sidecar - ok) as f64,
+            "{text}"
+        );
+        assert_eq!(requests(&text, "unavailable"), 0.0, "{text}");
+        assert_eq!(requests(&text, "indeterminate"), 0.0, "{text}");
+        assert_eq!(
+            metric(&text, "sluice_forwarded_without_decision_total", &[]),
+            Some(0.0)
+        );
+        assert_eq!(metric(&text, "sluice_store_fallback", &[]), Some(1.0));
+        assert_eq!(
+            metric(&text, "sluice_store_fallbacks_total", &[]),
+            Some(1.0)
+        );
+        // Still ready: taking every replica out of its Service would turn
+        // the outage into a total one.
+        let (status, body) = readyz(sluice).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["store"], "store not answering: deciding locally");
+        println!("sidecar {i}: {ok} of {per_sidecar} admitted alone");
+    }
+
+    // The time in fallback is counted while it lasts.
+    eventually(Duration::from_secs(5), || async {
+        let text = scrape(admin(&sidecars[0])).await;
+        (metric(&text, "sluice_store_fallback_seconds_total", &[]) >= Some(1.0)).then_some(())
+    })
+    .await;
+
+    tokio::task::block_in_place(|| redis.restart());
+    let restarted = Instant::now();
+    // Back on Redis: a request each until one is Redis's decision.
+    let mut store_allowed_during_recovery = 0;
+    for (i, sluice) in sidecars.iter().enumerate() {
+        let before = requests(&scrape(admin(sluice)).await, "allowed");
+        loop {
+            let (status, _, _) = get(sluice.addr(), "/api", &[]).await;
+            let text = scrape(admin(sluice)).await;
+            if requests(&text, "allowed") > before {
+                assert_eq!(status, StatusCode::OK);
+                store_allowed_during_recovery += 1;
+                assert_eq!(metric(&text, "sluice_store_fallback", &[]), Some(0.0));
+                break;
+            }
+            assert!(
+                restarted.elapsed() < BACK_WITHIN,
+                "sidecar {i} still decides alone {:?} after Redis is back ({status})",
+                restarted.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let back = restarted.elapsed();
+    println!("every sidecar decides on Redis again {back:?} after its restart");
+    assert!(back < BACK_WITHIN, "back after {back:?}");
+
+    // Shared again: the restarted Redis counts from nothing, and the three
+    // together admit the limit, not a third of it each.
+    let forwarded_before: Vec<usize> = upstreams.iter().map(Upstream::count).collect();
+    let mut ok = store_allowed_during_recovery;
+    let mut denied = 0;
+    for i in 0..LIMIT + 6 {
+        let (status, _, _) = get(sidecars[i % SHARE].addr(), "/api", &[]).await;
+        match status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => denied += 1,
+            other => panic!("answered {other} with Redis back"),
+        }
+    }
+    assert_eq!(ok, LIMIT, "the fleet admitted {ok} on the shared store");
+    assert_eq!(charged(&redis), LIMIT as u64);
+    let forwarded: usize = upstreams
+        .iter()
+        .zip(&forwarded_before)
+        .map(|(u, before)| u.count() - before)
+        .sum();
+    assert_eq!(forwarded + store_allowed_during_recovery, ok);
+    let mut store_denied = 0.0;
+    for sluice in &sidecars {
+        let text = scrape(admin(sluice)).await;
+        store_denied += requests(&text, "denied");
+        assert_eq!(
+            metric(&text, "sluice_forwarded_without_decision_total", &[]),
+            Some(0.0)
+        );
+    }
+    assert_eq!(store_denied, denied as f64, "every 429 is Redis's own");
+}
+
+/// A route with several limits while Redis is down: each limit the store
+/// did not decide follows its own `on_failure` (here both `local`, with a
+/// share of 1): a per-client limit of 5 and a global one of 8, enforced
+/// together by this sidecar alone, never a 503.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
+    clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  per_ip: { algorithm: fixed-window, limit: 5, window: 24h }
+  everyone: { algorithm: fixed-window, limit: 8, window: 24h }
+";
+    let routes = "  - name: login
+    match: { path: /login }
+    limits:
+      - { policy: per_ip, subject: client_ip }
+      - { policy: everyone, subject: global }
+";
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
+        .replace(
+            "  on_failure: deny\n",
+            "  on_failure: local\n  local_share: 1\n",
+        )
+        .replace("deny_cache_entries: 100000", "deny_cache_entries: 0")
+        .replace(
+            "identity:\n",
+            "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
+        );
+    let sluice = start_on_redis(&yaml).await;
+    assert_eq!(get(sluice.addr(), "/login", &[]).await.0, StatusCode::OK);
+    tokio::task::block_in_place(|| redis.kill());
+
+    // Two clients, 6 each, decided here: the first gets its own 5, the
+    // second what the route has left of 8 (Redis's earlier count is not
+    // known here: the fallback starts fresh).
+    let mut admitted = Vec::new();
+    for client in ["198.51.100.1", "198.51.100.2"] {
+        let mut n = 0;
+        for _ in 0..6 {
+            let (status, _, _) = get(sluice.addr(), "/login", &[("x-forwarded-for", client)]).await;
+            match status {
+                StatusCode::OK => n += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{client}: {other}, never a 503 under local"),
+            }
+        }
+        admitted.push(n);
+    }
+    assert_eq!(admitted, [5, 3]);
+    let text = scrape(admin(&sluice)).await;
+    let counted = |policy: &str, outcome: &str| {
+        metric(
+            &text,
+            "sluice_requests_total",
+            &[("route", "login"), ("policy", policy), ("outcome", outcome)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(counted("per_ip", "local_allowed"), 8.0);
+    assert_eq!(
+        counted("per_ip", "local_denied") + counted("everyone", "local_denied"),
+        4.0
+    );
+}

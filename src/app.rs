@@ -129,6 +129,7 @@ fn build_store(boot: &Boot, live: &Live) -> Result<Store, AppError> {
             // Connects in the background: readiness turns true once Redis
             // answered and the scripts are loaded.
             let store = RedisStore::connect(redis, ttl_grace, live.store.budget, &live.policies)?;
+            store.learn_routes(live.routes.iter().chain([&live.default]));
             let cache =
                 (redis.deny_cache_entries > 0).then(|| DenyCache::new(redis.deny_cache_entries));
             Store::Redis(store, cache)

@@ -12,7 +12,9 @@
 //!   and its pseudonym (versioned HMAC; raw identities never reach a store).
 //! - [`limit`]: policies, typed outcomes and the pure algorithm steps.
 //! - [`store`]: where state lives (embedded memory store; Redis) behind one
-//!   `evaluate` that always ends in exactly one [`limit::Outcome`].
+//!   `evaluate` that always ends in exactly one [`limit::Outcome`], and
+//!   `evaluate_all` for every rate limit of a request at once; the requests
+//!   in flight that concurrency policies count, always in this process.
 //! - [`proxy`]: the per-request service (route → subject → limit → one
 //!   exhaustive match), forwarding, and every synthetic response.
 //! - [`server`]: listeners (TCP, TLS) and the accept-and-drain loop.

@@ -78,10 +78,13 @@ pub async fn watch(
             &runtime,
             if forced { "signal" } else { "file change" },
         );
-        // The Redis store loads the scripts of policies it has not seen,
-        // so their first requests need no NOSCRIPT round.
+        // The Redis store loads the scripts of policies (and of routes'
+        // several limits) it has not seen, so their first requests need no
+        // NOSCRIPT round.
         if let (true, Store::Redis(redis, _)) = (applied, &*store) {
-            redis.learn(&runtime.load().live.policies);
+            let live = runtime.load().live.clone();
+            redis.learn(&live.policies);
+            redis.learn_routes(live.routes.iter().chain([&live.default]));
         }
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use http::{HeaderName, Method};
 
-use crate::limit::Policy;
+use crate::limit::LimitPolicy;
 
 pub use matcher::{Match, PathMatch, Segment};
 
@@ -22,15 +22,26 @@ pub use matcher::{Match, PathMatch, Segment};
 pub struct Route {
     pub name: Arc<str>,
     pub matcher: Match,
-    /// Tried in order; the first present wins. Never empty.
-    pub subject: Vec<SubjectSource>,
-    /// `None` for `policy: none`: forwarded without limiting.
-    pub policy: Option<Arc<Policy>>,
-    /// Units charged per request; 1..=policy max cost.
-    pub cost: u32,
+    /// Checked together: every one must let a request through, and a
+    /// request refused by one consumes nothing of any. Empty for `policy:
+    /// none` (forwarded without limiting); `policy` + `subject` is a
+    /// one-element list. Each names a different policy.
+    pub limits: Vec<Limit>,
     /// `Upgrade` protocols passed through (lower-case names, without a
     /// version); `websocket` unless the route says otherwise, never `h2c`.
     pub upgrades: Arc<[Box<str>]>,
+}
+
+/// One of a route's limits: a policy, who it counts, and what a request
+/// costs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    pub policy: LimitPolicy,
+    /// Tried in order; the first present wins. Never empty;
+    /// [`SubjectSource::Global`] only alone.
+    pub subject: Vec<SubjectSource>,
+    /// Units charged per request; 1..=policy max cost (1 for concurrency).
+    pub cost: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +50,15 @@ pub enum SubjectSource {
     /// `X-Forwarded-For` address.
     ClientIp,
     Header(HeaderName),
+    /// One bucket for the whole route, whoever asks.
+    Global,
+}
+
+impl Route {
+    /// Every subject source of every limit, in order, repeats included.
+    pub fn subject_sources(&self) -> impl Iterator<Item = &SubjectSource> + Clone {
+        self.limits.iter().flat_map(|l| l.subject.iter())
+    }
 }
 
 #[derive(Debug)]
@@ -57,7 +77,7 @@ impl RouteTable {
     pub fn new(routes: &[Route], default: &Route) -> RouteTable {
         let mut identity_headers: Vec<HeaderName> = Vec::new();
         for route in routes.iter().chain(std::iter::once(default)) {
-            for source in &route.subject {
+            for source in route.subject_sources() {
                 if let SubjectSource::Header(name) = source {
                     if !identity_headers.contains(name) {
                         identity_headers.push(name.clone());
@@ -117,9 +137,7 @@ mod tests {
                 path,
                 case_sensitive: true,
             },
-            subject: vec![SubjectSource::ClientIp],
-            policy: None,
-            cost: 1,
+            limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
         }
     }

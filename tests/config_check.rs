@@ -18,7 +18,7 @@ const INVALID_CONFIG: i32 = 2;
 const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Each error fixture with where its (first) error is, and its key path.
-const ERROR_FIXTURES: [(&str, &str, &str); 18] = [
+const ERROR_FIXTURES: [(&str, &str, &str); 21] = [
     ("unknown_key.yaml", "4:3", "server.shutdown_grase"),
     ("missing_policy.yaml", "17:13", "routes[1].policy"),
     ("unset_variable.yaml", "9:8", "store.url"),
@@ -46,6 +46,17 @@ const ERROR_FIXTURES: [(&str, &str, &str); 18] = [
         "bad_path_setting.yaml",
         "6:22",
         "server.paths.escaped_slashes",
+    ),
+    ("limits_beside_policy.yaml", "12:5", "routes[0].policy"),
+    (
+        "global_in_a_list.yaml",
+        "12:54",
+        "routes[0].limits[0].subject[1]",
+    ),
+    (
+        "concurrency_with_window.yaml",
+        "10:5",
+        "policies.in_flight.window",
     ),
     ("local_on_memory.yaml", "8:15", "store.on_failure"),
     ("local_share_unused.yaml", "10:3", "store.local_share"),
@@ -184,6 +195,31 @@ fn check_prints_every_route_of_the_shipped_configs() {
             );
         }
     }
+}
+
+#[test]
+fn check_prints_every_limit_of_a_route() {
+    let out = check(&repo_file("config/example.yaml"));
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("signup "))
+        .unwrap_or_else(|| panic!("no signup route in:\n{stdout}"));
+    let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    let first = words(lines[at]);
+    assert!(first.contains(&"login".to_owned()), "{stdout}");
+    // Each further limit on a line of its own, the route's columns blank.
+    let second = words(lines[at + 1]);
+    assert_eq!(&second[..2], ["global", "app_cap"], "{stdout}");
+    let third = words(lines[at + 2]);
+    assert_eq!(
+        &third[..3],
+        ["global", "in_flight", "concurrency"],
+        "{stdout}"
+    );
+    assert!(lines[at + 1].starts_with(' ') && lines[at + 2].starts_with(' '));
 }
 
 #[test]

@@ -225,3 +225,68 @@ async fn with_redis_down_each_sidecar_enforces_its_share_and_shares_the_limit_ag
     }
     assert_eq!(store_denied, denied as f64, "every 429 is Redis's own");
 }
+
+/// A route with several limits while Redis is down: each limit the store
+/// did not decide follows its own `on_failure` (here both `local`, with a
+/// share of 1): a per-client limit of 5 and a global one of 8, enforced
+/// together by this sidecar alone, never a 503.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
+    clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  per_ip: { algorithm: fixed-window, limit: 5, window: 24h }
+  everyone: { algorithm: fixed-window, limit: 8, window: 24h }
+";
+    let routes = "  - name: login
+    match: { path: /login }
+    limits:
+      - { policy: per_ip, subject: client_ip }
+      - { policy: everyone, subject: global }
+";
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
+        .replace(
+            "  on_failure: deny\n",
+            "  on_failure: local\n  local_share: 1\n",
+        )
+        .replace("deny_cache_entries: 100000", "deny_cache_entries: 0")
+        .replace(
+            "identity:\n",
+            "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
+        );
+    let sluice = start_on_redis(&yaml).await;
+    assert_eq!(get(sluice.addr(), "/login", &[]).await.0, StatusCode::OK);
+    tokio::task::block_in_place(|| redis.kill());
+
+    // Two clients, 6 each, decided here: the first gets its own 5, the
+    // second what the route has left of 8 (Redis's earlier count is not
+    // known here: the fallback starts fresh).
+    let mut admitted = Vec::new();
+    for client in ["198.51.100.1", "198.51.100.2"] {
+        let mut n = 0;
+        for _ in 0..6 {
+            let (status, _, _) = get(sluice.addr(), "/login", &[("x-forwarded-for", client)]).await;
+            match status {
+                StatusCode::OK => n += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{client}: {other}, never a 503 under local"),
+            }
+        }
+        admitted.push(n);
+    }
+    assert_eq!(admitted, [5, 3]);
+    let text = scrape(admin(&sluice)).await;
+    let counted = |policy: &str, outcome: &str| {
+        metric(
+            &text,
+            "sluice_requests_total",
+            &[("route", "login"), ("policy", policy), ("outcome", outcome)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(counted("per_ip", "local_allowed"), 8.0);
+    assert_eq!(
+        counted("per_ip", "local_denied") + counted("everyone", "local_denied"),
+        4.0
+    );
+}

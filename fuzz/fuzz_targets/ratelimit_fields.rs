@@ -11,8 +11,8 @@ use arbitrary::Arbitrary;
 use http::header::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use sfv::{BareItem, Integer, ListEntry, Parser, Version};
-use sluice::route::{Match, Route, SubjectSource};
-use sluice::limit::{Bands, BucketBand, Decision, GcraBand, Policy, WindowBand};
+use sluice::limit::{Bands, BucketBand, Decision, GcraBand, LimitPolicy, Policy, WindowBand};
+use sluice::route::{Limit, Match, Route, SubjectSource};
 use sluice::proxy::respond::{add_ratelimit_headers, Prepared, RATELIMIT, RATELIMIT_POLICY};
 
 #[derive(Arbitrary, Debug)]
@@ -135,9 +135,11 @@ fuzz_target!(|input: Input| {
     let route = Route {
         name: "fuzz".into(),
         matcher: Match::default(),
-        subject: vec![SubjectSource::ClientIp],
-        policy: Some(policy.clone()),
-        cost: 1,
+        limits: vec![Limit {
+            policy: LimitPolicy::Rate(policy.clone()),
+            subject: vec![SubjectSource::ClientIp],
+            cost: 1,
+        }],
         upgrades: Arc::from(Vec::<Box<str>>::new()),
     };
     let duration = |(secs, nanos): (u64, u32)| Duration::new(secs, nanos % 1_000_000_000);
@@ -149,7 +151,7 @@ fuzz_target!(|input: Input| {
         retry_after: duration(input.retry_after),
         approximate: false,
     };
-    let prepared = Prepared::new(&route, &policy);
+    let prepared = Prepared::new(&route, 0);
     let mut headers = HeaderMap::new();
     add_ratelimit_headers(&mut headers, &prepared, &decision);
 

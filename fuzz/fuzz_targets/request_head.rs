@@ -268,9 +268,11 @@ fuzz_target!(|input: Input| {
         .collect();
     let relied: Vec<HeaderName> = subject
         .iter()
-        .map(|s| match s {
-            SubjectSource::ClientIp => HeaderName::from_static("x-forwarded-for"),
-            SubjectSource::Header(n) => n.clone(),
+        .filter_map(|s| match s {
+            SubjectSource::ClientIp => Some(HeaderName::from_static("x-forwarded-for")),
+            SubjectSource::Header(n) => Some(n.clone()),
+            // Reads nothing from the request.
+            SubjectSource::Global => None,
         })
         .collect();
     let named = |n: &HeaderName| *n == "x-forwarded-for" || relied.contains(n);

@@ -1,9 +1,10 @@
 //! The route table `sluice check` prints: what each route matches, who it
-//! counts, and under which limits.
+//! counts, and under which limits. A route with several limits takes one
+//! line per limit, the route's own columns written on the first only.
 
 use super::Config;
-use crate::limit::Bands;
-use crate::route::{PathMatch, Route, Segment, SubjectSource};
+use crate::limit::{Bands, LimitPolicy};
+use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource};
 
 const HEADER: [&str; 10] = [
     "ROUTE", "METHODS", "PATH", "SUBJECT", "POLICY", "LIMITS", "COST", "SHADOW", "REVISION",
@@ -18,7 +19,7 @@ pub fn route_table(config: &Config) -> String {
                 .routes
                 .iter()
                 .chain(std::iter::once(&config.live.default))
-                .map(row),
+                .flat_map(rows),
         )
         .collect();
     let mut widths = [0usize; 10];
@@ -45,49 +46,79 @@ pub fn route_table(config: &Config) -> String {
     out
 }
 
-fn row(route: &Route) -> [String; 10] {
+fn rows(route: &Route) -> Vec<[String; 10]> {
     let methods = if route.matcher.methods.is_empty() {
         "*".to_owned()
     } else {
         let names: Vec<&str> = route.matcher.methods.iter().map(|m| m.as_str()).collect();
         names.join(",")
     };
-    let subject: Vec<String> = route.subject.iter().map(subject).collect();
-    let (policy, limits, cost, shadow, revision) = match &route.policy {
-        None => (
-            "none".to_owned(),
-            "unlimited".to_owned(),
-            "-".to_owned(),
-            "-".to_owned(),
-            "-".to_owned(),
-        ),
-        Some(p) => (
-            p.name.to_string(),
+    let path = if route.matcher.case_sensitive {
+        path(&route.matcher.path)
+    } else {
+        format!("{} (any case)", path(&route.matcher.path))
+    };
+    let upgrades = if route.upgrades.is_empty() {
+        "-".to_owned()
+    } else {
+        route.upgrades.join(",")
+    };
+    let unlimited = [
+        "-".to_owned(),
+        "none".to_owned(),
+        "unlimited".to_owned(),
+        "-".to_owned(),
+        "-".to_owned(),
+        "-".to_owned(),
+    ];
+    let limits: Vec<[String; 6]> = if route.limits.is_empty() {
+        vec![unlimited]
+    } else {
+        route.limits.iter().map(limit).collect()
+    };
+    limits
+        .into_iter()
+        .enumerate()
+        .map(|(i, [subject, policy, limits, cost, shadow, revision])| {
+            let own = |cell: &String| if i == 0 { cell.clone() } else { String::new() };
+            [
+                own(&route.name.to_string()),
+                own(&methods),
+                own(&path),
+                subject,
+                policy,
+                limits,
+                cost,
+                shadow,
+                revision,
+                own(&upgrades),
+            ]
+        })
+        .collect()
+}
+
+/// SUBJECT, POLICY, LIMITS, COST, SHADOW and REVISION of one limit.
+fn limit(limit: &Limit) -> [String; 6] {
+    let subject: Vec<String> = limit.subject.iter().map(subject).collect();
+    let (limits, shadow, revision) = match &limit.policy {
+        LimitPolicy::Rate(p) => (
             limits(p.bands()),
-            route.cost.to_string(),
             if p.shadow { "yes" } else { "no" }.to_owned(),
             p.revision.to_string(),
         ),
+        LimitPolicy::Concurrency(c) => (
+            format!("concurrency {} in flight", c.limit),
+            "no".to_owned(),
+            "-".to_owned(),
+        ),
     };
     [
-        route.name.to_string(),
-        methods,
-        if route.matcher.case_sensitive {
-            path(&route.matcher.path)
-        } else {
-            format!("{} (any case)", path(&route.matcher.path))
-        },
         subject.join(","),
-        policy,
+        limit.policy.name().to_string(),
         limits,
-        cost,
+        limit.cost.to_string(),
         shadow,
         revision,
-        if route.upgrades.is_empty() {
-            "-".to_owned()
-        } else {
-            route.upgrades.join(",")
-        },
     ]
 }
 
@@ -113,6 +144,7 @@ fn subject(s: &SubjectSource) -> String {
     match s {
         SubjectSource::ClientIp => "client_ip".to_owned(),
         SubjectSource::Header(name) => format!("header:{name}"),
+        SubjectSource::Global => "global".to_owned(),
     }
 }
 

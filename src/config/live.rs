@@ -25,7 +25,9 @@ pub struct Live {
     pub store: StoreLive,
     pub identity: Identity,
     pub responses: Responses,
-    /// In file order (`check` prints them in that order).
+    /// The rate policies, which stores evaluate, in file order.
+    /// Concurrency policies are reached through the routes that name them:
+    /// no store ever sees one.
     pub policies: Vec<Arc<Policy>>,
     /// In file order: the first matching route wins.
     pub routes: Vec<Route>,

@@ -279,6 +279,8 @@ pub struct Policy {
     pub bands: Option<Vec<Params>>,
     pub shadow: Option<Scalar>,
     pub revision: Option<Scalar>,
+    /// `concurrency` only.
+    pub retry_after: Option<Scalar>,
     pub on_failure: Option<Scalar>,
 }
 
@@ -304,7 +306,17 @@ pub struct Route {
     pub subject: Option<ScalarList>,
     pub policy: Option<Scalar>,
     pub cost: Option<Scalar>,
+    pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
+}
+
+/// One entry of a route's `limits:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Limit {
+    pub policy: Option<Scalar>,
+    pub subject: Option<ScalarList>,
+    pub cost: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -321,5 +333,6 @@ pub struct Match {
 pub struct DefaultRoute {
     pub policy: Option<Scalar>,
     pub subject: Option<ScalarList>,
+    pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::*;
-use crate::limit::{Bands, BucketBand, GcraBand, WindowBand};
+use crate::limit::{Bands, BucketBand, GcraBand, LimitPolicy, WindowBand};
 use crate::route::{PathMatch, Segment, SubjectSource};
 
 const PSEUDONYM_KEY: &str = "0123456789abcdef0123456789abcdef";
@@ -153,7 +153,11 @@ fn the_product_example_parses_into_domain_values() {
     assert!(c.live.responses.ratelimit_headers_on_allowed);
 
     let names: Vec<&str> = c.live.policies.iter().map(|p| &*p.name).collect();
-    assert_eq!(names, ["api", "login", "search", "upload", "export"]);
+    // The rate policies: `in_flight` counts requests in flight, in no store.
+    assert_eq!(
+        names,
+        ["api", "login", "search", "upload", "export", "app_cap"]
+    );
     let window = |limit, secs| WindowBand {
         limit: nz(limit),
         window: Duration::from_secs(secs),
@@ -197,30 +201,31 @@ fn the_product_example_parses_into_domain_values() {
     }
 
     let route_names: Vec<&str> = c.live.routes.iter().map(|r| &*r.name).collect();
-    assert_eq!(route_names, ["login", "api", "health"]);
+    assert_eq!(route_names, ["login", "api", "health", "signup"]);
     let login = &c.live.routes[0];
     assert_eq!(login.matcher.methods, vec![http::Method::POST]);
     assert!(matches!(&login.matcher.path, PathMatch::Exact(p) if p == "/login"));
-    assert_eq!(login.subject, vec![SubjectSource::ClientIp]);
-    assert_eq!(login.policy.as_deref().map(|p| &*p.name), Some("login"));
-    assert_eq!(login.cost, 1);
+    assert_eq!(login.limits.len(), 1, "policy + subject is one limit");
+    assert_eq!(login.limits[0].subject, vec![SubjectSource::ClientIp]);
+    assert_eq!(&**login.limits[0].policy.name(), "login");
+    assert_eq!(login.limits[0].cost, 1);
     let api = &c.live.routes[1];
     assert!(api.matcher.methods.is_empty());
     assert!(matches!(&api.matcher.path, PathMatch::Prefix(p) if p == "/api"));
     assert_eq!(
-        api.subject,
+        api.limits[0].subject,
         vec![
             SubjectSource::Header(http::HeaderName::from_static("x-api-key")),
             SubjectSource::ClientIp
         ]
     );
-    assert!(c.live.routes[2].policy.is_none());
+    assert!(c.live.routes[2].limits.is_empty(), "policy: none");
     assert_eq!(&*c.live.default.name, "default");
+    assert_eq!(&**c.live.default.limits[0].policy.name(), "api");
     assert_eq!(
-        c.live.default.policy.as_deref().map(|p| &*p.name),
-        Some("api")
+        c.live.default.limits[0].subject,
+        vec![SubjectSource::ClientIp]
     );
-    assert_eq!(c.live.default.subject, vec![SubjectSource::ClientIp]);
     assert!(matches!(c.live.default.matcher.path, PathMatch::Any));
 }
 
@@ -492,8 +497,7 @@ fn omitted_keys_take_their_documented_defaults() {
     assert!(c.live.responses.ratelimit_headers_on_allowed);
     assert!(c.live.policies.is_empty() && c.live.routes.is_empty());
     // No `default:`: unmatched requests are forwarded unlimited.
-    assert!(c.live.default.policy.is_none());
-    assert_eq!(c.live.default.subject, vec![SubjectSource::ClientIp]);
+    assert!(c.live.default.limits.is_empty());
 }
 
 #[test]
@@ -578,10 +582,10 @@ fn bad_matchers_are_refused() {
 #[test]
 fn subjects_are_a_value_or_a_list() {
     let c = parse_ok(&format!(
-        "{BASE}routes:\n  - {{ name: a, subject: header:X-Tenant, policy: none }}\n"
+        "{BASE}policies: {{ p: {{ algorithm: fixed-window, limit: 1, window: 1s }} }}\nroutes:\n  - {{ name: a, subject: header:X-Tenant, policy: p }}\n"
     ));
     assert_eq!(
-        c.live.routes[0].subject,
+        c.live.routes[0].limits[0].subject,
         [SubjectSource::Header(http::HeaderName::from_static(
             "x-tenant"
         ))]
@@ -593,6 +597,136 @@ fn subjects_are_a_value_or_a_list() {
     assert!(errors[0].contains("routes[0].subject[1]: `bad name` is not a valid header name"));
     assert!(errors[1].contains("routes[0].subject[2]: unknown subject `ip`"));
     assert!(errors[2].contains("routes[1].subject: needs at least one subject"));
+}
+
+const LIMITS_POLICIES: &str = "policies:
+  login: { algorithm: token-bucket, capacity: 5, refill_tokens: 1, refill_every: 10s }
+  app_cap: { algorithm: fixed-window, limit: 100, window: 1m }
+  in_flight: { algorithm: concurrency, limit: 40 }
+";
+
+#[test]
+fn a_route_may_list_several_limits_each_with_its_subject() {
+    let c = parse_ok(&format!(
+        "{BASE}{LIMITS_POLICIES}routes:
+  - name: signup
+    match: {{ methods: [POST], path: /signup }}
+    limits:
+      - {{ policy: login, subject: client_ip }}
+      - {{ policy: app_cap, subject: global, cost: 2 }}
+      - {{ policy: in_flight, subject: global }}
+default:
+  limits: [{{ policy: app_cap, subject: [header:X-API-Key, client_ip] }}]
+"
+    ));
+    let signup = &c.live.routes[0];
+    let names: Vec<&str> = signup.limits.iter().map(|l| &**l.policy.name()).collect();
+    assert_eq!(names, ["login", "app_cap", "in_flight"]);
+    assert_eq!(signup.limits[0].subject, [SubjectSource::ClientIp]);
+    assert_eq!(signup.limits[1].subject, [SubjectSource::Global]);
+    assert_eq!(signup.limits[1].cost, 2);
+    match &signup.limits[2].policy {
+        LimitPolicy::Concurrency(c) => {
+            assert_eq!(c.limit, nz(40));
+            assert_eq!(c.retry_after, Duration::from_secs(1), "the default");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.live.default.limits.len(), 1);
+    // Stores see the rate policies only.
+    let rates: Vec<&str> = c.live.policies.iter().map(|p| &*p.name).collect();
+    assert_eq!(rates, ["login", "app_cap"]);
+}
+
+#[test]
+fn limits_errors_name_their_key_path() {
+    let errors = parse_err(&format!(
+        "{BASE}{LIMITS_POLICIES}routes:
+  - name: both
+    policy: login
+    subject: client_ip
+    limits: [{{ policy: app_cap }}]
+  - name: empty
+    limits: []
+  - name: bad
+    limits:
+      - {{ policy: login, subject: [global, client_ip] }}
+      - {{ policy: none }}
+      - {{ policy: login }}
+      - {{ policy: in_flight, cost: 2 }}
+      - {{ policy: missing }}
+      - {{ policy: app_cap, subjct: global }}
+"
+    ));
+    let expected = [
+        "routes[0].policy: `policy` is written beside `limits`",
+        "routes[0].subject: `subject` is written beside `limits`",
+        "routes[1].limits: needs at least one limit",
+        "routes[2].limits[5].subjct: unknown key `subjct`",
+    ];
+    for want in expected {
+        assert!(
+            errors.iter().any(|e| e.contains(want)),
+            "{want} not in {errors:#?}"
+        );
+    }
+    let errors = parse_err(&format!(
+        "{BASE}{LIMITS_POLICIES}routes:
+  - name: bad
+    limits:
+      - {{ policy: login, subject: [global, client_ip] }}
+      - {{ policy: none }}
+      - {{ policy: login }}
+      - {{ policy: in_flight, cost: 2 }}
+      - {{ policy: missing }}
+"
+    ));
+    let expected = [
+        "routes[0].limits[0].subject[0]: `global` is the route's one bucket",
+        "routes[0].limits[1].policy: `none` is not a limit",
+        "routes[0].limits[2].policy: policy `login` is already routes[0].limits[0]",
+        "routes[0].limits[3].cost: `cost` does not apply to concurrency policy `in_flight`",
+        "routes[0].limits[4].policy: unknown policy `missing`",
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for (got, want) in errors.iter().zip(expected) {
+        assert!(got.contains(want), "{got} !~ {want}");
+    }
+}
+
+#[test]
+fn a_concurrency_policy_takes_a_limit_and_a_retry_after_only() {
+    let c = parse_ok(&format!(
+        "{BASE}policies:\n  busy: {{ algorithm: concurrency, limit: 4, retry_after: 250ms }}\nroutes:\n  - {{ name: a, policy: busy }}\n"
+    ));
+    match &c.live.routes[0].limits[0].policy {
+        LimitPolicy::Concurrency(p) => {
+            assert_eq!(p.limit, nz(4));
+            assert_eq!(p.retry_after, Duration::from_millis(250));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(c.live.policies.is_empty());
+    let errors = parse_err(&format!(
+        "{BASE}policies:
+  busy: {{ algorithm: concurrency, limit: 0, window: 1s, shadow: true }}
+  none_given: {{ algorithm: concurrency }}
+  rate: {{ algorithm: fixed-window, limit: 1, window: 1s, retry_after: 1s }}
+"
+    ));
+    let expected = [
+        "policies.busy.window: `window` is not a parameter of concurrency",
+        "policies.busy.shadow: `shadow` is not a parameter of concurrency",
+        "policies.busy.limit: ",
+        "policies.none_given.limit: required key is missing",
+        "policies.rate.retry_after: `retry_after` is a parameter of concurrency only",
+    ];
+    for want in expected {
+        assert!(
+            errors.iter().any(|e| e.contains(want)),
+            "{want} not in {errors:#?}"
+        );
+    }
 }
 
 #[test]
@@ -756,7 +890,9 @@ fn the_route_table_shows_limits_per_band() {
     let c = load(&fixture_path("product.yaml")).unwrap_or_else(|e| panic!("{e}"));
     let table = c.route_table();
     let lines: Vec<&str> = table.lines().collect();
-    assert_eq!(lines.len(), 1 + c.live.routes.len() + 1, "{table}");
+    // One line per limit (a route without limits takes one too).
+    let limits: usize = c.live.routes.iter().map(|r| r.limits.len().max(1)).sum();
+    assert_eq!(lines.len(), 1 + limits + 1, "{table}");
     assert!(lines[0].starts_with("ROUTE"));
     assert!(lines[1].starts_with("login "), "{table}");
     assert!(lines[1].contains("POST"));
@@ -765,7 +901,12 @@ fn the_route_table_shows_limits_per_band() {
     assert!(lines[2].contains("header:x-api-key,client_ip"));
     assert!(lines[2].contains("sliding-counter 100/1m"));
     assert!(lines[3].contains("none") && lines[3].contains("unlimited"));
-    assert!(lines[4].starts_with("default "));
+    assert!(lines[4].starts_with("signup "));
+    assert!(
+        lines[5].starts_with(' ') && lines[5].contains("global") && lines[5].contains("app_cap")
+    );
+    assert!(lines[6].contains("concurrency 40 in flight"));
+    assert!(lines[7].starts_with("default "));
     // Columns are aligned: every row's POLICY cell starts at the same place.
     let col = lines[0].find("POLICY").expect("header");
     for line in &lines[1..] {

@@ -21,6 +21,7 @@ use super::env::{self, key_text, Lookup};
 use super::locate::{At, KeyPath, Locations};
 use super::raw::{self, SECTIONS};
 use super::{Boot, Config, ConfigError, ConfigErrors, Live, OnFailure, StoreLive};
+use crate::limit::LimitPolicy;
 
 /// Reads `${NAME}` from the process environment.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
@@ -218,7 +219,7 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
             store: store_live,
             identity: identity?,
             responses: responses?,
-            policies: policies.valid,
+            policies: policies.rates(),
             routes,
             default: default?,
         },
@@ -242,7 +243,7 @@ fn local_fallback(
     if store.is_some_and(|s| s.on_failure == OnFailure::Local) {
         written.push(store_path.key("on_failure"));
     }
-    for p in &policies.valid {
+    for p in policies.valid.iter().filter_map(LimitPolicy::as_rate) {
         if p.on_failure == Some(OnFailure::Local) {
             written.push(top.key("policies").key(&p.name).key("on_failure"));
         }

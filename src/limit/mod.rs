@@ -1,13 +1,17 @@
-//! Policies, the decisions they produce, and the pure algorithm steps.
+//! Policies, the decisions they produce, and the pure algorithm steps;
+//! `concurrency` is the one policy kind that counts requests in flight
+//! instead of a rate.
 //!
 //! Time here is an input: every step takes `now` in integer microseconds
 //! since the Unix epoch ([`Micros`]), never reads a clock itself.
 
 pub mod algorithm;
+pub mod concurrency;
 pub mod outcome;
 pub mod policy;
 
 pub use algorithm::{Algorithm, Bands, BucketBand, GcraBand, WindowBand};
+pub use concurrency::{Concurrency, LimitPolicy};
 pub use outcome::{Decision, Incompatible, Outcome, Unavailable};
 pub use policy::Policy;
 

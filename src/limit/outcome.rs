@@ -64,6 +64,17 @@ impl Outcome {
         }
     }
 
+    /// Whether it stops the request, and with it the charging of its other
+    /// limits: a denial, unless the policy is `shadow` (which never
+    /// blocks), or no decision at all.
+    pub fn blocks(&self, shadow: bool) -> bool {
+        match self {
+            Outcome::Allowed(_) => false,
+            Outcome::Denied(_) => !shadow,
+            Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => true,
+        }
+    }
+
     /// A short, bounded label for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {

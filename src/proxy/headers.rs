@@ -309,13 +309,16 @@ pub fn check_identity_headers(headers: &HeaderMap, names: &[HeaderName]) -> Resu
 }
 
 /// Refuses a `Connection` that names `X-Forwarded-For` or any header the
-/// route's subject is read from.
-pub fn check_connection(headers: &HeaderMap, subject: &[SubjectSource]) -> Result<(), Invalid> {
+/// route's subjects (every limit's) are read from.
+pub fn check_connection<'s, I>(headers: &HeaderMap, subject: I) -> Result<(), Invalid>
+where
+    I: IntoIterator<Item = &'s SubjectSource> + Clone,
+{
     for token in connection_tokens(headers) {
         let Ok(name) = HeaderName::from_bytes(token) else {
             continue;
         };
-        if name == X_FORWARDED_FOR || relied_on(subject).any(|h| *h == name) {
+        if name == X_FORWARDED_FOR || relied_on(subject.clone()).any(|h| *h == name) {
             return Err(Invalid::ConnectionNamesIdentity(name));
         }
     }

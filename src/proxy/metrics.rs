@@ -9,6 +9,8 @@ use std::time::Duration;
 use http::StatusCode;
 use metrics::{Counter, Histogram};
 
+use crate::route::Route;
+
 use crate::telemetry::{
     DECISION_DURATION, FORWARDED_WITHOUT_DECISION, REQUESTS, REQUESTS_REFUSED, UPSTREAM_DURATION,
     UPSTREAM_RESPONSES,
@@ -20,20 +22,35 @@ const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// The handles counted under one route's name.
 pub struct RouteMetrics {
-    /// Indexed by [`OutcomeLabel`]: every verdict has its counter.
-    requests: [Counter; OutcomeLabel::ALL.len()],
+    /// Per limit of the route (one, `policy="none"`, for a route without
+    /// limits), each indexed by [`OutcomeLabel`]: every verdict has its
+    /// counter under every policy.
+    requests: Box<[[Counter; OutcomeLabel::ALL.len()]]>,
     upstream_responses: [Counter; STATUS_CLASSES.len()],
     upstream_duration: Histogram,
 }
 
 impl RouteMetrics {
-    pub fn new(route: &str, policy: Option<&str>) -> RouteMetrics {
-        let route = route.to_owned();
-        let policy = policy.unwrap_or("none").to_owned();
+    pub fn new(route: &Route) -> RouteMetrics {
+        let name = route.name.to_string();
+        let mut policies: Vec<String> = route
+            .limits
+            .iter()
+            .map(|l| l.policy.name().to_string())
+            .collect();
+        if policies.is_empty() {
+            policies.push("none".to_owned());
+        }
+        let route = name;
         RouteMetrics {
-            requests: OutcomeLabel::ALL.map(|outcome| {
-                metrics::counter!(REQUESTS, "route" => route.clone(), "policy" => policy.clone(), "outcome" => outcome.label())
-            }),
+            requests: policies
+                .into_iter()
+                .map(|policy| {
+                    OutcomeLabel::ALL.map(|outcome| {
+                        metrics::counter!(REQUESTS, "route" => route.clone(), "policy" => policy.clone(), "outcome" => outcome.label())
+                    })
+                })
+                .collect(),
             upstream_responses: STATUS_CLASSES.map(|class| {
                 metrics::counter!(UPSTREAM_RESPONSES, "route" => route.clone(), "status_class" => class)
             }),
@@ -41,9 +58,13 @@ impl RouteMetrics {
         }
     }
 
-    /// Counts one routed request under its verdict.
-    pub fn request(&self, verdict: &Verdict) {
-        self.requests[verdict.outcome() as usize].increment(1);
+    /// Counts one routed request under its verdict and the policy of
+    /// `limit` (the route's limit that decided it; 0 for a route without
+    /// limits).
+    pub fn request(&self, limit: usize, verdict: &Verdict) {
+        if let Some(counters) = self.requests.get(limit) {
+            counters[verdict.outcome() as usize].increment(1);
+        }
     }
 
     /// Counts the response to a forwarded request (the upstream's, or

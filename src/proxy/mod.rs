@@ -1,7 +1,8 @@
 //! The HTTP side of a request, after the listener and before the upstream.
 //!
-//! - `service`: [`Proxy::handle`], validate → route → subject → limit →
-//!   one exhaustive match on the outcome.
+//! - `service`: [`Proxy::handle`], validate → route → subjects → every
+//!   limit of the request together (places in flight, then the rate
+//!   limits) → one exhaustive match on each outcome.
 //! - `headers`: request validation and hop-by-hop / `X-Forwarded-*` rewriting.
 //! - `overrides`: the methods a request may run as (method-override headers,
 //!   `_method`), each matched.
@@ -15,7 +16,9 @@
 //! - `runtime`: what one request runs under (live configuration, route
 //!   table, per-route metric handles and prepared answers), swapped whole
 //!   on reload.
-//! - `body`: the boxed body type and the request-body idle timeout.
+//! - `body`: the boxed body type, the request-body idle timeout, and the
+//!   wrapper that holds a request's places in flight until its response
+//!   body is done.
 //! - `fallback`: `on_failure: local`, deciding alone while the store
 //!   cannot, each quota divided by `store.local_share`.
 //! - `verdict`: what became of a request, the hook metrics attach to.

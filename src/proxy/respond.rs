@@ -7,12 +7,14 @@
 //! cannot keep.
 //!
 //! Rate-limit fields follow draft-ietf-httpapi-ratelimit-headers-10:
-//! `RateLimit-Policy: "api";q=100;w=60` lists every band of the policy and
-//! `RateLimit: "api";r=0;t=17` describes the binding one. A one-band policy
-//! names its member after the policy; with several bands the members are
-//! `"<policy>-<i>"`, `i` being the band's index in the configuration
-//! (`bands[i]`). All times are whole seconds rounded up, so a client that
-//! waits as told is never early.
+//! `RateLimit-Policy: "api";q=100;w=60` lists every band of every limit of
+//! the route, in order, and `RateLimit: "api";r=0;t=17` describes the
+//! binding one. A one-band policy names its member after the policy; with
+//! several bands the members are `"<policy>-<i>"`, `i` being the band's
+//! index in the configuration (`bands[i]`). A concurrency limit is
+//! `"<policy>";q=<limit>;qu="concurrent-requests"` (no window: it counts
+//! requests in flight, not a rate). All times are whole seconds rounded
+//! up, so a client that waits as told is never early.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -22,7 +24,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TY
 use http::{Response, StatusCode};
 use serde::Serialize;
 
-use crate::limit::{Decision, Incompatible, Policy};
+use crate::limit::{Decision, Incompatible, LimitPolicy, Policy};
 use crate::route::Route;
 
 use super::body::{self, Body};
@@ -30,39 +32,63 @@ use super::body::{self, Body};
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// What a limited route's own answers share, built once when the
+/// What the answers of one limit of a route share, built once when the
 /// configuration loads. Under a flood the 429 is the hot path: naming the
 /// route and policy, escaping them into JSON and listing the bands would
 /// otherwise be redone for every request, to produce the same bytes.
 #[derive(Debug)]
 pub struct Prepared {
-    /// `RateLimit-Policy`: the same on every response of the route.
+    /// `RateLimit-Policy`: every limit of the route, the same on every
+    /// response of the route.
     policy_field: HeaderValue,
     /// The policy's name as the inside of a structured-field String.
     band_name: Box<str>,
     /// More than one band: members are named `<policy>-<i>`.
     several_bands: bool,
+    /// 429 for a rate policy; for a concurrency policy, the 503 of a
+    /// request over its limit.
     denied: Template,
     unavailable: Template,
 }
 
 impl Prepared {
-    pub fn new(route: &Route, policy: &Policy) -> Prepared {
-        let (route, name) = (&*route.name, &*policy.name);
-        Prepared {
-            policy_field: policy_field(policy),
-            band_name: sf_string_inner(name).into(),
-            several_bands: policy.bands().len() > 1,
-            denied: Template::new(
+    /// The answers of `route.limits[limit]`.
+    pub fn new(route: &Route, limit: usize) -> Prepared {
+        let policy = &route.limits[limit].policy;
+        let (route_name, name) = (&*route.name, &**policy.name());
+        let denied = match policy {
+            LimitPolicy::Rate(_) => Template::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                &format!("route \"{route}\" is limited by policy \"{name}\"; retry after "),
-                route,
+                &format!("route \"{route_name}\" is limited by policy \"{name}\"; retry after "),
+                route_name,
                 name,
             ),
+            LimitPolicy::Concurrency(c) => Template::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "route \"{route_name}\" has {} requests in flight under policy \"{name}\"; retry after ",
+                    c.limit
+                ),
+                route_name,
+                name,
+            ),
+        };
+        Prepared {
+            // Built from printable ASCII only (see `push_band_name`).
+            policy_field: HeaderValue::from_str(&route_policy_value(route))
+                .unwrap_or_else(|_| HeaderValue::from_static("")),
+            band_name: sf_string_inner(name).into(),
+            several_bands: match policy {
+                LimitPolicy::Rate(p) => p.bands().len() > 1,
+                LimitPolicy::Concurrency(_) => false,
+            },
+            denied,
             unavailable: Template::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &format!("the rate limit of route \"{route}\" could not be checked; retry after "),
-                route,
+                &format!(
+                    "the rate limit of route \"{route_name}\" could not be checked; retry after "
+                ),
+                route_name,
                 name,
             ),
         }
@@ -162,6 +188,21 @@ pub fn too_many_requests(prepared: &Prepared, decision: &Decision) -> Response<B
         Some(retry_after),
     );
     add_ratelimit_headers(response.headers_mut(), prepared, decision);
+    response
+}
+
+/// 503: the request is over a concurrency limit (`prepared` is that
+/// limit's).
+pub fn over_concurrency(prepared: &Prepared, retry_after: Duration) -> Response<Body> {
+    let retry_after = retry_after_secs(retry_after);
+    let mut response = problem_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        prepared.denied.render(retry_after),
+        Some(retry_after),
+    );
+    response
+        .headers_mut()
+        .append(&RATELIMIT_POLICY, prepared.policy_field.clone());
     response
 }
 
@@ -316,21 +357,40 @@ pub fn add_ratelimit_headers(headers: &mut HeaderMap, prepared: &Prepared, decis
     }
 }
 
-/// `RateLimit-Policy` for `policy`.
+/// `RateLimit-Policy` for `policy` alone (the local fallback's quotas).
 pub fn policy_field(policy: &Policy) -> HeaderValue {
+    let mut out = String::new();
+    policy_value(&mut out, policy);
     // Built from printable ASCII only (see `push_band_name`).
-    HeaderValue::from_str(&policy_value(policy)).unwrap_or_else(|_| HeaderValue::from_static(""))
+    HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Every limit of `route`, in order, as `RateLimit-Policy` members.
+fn route_policy_value(route: &Route) -> String {
+    let mut out = String::new();
+    for limit in &route.limits {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        match &limit.policy {
+            LimitPolicy::Rate(policy) => policy_value(&mut out, policy),
+            LimitPolicy::Concurrency(c) => {
+                push_band_name(&mut out, &c.name, 0, 1);
+                let _ = write!(out, ";q={};qu=\"concurrent-requests\"", c.limit);
+            }
+        }
+    }
+    out
 }
 
 /// `"<name>";q=<quota>;w=<seconds>` per band.
-fn policy_value(policy: &Policy) -> String {
+fn policy_value(out: &mut String, policy: &Policy) {
     let quotas = policy.quotas();
-    let mut out = String::new();
     for (i, (quota, window)) in quotas.iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
-        push_band_name(&mut out, policy, i, quotas.len());
+        push_band_name(out, &policy.name, i, quotas.len());
         // A window under a second still has to be announced as one.
         let _ = write!(
             out,
@@ -338,14 +398,13 @@ fn policy_value(policy: &Policy) -> String {
             sf_integer(ceil_secs(*window).max(1))
         );
     }
-    out
 }
 
 /// A structured-field String (RFC 8941 §3.3.3): printable ASCII with `"`
 /// and `\` escaped. Anything else cannot be expressed and becomes `_`.
-fn push_band_name(out: &mut String, policy: &Policy, band: usize, bands: usize) {
+fn push_band_name(out: &mut String, name: &str, band: usize, bands: usize) {
     out.push('"');
-    out.push_str(&sf_string_inner(&policy.name));
+    out.push_str(&sf_string_inner(name));
     if bands > 1 {
         let _ = write!(out, "-{band}");
     }

@@ -7,8 +7,9 @@
 //! the store and the upstream client instead.
 //!
 //! The route table only matches; what the proxy needs per route (metric
-//! handles, prepared answers) is built here beside it, one entry per route
-//! in the table's order, so both are swapped together.
+//! handles, prepared answers per limit, the pseudonym of a `global`
+//! subject) is built here beside it, one entry per route in the table's
+//! order, so both are swapped together.
 
 use std::sync::Arc;
 
@@ -18,9 +19,8 @@ use super::log_budget::LogBudget;
 use super::metrics::RouteMetrics;
 use super::respond::Prepared;
 use crate::config::Live;
-use crate::limit::Policy;
-use crate::route::{Route, RouteTable};
-use crate::subject::PseudonymKey;
+use crate::route::{Route, RouteTable, SubjectSource};
+use crate::subject::{self, Pseudonym, PseudonymKey};
 
 #[derive(Debug)]
 pub struct Runtime {
@@ -37,7 +37,11 @@ impl Runtime {
     pub fn new(live: Arc<Live>, key: PseudonymKey) -> Runtime {
         let routes = RouteTable::new(&live.routes, &live.default);
         Runtime {
-            states: routes.routes().iter().map(RouteState::new).collect(),
+            states: routes
+                .routes()
+                .iter()
+                .map(|route| RouteState::new(route, &key))
+                .collect(),
             routes,
             live,
             key,
@@ -52,7 +56,7 @@ impl Runtime {
             route: &self.routes.routes()[i],
             metrics: &state.metrics,
             log_budget: &state.log_budget,
-            limited: state.limited.as_ref(),
+            limits: &state.limits,
         }
     }
 }
@@ -67,29 +71,34 @@ struct RouteState {
     /// Decisions other than Allowed logged, at most a few a second per
     /// route.
     log_budget: LogBudget,
-    /// `None` exactly when the route says `policy: none`.
-    limited: Option<Limited>,
+    /// Parallel to `route.limits`; empty exactly when the route says
+    /// `policy: none`.
+    limits: Vec<LimitState>,
 }
 
 impl RouteState {
-    fn new(route: &Route) -> RouteState {
-        let policy = route.policy.as_ref().map(|p| &*p.name);
+    fn new(route: &Route, key: &PseudonymKey) -> RouteState {
         RouteState {
-            metrics: RouteMetrics::new(&route.name, policy),
+            metrics: RouteMetrics::new(route),
             log_budget: LogBudget::default(),
-            limited: route.policy.as_ref().map(|policy| Limited {
-                responses: Prepared::new(route, policy),
-                policy: policy.clone(),
-            }),
+            limits: (0..route.limits.len())
+                .map(|i| LimitState {
+                    responses: Prepared::new(route, i),
+                    fixed_subject: (route.limits[i].subject == [SubjectSource::Global])
+                        .then(|| subject::global(&route.name, key)),
+                })
+                .collect(),
         }
     }
 }
 
-/// A limited route's policy and its prepared responses.
+/// What the proxy keeps for one limit of a route.
 #[derive(Debug)]
-pub struct Limited {
-    pub policy: Arc<Policy>,
+pub struct LimitState {
     pub responses: Prepared,
+    /// The pseudonym of `subject: global`, the same for every request:
+    /// made here rather than per request.
+    pub fixed_subject: Option<Pseudonym>,
 }
 
 /// A route a request matched, with what the proxy keeps for it.
@@ -98,5 +107,6 @@ pub(super) struct Entry<'r> {
     pub route: &'r Route,
     pub metrics: &'r RouteMetrics,
     pub log_budget: &'r LogBudget,
-    pub limited: Option<&'r Limited>,
+    /// Parallel to `route.limits`.
+    pub limits: &'r [LimitState],
 }

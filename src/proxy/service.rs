@@ -1,32 +1,45 @@
 //! The per-request service: validate → normalize the path → route (once
-//! per method the request may run as) → subjects → limits → one exhaustive
-//! match on each outcome → forward or answer.
+//! per method the request may run as) → subjects (one per limit) →
+//! concurrency places → every rate limit at once → one exhaustive match on
+//! each outcome → forward or answer.
 //!
 //! The decision is made before any byte of the request goes upstream.
+//!
+//! A request is checked against every limit of every route it matched,
+//! together: all must let it through, and one refused consumes nothing of
+//! any. Concurrency places are taken first (a cheap local try), then the
+//! rate limits are asked in one store call; a request refused by either
+//! gives its places back at once, so a 429 or 503 never holds one, and a
+//! request refused for concurrency has charged no rate limit. The places
+//! of a forwarded request are held by its response body, released when it
+//! ends or the client goes away.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::config::{self, Live, OnFailure};
-use crate::limit::{Decision, Outcome};
+use crate::limit::{Decision, LimitPolicy, Outcome, Policy};
 use crate::path;
-use crate::route::Route;
+use crate::route::{Limit, Route};
+use crate::store::in_flight::{InFlight, Permit};
 use crate::store::{Evaluation, EvaluationId, Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
-use super::body::Body;
+use super::body::{Body, Holding};
 use super::fallback::Fallback;
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
-use super::respond;
-use super::runtime::{Entry, Limited, Runtime, SharedRuntime};
+use super::respond::{self, Prepared};
+use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
 use super::upgrade::Tunnels;
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
@@ -36,6 +49,9 @@ pub struct Proxy {
     store: Arc<Store>,
     /// Decides `on_failure: local` policies while the store cannot.
     fallback: Arc<Fallback>,
+    /// Requests in flight per concurrency policy and subject; outlives
+    /// reloads, as the requests it counts do.
+    in_flight: Arc<InFlight>,
     upstream: Upstream,
     tunnels: Tunnels,
     metrics: ProxyMetrics,
@@ -59,6 +75,38 @@ pub(super) enum Action {
     Respond(Response<Body>),
 }
 
+/// One limit of a route the request matched, and the subject it counts.
+#[derive(Clone, Copy)]
+pub(super) struct Check<'r> {
+    pub entry: Entry<'r>,
+    /// The route's position among those the request matched.
+    pub route_at: usize,
+    /// Its index in `entry.route.limits`.
+    pub limit: usize,
+    pub subject: Pseudonym,
+    /// How the subject was found (for `POST /explain`).
+    pub resolved: Resolved,
+}
+
+impl<'r> Check<'r> {
+    pub fn limit(&self) -> &'r Limit {
+        &self.entry.route.limits[self.limit]
+    }
+
+    pub fn state(&self) -> &'r LimitState {
+        &self.entry.limits[self.limit]
+    }
+}
+
+/// A request every limit let through.
+struct Admitted<'r> {
+    /// The `RateLimit` fields the response carries: of the rate limit with
+    /// the least remaining (the first of them on ties).
+    ratelimit: Option<(&'r Prepared, Decision)>,
+    /// Its concurrency places, given back with the response body.
+    permits: SmallVec<[Permit; 1]>,
+}
+
 impl Proxy {
     pub fn new(
         runtime: SharedRuntime,
@@ -71,6 +119,7 @@ impl Proxy {
             runtime,
             store,
             fallback,
+            in_flight: InFlight::new(),
             upstream,
             tunnels: Tunnels::new(),
         }
@@ -93,7 +142,7 @@ impl Proxy {
         let Routed {
             matched,
             rewritten,
-            subjects,
+            checks,
         } = match routed {
             Ok(routed) => routed,
             Err(invalid) => return refuse(&invalid),
@@ -104,84 +153,165 @@ impl Proxy {
             *request.uri_mut() = uri;
         }
 
-        // Every route the request matched must let it through; the first
-        // to refuse answers, and the ones after it are not charged.
-        let mut ratelimit = None;
-        for (entry, subject) in matched.iter().zip(&subjects) {
-            let subject = subject.as_ref().map(|(pseudonym, _)| pseudonym);
-            match self.check(entry, subject, live, arrival).await {
-                Ok(allowed) => ratelimit = ratelimit.or(allowed),
-                Err(response) => return response,
-            }
-        }
+        let admitted = match self.admit(&matched, &checks, live, arrival).await {
+            Ok(admitted) => admitted,
+            Err(response) => return response,
+        };
 
         let primary = matched.primary();
         let mut response = self.forward(request, conn, live, primary).await;
-        if let Some((limited, decision)) = ratelimit {
+        if let Some((prepared, decision)) = admitted.ratelimit {
             if !response.status().is_informational() {
-                respond::add_ratelimit_headers(
-                    response.headers_mut(),
-                    &limited.responses,
-                    &decision,
-                );
+                respond::add_ratelimit_headers(response.headers_mut(), prepared, &decision);
             }
         }
-        response
+        if admitted.permits.is_empty() {
+            response
+        } else {
+            // Also when the upstream failed (502/504): the place is given
+            // back once that answer is written.
+            response.map(|body| Holding::new(body, admitted.permits).boxed())
+        }
     }
 
-    /// One route's limit for this request: `Ok` to go on (with the
-    /// decision whose `RateLimit` fields the response should carry), or
-    /// the answer that ends the request.
-    async fn check<'r>(
+    /// Every limit of every matched route, together: `Ok` to forward (with
+    /// what the response needs), or the answer that ends the request.
+    /// Counts the request: once, under the route and limit that refused
+    /// it; or, when it goes on, once per matched route, under the limit
+    /// whose verdict is not Allowed (a shadow denial, no decision under
+    /// `on_failure: allow`) or else the route's first.
+    async fn admit<'r>(
         &self,
-        entry: Entry<'r>,
-        subject: Option<&Pseudonym>,
+        matched: &Matched<'r>,
+        checks: &[Check<'r>],
         live: &Live,
         arrival: Instant,
-    ) -> Result<Option<(&'r Limited, Decision)>, Response<Body>> {
-        let (route, metrics) = (entry.route, entry.metrics);
-        let (Some(limited), Some(subject)) = (entry.limited, subject) else {
-            metrics.request(&Verdict::Unlimited);
-            return Ok(None);
+    ) -> Result<Admitted<'r>, Response<Body>> {
+        let mut admitted = Admitted {
+            ratelimit: None,
+            permits: SmallVec::new(),
         };
-        let policy = &*limited.policy;
-        let evaluation = Evaluation {
-            policy,
-            subject,
-            cost: route.cost,
-            deadline: arrival + live.store.budget,
-            id: EvaluationId::random(),
-        };
-        let (outcome, source) = self.store.evaluate_sourced(&evaluation).await;
-        if source == Source::Store && matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_)) {
-            self.fallback.store_decided();
+        // Places first: a local try, before any store is asked.
+        for check in checks {
+            if let LimitPolicy::Concurrency(policy) = &check.limit().policy {
+                match self.in_flight.try_acquire(policy, &check.subject) {
+                    Some(permit) => admitted.permits.push(permit),
+                    None => {
+                        self.count(
+                            check.entry,
+                            check.limit,
+                            Verdict::ConcurrencyDenied,
+                            arrival,
+                        );
+                        let responses = &check.state().responses;
+                        return Err(respond::over_concurrency(responses, policy.retry_after));
+                    }
+                }
+            }
         }
-        self.metrics
-            .decision_duration
-            .record(arrival.elapsed().as_secs_f64());
-        let local = Local {
-            fallback: &self.fallback,
-            evaluation: &evaluation,
-            charge: true,
-        };
-        let (verdict, action) = decide(outcome, route, limited, live, &local);
 
-        metrics.request(&verdict);
+        // A route's verdict, when not Allowed, and the limit it came from.
+        let mut noted: [Option<(usize, Verdict)>; MAX_METHODS] = [None; MAX_METHODS];
+        let rated: SmallVec<[(&Check<'r>, &'r Arc<Policy>); 2]> = checks
+            .iter()
+            .filter_map(|c| c.limit().policy.as_rate().map(|p| (c, p)))
+            .collect();
+        if !rated.is_empty() {
+            let deadline = arrival + live.store.budget;
+            let evaluations: SmallVec<[Evaluation<'_>; 2]> = rated
+                .iter()
+                .map(|(check, policy)| Evaluation {
+                    policy: policy.as_ref(),
+                    subject: &check.subject,
+                    cost: check.limit().cost,
+                    deadline,
+                    id: EvaluationId::random(),
+                })
+                .collect();
+            let outcomes = self.store.evaluate_all(&evaluations).await;
+            if outcomes.source == Source::Store && outcomes.list.iter().any(decided) {
+                self.fallback.store_decided();
+            }
+            self.metrics
+                .decision_duration
+                .record(arrival.elapsed().as_secs_f64());
+            // A limit the store could not decide leaves the ones after it
+            // undecided too: each then follows its own `on_failure`.
+            let undecided = outcomes.list.last().copied().filter(|o| !decided(o));
+            let after = outcomes.first + outcomes.list.len();
+            let rest = undecided
+                .into_iter()
+                .flat_map(|o| (after..rated.len()).map(move |i| (i, o)));
+            for (at, outcome) in outcomes.iter().chain(rest) {
+                let (Some(&(check, policy)), Some(evaluation)) =
+                    (rated.get(at), evaluations.get(at))
+                else {
+                    continue;
+                };
+                let responses = &check.state().responses;
+                let local = Local {
+                    fallback: &self.fallback,
+                    evaluation,
+                    charge: true,
+                };
+                let (verdict, action) =
+                    decide(outcome, check.entry.route, policy, responses, live, &local);
+                match action {
+                    Action::Respond(response) => {
+                        // Its places go back as `admitted` drops.
+                        self.count(check.entry, check.limit, verdict, arrival);
+                        return Err(response);
+                    }
+                    Action::Forward { ratelimit } => {
+                        let slot = &mut noted[check.route_at];
+                        if verdict != Verdict::Allowed && slot.is_none() {
+                            *slot = Some((check.limit, verdict));
+                        }
+                        if let Some(decision) = ratelimit {
+                            let fewer =
+                                |(_, best): &(_, Decision)| decision.remaining < best.remaining;
+                            if admitted.ratelimit.as_ref().is_none_or(fewer) {
+                                admitted.ratelimit = Some((responses, decision));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        for (route_at, entry) in matched.iter().enumerate() {
+            let (limit, verdict) = match noted[route_at] {
+                Some(noted) => noted,
+                None if entry.route.limits.is_empty() => (0, Verdict::Unlimited),
+                None => (0, Verdict::Allowed),
+            };
+            self.count(entry, limit, verdict, arrival);
+        }
+        Ok(admitted)
+    }
+
+    /// Counts one request under `entry`'s route and the policy of its limit
+    /// `limit`, and logs what was not a plain pass (a few a second per
+    /// route at most).
+    fn count(&self, entry: Entry<'_>, limit: usize, verdict: Verdict, arrival: Instant) {
+        entry.metrics.request(limit, &verdict);
         if verdict.forwarded_without_decision() {
             self.metrics.forwarded_without_decision.increment(1);
         }
-        if verdict != Verdict::Allowed && entry.log_budget.take(arrival.into_std()) {
+        let plain = matches!(verdict, Verdict::Allowed | Verdict::Unlimited);
+        if !plain && entry.log_budget.take(arrival.into_std()) {
+            let policy = entry
+                .route
+                .limits
+                .get(limit)
+                .map_or("none", |l| &**l.policy.name());
             tracing::info!(
-                route = %route.name,
-                policy = %policy.name,
+                route = %entry.route.name,
+                policy = %policy,
                 outcome = verdict.label(),
                 forwarded = verdict.forwarded(),
                 "decision"
             );
-        }
-        match action {
-            Action::Respond(response) => Err(response),
-            Action::Forward { ratelimit } => Ok(ratelimit.map(|decision| (limited, decision))),
         }
     }
 
@@ -218,19 +348,19 @@ impl Proxy {
 }
 
 /// What the routing half found for a request: the routes it matched, the
-/// URI to forward when normalization changed the path, and the subject of
-/// each limited route, in the order of `matched`.
+/// URI to forward when normalization changed the path, and every limit of
+/// those routes with the subject it counts, in the order they are checked.
 pub(super) struct Routed<'r> {
     pub matched: Matched<'r>,
     pub rewritten: Option<Uri>,
-    pub subjects: [Option<(Pseudonym, Resolved)>; MAX_METHODS],
+    pub checks: SmallVec<[Check<'r>; 2]>,
 }
 
 /// Everything a request goes through before a store is asked: the head
 /// checks, the identity headers, the methods it may run as, the path
-/// normalized and routed, and every subject resolved. The proxy and
-/// `POST /explain` both call it, so an explanation follows the very rules
-/// a request is judged by.
+/// normalized and routed, and every limit's subject resolved. The proxy
+/// and `POST /explain` both call it, so an explanation follows the very
+/// rules a request is judged by.
 pub(super) fn prepare<'r>(
     runtime: &'r Runtime,
     method: &Method,
@@ -247,43 +377,67 @@ pub(super) fn prepare<'r>(
 
     // Every subject is resolved before anything is charged, so a
     // request refused for one route consumes nothing of another.
-    let mut subjects: [Option<(Pseudonym, Resolved)>; MAX_METHODS] = Default::default();
-    for (entry, slot) in matched.iter().zip(subjects.iter_mut()) {
+    let mut checks: SmallVec<[Check<'r>; 2]> = SmallVec::new();
+    for (route_at, entry) in matched.iter().enumerate() {
         let route = entry.route;
-        headers::check_connection(headers, &route.subject)?;
-        if entry.limited.is_some() {
-            let resolved = subject::resolve(
-                &route.subject,
-                &route.name,
-                peer,
-                headers,
-                &live.identity,
-                &runtime.key,
-            );
-            match resolved {
-                Ok(found) => *slot = Some(found),
-                Err(UnreadableForwardedFor) => return Err(Invalid::ForwardedFor),
-            }
+        headers::check_connection(headers, route.subject_sources())?;
+        let first = checks.len();
+        for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
+            // Limits of one route counting the same subject share its
+            // pseudonym: one HMAC, not one per limit.
+            let known = match state.fixed_subject {
+                Some(global) => Some((global, Resolved::Global)),
+                None => checks[first..]
+                    .iter()
+                    .find(|c| c.limit().subject == limit.subject)
+                    .map(|c| (c.subject, c.resolved)),
+            };
+            let (subject, resolved) = match known {
+                Some(known) => known,
+                None => subject::resolve(
+                    &limit.subject,
+                    &route.name,
+                    peer,
+                    headers,
+                    &live.identity,
+                    &runtime.key,
+                )
+                .map_err(|UnreadableForwardedFor| Invalid::ForwardedFor)?,
+            };
+            checks.push(Check {
+                entry,
+                route_at,
+                limit: i,
+                subject,
+                resolved,
+            });
         }
     }
     Ok(Routed {
         matched,
         rewritten,
-        subjects,
+        checks,
     })
 }
 
-/// The one place an [`Outcome`] becomes an action (a local fallback's
-/// outcome too, through [`decide_locally`]). No catch-all arm: a new
-/// outcome must be decided here before sluice builds.
+/// A decision, rather than no decision at all.
+fn decided(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_))
+}
+
+/// The one place a store's [`Outcome`] becomes an action, for one rate
+/// limit (`policy`, answered with `responses`), a local fallback's outcome
+/// too, through [`decide_locally`]. No catch-all arm: a new outcome must be
+/// decided here before sluice builds.
 pub(super) fn decide(
     outcome: Outcome,
     route: &Route,
-    limited: &Limited,
+    policy: &Arc<Policy>,
+    responses: &Prepared,
     live: &Live,
     local: &Local<'_>,
 ) -> (Verdict, Action) {
-    let (policy, store) = (&*limited.policy, &live.store);
+    let store = &live.store;
     match outcome {
         Outcome::Allowed(decision) => {
             // A shadow policy is invisible to clients.
@@ -295,12 +449,14 @@ pub(super) fn decide(
             if policy.shadow {
                 (Verdict::ShadowDenied, Action::Forward { ratelimit: None })
             } else {
-                let response = respond::too_many_requests(&limited.responses, &decision);
+                let response = respond::too_many_requests(responses, &decision);
                 (Verdict::Denied, Action::Respond(response))
             }
         }
-        Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), limited, live, local),
-        Outcome::Indeterminate => fail(Failure::Indeterminate, limited, live, local),
+        Outcome::Unavailable(reason) => {
+            fail(Failure::Unavailable(reason), policy, responses, live, local)
+        }
+        Outcome::Indeterminate => fail(Failure::Indeterminate, policy, responses, live, local),
         Outcome::Incompatible(reason) => {
             let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
             (Verdict::Incompatible(reason), Action::Respond(response))
@@ -310,35 +466,45 @@ pub(super) fn decide(
 
 /// No decision could be made: `on_failure` (the policy's, else the
 /// store's) says what happens.
-fn fail(failure: Failure, limited: &Limited, live: &Live, local: &Local<'_>) -> (Verdict, Action) {
+fn fail(
+    failure: Failure,
+    policy: &Arc<Policy>,
+    responses: &Prepared,
+    live: &Live,
+    local: &Local<'_>,
+) -> (Verdict, Action) {
     let store = &live.store;
-    match limited.policy.failure_mode(store.on_failure) {
-        OnFailure::Deny => fail_closed(failure, limited, store),
+    match policy.failure_mode(store.on_failure) {
+        OnFailure::Deny => fail_closed(failure, responses, store),
         OnFailure::Allow => (
             Verdict::FailedOpen(failure),
             Action::Forward { ratelimit: None },
         ),
-        OnFailure::Local => decide_locally(failure, limited, live, local),
+        OnFailure::Local => decide_locally(failure, policy, responses, live, local),
     }
 }
 
 fn fail_closed(
     failure: Failure,
-    limited: &Limited,
+    responses: &Prepared,
     store: &config::StoreLive,
 ) -> (Verdict, Action) {
-    let response = respond::unavailable(&limited.responses, store.failure_retry_after);
+    let response = respond::unavailable(responses, store.failure_retry_after);
     (Verdict::FailedClosed(failure), Action::Respond(response))
 }
 
 /// `on_failure: local`: this sidecar's share of the policy, decided here.
+/// A route's several limits are decided here one by one, in order: unlike
+/// the store, the local fallback does not put back what a limit charged
+/// when a later one refuses (README, "When the store is down").
 fn decide_locally(
     failure: Failure,
-    limited: &Limited,
+    policy: &Arc<Policy>,
+    responses: &Prepared,
     live: &Live,
     local: &Local<'_>,
 ) -> (Verdict, Action) {
-    let (policy, store) = (&limited.policy, &live.store);
+    let store = &live.store;
     let (outcome, shared) = if local.charge {
         local
             .fallback
@@ -357,15 +523,14 @@ fn decide_locally(
             Action::Forward { ratelimit: None },
         ),
         Outcome::Denied(decision) => {
-            let response =
-                respond::too_many_requests_local(&limited.responses, &shared.field, &decision);
+            let response = respond::too_many_requests_local(responses, &shared.field, &decision);
             (Verdict::LocalDenied, Action::Respond(response))
         }
         // The local store is full (a newcomer is never given room by
         // forgetting someone), or the request costs more than the local
         // share could ever admit: no decision here either.
         Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => {
-            fail_closed(failure, limited, store)
+            fail_closed(failure, responses, store)
         }
     }
 }

@@ -29,6 +29,9 @@ pub enum Verdict {
     LocalDenied,
     /// Over the local share under a shadow policy: counted, forwarded.
     LocalShadowDenied,
+    /// Over a concurrency limit: answered 503, nothing of any rate limit
+    /// charged.
+    ConcurrencyDenied,
 }
 
 /// Why a store made no decision.
@@ -53,12 +56,13 @@ pub enum OutcomeLabel {
     LocalAllowed,
     LocalDenied,
     LocalShadowDenied,
+    ConcurrencyDenied,
 }
 
 impl OutcomeLabel {
     /// Every variant, each at the position of its discriminant (checked
     /// below at compile time).
-    pub const ALL: [OutcomeLabel; 10] = [
+    pub const ALL: [OutcomeLabel; 11] = [
         OutcomeLabel::Unlimited,
         OutcomeLabel::Allowed,
         OutcomeLabel::Denied,
@@ -69,6 +73,7 @@ impl OutcomeLabel {
         OutcomeLabel::LocalAllowed,
         OutcomeLabel::LocalDenied,
         OutcomeLabel::LocalShadowDenied,
+        OutcomeLabel::ConcurrencyDenied,
     ];
 
     pub fn label(self) -> &'static str {
@@ -83,6 +88,7 @@ impl OutcomeLabel {
             OutcomeLabel::LocalAllowed => "local_allowed",
             OutcomeLabel::LocalDenied => "local_denied",
             OutcomeLabel::LocalShadowDenied => "local_shadow_denied",
+            OutcomeLabel::ConcurrencyDenied => "concurrency_denied",
         }
     }
 }
@@ -94,7 +100,7 @@ const _: () = {
         assert!(OutcomeLabel::ALL[i] as usize == i);
         i += 1;
     }
-    assert!(OutcomeLabel::LocalShadowDenied as usize + 1 == OutcomeLabel::ALL.len());
+    assert!(OutcomeLabel::ConcurrencyDenied as usize + 1 == OutcomeLabel::ALL.len());
 };
 
 impl Verdict {
@@ -111,6 +117,7 @@ impl Verdict {
             Verdict::LocalAllowed => OutcomeLabel::LocalAllowed,
             Verdict::LocalDenied => OutcomeLabel::LocalDenied,
             Verdict::LocalShadowDenied => OutcomeLabel::LocalShadowDenied,
+            Verdict::ConcurrencyDenied => OutcomeLabel::ConcurrencyDenied,
         }
     }
 
@@ -127,7 +134,8 @@ impl Verdict {
             Verdict::Denied
             | Verdict::FailedClosed(_)
             | Verdict::Incompatible(_)
-            | Verdict::LocalDenied => false,
+            | Verdict::LocalDenied
+            | Verdict::ConcurrencyDenied => false,
         }
     }
 

@@ -157,7 +157,7 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::route::{Match, RouteTable, Segment, SubjectSource};
+    use crate::route::{Match, RouteTable, Segment};
 
     /// SplitMix64: a seeded, reproducible stream for the property below.
     struct Rng(u64);
@@ -225,9 +225,7 @@ mod tests {
                 path,
                 case_sensitive: rng.below(3) > 0,
             },
-            subject: vec![SubjectSource::ClientIp],
-            policy: None,
-            cost: 1,
+            limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
         }
     }

@@ -2,7 +2,11 @@
 //!
 //! Concurrency: a key hashes to one of [`SHARDS`] shards, each a std
 //! `Mutex<HashMap>`; a lock is held only for one pure algorithm step (no
-//! await inside), so contention is per shard, never global.
+//! await inside), so contention is per shard, never global. A request with
+//! several limits ([`MemoryStore::evaluate_all`]) locks the shards of all
+//! its keys at once, in ascending order (so two such requests can never
+//! wait on each other in a cycle), steps every limit, and puts back the
+//! state of each one charged if a later one blocks: all or nothing.
 //!
 //! Memory is bounded: each entry expires at its last admitted write plus the
 //! policy's horizon plus a grace (after which it is indistinguishable from a
@@ -14,14 +18,16 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use smallvec::SmallVec;
 
 use crate::limit::algorithm::{self, State};
 use crate::limit::{micros, Micros, Outcome, Unavailable};
 use crate::subject::Pseudonym;
 
-use super::Evaluation;
+use super::{Evaluation, Outcomes};
 
 /// A power of two well above the core counts sluice runs on.
 const SHARDS: usize = 64;
@@ -32,9 +38,9 @@ struct Key {
     /// Computed once per request from the pseudonym, and used for both the
     /// shard and the map: hashing the names and the digest twice was a
     /// visible part of every decision. The pseudonym already names the
-    /// route, hence its one policy; the rare keys that differ only in
-    /// policy or revision (after a reload) share a hash and are told apart
-    /// by `Eq`.
+    /// route; the few keys that differ only in policy or revision (a
+    /// route's several limits on one subject, a policy after a reload)
+    /// share a hash and are told apart by `Eq`.
     hash: u64,
     policy: Arc<str>,
     revision: Arc<str>,
@@ -75,7 +81,12 @@ struct Entry {
     expires_at: Micros,
 }
 
-type Shard = Mutex<HashMap<Key, Entry, BuildHasherDefault<Precomputed>>>;
+type Map = HashMap<Key, Entry, BuildHasherDefault<Precomputed>>;
+
+/// An entry's state and expiry before a step: `None` when the step made
+/// the entry.
+type Before = Option<(State, Micros)>;
+type Shard = Mutex<Map>;
 
 pub struct MemoryStore {
     shards: Box<[Shard]>,
@@ -147,13 +158,92 @@ impl MemoryStore {
 
     /// [`MemoryStore::evaluate`] at a given time (tests drive the clock).
     pub fn evaluate_at(&self, evaluation: &Evaluation<'_>, now: Micros) -> Outcome {
-        let policy = evaluation.policy;
         let key = self.key(evaluation);
-        let shard = &self.shards[shard_of(key.hash)];
+        let mut map = self.lock(shard_of(key.hash));
+        self.step(&mut map, key, evaluation, now)
+    }
+
+    /// Every rate limit of one request, together: see [`super::Outcomes`].
+    /// When one blocks, every limit charged before it is put back as it
+    /// was, inside the same critical section, so nobody ever sees the
+    /// charge.
+    pub fn evaluate_all(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
+        self.evaluate_all_at(evaluations, self.clock.now())
+    }
+
+    /// [`MemoryStore::evaluate_all`] at a given time.
+    pub fn evaluate_all_at(&self, evaluations: &[Evaluation<'_>], now: Micros) -> Outcomes {
+        if let [one] = evaluations {
+            return Outcomes::at(0, self.evaluate_at(one, now));
+        }
+        let keys: SmallVec<[Key; 2]> = evaluations.iter().map(|e| self.key(e)).collect();
+        let mut shards: SmallVec<[usize; 2]> = keys.iter().map(|k| shard_of(k.hash)).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        // Ascending shard order: the one lock order every caller follows.
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Map>); 2]> =
+            shards.iter().map(|&i| (i, self.lock(i))).collect();
+        // What each charged limit held before, to put back if a later one
+        // blocks.
+        let mut undo: SmallVec<[(Key, Before); 2]> = SmallVec::new();
+        let mut outcomes = Outcomes::empty();
+        let last = evaluations.len() - 1;
+        for (i, (evaluation, key)) in evaluations.iter().zip(keys).enumerate() {
+            let map = locked(&mut guards, key.hash);
+            // The last limit needs no copy: if it blocks it wrote nothing,
+            // and if it admits nothing is undone.
+            let before = (i < last).then(|| {
+                map.get(&key)
+                    .map(|entry| (entry.state.clone(), entry.expires_at))
+            });
+            let outcome = self.step(map, key.clone(), evaluation, now);
+            outcomes.list.push(outcome);
+            if outcome.blocks(evaluation.policy.shadow) {
+                for (key, before) in undo.into_iter().rev() {
+                    let map = locked(&mut guards, key.hash);
+                    match before {
+                        Some((state, expires_at)) => {
+                            if let Some(entry) = map.get_mut(&key) {
+                                entry.state = state;
+                                entry.expires_at = expires_at;
+                            }
+                        }
+                        None => {
+                            if map.remove(&key).is_some() {
+                                self.len.fetch_sub(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+                return outcomes;
+            }
+            // A (shadow) denial wrote no state: nothing to undo.
+            if let (Outcome::Allowed(_), Some(before)) = (outcome, before) {
+                undo.push((key, before));
+            }
+        }
+        outcomes
+    }
+
+    fn key(&self, evaluation: &Evaluation<'_>) -> Key {
+        let policy = evaluation.policy;
+        Key {
+            hash: self.hasher.hash_one(evaluation.subject.digest()),
+            policy: policy.name.clone(),
+            revision: policy.revision.clone(),
+            subject: *evaluation.subject,
+        }
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Map> {
         // A poisoned shard only means another thread panicked mid-step; the
         // map itself is still consistent (steps write whole entries).
-        let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    }
 
+    /// One limit's step on its shard, already locked.
+    fn step(&self, map: &mut Map, key: Key, evaluation: &Evaluation<'_>, now: Micros) -> Outcome {
+        let policy = evaluation.policy;
         let horizon = micros(policy.horizon()) + self.grace;
         // Only a subject the store does not hold yet needs room; the count
         // is read first so the usual case looks the key up once.
@@ -226,16 +316,6 @@ impl MemoryStore {
         Outcome::from_decision(decision)
     }
 
-    fn key(&self, evaluation: &Evaluation<'_>) -> Key {
-        let policy = evaluation.policy;
-        Key {
-            hash: self.hasher.hash_one(evaluation.subject.digest()),
-            policy: policy.name.clone(),
-            revision: policy.revision.clone(),
-            subject: *evaluation.subject,
-        }
-    }
-
     /// Drops every entry: what the local fallback does once the shared
     /// store decides again, so the next outage starts from nothing.
     pub fn clear(&self) -> usize {
@@ -267,6 +347,17 @@ impl MemoryStore {
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
+}
+
+/// The map of `hash`'s shard among those `evaluate_all` holds locked.
+fn locked<'g>(guards: &'g mut [(usize, MutexGuard<'_, Map>)], hash: u64) -> &'g mut Map {
+    let shard = shard_of(hash);
+    // Cannot fail: the guards are the shards of every key of the request.
+    let at = guards
+        .iter()
+        .position(|(i, _)| *i == shard)
+        .expect("every key's shard is locked");
+    &mut guards[at].1
 }
 
 /// Bits 32 and up: the map inside a shard indexes by the low bits and tags
@@ -355,6 +446,108 @@ mod tests {
         store.sweep_at(later);
         assert!(allowed(ask(&store, &p, &subject(3), later)));
         assert_eq!(store.len(), 1);
+    }
+
+    fn together(
+        store: &MemoryStore,
+        limits: &[(&Policy, &Pseudonym)],
+        now: Micros,
+    ) -> Vec<Outcome> {
+        let evaluations: Vec<Evaluation<'_>> = limits
+            .iter()
+            .map(|(policy, subject)| Evaluation {
+                policy,
+                subject,
+                cost: 1,
+                deadline: tokio::time::Instant::now(),
+                id: EvaluationId(0),
+            })
+            .collect();
+        let outcomes = store.evaluate_all_at(&evaluations, now);
+        assert_eq!(outcomes.first, 0);
+        outcomes.list.to_vec()
+    }
+
+    #[test]
+    fn several_limits_pass_together_or_charge_nothing() {
+        let store = MemoryStore::new(100, Duration::ZERO);
+        let now = 3_600 * SECOND;
+        let (per_client, global) = (policy("per-client", "r", 5), policy("global", "r", 2));
+        let everyone = subject(0);
+        let (a, b, c) = (subject(1), subject(2), subject(3));
+        for client in [&a, &b] {
+            let outcomes = together(&store, &[(&per_client, client), (&global, &everyone)], now);
+            assert!(outcomes.iter().all(|o| allowed(*o)), "{outcomes:?}");
+        }
+        // The global limit is spent: c is denied by it, and its own
+        // per-client limit is not charged.
+        let outcomes = together(&store, &[(&per_client, &c), (&global, &everyone)], now);
+        assert_eq!(outcomes.len(), 2);
+        assert!(
+            allowed(outcomes[0]) && !allowed(outcomes[1]),
+            "{outcomes:?}"
+        );
+        for _ in 0..5 {
+            assert!(
+                allowed(ask(&store, &per_client, &c, now)),
+                "c's quota is whole"
+            );
+        }
+        assert!(!allowed(ask(&store, &per_client, &c, now)));
+        // The first limit denying stops there: the second is not asked.
+        let outcomes = together(&store, &[(&per_client, &c), (&global, &everyone)], now);
+        assert_eq!(outcomes.len(), 1);
+    }
+
+    #[test]
+    fn an_entry_made_for_a_refused_request_is_taken_back() {
+        let store = MemoryStore::new(100, Duration::ZERO);
+        let now = 3_600 * SECOND;
+        let (fresh, spent) = (policy("fresh", "r", 5), policy("spent", "r", 1));
+        let s = subject(1);
+        assert!(allowed(ask(&store, &spent, &s, now)));
+        assert_eq!(store.len(), 1);
+        let outcomes = together(&store, &[(&fresh, &s), (&spent, &s)], now);
+        assert!(!allowed(outcomes[1]));
+        assert_eq!(store.len(), 1, "the new subject's entry was removed again");
+        // A full store refusing a newcomer half way undoes the rest too.
+        let full = MemoryStore::new(1, Duration::ZERO);
+        let outcomes = together(&full, &[(&fresh, &s), (&spent, &subject(2))], now);
+        assert_eq!(
+            outcomes[1],
+            Outcome::Unavailable(Unavailable::AdmissionRejected)
+        );
+        assert_eq!(full.len(), 0);
+    }
+
+    #[test]
+    fn a_shadow_denial_blocks_nothing() {
+        let store = MemoryStore::new(100, Duration::ZERO);
+        let now = 3_600 * SECOND;
+        let real = policy("real", "r", 5);
+        let shadow = Policy::new(
+            "shadow",
+            "r",
+            Bands::FixedWindow(vec![WindowBand {
+                limit: NonZeroU32::new(1).unwrap(),
+                window: Duration::from_secs(60),
+            }]),
+            true,
+        );
+        let s = subject(1);
+        assert!(allowed(ask(&store, &shadow, &s, now)));
+        let outcomes = together(&store, &[(&shadow, &s), (&real, &s)], now);
+        assert!(
+            !allowed(outcomes[0]) && allowed(outcomes[1]),
+            "{outcomes:?}"
+        );
+        for _ in 0..4 {
+            assert!(allowed(ask(&store, &real, &s, now)));
+        }
+        assert!(
+            !allowed(ask(&store, &real, &s, now)),
+            "the real limit was charged"
+        );
     }
 
     fn peek(store: &MemoryStore, policy: &Policy, subject: &Pseudonym, now: Micros) -> Outcome {

@@ -1,14 +1,18 @@
-//! Where limiter state lives. One `evaluate` per request, ending in exactly
-//! one [`Outcome`], whatever the store.
+//! Where limiter state lives. One `evaluate` per limit, ending in exactly
+//! one [`Outcome`], whatever the store; `evaluate_all` for every rate limit
+//! of a request at once. `in_flight` counts what concurrency policies
+//! limit, always in this process.
 
 pub mod breaker;
 pub mod deny_cache;
+pub mod in_flight;
 pub mod memory;
 pub mod memory_bound;
 pub mod redis;
 
 use std::fmt;
 
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::limit::{Outcome, Policy};
@@ -50,6 +54,49 @@ pub struct Evaluation<'a> {
     pub id: EvaluationId,
 }
 
+/// What [`Store::evaluate_all`] found: the outcomes of `evaluations[first..]`,
+/// in order, up to and including the first that blocks
+/// ([`Outcome::blocks`]); the ones after it were not asked. `first` is 0
+/// unless a later limit was known to block before any was asked (an
+/// over-limit cache, a cost no policy admits, a store that cannot be
+/// reached): the outcome is then that limit's alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcomes {
+    pub first: usize,
+    pub list: SmallVec<[Outcome; 2]>,
+    /// [`Source::Store`] when the store itself was asked (by any of the
+    /// limits), rather than the over-limit cache answering alone.
+    pub source: Source,
+}
+
+impl Outcomes {
+    /// `outcome`, for `evaluations[at]`, from the store.
+    pub fn at(at: usize, outcome: Outcome) -> Outcomes {
+        Outcomes {
+            first: at,
+            list: smallvec::smallvec![outcome],
+            source: Source::Store,
+        }
+    }
+
+    /// None yet, for `evaluations[0..]`, from the store.
+    pub fn empty() -> Outcomes {
+        Outcomes {
+            first: 0,
+            list: SmallVec::new(),
+            source: Source::Store,
+        }
+    }
+
+    /// Each outcome with the index of its evaluation.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, Outcome)> + '_ {
+        self.list
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (self.first + i, *o))
+    }
+}
+
 /// The configured store. An enum rather than a trait object: two variants,
 /// async methods, no boxing on the hot path.
 pub enum Store {
@@ -84,6 +131,20 @@ impl Store {
             // future that large, memory-store requests included.
             Store::Redis(store, cache) => {
                 Box::pin(evaluate_shared(store, cache.as_ref(), evaluation)).await
+            }
+        }
+    }
+
+    /// Every rate limit of one request, checked together: all must pass,
+    /// and when one blocks none is charged. The memory store checks them in
+    /// one critical section; Redis in one call of one script (on Cluster,
+    /// in order, one call each: README, "Several limits on one route").
+    pub async fn evaluate_all(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
+        match self {
+            Store::Memory(store) => store.evaluate_all(evaluations),
+            // Boxed, as in `evaluate`.
+            Store::Redis(store, cache) => {
+                Box::pin(store.evaluate_all(evaluations, cache.as_ref())).await
             }
         }
     }

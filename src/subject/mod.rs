@@ -4,4 +4,4 @@ pub mod pseudonym;
 pub mod resolve;
 
 pub use pseudonym::{Pseudonym, PseudonymKey, DISPLAY_MAX};
-pub use resolve::{client_ip, relied_on, resolve, Resolved, UnreadableForwardedFor};
+pub use resolve::{client_ip, global, relied_on, resolve, Resolved, UnreadableForwardedFor};

@@ -22,6 +22,8 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 pub enum Resolved {
     ClientIp,
     Header,
+    /// `global`: the route's one bucket, whoever asks.
+    Global,
     /// No source was present: the route's one shared bucket.
     Unresolved,
 }
@@ -97,6 +99,7 @@ pub fn resolve(
                     return Ok((key.pseudonym(name.as_str(), value, route), Resolved::Header));
                 }
             }
+            SubjectSource::Global => return Ok((global(route, key), Resolved::Global)),
         }
     }
     Ok((
@@ -105,13 +108,25 @@ pub fn resolve(
     ))
 }
 
+/// The pseudonym of `subject: global` on `route`: the same for every
+/// request, and derived from the route's name (its own kind, so it can be
+/// neither a client's nor the unresolved bucket), so two routes' global
+/// buckets never share state. It needs nothing from the request: the
+/// proxy computes it once per configuration.
+pub fn global(route: &str, key: &PseudonymKey) -> Pseudonym {
+    key.pseudonym("global", b"", route)
+}
+
 /// The headers a route's subject relies on: a request whose `Connection`
 /// header names one of them is refused, since a proxy in front would have
 /// dropped it (CVE-2025-48865).
-pub fn relied_on(sources: &[SubjectSource]) -> impl Iterator<Item = &HeaderName> {
-    sources.iter().map(|s| match s {
-        SubjectSource::ClientIp => &X_FORWARDED_FOR,
-        SubjectSource::Header(name) => name,
+pub fn relied_on<'s>(
+    sources: impl IntoIterator<Item = &'s SubjectSource>,
+) -> impl Iterator<Item = &'s HeaderName> {
+    sources.into_iter().filter_map(|s| match s {
+        SubjectSource::ClientIp => Some(&X_FORWARDED_FOR),
+        SubjectSource::Header(name) => Some(name),
+        SubjectSource::Global => None,
     })
 }
 
@@ -292,6 +307,31 @@ mod tests {
         let d = resolve(&src, "r", ip("2001:db8:1:2::2"), &h, &identity(128), &key).0;
         let e = resolve(&src, "r", ip("2001:db8:1:2::1"), &h, &identity(128), &key).0;
         assert_ne!(d, e);
+    }
+
+    #[test]
+    fn global_is_one_bucket_per_route_apart_from_every_client() {
+        let key = PseudonymKey::new(b"k", 1);
+        let src = [SubjectSource::Global];
+        let mut h = HeaderMap::new();
+        let (a, r) = resolve(&src, "signup", ip("1.1.1.1"), &h, &identity(64), &key);
+        assert_eq!(r, Resolved::Global);
+        h.insert("x-api-key", HeaderValue::from_static("k1"));
+        let (b, _) = resolve(&src, "signup", ip("2.2.2.2"), &h, &identity(64), &key);
+        assert_eq!(a, b, "whoever asks");
+        assert_eq!(a, global("signup", &key));
+        let (other, _) = resolve(&src, "login", ip("1.1.1.1"), &h, &identity(64), &key);
+        assert_ne!(a, other, "another route's global bucket");
+        let unresolved = [SubjectSource::Header(HeaderName::from_static("x-absent"))];
+        let (none, _) = resolve(
+            &unresolved,
+            "signup",
+            ip("1.1.1.1"),
+            &h,
+            &identity(64),
+            &key,
+        );
+        assert_ne!(a, none, "not the unresolved bucket");
     }
 
     #[test]

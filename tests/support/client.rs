@@ -121,6 +121,15 @@ pub async fn burst(
 /// on each at the same moment (a barrier), so the requests reach sluice as
 /// close together as the machine allows.
 pub async fn released_together(addr: SocketAddr, path: &str, total: usize) -> Vec<StatusCode> {
+    replies_released_together(addr, path, total)
+        .await
+        .into_iter()
+        .map(|(status, _, _)| status)
+        .collect()
+}
+
+/// As [`released_together`], each whole reply, in completion order.
+pub async fn replies_released_together(addr: SocketAddr, path: &str, total: usize) -> Vec<Reply> {
     let barrier = Arc::new(Barrier::new(total));
     let mut tasks = JoinSet::new();
     for _ in 0..total {
@@ -140,9 +149,13 @@ pub async fn released_together(addr: SocketAddr, path: &str, total: usize) -> Ve
             barrier.wait().await;
             let exchange = async {
                 let response = sender.send_request(req).await.expect("send the request");
-                let status = response.status();
-                let _ = response.into_body().collect().await;
-                status
+                let (parts, body) = response.into_parts();
+                let body = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                (parts.status, parts.headers, body)
             };
             tokio::time::timeout(REQUEST_DEADLINE, exchange)
                 .await

@@ -25,7 +25,10 @@ use std::future::Future;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-pub use client::{burst, count, get, header, raw_exchange, released_together, request, Reply};
+pub use client::{
+    burst, count, get, header, raw_exchange, released_together, replies_released_together, request,
+    Reply,
+};
 pub use sidecar::Sidecar;
 pub use upstream::{Recorded, Upstream};
 

@@ -2,7 +2,8 @@
 //! request it receives so a test can assert what sluice forwarded, and can
 //! be told to answer slowly, with a large body, with the request body echoed,
 //! or with extra response headers. A request that asks for a WebSocket
-//! upgrade is answered 101 and the upgraded stream is echoed back.
+//! upgrade is answered 101 and the upgraded stream is echoed back. It also
+//! counts the requests it is handling at once, and the most it ever was.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -61,6 +62,10 @@ struct State {
     /// Request heads seen, counted before the body is read so that a
     /// request sluice started to forward counts even if it never finished.
     heads: AtomicUsize,
+    /// Requests being handled now (head received, response not yet
+    /// returned), and the most there ever were at once.
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
     recorded: Mutex<Vec<Recorded>>,
     behaviour: Mutex<Behaviour>,
 }
@@ -112,6 +117,16 @@ impl Upstream {
     /// Request heads received so far.
     pub fn count(&self) -> usize {
         self.state.heads.load(Ordering::SeqCst)
+    }
+
+    /// The most requests it was handling at any one time.
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.peak.load(Ordering::SeqCst)
+    }
+
+    /// Requests it is handling now.
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::SeqCst)
     }
 
     /// Every request received in full, in arrival order.
@@ -208,6 +223,10 @@ async fn handle(
     mut req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     state.heads.fetch_add(1, Ordering::SeqCst);
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    state.peak.fetch_max(now, Ordering::SeqCst);
+    // Counted down however the handler ends, a cancelled one included.
+    let _in_flight = InFlight(state.clone());
     let behaviour = state.behaviour().clone();
     let method = req.method().clone();
     let path = req
@@ -267,6 +286,14 @@ async fn handle(
         response.headers_mut().append(name, value);
     }
     Ok(response)
+}
+
+struct InFlight(Arc<State>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 async fn echo<S>(mut io: S)

@@ -1,4 +1,5 @@
-//! `policies:`: algorithm, bands, shadow and revision of each named policy.
+//! `policies:`: algorithm, bands, shadow and revision of each named policy;
+//! `limit` and `retry_after` of a concurrency policy.
 
 use std::sync::Arc;
 
@@ -9,19 +10,23 @@ use super::check::{self, Checker};
 use crate::config::env::key_text;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Params};
-use crate::limit::{Algorithm, Bands, Policy};
+use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
+use crate::limit::{Algorithm, Bands, Concurrency, LimitPolicy, Policy};
+
+/// The name of the one algorithm that is not a rate: requests in flight.
+const CONCURRENCY: &str = "concurrency";
 
 /// Every policy the file names, valid or not.
 #[derive(Debug, Default)]
 pub struct Policies {
     /// The valid ones, in file order.
-    pub valid: Vec<Arc<Policy>>,
+    pub valid: Vec<LimitPolicy>,
     /// Every name under `policies:`, in file order.
     pub declared: Vec<String>,
 }
 
 pub enum Found<'p> {
-    Valid(&'p Arc<Policy>),
+    Valid(&'p LimitPolicy),
     /// Declared but invalid: already reported, nothing more to say.
     Invalid,
     Unknown,
@@ -29,13 +34,22 @@ pub enum Found<'p> {
 
 impl Policies {
     pub fn find(&self, name: &str) -> Found<'_> {
-        if let Some(p) = self.valid.iter().find(|p| &*p.name == name) {
+        if let Some(p) = self.valid.iter().find(|p| &**p.name() == name) {
             Found::Valid(p)
         } else if self.declared.iter().any(|d| d == name) {
             Found::Invalid
         } else {
             Found::Unknown
         }
+    }
+
+    /// The rate policies, which stores evaluate, in file order.
+    pub fn rates(&self) -> Vec<Arc<Policy>> {
+        self.valid
+            .iter()
+            .filter_map(LimitPolicy::as_rate)
+            .cloned()
+            .collect()
     }
 
     /// For an error message: what a route may name instead.
@@ -81,9 +95,15 @@ pub fn policies(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> P
         let Some(raw) = cx.shape::<raw::Policy>(&at, Some(value)) else {
             continue;
         };
-        if let Some(policy) = policy(cx, &at, &name, raw) {
+        let is_concurrency = raw.algorithm.as_ref().is_some_and(|a| a.0 == CONCURRENCY);
+        let policy = if is_concurrency {
+            concurrency(cx, &at, &name, raw).map(|c| LimitPolicy::Concurrency(Arc::new(c)))
+        } else {
+            policy(cx, &at, &name, raw).map(|p| LimitPolicy::Rate(Arc::new(p)))
+        };
+        if let Some(policy) = policy {
             if valid_name {
-                out.valid.push(Arc::new(policy));
+                out.valid.push(policy);
             }
         }
     }
@@ -92,7 +112,8 @@ pub fn policies(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> P
 
 fn algorithm(s: &str) -> Result<Algorithm, String> {
     Algorithm::from_name(s).ok_or_else(|| {
-        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        let mut names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        names.push(CONCURRENCY);
         format!(
             "unknown algorithm `{s}`; expected one of {}",
             names.join(", ")
@@ -112,6 +133,13 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         None => Some(None),
         Some(s) => cx.value(&path.key("revision"), s, check::name).map(Some),
     };
+    if raw.retry_after.is_some() {
+        cx.error(
+            &path.key("retry_after"),
+            At::Key,
+            "`retry_after` is a parameter of concurrency only; a rate policy's 429 says when its quota returns",
+        );
+    }
     let on_failure = match &raw.on_failure {
         None => Some(None),
         Some(s) => cx
@@ -148,6 +176,51 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         None => derived_revision(&bands),
     };
     Some(Policy::new(name, revision, bands, shadow?).with_on_failure(on_failure?))
+}
+
+/// `algorithm: concurrency`: `limit` and an optional `retry_after`, nothing
+/// else (no bands, no window: it counts requests in flight, not a rate).
+fn concurrency(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    name: &str,
+    raw: raw::Policy,
+) -> Option<Concurrency> {
+    let foreign = [
+        ("window", raw.window.is_some()),
+        ("capacity", raw.capacity.is_some()),
+        ("refill_tokens", raw.refill_tokens.is_some()),
+        ("refill_every", raw.refill_every.is_some()),
+        ("burst", raw.burst.is_some()),
+        ("bands", raw.bands.is_some()),
+        ("shadow", raw.shadow.is_some()),
+        ("revision", raw.revision.is_some()),
+        ("on_failure", raw.on_failure.is_some()),
+    ];
+    let mut ok = true;
+    for (key, written) in foreign {
+        if written {
+            ok = false;
+            cx.error(
+                &path.key(key),
+                At::Key,
+                format!("`{key}` is not a parameter of concurrency; it takes limit, retry_after"),
+            );
+        }
+    }
+    let limit = cx.required(&path.key("limit"), raw.limit.as_ref(), check::positive);
+    let retry_after = cx.optional(
+        &path.key("retry_after"),
+        raw.retry_after.as_ref(),
+        DEFAULT_RETRY_AFTER,
+        check::positive_duration,
+    );
+    let concurrency = Concurrency {
+        name: name.into(),
+        limit: limit?,
+        retry_after: retry_after?,
+    };
+    ok.then_some(concurrency)
 }
 
 /// A short digest of everything that changes what a counter means: the

@@ -1,4 +1,5 @@
-//! `routes:` and `default:`: matchers, subjects, policies and costs.
+//! `routes:` and `default:`: matchers, and each route's limits (policy,
+//! subject, cost), written as `policy` + `subject` or as a `limits:` list.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,8 +12,9 @@ use super::policy::{Found, Policies};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::DEFAULT_UPGRADES;
+use crate::limit::LimitPolicy;
 use crate::path::{self, PathRules};
-use crate::route::{Match, PathMatch, Route, Segment, SubjectSource};
+use crate::route::{Limit, Match, PathMatch, Route, Segment, SubjectSource};
 
 /// The name `check` and metrics give the route for requests no route matched.
 pub const DEFAULT_ROUTE: &str = "default";
@@ -65,24 +67,20 @@ pub fn routes(
             Some(m) => matcher(cx, &at.key("match"), m, rules),
         };
         let upgrades = upgrades(cx, &at.key("upgrades"), raw.upgrades);
-        let subject = subjects(cx, &at.key("subject"), raw.subject);
-        let policy = route_policy(cx, &at.key("policy"), raw.policy.as_ref(), policies);
-        let cost = cost(cx, &at.key("cost"), raw.cost.as_ref(), policy.as_ref());
-        if let (
-            Some(name),
-            Some(matcher),
-            Some(subject),
-            Some(policy),
-            Some(cost),
-            Some(upgrades),
-        ) = (name, matcher, subject, policy, cost, upgrades)
+        let written = Written {
+            policy: raw.policy,
+            subject: raw.subject,
+            cost: raw.cost,
+            limits: raw.limits,
+        };
+        let limits = limits(cx, &at, written, policies);
+        if let (Some(name), Some(matcher), Some(limits), Some(upgrades)) =
+            (name, matcher, limits, upgrades)
         {
             out.push(Route {
                 name: Arc::from(name.as_str()),
                 matcher,
-                subject,
-                policy,
-                cost,
+                limits,
                 upgrades,
             });
         }
@@ -102,25 +100,145 @@ pub fn default_route(
             return Some(Route {
                 name: Arc::from(DEFAULT_ROUTE),
                 matcher: Match::default(),
-                subject: vec![SubjectSource::ClientIp],
-                policy: None,
-                cost: 1,
+                limits: Vec::new(),
                 upgrades: default_upgrades(),
             })
         }
         Some(v) => cx.shape::<raw::DefaultRoute>(path, Some(v))?,
     };
-    let subject = subjects(cx, &path.key("subject"), raw.subject);
-    let policy = route_policy(cx, &path.key("policy"), raw.policy.as_ref(), policies);
+    let written = Written {
+        policy: raw.policy,
+        subject: raw.subject,
+        cost: None,
+        limits: raw.limits,
+    };
+    let limits = limits(cx, path, written, policies);
     let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
     Some(Route {
         name: Arc::from(DEFAULT_ROUTE),
         matcher: Match::default(),
-        subject: subject?,
-        policy: policy?,
-        cost: 1,
+        limits: limits?,
         upgrades: upgrades?,
     })
+}
+
+/// What a route (or `default:`) writes about its limits: `policy`,
+/// `subject` and `cost` for one, or `limits:` for several.
+struct Written {
+    policy: Option<Scalar>,
+    subject: Option<ScalarList>,
+    cost: Option<Scalar>,
+    limits: Option<Vec<raw::Limit>>,
+}
+
+/// The route's limits; `path` is the route. `policy: none` is no limit at
+/// all, `policy` + `subject` a list of one.
+fn limits(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    written: Written,
+    policies: &Policies,
+) -> Option<Vec<Limit>> {
+    let Some(list) = written.limits else {
+        let policy = route_policy(cx, &path.key("policy"), written.policy.as_ref(), policies);
+        let subject = subjects(cx, &path.key("subject"), written.subject);
+        let cost = cost(
+            cx,
+            &path.key("cost"),
+            written.cost.as_ref(),
+            policy.as_ref(),
+        );
+        return match (policy?, subject?, cost?) {
+            (None, _, _) => Some(Vec::new()),
+            (Some(policy), subject, cost) => Some(vec![Limit {
+                policy,
+                subject,
+                cost,
+            }]),
+        };
+    };
+    let beside = [
+        ("policy", written.policy.is_some()),
+        ("subject", written.subject.is_some()),
+        ("cost", written.cost.is_some()),
+    ];
+    let mut ok = true;
+    for (key, present) in beside {
+        if present {
+            ok = false;
+            cx.error(
+                &path.key(key),
+                At::Key,
+                format!("`{key}` is written beside `limits`; give it in each limit instead"),
+            );
+        }
+    }
+    let at = path.key("limits");
+    if list.is_empty() {
+        cx.error(
+            &at,
+            At::Value,
+            "needs at least one limit; write `policy: none` for a route without limits",
+        );
+        return None;
+    }
+    let mut out: Vec<Limit> = Vec::with_capacity(list.len());
+    // Where each policy was first named, so a repeat can point at it.
+    let mut named: HashMap<String, usize> = HashMap::new();
+    for (i, raw) in list.into_iter().enumerate() {
+        let item = at.index(i);
+        let policy_at = item.key("policy");
+        let policy = match &raw.policy {
+            None => {
+                cx.error(
+                    &policy_at,
+                    At::Key,
+                    "required key is missing (name a policy)",
+                );
+                None
+            }
+            Some(s) if s.0 == "none" => {
+                cx.error(
+                    &policy_at,
+                    At::Value,
+                    "`none` is not a limit; leave the entry out (or write `policy: none` on the route)",
+                );
+                None
+            }
+            p => route_policy(cx, &policy_at, p.as_ref(), policies).flatten(),
+        };
+        let name = raw
+            .policy
+            .as_ref()
+            .map(|s| s.0.clone())
+            .filter(|n| n != "none");
+        if let Some(name) = name {
+            if let Some(first) = named.get(&name) {
+                cx.error(
+                    &policy_at,
+                    At::Value,
+                    format!(
+                        "policy `{name}` is already {}; a route names each policy once (its RateLimit fields and metrics tell limits apart by policy)",
+                        at.index(*first)
+                    ),
+                );
+                ok = false;
+            } else {
+                named.insert(name, i);
+            }
+        }
+        let subject = subjects(cx, &item.key("subject"), raw.subject);
+        let cost = cost(cx, &item.key("cost"), raw.cost.as_ref(), Some(&policy));
+        match (policy, subject, cost) {
+            (Some(policy), Some(subject), Some(cost)) => out.push(Limit {
+                policy,
+                subject,
+                cost,
+            }),
+            _ => ok = false,
+        }
+    }
+    ok.then_some(out)
 }
 
 fn matcher(
@@ -359,14 +477,23 @@ fn subjects(
         cx.error(
             path,
             At::Value,
-            "needs at least one subject (client_ip or header:NAME)",
+            "needs at least one subject (client_ip, header:NAME or global)",
         );
         return None;
     }
     let mut out = Vec::with_capacity(items.len());
     let mut ok = true;
+    let several = items.len() > 1;
     for (p, s) in &items {
         match cx.value(p, s, subject) {
+            Some(SubjectSource::Global) if several => {
+                cx.error(
+                    p,
+                    At::Value,
+                    "`global` is the route's one bucket, whoever asks: it stands alone, not in a list of subjects",
+                );
+                ok = false;
+            }
             Some(source) => out.push(source),
             None => ok = false,
         }
@@ -375,12 +502,14 @@ fn subjects(
 }
 
 fn subject(s: &str) -> Result<SubjectSource, String> {
-    if s == "client_ip" {
-        return Ok(SubjectSource::ClientIp);
+    match s {
+        "client_ip" => return Ok(SubjectSource::ClientIp),
+        "global" => return Ok(SubjectSource::Global),
+        _ => {}
     }
     let Some(name) = s.strip_prefix("header:") else {
         return Err(format!(
-            "unknown subject `{s}`; expected client_ip or header:NAME"
+            "unknown subject `{s}`; expected client_ip, header:NAME or global"
         ));
     };
     // HeaderName stores names lower-case, as HTTP/2 sends them.
@@ -395,7 +524,7 @@ fn route_policy(
     path: &KeyPath,
     raw: Option<&Scalar>,
     policies: &Policies,
-) -> Option<Option<std::sync::Arc<crate::limit::Policy>>> {
+) -> Option<Option<LimitPolicy>> {
     let Some(s) = raw else {
         cx.error(
             path,
@@ -427,10 +556,21 @@ fn cost(
     cx: &mut Checker<'_>,
     path: &KeyPath,
     raw: Option<&Scalar>,
-    policy: Option<&Option<Arc<crate::limit::Policy>>>,
+    policy: Option<&Option<LimitPolicy>>,
 ) -> Option<u32> {
     let cost = cx.optional(path, raw, 1, check::number_u32(1))?;
-    if let Some(Some(policy)) = policy {
+    if let (Some(Some(LimitPolicy::Concurrency(policy))), Some(_)) = (policy, raw) {
+        cx.error(
+            path,
+            At::Key,
+            format!(
+                "`cost` does not apply to concurrency policy `{}`: a request in flight is one request",
+                policy.name
+            ),
+        );
+        return None;
+    }
+    if let Some(Some(LimitPolicy::Rate(policy))) = policy {
         let max = policy.max_cost();
         if cost > max {
             cx.error(

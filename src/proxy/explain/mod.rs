@@ -24,17 +24,17 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use crate::config::Live;
-use crate::limit::{Decision, Outcome, Policy, Unavailable};
+use crate::limit::{Decision, LimitPolicy, Outcome, Policy, Unavailable};
 use crate::path;
-use crate::route::{Route, SubjectSource};
+use crate::route::SubjectSource;
 use crate::store::{Evaluation, EvaluationId, Store};
 use crate::subject::{Pseudonym, Resolved};
 
 use super::fallback::Fallback;
 use super::headers::Invalid;
 use super::overrides;
-use super::runtime::{Limited, Runtime};
-use super::service::{self, Action, Local};
+use super::runtime::Runtime;
+use super::service::{self, Action, Check, Local};
 use super::verdict::{Failure, Verdict};
 
 pub use request::{BadDescription, Described, DEFAULT_PEER, MAX_BODY};
@@ -122,18 +122,17 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
     let mut routes = Vec::new();
     // Each limit's answer, in the order the proxy checks them.
     let mut answers: Vec<(Answer, &str, Option<&str>)> = Vec::new();
-    for (entry, subject) in routed.matched.iter().zip(&routed.subjects) {
+    for (route_at, entry) in routed.matched.iter().enumerate() {
         let route = entry.route;
         let mut limits = Vec::new();
-        // One limit per route today; a route with several explains each
-        // with the same function.
-        if let (Some(limited), Some(subject)) = (entry.limited, subject) {
-            let (json, said) = limit(limited, &route.subject, *subject, route, live, source).await;
+        for check in routed.checks.iter().filter(|c| c.route_at == route_at) {
+            let (json, said) = limit(check, live, source).await;
             limits.push(json);
             if let Some(said) = said {
-                answers.push((said, &route.name, Some(&limited.policy.name)));
+                answers.push((said, &route.name, Some(&**check.limit().policy.name())));
             }
-        } else {
+        }
+        if route.limits.is_empty() {
             answers.push((unlimited(), &route.name, None));
         }
         let found_by: Vec<&str> = match &matching {
@@ -147,7 +146,8 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         routes.push(json!({
             "route": &*route.name,
             "methods": found_by,
-            "cost": route.cost,
+            // The first limit's; each limit says its own.
+            "cost": route.limits.first().map_or(1, |l| l.cost),
             "limits": limits,
         }));
     }
@@ -181,20 +181,27 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
     Value::Object(out)
 }
 
-/// Explains one limit: the policy, the subject as it resolved from
-/// `sources`, the state read without charging, and what it would answer
-/// (`None` offline).
-async fn limit(
-    limited: &Limited,
-    sources: &[SubjectSource],
-    (pseudonym, resolved): (Pseudonym, Resolved),
-    route: &Route,
-    live: &Live,
-    source: Source<'_>,
-) -> (Value, Option<Answer>) {
-    let policy = &*limited.policy;
+/// Explains one limit: the policy, the subject as it resolved, the state
+/// read without charging, and what it would answer (`None` offline). A
+/// concurrency limit's state is this process's, not the store's: it is
+/// shown without one, and answers as if a place were free.
+async fn limit(check: &Check<'_>, live: &Live, source: Source<'_>) -> (Value, Option<Answer>) {
+    let (limit, route) = (check.limit(), check.entry.route);
     let mut out = Map::new();
-    out.insert("policy".to_owned(), json!(&*policy.name));
+    out.insert("policy".to_owned(), json!(&**limit.policy.name()));
+    out.insert("cost".to_owned(), json!(limit.cost));
+    let policy = match &limit.policy {
+        LimitPolicy::Rate(policy) => policy,
+        LimitPolicy::Concurrency(c) => {
+            out.insert("algorithm".to_owned(), json!("concurrency"));
+            out.insert("limit".to_owned(), json!(c.limit.get()));
+            out.insert(
+                "subject".to_owned(),
+                subject(&limit.subject, check.subject, check.resolved, live, source),
+            );
+            return (Value::Object(out), None);
+        }
+    };
     out.insert("algorithm".to_owned(), json!(policy.algorithm().name()));
     out.insert("shadow".to_owned(), json!(policy.shadow));
     out.insert("revision".to_owned(), json!(&*policy.revision));
@@ -206,7 +213,7 @@ async fn limit(
     out.insert("bands".to_owned(), Value::Array(quotas));
     out.insert(
         "subject".to_owned(),
-        subject(sources, pseudonym, resolved, live, source),
+        subject(&limit.subject, check.subject, check.resolved, live, source),
     );
     let Source::Store(store, fallback) = source else {
         return (Value::Object(out), None);
@@ -214,22 +221,23 @@ async fn limit(
 
     let evaluation = Evaluation {
         policy,
-        subject: &pseudonym,
-        cost: route.cost,
+        subject: &check.subject,
+        cost: limit.cost,
         deadline: Instant::now() + live.store.budget,
         id: EvaluationId::random(),
     };
     let outcome = store.peek(&evaluation).await;
     out.insert(
         "state".to_owned(),
-        state(&outcome, policy, route.cost, store),
+        state(&outcome, policy, limit.cost, store),
     );
     let local = Local {
         fallback,
         evaluation: &evaluation,
         charge: false,
     };
-    let (verdict, action) = service::decide(outcome, route, limited, live, &local);
+    let responses = &check.state().responses;
+    let (verdict, action) = service::decide(outcome, route, policy, responses, live, &local);
     let status = match &action {
         Action::Respond(response) => response.status(),
         Action::Forward { .. } => StatusCode::OK,
@@ -256,11 +264,13 @@ fn subject(
         .map(|s| match s {
             SubjectSource::ClientIp => "client_ip".to_owned(),
             SubjectSource::Header(name) => format!("header:{name}"),
+            SubjectSource::Global => "global".to_owned(),
         })
         .collect();
     let kind = match resolved {
         Resolved::ClientIp => "client_ip",
         Resolved::Header => "header",
+        Resolved::Global => "global",
         Resolved::Unresolved => "unresolved",
     };
     let mut out = json!({
@@ -382,6 +392,9 @@ fn why(verdict: &Verdict, live: &Live) -> String {
         }
         Verdict::Incompatible(reason) => {
             format!("the store cannot evaluate this policy ({reason:?}): answered 503")
+        }
+        Verdict::ConcurrencyDenied => {
+            "every place of a concurrency limit is taken: answered 503".to_owned()
         }
     }
 }

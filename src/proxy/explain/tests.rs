@@ -69,7 +69,7 @@ fn a_shadow_limit_over_its_quota_still_forwards() {
     // Spend the one unit through the store, as a request would.
     let route = &runtime.routes.routes()[0];
     let subject = runtime.key.pseudonym("ip", &[192, 0, 2, 1], &route.name);
-    let policy = route.policy.as_ref().expect("limited");
+    let policy = route.limits[0].policy.as_rate().expect("a rate limit");
     let evaluation = Evaluation {
         policy,
         subject: &subject,

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 
 use super::*;
-use crate::limit::{Bands, BucketBand, WindowBand};
-use crate::route::{Match, SubjectSource};
+use crate::limit::{Bands, BucketBand, Concurrency, WindowBand};
+use crate::route::{Limit, Match, SubjectSource};
 
 fn window(limit: u32, window: Duration) -> WindowBand {
     WindowBand {
@@ -18,15 +18,33 @@ fn policy(name: &str, bands: Bands) -> Policy {
     Policy::new(name, "r1", bands, false)
 }
 
-fn route(name: &str) -> Route {
+/// Route `name` limited by each of `policies`, per client.
+fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
     Route {
         name: Arc::from(name),
         matcher: Match::default(),
-        subject: vec![SubjectSource::ClientIp],
-        policy: None,
-        cost: 1,
+        limits: policies
+            .into_iter()
+            .map(|policy| Limit {
+                policy,
+                subject: vec![SubjectSource::ClientIp],
+                cost: 1,
+            })
+            .collect(),
         upgrades: Arc::from(Vec::new()),
     }
+}
+
+/// The answers of route `route` limited by `policy` alone.
+fn answers(route: &str, policy: &Policy) -> Prepared {
+    let r = route_of(route, vec![LimitPolicy::Rate(Arc::new(policy.clone()))]);
+    Prepared::new(&r, 0)
+}
+
+fn value(policy: &Policy) -> String {
+    let mut out = String::new();
+    policy_value(&mut out, policy);
+    out
 }
 
 fn denied(band: usize, remaining: u64, reset: Duration, retry: Duration) -> Decision {
@@ -57,7 +75,7 @@ async fn too_many_requests_carries_fields_and_problem_body() {
         Duration::from_millis(16_200),
         Duration::from_millis(1_500),
     );
-    let response = too_many_requests(&Prepared::new(&route("api-route"), &api), &decision);
+    let response = too_many_requests(&answers("api-route", &api), &decision);
 
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     let h = response.headers();
@@ -87,7 +105,7 @@ async fn several_bands_are_listed_and_the_binding_one_is_named() {
         ]),
     );
     let decision = denied(1, 3, Duration::from_secs(1800), Duration::ZERO);
-    let response = too_many_requests(&Prepared::new(&route("export"), &export), &decision);
+    let response = too_many_requests(&answers("export", &export), &decision);
     let h = response.headers();
     assert_eq!(
         h["ratelimit-policy"],
@@ -109,12 +127,12 @@ fn bucket_windows_and_short_windows_round_up() {
         }]),
     );
     // Three periods of 1.5 s refill 5 tokens: 4.5 s, announced as 5.
-    assert_eq!(policy_value(&login), r#""login";q=5;w=5"#);
+    assert_eq!(value(&login), r#""login";q=5;w=5"#);
     let fast = policy(
         "fast",
         Bands::FixedWindow(vec![window(3, Duration::from_millis(250))]),
     );
-    assert_eq!(policy_value(&fast), r#""fast";q=3;w=1"#);
+    assert_eq!(value(&fast), r#""fast";q=3;w=1"#);
 }
 
 #[test]
@@ -124,7 +142,7 @@ fn seconds_round_up_without_overflowing() {
     // Found by the `ratelimit_fields` fuzz target: an overflow panic.
     assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
     let max = policy("max", Bands::FixedWindow(vec![window(1, Duration::MAX)]));
-    assert_eq!(policy_value(&max), r#""max";q=1;w=999999999999999"#);
+    assert_eq!(value(&max), r#""max";q=1;w=999999999999999"#);
 }
 
 #[test]
@@ -133,8 +151,8 @@ fn integers_stay_within_fifteen_digits() {
         "long",
         Bands::FixedWindow(vec![window(1, Duration::from_secs(u64::MAX / 2))]),
     );
-    assert_eq!(policy_value(&long), r#""long";q=1;w=999999999999999"#);
-    let prepared = Prepared::new(&route("r"), &long);
+    assert_eq!(value(&long), r#""long";q=1;w=999999999999999"#);
+    let prepared = answers("r", &long);
     let mut headers = HeaderMap::new();
     let d = denied(
         0,
@@ -155,7 +173,7 @@ fn names_are_valid_structured_field_strings() {
         "a\"b\\c\u{e9}",
         Bands::FixedWindow(vec![window(1, Duration::from_secs(1))]),
     );
-    assert_eq!(policy_value(&odd), r#""a\"b\\c_";q=1;w=1"#);
+    assert_eq!(value(&odd), r#""a\"b\\c_";q=1;w=1"#);
 }
 
 #[tokio::test]
@@ -164,10 +182,7 @@ async fn unavailable_has_retry_after_and_policy_but_no_decision() {
         "api",
         Bands::FixedWindow(vec![window(100, Duration::from_secs(60))]),
     );
-    let response = unavailable(
-        &Prepared::new(&route("api"), &api),
-        Duration::from_millis(200),
-    );
+    let response = unavailable(&answers("api", &api), Duration::from_millis(200));
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let h = response.headers();
     assert_eq!(h["retry-after"], "1");
@@ -231,8 +246,7 @@ async fn prepared_bodies_are_what_serde_would_write() {
             policy_name,
             Bands::FixedWindow(vec![window(1, Duration::from_secs(60))]),
         );
-        let r = route(route_name);
-        let prepared = Prepared::new(&r, &p);
+        let prepared = answers(route_name, &p);
         for secs in [1u64, 9, 10, 3600, u64::MAX / 1_000_000_000] {
             let d = denied(0, 0, Duration::from_secs(secs), Duration::from_secs(secs));
             let body = bytes(too_many_requests(&prepared, &d)).await;
@@ -270,7 +284,7 @@ fn ratelimit_fields_name_the_binding_band() {
         "a\"b\u{e9}",
         Bands::FixedWindow(vec![window(5, Duration::from_secs(10))]),
     );
-    let prepared = Prepared::new(&route("r"), &one);
+    let prepared = answers("r", &one);
     let mut headers = HeaderMap::new();
     let d = denied(0, 0, Duration::from_millis(9_001), Duration::ZERO);
     add_ratelimit_headers(&mut headers, &prepared, &d);
@@ -284,7 +298,7 @@ fn ratelimit_fields_name_the_binding_band() {
             window(50, Duration::from_secs(60)),
         ]),
     );
-    let prepared = Prepared::new(&route("r"), &two);
+    let prepared = answers("r", &two);
     let mut headers = HeaderMap::new();
     let allowed = Decision {
         allowed: true,
@@ -297,4 +311,59 @@ fn ratelimit_fields_name_the_binding_band() {
     // Appended, never replacing the upstream's own fields.
     add_ratelimit_headers(&mut headers, &prepared, &allowed);
     assert_eq!(headers.get_all("ratelimit").iter().count(), 2);
+}
+
+#[tokio::test]
+async fn every_limit_of_a_route_is_in_ratelimit_policy_and_concurrency_says_so() {
+    let login = policy(
+        "login",
+        Bands::FixedWindow(vec![window(5, Duration::from_secs(60))]),
+    );
+    let cap = policy(
+        "cap",
+        Bands::FixedWindow(vec![
+            window(10, Duration::from_secs(1)),
+            window(100, Duration::from_secs(60)),
+        ]),
+    );
+    let in_flight = Concurrency {
+        name: "in_flight".into(),
+        limit: NonZeroU32::new(40).unwrap(),
+        retry_after: Duration::from_millis(1500),
+    };
+    let r = route_of(
+        "signup",
+        vec![
+            LimitPolicy::Rate(Arc::new(login)),
+            LimitPolicy::Rate(Arc::new(cap)),
+            LimitPolicy::Concurrency(Arc::new(in_flight)),
+        ],
+    );
+    let all = r#""login";q=5;w=60, "cap-0";q=10;w=1, "cap-1";q=100;w=60, "in_flight";q=40;qu="concurrent-requests""#;
+
+    // The 429 of the second limit names it, and lists every limit.
+    let second = Prepared::new(&r, 1);
+    let response = too_many_requests(
+        &second,
+        &denied(1, 0, Duration::from_secs(30), Duration::from_secs(30)),
+    );
+    assert_eq!(response.headers()["ratelimit-policy"], all);
+    assert_eq!(response.headers()["ratelimit"], r#""cap-1";r=0;t=30"#);
+    let body = json(response).await;
+    assert_eq!(body["policy"], "cap");
+    assert_eq!(body["route"], "signup");
+
+    let third = Prepared::new(&r, 2);
+    let response = over_concurrency(&third, Duration::from_millis(1500));
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "2");
+    assert_eq!(response.headers()["ratelimit-policy"], all);
+    assert!(response.headers().get("ratelimit").is_none());
+    let body = json(response).await;
+    assert_eq!(body["policy"], "in_flight");
+    assert_eq!(body["retry_after"], 2);
+    assert_eq!(
+        body["detail"],
+        "route \"signup\" has 40 requests in flight under policy \"in_flight\"; retry after 2 s"
+    );
 }

@@ -65,14 +65,14 @@ fn run_with(
     fallback: &Fallback,
 ) -> (Verdict, Result<bool, Response<Body>>) {
     let route = &config.routes[0];
-    let policy = route.policy.clone().expect("the route has a policy");
-    let limited = Limited {
-        responses: respond::Prepared::new(route, &policy),
-        policy,
-    };
+    let policy = route.limits[0]
+        .policy
+        .as_rate()
+        .expect("the route has a rate policy");
+    let responses = respond::Prepared::new(route, 0);
     let subject = crate::subject::PseudonymKey::new(b"k", 1).pseudonym("ip", b"10.0.0.1", "api");
     let evaluation = Evaluation {
-        policy: &limited.policy,
+        policy,
         subject: &subject,
         cost: 1,
         deadline: Instant::now(),
@@ -83,7 +83,7 @@ fn run_with(
         evaluation: &evaluation,
         charge: true,
     };
-    let (verdict, action) = decide(outcome, route, &limited, config, &local);
+    let (verdict, action) = decide(outcome, route, policy, &responses, config, &local);
     let action = match action {
         Action::Forward { ratelimit } => Ok(ratelimit.is_some()),
         Action::Respond(response) => Err(response),

@@ -3,14 +3,16 @@
 //! classification of every failure by how far the command got.
 
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use smallvec::SmallVec;
 use tokio::time::{timeout_at, Instant};
 
 use crate::limit::{Incompatible, Outcome, Unavailable};
 use crate::store::breaker::Health;
+use crate::store::Outcomes;
 
 use super::connect::Conn;
 use super::pool::{Checkout, Stage};
-use super::reply::{self, Reply};
+use super::reply::{self, Reply, Shape};
 use super::scripts::Script;
 use super::Inner;
 
@@ -18,8 +20,9 @@ use super::Inner;
 pub(super) struct Request<'a> {
     pub script: &'a Script,
     pub cmd: Cmd,
-    pub bands: usize,
-    pub approximate: bool,
+    /// One per limit the command evaluates: one for a policy's own
+    /// script, several for the script of several limits.
+    pub limits: SmallVec<[Shape; 2]>,
     pub deadline: Instant,
 }
 
@@ -35,8 +38,8 @@ impl Request<'_> {
 
 /// How one attempt ended.
 enum Attempt {
-    /// Redis answered; the outcome follows from the reply.
-    Answered(Outcome),
+    /// Redis answered; the outcomes follow from the reply.
+    Answered(Outcomes),
     /// Nothing was applied: the script never ran.
     NotApplied(Unavailable, Health),
     /// Sent, then no confirmed reply: the script may have run.
@@ -51,26 +54,31 @@ struct Progress {
 }
 
 impl Inner {
-    pub(super) async fn decide(&self, request: &Request<'_>) -> (Outcome, Health) {
+    /// The outcomes of the request's limits; a failure is the first
+    /// limit's outcome alone (it stands for the whole command).
+    pub(super) async fn decide(&self, request: &Request<'_>) -> (Outcomes, Health) {
+        let whole = |outcome| Outcomes::at(0, outcome);
         match self.attempt(request).await {
-            Attempt::Answered(outcome) => (outcome, Health::Answered),
-            Attempt::NotApplied(unavailable, health) => (Outcome::Unavailable(unavailable), health),
+            Attempt::Answered(outcomes) => (outcomes, Health::Answered),
+            Attempt::NotApplied(unavailable, health) => {
+                (whole(Outcome::Unavailable(unavailable)), health)
+            }
             Attempt::Ambiguous if Instant::now() < request.deadline => {
                 // Safe to repeat: the same evaluation id makes the script
                 // return what it decided the first time, if it ran.
                 self.stats.retries.count();
                 match self.attempt(request).await {
-                    Attempt::Answered(outcome @ (Outcome::Allowed(_) | Outcome::Denied(_))) => {
-                        (outcome, Health::Answered)
+                    Attempt::Answered(outcomes) if outcomes.list.iter().all(decided) => {
+                        (outcomes, Health::Answered)
                     }
                     // Whatever the retry says, the first attempt may have
                     // been charged.
-                    Attempt::Answered(_) => (Outcome::Indeterminate, Health::Answered),
-                    Attempt::NotApplied(_, health) => (Outcome::Indeterminate, health),
-                    Attempt::Ambiguous => (Outcome::Indeterminate, Health::Failed),
+                    Attempt::Answered(_) => (whole(Outcome::Indeterminate), Health::Answered),
+                    Attempt::NotApplied(_, health) => (whole(Outcome::Indeterminate), health),
+                    Attempt::Ambiguous => (whole(Outcome::Indeterminate), Health::Failed),
                 }
             }
-            Attempt::Ambiguous => (Outcome::Indeterminate, Health::Failed),
+            Attempt::Ambiguous => (whole(Outcome::Indeterminate), Health::Failed),
         }
     }
 
@@ -168,21 +176,50 @@ impl Inner {
     }
 
     fn answer(&self, request: &Request<'_>, value: &Value) -> Attempt {
-        match reply::decode(value, request.bands, request.approximate) {
-            Ok(Reply::Decided {
+        let decoded = match request.limits.as_slice() {
+            [one] => {
+                reply::decode(value, one.bands, one.approximate).map(|r| smallvec::smallvec![r])
+            }
+            several => reply::decode_several(value, several),
+        };
+        let replies: SmallVec<[Reply; 2]> = match decoded {
+            Ok(replies) => replies,
+            Err(malformed) => {
+                self.stats.malformed.count();
+                if self.stats.may_warn() {
+                    tracing::warn!(
+                        reason = malformed.0,
+                        algorithm = request.script.algorithm.map_or("several", |a| a.name()),
+                        "redis: malformed script reply"
+                    );
+                }
+                let outcome = Outcome::Incompatible(Incompatible::MalformedReply);
+                return Attempt::Answered(Outcomes::at(0, outcome));
+            }
+        };
+        let list = replies.iter().map(|reply| self.outcome(reply)).collect();
+        let mut outcomes = Outcomes::empty();
+        outcomes.list = list;
+        Attempt::Answered(outcomes)
+    }
+
+    /// One limit's decoded reply, counted.
+    fn outcome(&self, reply: &Reply) -> Outcome {
+        match *reply {
+            Reply::Decided {
                 decision,
                 replayed,
                 skew,
-            }) => {
+            } => {
                 if replayed {
                     self.stats.dedupe_hits.count();
                 }
                 if skew > 0 {
                     self.stats.clock_steps_absorbed.count();
                 }
-                Attempt::Answered(Outcome::from_decision(decision))
+                Outcome::from_decision(decision)
             }
-            Ok(Reply::ClockUnsafe { skew }) => {
+            Reply::ClockUnsafe { skew } => {
                 self.stats.clock_unsafe.count();
                 if self.stats.may_warn() {
                     tracing::warn!(
@@ -190,18 +227,7 @@ impl Inner {
                         "redis: clock went back past store.redis.max_clock_regression"
                     );
                 }
-                Attempt::Answered(Outcome::Unavailable(Unavailable::ClockUnsafe))
-            }
-            Err(malformed) => {
-                self.stats.malformed.count();
-                if self.stats.may_warn() {
-                    tracing::warn!(
-                        reason = malformed.0,
-                        algorithm = request.script.algorithm.name(),
-                        "redis: malformed script reply"
-                    );
-                }
-                Attempt::Answered(Outcome::Incompatible(Incompatible::MalformedReply))
+                Outcome::Unavailable(Unavailable::ClockUnsafe)
             }
         }
     }
@@ -241,7 +267,8 @@ impl Inner {
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: script failed");
                 }
-                Attempt::Answered(Outcome::Incompatible(Incompatible::MalformedReply))
+                let outcome = Outcome::Incompatible(Incompatible::MalformedReply);
+                Attempt::Answered(Outcomes::at(0, outcome))
             }
             None => {
                 self.stats.connection_lost.count();
@@ -319,6 +346,11 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// A decision, rather than no decision at all.
+fn decided(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_))
 }
 
 fn no_script(error: &RedisError) -> bool {

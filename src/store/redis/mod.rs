@@ -1,7 +1,12 @@
 //! The Redis store: every replica of an app shares one limit.
 //!
 //! One evaluation is one `EVALSHA` of the policy's algorithm script
-//! (`lua/`), single-key per subject, deciding with Redis `TIME`. Around it:
+//! (`lua/`), single-key per subject, deciding with Redis `TIME`. A request
+//! with several rate limits is one `EVALSHA` too, of a script made of
+//! theirs (`lua/several.lua`) over all their keys, all or nothing; on
+//! Redis Cluster, whose keys then sit in different slots, the limits are
+//! evaluated one call each, in order ([`RedisStore::evaluate_all`]).
+//! Around every call:
 //!
 //! - one deadline (`evaluation.deadline`) covers the lane wait, connecting,
 //!   the `EVALSHA`, a `NOSCRIPT` reload and the second `EVALSHA`;
@@ -32,14 +37,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use smallvec::SmallVec;
+
 use crate::config;
 use crate::limit::{Bands, Incompatible, Outcome, Policy, Unavailable, WindowBand};
+use crate::route::Route;
 use crate::subject::{Pseudonym, PseudonymKey};
 
 use super::breaker::Breaker;
-use super::{Evaluation, EvaluationId};
+use super::deny_cache::DenyCache;
+use super::{Evaluation, EvaluationId, Outcomes, Source};
 use call::Request;
 use pool::Lanes;
+use reply::Shape;
 use scripts::{Common, Scripts};
 
 /// How long the start-up task gives one attempt at connecting and loading
@@ -76,6 +86,9 @@ struct Inner {
     breaker: Breaker,
     /// Redis answered and every script is loaded (readiness).
     prepared: AtomicBool,
+    /// Several limits go in one call: every topology but Cluster, where
+    /// their keys are in different slots (CROSSSLOT).
+    one_call: bool,
     stats: RedisStats,
 }
 
@@ -110,6 +123,7 @@ impl RedisStore {
             }),
             breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
             prepared: AtomicBool::new(false),
+            one_call: !matches!(redis.topology, config::Topology::Cluster { .. }),
             stats: RedisStats::new(),
         });
         for policy in policies {
@@ -122,6 +136,99 @@ impl RedisStore {
 
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         self.inner.evaluate(evaluation).await
+    }
+
+    /// Every rate limit of one request (see [`super::Store::evaluate_all`]),
+    /// behind `cache`, the over-limit cache. On standalone and Sentinel: one
+    /// call, all or nothing. On Cluster: one call per limit, in order,
+    /// stopping at the first that blocks; the limits before it stay
+    /// charged (not atomic: README, "Several limits on one route").
+    pub async fn evaluate_all(
+        &self,
+        evaluations: &[Evaluation<'_>],
+        cache: Option<&DenyCache>,
+    ) -> Outcomes {
+        if let [one] = evaluations {
+            let (outcome, source) = super::evaluate_shared(self, cache, one).await;
+            let mut outcomes = Outcomes::at(0, outcome);
+            outcomes.source = source;
+            return outcomes;
+        }
+        if !self.inner.one_call {
+            let mut outcomes = Outcomes::empty();
+            outcomes.source = Source::DenyCache;
+            for evaluation in evaluations {
+                let (outcome, source) = super::evaluate_shared(self, cache, evaluation).await;
+                outcomes.list.push(outcome);
+                if source == Source::Store {
+                    outcomes.source = Source::Store;
+                }
+                if outcome.blocks(evaluation.policy.shadow) {
+                    break;
+                }
+            }
+            return outcomes;
+        }
+        // Taken before the store is asked, so a remembered denial can only
+        // end early, never late.
+        let asked = Instant::now();
+        if let Some(cache) = cache {
+            for (i, e) in evaluations.iter().enumerate() {
+                if e.policy.shadow {
+                    continue;
+                }
+                if let Some(decision) = cache.check(e.policy, e.subject, e.cost, asked) {
+                    let mut outcomes = Outcomes::at(i, Outcome::Denied(decision));
+                    outcomes.source = Source::DenyCache;
+                    return outcomes;
+                }
+            }
+        }
+        let outcomes = self.inner.evaluate_several(evaluations).await;
+        if let Some(cache) = cache {
+            for (i, outcome) in outcomes.iter() {
+                if let (Outcome::Denied(decision), Some(e)) = (outcome, evaluations.get(i)) {
+                    cache.remember(e.policy, e.subject, e.cost, asked, &decision);
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// Makes the scripts of every route's several limits, and loads those
+    /// not seen before in the background, as [`RedisStore::learn`] does
+    /// for policies.
+    pub fn learn_routes<'r>(&self, routes: impl IntoIterator<Item = &'r Route>) {
+        if !self.inner.one_call {
+            return;
+        }
+        let mut new = false;
+        for route in routes {
+            let policies: Vec<&Policy> = route
+                .limits
+                .iter()
+                .filter_map(|l| l.policy.as_rate().map(|p| &**p))
+                .collect();
+            if policies.len() > 1 {
+                new |= !self.inner.scripts.has_several(&policies);
+                self.inner.scripts.several(&policies);
+            }
+        }
+        if new {
+            self.load_in_background();
+        }
+    }
+
+    fn load_in_background(&self) {
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            if let Some(store) = inner.upgrade() {
+                let loaded = tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await;
+                if !matches!(loaded, Ok(Ok(()))) {
+                    tracing::debug!("redis: new scripts load on first use");
+                }
+            }
+        });
     }
 
     /// What `evaluation` would be answered now, charging nothing: the
@@ -145,15 +252,7 @@ impl RedisStore {
         for policy in &new {
             self.inner.scripts.get(policy);
         }
-        let inner = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            if let Some(store) = inner.upgrade() {
-                let loaded = tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await;
-                if !matches!(loaded, Ok(Ok(()))) {
-                    tracing::debug!("redis: new policies' scripts load on first use");
-                }
-            }
-        });
+        self.load_in_background();
     }
 
     /// Redis answered, the scripts are loaded, and the breaker is closed:
@@ -184,13 +283,60 @@ impl Inner {
         let request = Request {
             script: &script,
             cmd: scripts::evalsha(&script, inner.scripts.common(), evaluation),
-            bands: policy.bands().len(),
-            approximate: !policy.algorithm().is_exact(),
+            limits: smallvec::smallvec![shape(policy)],
             deadline: evaluation.deadline,
         };
-        let (outcome, health) = inner.decide(&request).await;
+        let (outcomes, health) = inner.decide(&request).await;
         permit.report(health, Instant::now());
-        outcome
+        outcomes
+            .list
+            .first()
+            .copied()
+            .unwrap_or(Outcome::Indeterminate)
+    }
+
+    /// Several limits in one call of the script made of theirs.
+    async fn evaluate_several(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
+        for (i, e) in evaluations.iter().enumerate() {
+            if e.cost == 0 || e.cost > e.policy.max_cost() {
+                return Outcomes::at(i, Outcome::Incompatible(Incompatible::CostAboveMaximum));
+            }
+        }
+        // One deadline for the request: every evaluation carries the same.
+        let deadline = evaluations
+            .iter()
+            .map(|e| e.deadline)
+            .min()
+            .unwrap_or_else(Instant::now);
+        let now = Instant::now();
+        if deadline <= now {
+            self.stats.budget_spent.count();
+            return Outcomes::at(0, Outcome::Unavailable(Unavailable::AdmissionRejected));
+        }
+        let Some(permit) = self.breaker.try_acquire(now) else {
+            self.stats.breaker_rejected.count();
+            return Outcomes::at(0, Outcome::Unavailable(Unavailable::AdmissionRejected));
+        };
+        let policies: SmallVec<[&Policy; 2]> = evaluations.iter().map(|e| e.policy).collect();
+        let script = self.scripts.several(&policies);
+        let request = Request {
+            script: &script,
+            cmd: scripts::evalsha_several(&script, self.scripts.common(), evaluations),
+            limits: policies.iter().map(|p| shape(p)).collect(),
+            deadline,
+        };
+        let (outcomes, health) = self.decide(&request).await;
+        permit.report(health, Instant::now());
+        outcomes
+    }
+}
+
+/// How to read `policy`'s part of a reply.
+fn shape(policy: &Policy) -> Shape {
+    Shape {
+        bands: policy.bands().len(),
+        approximate: !policy.algorithm().is_exact(),
+        shadow: policy.shadow,
     }
 }
 
@@ -225,11 +371,15 @@ impl Inner {
         let request = Request {
             script: &script,
             cmd: scripts::evalsha(&script, self.scripts.common(), evaluation),
-            bands: policy.bands().len(),
-            approximate: !policy.algorithm().is_exact(),
+            limits: smallvec::smallvec![shape(policy)],
             deadline,
         };
-        self.decide(&request).await.0
+        let (outcomes, _) = self.decide(&request).await;
+        outcomes
+            .list
+            .first()
+            .copied()
+            .unwrap_or(Outcome::Indeterminate)
     }
 }
 

@@ -2,11 +2,14 @@
 //!
 //! `{version, outcome, remaining, reset_after_us, retry_after_us, band,
 //! replayed, skew_us}`, all integers; outcome 0 denied, 1 allowed,
-//! 2 clock unsafe. Anything else is refused as malformed, never guessed at.
+//! 2 clock unsafe. The script of several limits answers one such group
+//! per limit it evaluated, one after the other. Anything else is refused
+//! as malformed, never guessed at.
 
 use std::time::Duration;
 
 use redis::Value;
+use smallvec::SmallVec;
 
 use crate::limit::{Decision, Micros};
 
@@ -30,10 +33,65 @@ pub enum Reply {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Malformed(pub &'static str);
 
+/// How to read one limit's part of a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub bands: usize,
+    pub approximate: bool,
+    /// A shadow limit's denial does not stop the others.
+    pub shadow: bool,
+}
+
+impl Reply {
+    /// Whether it stops the limits after it (see `Outcome::blocks`).
+    fn blocks(&self, shadow: bool) -> bool {
+        match self {
+            Reply::Decided { decision, .. } => !decision.allowed && !shadow,
+            Reply::ClockUnsafe { .. } => true,
+        }
+    }
+}
+
 pub fn decode(value: &Value, bands: usize, approximate: bool) -> Result<Reply, Malformed> {
     let Value::Array(items) = value else {
         return Err(Malformed("not an array"));
     };
+    decode_fields(items, bands, approximate)
+}
+
+/// The reply of the script of several limits (`lua/several.lua`): one
+/// group of fields per limit, in order, up to and including the first
+/// that blocks, and no further.
+pub fn decode_several(value: &Value, limits: &[Shape]) -> Result<SmallVec<[Reply; 2]>, Malformed> {
+    let Value::Array(items) = value else {
+        return Err(Malformed("not an array"));
+    };
+    if items.is_empty() || items.len() % FIELDS != 0 || items.len() / FIELDS > limits.len() {
+        return Err(Malformed("wrong number of fields"));
+    }
+    let mut out = SmallVec::new();
+    let groups = items.len() / FIELDS;
+    for (i, (group, shape)) in items.chunks(FIELDS).zip(limits).enumerate() {
+        let reply = decode_fields(group, shape.bands, shape.approximate)?;
+        let (blocks, last) = (reply.blocks(shape.shadow), i + 1 == groups);
+        // Only the last group may block, and a reply that stops before
+        // the last limit must have stopped on one that did.
+        let consistent = if last {
+            blocks || groups == limits.len()
+        } else {
+            !blocks
+        };
+        if !consistent {
+            return Err(Malformed(
+                "a limit blocked, yet the reply goes on or stops early",
+            ));
+        }
+        out.push(reply);
+    }
+    Ok(out)
+}
+
+fn decode_fields(items: &[Value], bands: usize, approximate: bool) -> Result<Reply, Malformed> {
     if items.len() != FIELDS {
         return Err(Malformed("wrong number of fields"));
     }
@@ -152,6 +210,44 @@ mod tests {
         ];
         for (what, value) in bad {
             assert!(decode(value, 2, false).is_err(), "{what} accepted");
+        }
+    }
+
+    #[test]
+    fn several_limits_answer_one_group_each_up_to_the_first_that_blocks() {
+        let shape = |shadow| Shape {
+            bands: 1,
+            approximate: false,
+            shadow,
+        };
+        let allowed = [1, 1, 4, 900, 0, 0, 0, 0];
+        let denied = [1, 0, 0, 900, 700, 0, 0, 0];
+        let joined = |groups: &[&[i64]]| reply(&groups.concat());
+        let limits = [shape(false), shape(true), shape(false)];
+        let all = decode_several(&joined(&[&allowed, &denied, &allowed]), &limits).unwrap();
+        assert_eq!(all.len(), 3, "a shadow denial blocks nothing");
+        let stopped = decode_several(
+            &joined(&[&allowed, &denied]),
+            &[shape(false), shape(false), shape(false)],
+        )
+        .unwrap();
+        assert_eq!(stopped.len(), 2);
+        for (what, value, limits) in [
+            ("empty", reply(&[]), &limits[..]),
+            ("partial group", reply(&allowed[..5]), &limits[..]),
+            (
+                "more groups than limits",
+                joined(&[&allowed, &allowed]),
+                &limits[..1],
+            ),
+            ("stops without a block", joined(&[&allowed]), &limits[..]),
+            (
+                "goes on after a block",
+                joined(&[&denied, &allowed]),
+                &[shape(false), shape(false)][..],
+            ),
+        ] {
+            assert!(decode_several(&value, limits).is_err(), "{what} accepted");
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The Lua scripts (one per algorithm, `lua/`), compiled once per policy,
 //! and the one command that runs them: `EVALSHA` with the keys and the two
-//! arguments `lua/README.md` states.
+//! arguments `lua/README.md` states. A request with several rate limits
+//! runs one script made of theirs (`lua/several.lua`), compiled once per
+//! list of policies, over all their keys.
 //!
 //! A policy's numbers (its bands, its TTL) and the store's (the clock bound,
 //! the de-duplication window) are written into the policy's copy of its
@@ -25,7 +27,8 @@ use crate::store::Evaluation;
 /// One policy's script and its SHA-1, computed here so sluice never needs
 /// `EVAL` (which a least-privilege Redis user may not run).
 pub struct Script {
-    pub algorithm: Algorithm,
+    /// `None` for the script of several limits.
+    pub algorithm: Option<Algorithm>,
     /// The algorithm's file with the policy's numbers and `lua/common.lua`
     /// spliced in.
     pub source: String,
@@ -35,6 +38,10 @@ pub struct Script {
 /// Where an algorithm's script takes the shared part (`lua/common.lua`).
 const COMMON_AT: &str = "-- @common (lua/common.lua is spliced in here)\n";
 const COMMON: &str = include_str!("../../../lua/common.lua");
+/// Several limits in one call, and where it takes each limit's script.
+const SEVERAL: &str = include_str!("../../../lua/several.lua");
+const LIMITS_AT: &str =
+    "-- @limits (sluice splices each limit's script in here, in the route's order)\n";
 
 /// What makes a policy's script read-only for `POST /explain`, spliced in
 /// before `lua/common.lua` (see `lua/peek.lua`).
@@ -74,7 +81,33 @@ impl Script {
             source = source.replacen(SHEBANG, SHEBANG_NO_WRITES, 1);
         }
         Script {
-            algorithm,
+            algorithm: Some(algorithm),
+            sha: redis::Script::new(&source).get_hash().to_owned(),
+            source,
+        }
+    }
+
+    /// The script that evaluates `policies` together (`lua/several.lua`):
+    /// each policy's own script, after its shebang, as the body of a
+    /// function, and whether the policy is shadow (its denial blocks
+    /// nothing).
+    pub fn for_limits(policies: &[&Policy], common: &Common) -> Script {
+        let mut limits = String::new();
+        for (i, policy) in policies.iter().enumerate() {
+            let one = Script::for_policy(policy, common).source;
+            let body = one.strip_prefix(SHEBANG).unwrap_or(&one);
+            let n = i + 1;
+            // Writing into a String cannot fail.
+            let _ = writeln!(limits, "LIMITS[{n}] = function(redis, KEYS, ARGV)");
+            limits.push_str(body);
+            if !body.ends_with('\n') {
+                limits.push('\n');
+            }
+            let _ = writeln!(limits, "end\nSHADOW[{n}] = {}", policy.shadow);
+        }
+        let source = SEVERAL.replacen(LIMITS_AT, &limits, 1);
+        Script {
+            algorithm: None,
             sha: redis::Script::new(&source).get_hash().to_owned(),
             source,
         }
@@ -118,6 +151,17 @@ fn literals(policy: &Policy, common: &Common) -> String {
     out
 }
 
+/// What the script of several limits depends on: each limit's bands (its
+/// algorithm and numbers) and whether it is shadow, in order.
+type LimitsKey = Vec<(Bands, bool)>;
+
+fn limits_key(policies: &[&Policy]) -> LimitsKey {
+    policies
+        .iter()
+        .map(|p| (p.bands().clone(), p.shadow))
+        .collect()
+}
+
 /// Every policy's script this store has seen, by its bands (which name the
 /// algorithm): all a script depends on besides the store's own settings.
 /// Not by revision: a revision written in the file may be shared by
@@ -126,6 +170,8 @@ fn literals(policy: &Policy, common: &Common) -> String {
 pub struct Scripts {
     common: Common,
     by_bands: RwLock<HashMap<Bands, Arc<Script>>>,
+    /// The scripts of several limits, by each limit's bands and shadow.
+    by_limits: RwLock<HashMap<LimitsKey, Arc<Script>>>,
     /// The read-only scripts of `POST /explain`, made and loaded on first
     /// use only: most sidecars never explain anything.
     peeks: RwLock<HashMap<Bands, Arc<Script>>>,
@@ -136,6 +182,7 @@ impl Scripts {
         Scripts {
             common,
             by_bands: RwLock::new(HashMap::new()),
+            by_limits: RwLock::new(HashMap::new()),
             peeks: RwLock::new(HashMap::new()),
         }
     }
@@ -161,6 +208,20 @@ impl Scripts {
         (script, true)
     }
 
+    /// The script of `policies` together, made on first use. Looked up by
+    /// a list built per call: a multi-limit request allocates that much.
+    pub fn several(&self, policies: &[&Policy]) -> Arc<Script> {
+        let key = limits_key(policies);
+        let read = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(script) = read.get(&key) {
+            return script.clone();
+        }
+        drop(read);
+        let script = Arc::new(Script::for_limits(policies, &self.common));
+        let mut map = self.by_limits.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(key).or_insert(script).clone()
+    }
+
     pub fn common(&self) -> &Common {
         &self.common
     }
@@ -175,13 +236,24 @@ impl Scripts {
         map.entry(policy.bands().clone()).or_insert(script).clone()
     }
 
+    pub fn has_several(&self, policies: &[&Policy]) -> bool {
+        let key = limits_key(policies);
+        let map = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
+        map.contains_key(&key)
+    }
+
     pub fn has(&self, policy: &Policy) -> bool {
         self.read().contains_key(policy.bands())
     }
 
     /// Every script made so far (to load them all).
     pub fn all(&self) -> Vec<Arc<Script>> {
-        self.read().values().cloned().collect()
+        let several = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
+        self.read()
+            .values()
+            .chain(several.values())
+            .cloned()
+            .collect()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Bands, Arc<Script>>> {
@@ -247,6 +319,33 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
         let _ = arg.write_all(&id);
     }
     cmd.arg(&id[..]).arg(evaluation.cost);
+    cmd
+}
+
+/// `EVALSHA sha 2n state_1 record_1 … state_n record_n id cost_1 … cost_n`:
+/// every limit's two keys, as [`evalsha`] sends them, one id for all.
+pub fn evalsha_several(script: &Script, common: &Common, evaluations: &[Evaluation<'_>]) -> Cmd {
+    let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
+    let mut cmd = Cmd::with_capacity(4 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
+    cmd.arg("EVALSHA")
+        .arg(script.sha.as_str())
+        .arg(2 * evaluations.len());
+    for evaluation in evaluations {
+        let policy = evaluation.policy;
+        let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
+        let mut state = Vec::with_capacity(key_bytes);
+        write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
+        cmd.arg(&state[..]);
+        let mut arg = cmd.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = arg.write_all(&state);
+        let _ = arg.write_all(b":e:");
+        let _ = arg.write_all(&id);
+    }
+    cmd.arg(&id[..]);
+    for evaluation in evaluations {
+        cmd.arg(evaluation.cost);
+    }
     cmd
 }
 
@@ -329,7 +428,7 @@ mod tests {
         }
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
-            let name = script.algorithm.name();
+            let name = script.algorithm.map_or("several", |a| a.name());
             assert!(script.source.starts_with("#!lua\n"), "{name}");
             assert!(script.source.contains(COMMON), "{name}");
             assert!(!script.source.contains(COMMON_AT), "{name}");
@@ -343,7 +442,7 @@ mod tests {
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
             let peek = Script::peek_for_policy(&policy, &common());
-            let name = script.algorithm.name();
+            let name = script.algorithm.map_or("several", |a| a.name());
             assert!(script.source.starts_with(SHEBANG), "{name}");
             assert!(!script.source.contains(PEEK), "{name}: requests run it");
             assert!(peek.source.starts_with(SHEBANG_NO_WRITES), "{name}");
@@ -401,7 +500,7 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &scripts.get(&policies[0])));
         assert!(scripts.has(&policies[0]) && !scripts.has(&policies[1]));
         for p in &policies {
-            assert_eq!(scripts.get(p).algorithm, p.algorithm());
+            assert_eq!(scripts.get(p).algorithm, Some(p.algorithm()));
         }
         let mut shas: Vec<String> = scripts.all().iter().map(|s| s.sha.clone()).collect();
         shas.sort();
@@ -455,6 +554,66 @@ mod tests {
                 ]
             );
         }
+    }
+
+    #[test]
+    fn several_limits_run_each_policy_s_own_script_in_one_call() {
+        let policies = policies();
+        let mut shadow = policies[2].clone();
+        shadow.shadow = true;
+        let set = [&policies[0], &shadow, &policies[4]];
+        let several = Script::for_limits(&set, &common());
+        assert!(several.source.starts_with(SHEBANG));
+        assert!(!several.source.contains(LIMITS_AT));
+        assert_eq!(several.source.matches(SHEBANG).count(), 1);
+        for (i, policy) in set.iter().enumerate() {
+            // Byte for byte what the policy runs alone, after its shebang.
+            let alone = Script::for_policy(policy, &common()).source;
+            let body = alone.strip_prefix(SHEBANG).unwrap();
+            let n = i + 1;
+            let function = format!("LIMITS[{n}] = function(redis, KEYS, ARGV)\n{body}");
+            assert!(several.source.contains(&function), "limit {n}");
+            let flag = format!("SHADOW[{n}] = {}", policy.shadow);
+            assert!(several.source.contains(&flag), "{flag}");
+        }
+        let scripts = Scripts::new(common());
+        let made = scripts.several(&set);
+        assert_eq!(made.sha, several.sha);
+        assert!(Arc::ptr_eq(&made, &scripts.several(&set)));
+        assert!(scripts.has_several(&set) && !scripts.has_several(&set[..2]));
+        assert!(scripts.all().iter().any(|s| s.sha == several.sha));
+
+        let (a, b) = (
+            PseudonymKey::new(b"k", 1).pseudonym("ip", b"192.0.2.1", "signup"),
+            PseudonymKey::new(b"k", 1).pseudonym("global", b"", "signup"),
+        );
+        let at = |policy, subject, cost| Evaluation {
+            policy,
+            subject,
+            cost,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0xab),
+        };
+        let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
+        let sent = args(&evalsha_several(&several, &common(), &evaluations));
+        let id = format!("{:032x}", 0xab);
+        let key = |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{s}}}", p.name, p.revision);
+        let (ka, kb) = (key(&policies[0], &a), key(&policies[4], &b));
+        assert_eq!(
+            sent,
+            [
+                "EVALSHA".to_owned(),
+                several.sha.clone(),
+                "4".to_owned(),
+                ka.clone(),
+                format!("{ka}:e:{id}"),
+                kb.clone(),
+                format!("{kb}:e:{id}"),
+                id,
+                "1".to_owned(),
+                "3".to_owned(),
+            ]
+        );
     }
 
     #[test]

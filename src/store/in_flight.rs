@@ -1,0 +1,182 @@
+//! Requests in flight to the upstream, per (concurrency policy, subject):
+//! what `algorithm: concurrency` counts. Local to this process by nature
+//! (it counts what this sidecar is forwarding now), so it never reaches
+//! Redis, whatever the store.
+//!
+//! A [`Permit`] is one request in flight; dropping it gives the place
+//! back, so a request that ends in any way (its response body finished,
+//! the client gone, the upstream failed, the task cancelled) releases it.
+//! An entry lives only while its count is above zero: the table holds at
+//! most one entry per request in flight, never a history of subjects.
+//!
+//! The table outlives configurations: it belongs to the proxy, and a
+//! reload that changes a policy's `limit` applies it to the next request
+//! while the requests already in flight keep their places.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::limit::Concurrency;
+use crate::subject::Pseudonym;
+
+/// Shards, as in the memory store: a lock is held for one counter update.
+const SHARDS: usize = 16;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    policy: Arc<str>,
+    subject: Pseudonym,
+}
+
+type Shard = Mutex<HashMap<Key, u32>>;
+
+pub struct InFlight {
+    shards: Box<[Shard]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl InFlight {
+    pub fn new() -> Arc<InFlight> {
+        Arc::new(InFlight {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+        })
+    }
+
+    /// A place among `policy.limit` for `subject`, or `None` when every
+    /// place is taken.
+    pub fn try_acquire(
+        self: &Arc<Self>,
+        policy: &Concurrency,
+        subject: &Pseudonym,
+    ) -> Option<Permit> {
+        let key = Key {
+            policy: policy.name.clone(),
+            subject: *subject,
+        };
+        let shard = self.shard_of(&key);
+        let mut map = self.lock(shard);
+        let count = map.entry(key.clone()).or_insert(0);
+        if *count >= policy.limit.get() {
+            // Never 0 here (a limit is at least 1), so no empty entry stays.
+            return None;
+        }
+        *count += 1;
+        Some(Permit {
+            table: self.clone(),
+            shard,
+            key,
+        })
+    }
+
+    /// Requests in flight under `policy` for `subject` (tests, explain).
+    pub fn count(&self, policy: &str, subject: &Pseudonym) -> u32 {
+        let key = Key {
+            policy: policy.into(),
+            subject: *subject,
+        };
+        let map = self.lock(self.shard_of(&key));
+        map.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Distinct (policy, subject) pairs with a request in flight.
+    pub fn len(&self) -> usize {
+        (0..SHARDS).map(|i| self.lock(i).len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard_of(&self, key: &Key) -> usize {
+        (self.hasher.hash_one(key.subject.digest()) as usize) % SHARDS
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<Key, u32>> {
+        // A poisoned shard only means a thread panicked between two whole
+        // counter updates: the map is still consistent.
+        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One request in flight; released when dropped.
+pub struct Permit {
+    table: Arc<InFlight>,
+    shard: usize,
+    key: Key,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut map = self.table.lock(self.shard);
+        if let Some(count) = map.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("policy", &self.key.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::subject::PseudonymKey;
+
+    fn policy(name: &str, limit: u32) -> Concurrency {
+        Concurrency {
+            name: name.into(),
+            limit: NonZeroU32::new(limit).unwrap(),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    fn subject(n: u8) -> Pseudonym {
+        PseudonymKey::new(b"k", 1).pseudonym("ip", &[n], "r")
+    }
+
+    #[test]
+    fn at_most_the_limit_and_a_dropped_permit_frees_its_place() {
+        let table = InFlight::new();
+        let p = policy("p", 2);
+        let a = table.try_acquire(&p, &subject(1)).expect("first");
+        let b = table.try_acquire(&p, &subject(1)).expect("second");
+        assert!(table.try_acquire(&p, &subject(1)).is_none());
+        // Another subject and another policy count apart.
+        let other = table.try_acquire(&p, &subject(2)).expect("another subject");
+        let q = table
+            .try_acquire(&policy("q", 1), &subject(1))
+            .expect("another policy");
+        assert_eq!(table.count("p", &subject(1)), 2);
+        drop(a);
+        assert_eq!(table.count("p", &subject(1)), 1);
+        let c = table
+            .try_acquire(&p, &subject(1))
+            .expect("a place was freed");
+        drop((b, c, other, q));
+        assert!(table.is_empty(), "entries at 0 are removed");
+    }
+
+    #[test]
+    fn a_lower_limit_after_a_reload_admits_nobody_until_below_it() {
+        let table = InFlight::new();
+        let held: Vec<Permit> = (0..3)
+            .map(|_| table.try_acquire(&policy("p", 3), &subject(1)).unwrap())
+            .collect();
+        assert!(table.try_acquire(&policy("p", 2), &subject(1)).is_none());
+        drop(held);
+        assert!(table.try_acquire(&policy("p", 2), &subject(1)).is_some());
+    }
+}

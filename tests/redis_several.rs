@@ -1,0 +1,348 @@
+//! Several limits of one request on Redis standalone: one `EVALSHA` of
+//! the script made of theirs (`lua/several.lua`), all or nothing, against
+//! a real `redis-server`; then two sidecars sharing it, end to end; and on
+//! Redis Cluster, where they are evaluated in order, one call each.
+
+mod support;
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use sluice::config::{self, Secret, Topology};
+use sluice::limit::{Bands, BucketBand, GcraBand, Outcome, Policy, WindowBand};
+use sluice::store::redis::RedisStore;
+use sluice::store::{Evaluation, EvaluationId, Outcomes};
+use sluice::subject::{Pseudonym, PseudonymKey};
+use support::redis::RedisServer;
+use support::redis_sidecar::{commandstats, redis_yaml, reset_stats, start_ready};
+use support::topology::RedisCluster;
+use support::{get, header, Upstream};
+
+const BUDGET: Duration = Duration::from_millis(500);
+const HOUR_MS: u64 = 3_600_000;
+
+async fn connect(server: &RedisServer) -> RedisStore {
+    let redis = config::RedisStore {
+        topology: Topology::Standalone {
+            url: Secret(server.url()),
+        },
+        pool_size: 2,
+        ca_file: None,
+        key_prefix: "sluice".to_owned(),
+        max_clock_regression: Duration::from_secs(1),
+        dedupe_window: Duration::from_secs(5),
+        dedupe_max: 256,
+        breaker_failures: 5,
+        breaker_cooldown: Duration::from_secs(1),
+        deny_cache_entries: 0,
+    };
+    let store = RedisStore::connect(&redis, Duration::from_secs(1), BUDGET, &[]).expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !store.ready() {
+        assert!(Instant::now() < deadline, "store never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    store
+}
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+fn window(limit: u32) -> WindowBand {
+    WindowBand {
+        limit: nz(limit),
+        window: Duration::from_millis(HOUR_MS),
+    }
+}
+
+/// Every algorithm with a quota of 3 per hour: after one admitted unit,
+/// each has exactly 2 left.
+fn every_algorithm() -> Vec<Policy> {
+    let bands = [
+        Bands::FixedWindow(vec![window(3)]),
+        Bands::SlidingCounter(vec![window(3)]),
+        Bands::SlidingLog(vec![window(3)]),
+        Bands::TokenBucket(vec![BucketBand {
+            capacity: nz(3),
+            refill_tokens: nz(1),
+            refill_every: Duration::from_millis(HOUR_MS),
+        }]),
+        Bands::Gcra(vec![GcraBand {
+            limit: nz(3),
+            window: Duration::from_millis(HOUR_MS),
+            burst: nz(3),
+        }]),
+    ];
+    bands
+        .into_iter()
+        .map(|b| Policy::new(b.algorithm().name(), "r1", b, false))
+        .collect()
+}
+
+fn subject(who: &str) -> Pseudonym {
+    PseudonymKey::new(b"several", 1).pseudonym("ip", who.as_bytes(), "signup")
+}
+
+fn evaluation<'a>(policy: &'a Policy, subject: &'a Pseudonym, id: u128) -> Evaluation<'a> {
+    Evaluation {
+        policy,
+        subject,
+        cost: 1,
+        deadline: Instant::now() + BUDGET,
+        id: EvaluationId(id),
+    }
+}
+
+async fn together(store: &RedisStore, limits: &[(&Policy, &Pseudonym)], id: u128) -> Outcomes {
+    let evaluations: Vec<Evaluation<'_>> =
+        limits.iter().map(|(p, s)| evaluation(p, s, id)).collect();
+    store.evaluate_all(&evaluations, None).await
+}
+
+fn remaining(outcome: &Outcome) -> (bool, u64) {
+    match outcome {
+        Outcome::Allowed(d) => (true, d.remaining),
+        Outcome::Denied(d) => (false, d.remaining),
+        other => panic!("no decision: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_call_admits_all_or_charges_none_for_every_algorithm() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let global = Policy::new("global", "r1", Bands::FixedWindow(vec![window(2)]), false);
+    for (n, per_client) in every_algorithm().iter().enumerate() {
+        let name = per_client.algorithm().name();
+        let (a, b) = (subject(&format!("a{n}")), subject(&format!("b{n}")));
+        let everyone = subject(&format!("everyone{n}"));
+        let id = |k: u128| (n as u128) << 64 | k;
+        // a twice: both pass, and spend the global limit.
+        for k in 0..2 {
+            let outcomes = together(&store, &[(per_client, &a), (&global, &everyone)], id(k)).await;
+            assert_eq!(outcomes.first, 0);
+            assert_eq!(outcomes.list.len(), 2, "{name}");
+            assert!(
+                outcomes.list.iter().all(|o| remaining(o).0),
+                "{name}: {outcomes:?}"
+            );
+        }
+        // b is denied by the global limit: its own limit is not charged.
+        let outcomes = together(&store, &[(per_client, &b), (&global, &everyone)], id(2)).await;
+        assert_eq!(outcomes.list.len(), 2, "{name}");
+        assert!(
+            remaining(&outcomes.list[0]).0,
+            "{name}: b's own limit passed"
+        );
+        assert!(
+            !remaining(&outcomes.list[1]).0,
+            "{name}: the global limit denied"
+        );
+        let alone = store.evaluate(&evaluation(per_client, &b, id(3))).await;
+        assert_eq!(
+            remaining(&alone),
+            (true, 2),
+            "{name}: b's quota was untouched"
+        );
+        // A limit that blocks first: the second is not even asked.
+        let spent = Policy::new("spent", "r1", Bands::FixedWindow(vec![window(1)]), false);
+        assert!(remaining(&store.evaluate(&evaluation(&spent, &b, id(4))).await).0);
+        let outcomes = together(&store, &[(&spent, &b), (per_client, &b)], id(5)).await;
+        assert_eq!(outcomes.list.len(), 1, "{name}");
+        let alone = store.evaluate(&evaluation(per_client, &b, id(6))).await;
+        assert_eq!(
+            remaining(&alone),
+            (true, 1),
+            "{name}: charged once, by id 3 only"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_call_replays_and_a_shadow_denial_blocks_nothing() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let real = Policy::new("real", "r1", Bands::FixedWindow(vec![window(5)]), false);
+    let shadow = Policy::new("shadow", "r1", Bands::FixedWindow(vec![window(1)]), true);
+    let s = subject("s");
+    // The same evaluation id twice: the second call returns the first's
+    // decisions and charges nothing.
+    let first = together(&store, &[(&real, &s), (&shadow, &s)], 7).await;
+    let again = together(&store, &[(&real, &s), (&shadow, &s)], 7).await;
+    assert_eq!(first, again);
+    assert_eq!(remaining(&first.list[0]), (true, 4));
+    // The shadow limit is spent; it denies, and the real one is charged.
+    let outcomes = together(&store, &[(&shadow, &s), (&real, &s)], 8).await;
+    assert_eq!(outcomes.list.len(), 2);
+    assert!(!remaining(&outcomes.list[0]).0);
+    assert_eq!(remaining(&outcomes.list[1]), (true, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sidecars_on_one_redis_admit_exactly_and_charge_nothing_on_denial() {
+    let server = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  per_ip: { algorithm: fixed-window, limit: 5, window: 1h }
+  everyone: { algorithm: fixed-window, limit: 12, window: 1h }
+";
+    let routes = "  - name: login
+    match: { path: /login }
+    limits:
+      - { policy: per_ip, subject: client_ip }
+      - { policy: everyone, subject: global }
+";
+    let yaml = redis_yaml(&upstream, &server.url(), policies, routes).replace(
+        "identity:\n",
+        "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
+    );
+    let sidecars = [start_ready(&yaml).await, start_ready(&yaml).await];
+    let mut conn = server.connection();
+    reset_stats(&mut conn);
+
+    // Three clients, six requests each, spread over both sidecars, all at
+    // once.
+    let clients = ["198.51.100.1", "198.51.100.2", "198.51.100.3"];
+    let mut tasks = tokio::task::JoinSet::new();
+    for (c, client) in clients.into_iter().enumerate() {
+        let addrs = [sidecars[0].addr(), sidecars[1].addr()];
+        tasks.spawn(async move {
+            let mut admitted = 0u64;
+            let mut denied_by = Vec::new();
+            for i in 0..6 {
+                let addr = addrs[(c + i) % 2];
+                let (status, _, body) = get(addr, "/login", &[("x-forwarded-for", client)]).await;
+                match status {
+                    StatusCode::OK => admitted += 1,
+                    StatusCode::TOO_MANY_REQUESTS => {
+                        let problem: Value = serde_json::from_slice(&body).unwrap();
+                        denied_by.push(problem["policy"].as_str().unwrap().to_owned());
+                    }
+                    other => panic!("{client}: {other}"),
+                }
+            }
+            (client, admitted, denied_by)
+        });
+    }
+    let mut admitted: HashMap<&str, u64> = HashMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let (client, n, denied_by) = done.unwrap();
+        assert!(n <= 5, "{client}: {n}");
+        if denied_by.iter().any(|p| p == "per_ip") {
+            assert_eq!(n, 5, "{client} denied by per_ip after {n}");
+        }
+        admitted.insert(client, n);
+    }
+    assert_eq!(admitted.values().sum::<u64>(), 12, "{admitted:?}");
+    assert_eq!(upstream.count(), 12);
+    // One EVALSHA per request that reached Redis, never two.
+    let evalsha = commandstats(&mut conn)
+        .into_iter()
+        .find(|(name, _)| name == "evalsha")
+        .map_or(0, |(_, calls)| calls);
+    assert!(evalsha <= 18, "{evalsha} EVALSHA for 18 requests");
+
+    // What each client's own limit holds in Redis: exactly what it was
+    // admitted, whatever the global limit refused it.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sluice:{per_ip:*")
+        .query(&mut conn)
+        .unwrap();
+    let mut counts: Vec<u64> = keys
+        .iter()
+        .filter(|k| !k.contains(":e:"))
+        .map(|k| {
+            redis::cmd("HGET")
+                .arg(k)
+                .arg("c1")
+                .query::<u64>(&mut conn)
+                .unwrap()
+        })
+        .collect();
+    let mut want: Vec<u64> = admitted.values().copied().filter(|n| *n > 0).collect();
+    counts.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(counts, want, "per_ip counters");
+    let everyone: Vec<String> = redis::cmd("KEYS")
+        .arg("sluice:{everyone:*")
+        .query(&mut conn)
+        .unwrap();
+    let everyone: Vec<&String> = everyone.iter().filter(|k| !k.contains(":e:")).collect();
+    assert_eq!(
+        everyone.len(),
+        1,
+        "one global bucket for the route: {everyone:?}"
+    );
+    let count: u64 = redis::cmd("HGET")
+        .arg(everyone[0])
+        .arg("c1")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(count, 12);
+
+    // RateLimit-Policy names both limits on either sidecar.
+    let (_, headers, _) = get(
+        sidecars[1].addr(),
+        "/login",
+        &[("x-forwarded-for", "203.0.113.9")],
+    )
+    .await;
+    assert_eq!(
+        header(&headers, "ratelimit-policy"),
+        Some(r#""per_ip";q=5;w=3600, "everyone";q=12;w=3600"#)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_limits_are_evaluated_in_order_one_call_each() {
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let policies = "  per_key: { algorithm: fixed-window, limit: 5, window: 1h }
+  everyone: { algorithm: fixed-window, limit: 12, window: 1h }
+";
+    let routes = "  - name: login
+    match: { path: /login }
+    limits:
+      - { policy: per_key, subject: header:X-API-Key }
+      - { policy: everyone, subject: global }
+";
+    let nodes = format!(
+        "  topology: cluster\n  nodes: {}\n  budget: 1s\n",
+        RedisCluster::yaml_list(&cluster.urls()[..1])
+    );
+    let yaml = redis_yaml(&upstream, "URL", policies, routes)
+        .replace("  url: URL\n", &nodes)
+        .replace("  budget: 50ms\n", "");
+    let sluice = start_ready(&yaml).await;
+    let mut admitted = HashMap::new();
+    for key in ["a", "b", "c"] {
+        for _ in 0..6 {
+            let (status, _, body) = get(sluice.addr(), "/login", &[("x-api-key", key)]).await;
+            match status {
+                StatusCode::OK => *admitted.entry(key).or_insert(0) += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{key}: {other} {body:?}"),
+            }
+        }
+    }
+    // Exact however the keys are spread over the slots (never CROSSSLOT):
+    // a and b stop at their own 5, c at what the route has left.
+    assert_eq!(admitted, HashMap::from([("a", 5), ("b", 5), ("c", 2)]));
+    assert_eq!(upstream.count(), 12);
+    // Not atomic, as documented: the requests of c the global limit
+    // refused had already been charged to c's own limit (its 6th request
+    // found it spent: 2 admitted, 3 refused by the global limit), so c
+    // has nothing left of it either.
+    let (status, _, body) = get(sluice.addr(), "/login", &[("x-api-key", "c")]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        problem["policy"], "per_key",
+        "c's own limit is spent: {problem}"
+    );
+}

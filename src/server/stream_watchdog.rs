@@ -24,7 +24,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -112,6 +112,7 @@ where
     Watched {
         inner: body,
         handed,
+        held: None,
         _guard: guard,
     }
     .boxed()
@@ -122,9 +123,20 @@ pin_project! {
         #[pin]
         inner: Body,
         handed: Arc<Handed>,
+        // A body error, held for `ERROR_HOLD` (see `poll_frame`).
+        held: Option<(crate::proxy::BoxError, Pin<Box<Sleep>>)>,
         _guard: G,
     }
 }
+
+/// How long a failed response body's error waits before hyper hears of it.
+/// hyper resets the stream on the error, and h2 then drops every frame of
+/// the stream it has not written yet, the response head included: without
+/// the wait, a body that breaks at once (an upstream gone right after its
+/// head) would reach the client as a bare reset instead of a head and a
+/// truncated body. The stream's frames are written by the connection's
+/// task, not this one, so no single poll can tell they are out.
+const ERROR_HOLD: Duration = Duration::from_millis(20);
 
 impl<G> http_body::Body for Watched<G> {
     type Data = Bytes;
@@ -137,13 +149,28 @@ impl<G> http_body::Body for Watched<G> {
         let this = self.project();
         // Asked again: whatever was handed before has been taken.
         this.handed.taken();
-        let polled = this.inner.poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if frame.is_data() {
-                this.handed.hand();
+        if let Some((_, hold)) = this.held {
+            ready!(hold.as_mut().poll(cx));
+            let (error, _) = this.held.take().expect("held above");
+            return Poll::Ready(Some(Err(error)));
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Err(error))) => {
+                let mut hold = Box::pin(tokio::time::sleep(ERROR_HOLD));
+                // Registers the wake-up; a new sleep is never ready.
+                let _ = hold.as_mut().poll(cx);
+                *this.held = Some((error, hold));
+                Poll::Pending
+            }
+            polled => {
+                if let Poll::Ready(Some(Ok(frame))) = &polled {
+                    if frame.is_data() {
+                        this.handed.hand();
+                    }
+                }
+                polled
             }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -394,15 +394,19 @@ mod tests {
         PseudonymKey::new(b"k", 1).pseudonym("ip", &n.to_be_bytes(), "r")
     }
 
-    fn ask(store: &MemoryStore, policy: &Policy, subject: &Pseudonym, now: Micros) -> Outcome {
-        let evaluation = Evaluation {
+    /// One unit of `policy` for `subject`.
+    fn unit<'a>(policy: &'a Policy, subject: &'a Pseudonym) -> Evaluation<'a> {
+        Evaluation {
             policy,
             subject,
             cost: 1,
             deadline: tokio::time::Instant::now(),
             id: EvaluationId(0),
-        };
-        store.evaluate_at(&evaluation, now)
+        }
+    }
+
+    fn ask(store: &MemoryStore, policy: &Policy, subject: &Pseudonym, now: Micros) -> Outcome {
+        store.evaluate_at(&unit(policy, subject), now)
     }
 
     fn allowed(outcome: Outcome) -> bool {
@@ -551,14 +555,7 @@ mod tests {
     }
 
     fn peek(store: &MemoryStore, policy: &Policy, subject: &Pseudonym, now: Micros) -> Outcome {
-        let evaluation = Evaluation {
-            policy,
-            subject,
-            cost: 1,
-            deadline: tokio::time::Instant::now(),
-            id: EvaluationId(0),
-        };
-        store.peek_at(&evaluation, now)
+        store.peek_at(&unit(policy, subject), now)
     }
 
     #[test]

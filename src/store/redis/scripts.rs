@@ -307,19 +307,26 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
     let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
     cmd.arg("EVALSHA").arg(script.sha.as_str()).arg(2u8);
     let id = hex_id(evaluation.id.0);
-    // The state key is rendered once; the record's name repeats it.
+    push_keys(&mut cmd, common, evaluation, &id);
+    cmd.arg(&id[..]).arg(evaluation.cost);
+    cmd
+}
+
+/// An evaluation's two keys: its state, then its record,
+/// `<state>:e:<id>`. The state key is rendered once; the record's name
+/// repeats it.
+fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
+    let policy = evaluation.policy;
+    // The key's length without the subject, which displays in under 64.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
     let mut state = Vec::with_capacity(key_bytes);
     write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
     cmd.arg(&state[..]);
-    {
-        let mut arg = cmd.writer_for_next_arg();
-        // Writing into the command's own buffer cannot fail.
-        let _ = arg.write_all(&state);
-        let _ = arg.write_all(b":e:");
-        let _ = arg.write_all(&id);
-    }
-    cmd.arg(&id[..]).arg(evaluation.cost);
-    cmd
+    let mut arg = cmd.writer_for_next_arg();
+    // Writing into the command's own buffer cannot fail.
+    let _ = arg.write_all(&state);
+    let _ = arg.write_all(b":e:");
+    let _ = arg.write_all(id);
 }
 
 /// `EVALSHA sha 2n state_1 record_1 … state_n record_n id cost_1 … cost_n`:
@@ -331,16 +338,7 @@ pub fn evalsha_several(script: &Script, common: &Common, evaluations: &[Evaluati
         .arg(script.sha.as_str())
         .arg(2 * evaluations.len());
     for evaluation in evaluations {
-        let policy = evaluation.policy;
-        let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
-        let mut state = Vec::with_capacity(key_bytes);
-        write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
-        cmd.arg(&state[..]);
-        let mut arg = cmd.writer_for_next_arg();
-        // Writing into the command's own buffer cannot fail.
-        let _ = arg.write_all(&state);
-        let _ = arg.write_all(b":e:");
-        let _ = arg.write_all(&id);
+        push_keys(&mut cmd, common, evaluation, &id);
     }
     cmd.arg(&id[..]);
     for evaluation in evaluations {

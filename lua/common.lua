@@ -124,7 +124,7 @@ local function replay()
   if not recorded then
     return nil
   end
-  local o, r, reset, retry, band = match(recorded, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  local o, r, reset, retry, band = match(recorded, '^(%d+):(%d+):(%d+):(%d+):(%d+):%d+$')
   if not o then
     fail('corrupt state: dedupe record')
   end
@@ -132,9 +132,12 @@ local function replay()
     tonumber(band), 1, 0}
 end
 
-local function remember(decision)
+-- `now` is the time the decision was made at: a refund (lua/refund.lua)
+-- needs it to find the window that was charged.
+local function remember(decision, now)
   redis.call('SET', record_key,
-    format('%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4], decision[5]),
+    format('%d:%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4], decision[5],
+      now),
     'PX', P_DEDUPE_WINDOW_TEXT)
 end
 

@@ -62,5 +62,5 @@ if decision[1] == 1 then
   redis.call('HSET', KEYS[1], unpack(writes))
   redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
 end
-remember(decision)
+remember(decision, now)
 return reply(decision, skew)

@@ -88,5 +88,5 @@ if decision[1] == 1 then
   end
   redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
 end
-remember(decision)
+remember(decision, now)
 return reply(decision, skew)

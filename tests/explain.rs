@@ -388,7 +388,7 @@ async fn every_algorithm_is_explained_without_charging_on_the_memory_store() {
 /// scripts need nothing more than the others.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
      +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
-     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore";
+     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test]
 async fn every_algorithm_is_explained_on_redis_by_a_user_that_may_not_eval() {

@@ -415,7 +415,7 @@ async fn metrics_after_redis_traffic_pass_promtool() {
 /// `SCRIPT LOAD` and the commands the scripts call, on the key prefix.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
      +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
-     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore";
+     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_user_that_may_not_eval_limits_exactly() {

@@ -1,12 +1,14 @@
 //! Several limits of one request on Redis standalone: one `EVALSHA` of
 //! the script made of theirs (`lua/several.lua`), all or nothing, against
 //! a real `redis-server`; then two sidecars sharing it, end to end; and on
-//! Redis Cluster, where they are evaluated in order, one call each.
+//! Redis Cluster, where they are evaluated in order, one call each, and
+//! what a later limit refused is given back.
 
 mod support;
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -18,6 +20,7 @@ use sluice::limit::{Bands, BucketBand, GcraBand, Outcome, Policy, WindowBand};
 use sluice::store::redis::RedisStore;
 use sluice::store::{Evaluation, EvaluationId, Outcomes};
 use sluice::subject::{Pseudonym, PseudonymKey};
+use support::ops::{metric, scrape};
 use support::redis::RedisServer;
 use support::redis_sidecar::{commandstats, redis_yaml, reset_stats, start_ready};
 use support::topology::RedisCluster;
@@ -27,10 +30,15 @@ const BUDGET: Duration = Duration::from_millis(500);
 const HOUR_MS: u64 = 3_600_000;
 
 async fn connect(server: &RedisServer) -> RedisStore {
+    connect_to(Topology::Standalone {
+        url: Secret(server.url()),
+    })
+    .await
+}
+
+async fn connect_to(topology: Topology) -> RedisStore {
     let redis = config::RedisStore {
-        topology: Topology::Standalone {
-            url: Secret(server.url()),
-        },
+        topology,
         pool_size: 2,
         ca_file: None,
         key_prefix: "sluice".to_owned(),
@@ -299,17 +307,84 @@ async fn two_sidecars_on_one_redis_admit_exactly_and_charge_nothing_on_denial() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_the_limits_are_evaluated_in_order_one_call_each() {
+async fn on_a_cluster_what_a_later_limit_refused_is_given_back_once_for_every_algorithm() {
+    let cluster = RedisCluster::start();
+    let nodes = cluster.urls().into_iter().map(Secret).collect();
+    let store = connect_to(Topology::Cluster { nodes }).await;
+    // One request a route-wide limit of 1 admits, then refuses: every
+    // refused request was first charged to the algorithm's own limit.
+    let blocker = Policy::new("blocker", "r1", Bands::FixedWindow(vec![window(1)]), false);
+    let mut id = 1u128;
+    for (n, policy) in every_algorithm().iter().enumerate() {
+        let name = policy.algorithm().name();
+        let client = subject(&format!("client-{n}"));
+        let route = subject(&format!("route-{n}"));
+        let limits = [(policy, &client), (&blocker, &route)];
+        id += 1;
+        let first = together(&store, &limits, id).await;
+        assert!(
+            first.list.iter().all(|o| matches!(o, Outcome::Allowed(_))),
+            "{name}: {first:?}"
+        );
+        let before = store.stats().refunded.load(Ordering::Relaxed);
+        for attempt in 0..4 {
+            id += 1;
+            let evaluations: Vec<Evaluation<'_>> =
+                limits.iter().map(|(p, s)| evaluation(p, s, id)).collect();
+            let outcomes = store.evaluate_all(&evaluations, None).await;
+            // Charged to its own limit, refused by the route's.
+            let seen: Vec<bool> = outcomes.list.iter().map(|o| remaining(o).0).collect();
+            assert_eq!(
+                seen,
+                [true, false],
+                "{name}, attempt {attempt}: {outcomes:?}"
+            );
+            store.give_back(&evaluations, &outcomes, 1).await;
+            // Sent again, the same refund gives back nothing more.
+            let unneeded = store.stats().refund_unneeded.load(Ordering::Relaxed);
+            store.give_back(&evaluations, &outcomes, 1).await;
+            assert_eq!(
+                store.stats().refund_unneeded.load(Ordering::Relaxed),
+                unneeded + 1,
+                "{name}: a refund sent twice"
+            );
+        }
+        assert_eq!(
+            store.stats().refunded.load(Ordering::Relaxed),
+            before + 4,
+            "{name}"
+        );
+        // Only the first request is still charged to the client's own
+        // quota of 3: exactly 2 more are admitted.
+        let mut admitted = 0;
+        for _ in 0..4 {
+            id += 1;
+            if remaining(&store.evaluate(&evaluation(policy, &client, id)).await).0 {
+                admitted += 1;
+            }
+        }
+        assert_eq!(
+            admitted, 2,
+            "{name}: refunds gave back exactly what was charged"
+        );
+    }
+    assert_eq!(store.stats().refund_failed.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_limits_are_evaluated_in_order_and_a_refusal_is_refunded() {
     let cluster = RedisCluster::start();
     let upstream = Upstream::start().await;
     let policies = "  per_key: { algorithm: fixed-window, limit: 5, window: 1h }
   everyone: { algorithm: fixed-window, limit: 12, window: 1h }
 ";
+    // The route-wide limit first: each request the per-key limit refuses
+    // has already been charged to it.
     let routes = "  - name: login
     match: { path: /login }
     limits:
-      - { policy: per_key, subject: header:X-API-Key }
       - { policy: everyone, subject: global }
+      - { policy: per_key, subject: header:X-API-Key }
 ";
     let nodes = format!(
         "  topology: cluster\n  nodes: {}\n  budget: 1s\n",
@@ -320,29 +395,45 @@ async fn on_a_cluster_the_limits_are_evaluated_in_order_one_call_each() {
         .replace("  budget: 50ms\n", "");
     let sluice = start_ready(&yaml).await;
     let mut admitted = HashMap::new();
+    let mut refused_by = HashMap::new();
     for key in ["a", "b", "c"] {
         for _ in 0..6 {
             let (status, _, body) = get(sluice.addr(), "/login", &[("x-api-key", key)]).await;
             match status {
                 StatusCode::OK => *admitted.entry(key).or_insert(0) += 1,
-                StatusCode::TOO_MANY_REQUESTS => {}
+                StatusCode::TOO_MANY_REQUESTS => {
+                    let problem: Value = serde_json::from_slice(&body).unwrap();
+                    let policy = problem["policy"].as_str().unwrap().to_owned();
+                    *refused_by.entry((key, policy)).or_insert(0) += 1;
+                }
                 other => panic!("{key}: {other} {body:?}"),
             }
         }
     }
     // Exact however the keys are spread over the slots (never CROSSSLOT):
-    // a and b stop at their own 5, c at what the route has left.
+    // the 6th requests of a and b, refused by their own limit, were given
+    // back to the route's, so c finds the 2 it has left. Without the
+    // refunds the route would be spent before c came.
     assert_eq!(admitted, HashMap::from([("a", 5), ("b", 5), ("c", 2)]));
     assert_eq!(upstream.count(), 12);
-    // Not atomic, as documented: the requests of c the global limit
-    // refused had already been charged to c's own limit (its 6th request
-    // found it spent: 2 admitted, 3 refused by the global limit), so c
-    // has nothing left of it either.
-    let (status, _, body) = get(sluice.addr(), "/login", &[("x-api-key", "c")]).await;
-    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    let problem: Value = serde_json::from_slice(&body).unwrap();
+    let per_key = "per_key".to_owned();
+    let everyone = "everyone".to_owned();
     assert_eq!(
-        problem["policy"], "per_key",
-        "c's own limit is spent: {problem}"
+        refused_by,
+        HashMap::from([
+            (("a", per_key.clone()), 1),
+            (("b", per_key), 1),
+            (("c", everyone), 4)
+        ])
+    );
+    let metrics = scrape(sluice.admin_addr().expect("an admin listener")).await;
+    assert_eq!(
+        metric(&metrics, "sluice_refunds_total", &[("result", "refunded")]),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "sluice_refunds_total", &[("result", "failed")]),
+        Some(0.0)
     );
 }

@@ -977,7 +977,7 @@ async fn readiness_waits_for_redis_and_the_scripts() {
 /// exactly the commands the scripts call, on the key prefix; never EVAL.
 const SLUICE_ACL: &str = "user sluice on >sluice-pw resetchannels ~sluice:* -@all \
      +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
-     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore";
+     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_eval_limits_exactly() {

@@ -175,7 +175,7 @@ async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() 
 /// plus `CLUSTER SLOTS`, which the cluster client reads its slot map from.
 const CLUSTER_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
      +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
-     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +cluster|slots";
+     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_with_a_least_privilege_user_limits_exactly() {
@@ -786,7 +786,7 @@ async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_receive
 /// checks that the node the Sentinels name really is the primary.
 const SENTINEL_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
      +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
-     +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +role";
+     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +role";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_primary_with_a_least_privilege_user_limits_exactly() {

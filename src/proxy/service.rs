@@ -258,7 +258,9 @@ impl Proxy {
                     decide(outcome, check.entry.route, policy, responses, live, &local);
                 match action {
                     Action::Respond(response) => {
-                        // Its places go back as `admitted` drops.
+                        // Its places go back as `admitted` drops; what the
+                        // limits before it were charged goes back here.
+                        self.store.give_back(&evaluations, &outcomes, at).await;
                         self.count(check.entry, check.limit, verdict, arrival);
                         return Err(response);
                     }

@@ -149,6 +149,26 @@ impl Store {
         }
     }
 
+    /// Gives back what `evaluations` before `refused` were charged by
+    /// [`Store::evaluate_all`], the request having been refused at
+    /// `refused` (by the store, or by `on_failure` when it could not
+    /// decide). Only Redis Cluster, which decides a route's limits one call
+    /// each, can have charged any: elsewhere a refused request was charged
+    /// nothing, and this returns at once.
+    pub async fn give_back(
+        &self,
+        evaluations: &[Evaluation<'_>],
+        outcomes: &Outcomes,
+        refused: usize,
+    ) {
+        match self {
+            Store::Memory(_) => {}
+            Store::Redis(store, _) => {
+                Box::pin(store.give_back(evaluations, outcomes, refused)).await
+            }
+        }
+    }
+
     /// What `evaluation` would be answered now, charging nothing and
     /// writing nothing (for `POST /explain`). The local over-limit cache
     /// is not consulted: it only repeats a denial the store would give.

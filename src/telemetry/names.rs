@@ -74,6 +74,7 @@ pub const BREAKER_OPEN: &str = "sluice_store_breaker_open";
 pub const BREAKER_OPENED: &str = "sluice_store_breaker_opened_total";
 pub const SCRIPT_LOADS: &str = "sluice_store_script_loads_total";
 pub const DEDUPE_HITS: &str = "sluice_store_dedupe_hits_total";
+pub const REFUNDS: &str = "sluice_refunds_total";
 pub const DENY_CACHE_HITS: &str = "sluice_local_deny_cache_hits_total";
 pub const STORE_FALLBACK: &str = "sluice_store_fallback";
 pub const STORE_FALLBACK_SECONDS: &str = "sluice_store_fallback_seconds_total";
@@ -108,6 +109,10 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         DEDUPE_HITS,
         "Retried evaluations answered from the recorded decision.",
+    ),
+    Metric::counter(
+        REFUNDS,
+        "Charges given back on Redis Cluster when another limit of the request refused it, by result.",
     ),
     Metric::counter(
         FORWARDED_WITHOUT_DECISION,

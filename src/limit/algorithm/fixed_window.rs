@@ -16,6 +16,7 @@ impl Spec for FixedWindow {
     const NAME: &'static str = "fixed-window";
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const LUA: &'static str = include_str!("../../../lua/fixed_window.lua");
+    const REFUND_LUA: &'static str = include_str!("../../../lua/refund/fixed_window.lua");
     type Band = WindowBand;
     type State = Vec<BandState>;
 

@@ -80,6 +80,9 @@ pub trait Spec {
     /// `lua/<name>.lua`, before `lua/common.lua` and the policy's numbers
     /// are spliced in.
     const LUA: &'static str;
+    /// `lua/refund/<name>.lua`: how `lua/refund.lua` gives back what one
+    /// admitted evaluation charged (Redis Cluster, several limits).
+    const REFUND_LUA: &'static str;
 
     type Band: Debug + Clone + PartialEq + Eq + Hash;
     /// One subject's state under every band of a policy.

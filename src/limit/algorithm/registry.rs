@@ -54,6 +54,14 @@ macro_rules! register {
                 }
             }
 
+            /// Its part of the refund script, spliced into
+            /// `lua/refund.lua`.
+            pub fn refund_lua(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::REFUND_LUA,)*
+                }
+            }
+
             /// The bands of a policy of this algorithm, each validated
             /// from its raw parameters (errors reported to `cx`).
             pub(crate) fn bands(

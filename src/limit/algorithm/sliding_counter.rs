@@ -19,6 +19,7 @@ impl Spec for SlidingCounter {
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const EXACT: bool = false;
     const LUA: &'static str = include_str!("../../../lua/sliding_counter.lua");
+    const REFUND_LUA: &'static str = include_str!("../../../lua/refund/sliding_counter.lua");
     type Band = WindowBand;
     type State = Vec<BandState>;
 

@@ -35,6 +35,7 @@ impl Spec for TokenBucket {
     const NAME: &'static str = "token-bucket";
     const PARAMETERS: &'static [&'static str] = &["capacity", "refill_tokens", "refill_every"];
     const LUA: &'static str = include_str!("../../../lua/token_bucket.lua");
+    const REFUND_LUA: &'static str = include_str!("../../../lua/refund/token_bucket.lua");
     type Band = BucketBand;
     type State = Vec<BandState>;
 

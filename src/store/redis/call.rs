@@ -284,7 +284,12 @@ impl Inner {
     }
 
     /// Loads `script` on the node that serves `key`.
-    async fn load(&self, script: &Script, conn: &mut Conn, key: &[u8]) -> Result<(), RedisError> {
+    pub(super) async fn load(
+        &self,
+        script: &Script,
+        conn: &mut Conn,
+        key: &[u8],
+    ) -> Result<(), RedisError> {
         let reply = conn.load_script(script.load_command(), key).await?;
         self.stats.script_loads.count();
         if !matches!(&reply, Value::BulkString(sha) if *sha == script.sha.as_bytes()) {
@@ -353,7 +358,7 @@ fn decided(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_))
 }
 
-fn no_script(error: &RedisError) -> bool {
+pub(super) fn no_script(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 

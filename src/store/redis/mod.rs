@@ -23,6 +23,7 @@
 mod call;
 mod connect;
 mod pool;
+mod refund;
 pub(crate) mod reply;
 mod scripts;
 mod stats;
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use crate::config;
@@ -154,21 +156,6 @@ impl RedisStore {
             outcomes.source = source;
             return outcomes;
         }
-        if !self.inner.one_call {
-            let mut outcomes = Outcomes::empty();
-            outcomes.source = Source::DenyCache;
-            for evaluation in evaluations {
-                let (outcome, source) = super::evaluate_shared(self, cache, evaluation).await;
-                outcomes.list.push(outcome);
-                if source == Source::Store {
-                    outcomes.source = Source::Store;
-                }
-                if outcome.blocks(evaluation.policy.shadow) {
-                    break;
-                }
-            }
-            return outcomes;
-        }
         // Taken before the store is asked, so a remembered denial can only
         // end early, never late.
         let asked = Instant::now();
@@ -184,6 +171,21 @@ impl RedisStore {
                 }
             }
         }
+        if self.in_order(evaluations) {
+            let mut outcomes = Outcomes::empty();
+            outcomes.source = Source::DenyCache;
+            for evaluation in evaluations {
+                let (outcome, source) = super::evaluate_shared(self, cache, evaluation).await;
+                outcomes.list.push(outcome);
+                if source == Source::Store {
+                    outcomes.source = Source::Store;
+                }
+                if outcome.blocks(evaluation.policy.shadow) {
+                    break;
+                }
+            }
+            return outcomes;
+        }
         let outcomes = self.inner.evaluate_several(evaluations).await;
         if let Some(cache) = cache {
             for (i, outcome) in outcomes.iter() {
@@ -195,13 +197,49 @@ impl RedisStore {
         outcomes
     }
 
+    /// Whether `evaluations` are decided one call each, in order: on Redis
+    /// Cluster, unless every key is in one slot (a script may only touch
+    /// keys of one slot; CROSSSLOT otherwise).
+    fn in_order(&self, evaluations: &[Evaluation<'_>]) -> bool {
+        if self.inner.one_call {
+            return false;
+        }
+        let common = self.inner.scripts.common();
+        let mut slots = evaluations
+            .iter()
+            .map(|e| Slot::for_key(scripts::state_key(common, e)));
+        let first = slots.next();
+        !slots.all(|slot| Some(slot) == first)
+    }
+
+    /// Gives back what `evaluations` before `refused` were charged, the
+    /// request having been refused there (README, "Several limits on one
+    /// route"). Only limits decided one call each, in order, can have
+    /// been charged for a request another limit refused: elsewhere this
+    /// does nothing.
+    pub async fn give_back(
+        &self,
+        evaluations: &[Evaluation<'_>],
+        outcomes: &Outcomes,
+        refused: usize,
+    ) {
+        if !self.in_order(evaluations) {
+            return;
+        }
+        let charged: SmallVec<[&Evaluation<'_>; 2]> = outcomes
+            .iter()
+            .filter(|(i, outcome)| *i < refused && matches!(outcome, Outcome::Allowed(_)))
+            .filter_map(|(i, _)| evaluations.get(i))
+            .collect();
+        if !charged.is_empty() {
+            self.inner.refund(&charged).await;
+        }
+    }
+
     /// Makes the scripts of every route's several limits, and loads those
     /// not seen before in the background, as [`RedisStore::learn`] does
     /// for policies.
     pub fn learn_routes<'r>(&self, routes: impl IntoIterator<Item = &'r Route>) {
-        if !self.inner.one_call {
-            return;
-        }
         let mut new = false;
         for route in routes {
             let policies: Vec<&Policy> = route
@@ -209,9 +247,17 @@ impl RedisStore {
                 .iter()
                 .filter_map(|l| l.policy.as_rate().map(|p| &**p))
                 .collect();
-            if policies.len() > 1 {
+            if policies.len() < 2 {
+                continue;
+            }
+            if self.inner.one_call {
                 new |= !self.inner.scripts.has_several(&policies);
                 self.inner.scripts.several(&policies);
+            } else {
+                // Cluster: what is refunded is charged by an earlier limit.
+                for policy in &policies[..policies.len() - 1] {
+                    new |= self.inner.scripts.refund(policy).1;
+                }
             }
         }
         if new {

@@ -43,6 +43,13 @@ const SEVERAL: &str = include_str!("../../../lua/several.lua");
 const LIMITS_AT: &str =
     "-- @limits (sluice splices each limit's script in here, in the route's order)\n";
 
+/// Refunds (`lua/refund.lua`), and where they take the policy's numbers
+/// and the algorithm's part.
+const REFUND: &str = include_str!("../../../lua/refund.lua");
+const LITERALS_AT: &str = "-- @literals (sluice writes the policy's numbers here)\n";
+const UNDO_AT: &str =
+    "-- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)\n";
+
 /// What makes a policy's script read-only for `POST /explain`, spliced in
 /// before `lua/common.lua` (see `lua/peek.lua`).
 const PEEK: &str = include_str!("../../../lua/peek.lua");
@@ -113,6 +120,21 @@ impl Script {
         }
     }
 
+    /// The script that gives back what one admitted evaluation of `policy`
+    /// charged (`lua/refund.lua` with the algorithm's part): KEYS, ARGV
+    /// and the command are an evaluation's own ([`evalsha`]).
+    pub fn refund_for_policy(policy: &Policy, common: &Common) -> Script {
+        let algorithm = policy.algorithm();
+        let source = REFUND
+            .replacen(LITERALS_AT, &literals(policy, common), 1)
+            .replacen(UNDO_AT, algorithm.refund_lua(), 1);
+        Script {
+            algorithm: Some(algorithm),
+            sha: redis::Script::new(&source).get_hash().to_owned(),
+            source,
+        }
+    }
+
     pub fn load_command(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(&self.source);
@@ -175,6 +197,9 @@ pub struct Scripts {
     /// The read-only scripts of `POST /explain`, made and loaded on first
     /// use only: most sidecars never explain anything.
     peeks: RwLock<HashMap<Bands, Arc<Script>>>,
+    /// The refund scripts, made for the policies of routes with several
+    /// limits on Redis Cluster only.
+    refunds: RwLock<HashMap<Bands, Arc<Script>>>,
 }
 
 impl Scripts {
@@ -184,7 +209,25 @@ impl Scripts {
             by_bands: RwLock::new(HashMap::new()),
             by_limits: RwLock::new(HashMap::new()),
             peeks: RwLock::new(HashMap::new()),
+            refunds: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// `policy`'s refund script, made on first use; `true` when this call
+    /// made it.
+    pub fn refund(&self, policy: &Policy) -> (Arc<Script>, bool) {
+        let read = self.refunds.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(script) = read.get(policy.bands()) {
+            return (script.clone(), false);
+        }
+        drop(read);
+        let mut map = self.refunds.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(script) = map.get(policy.bands()) {
+            return (script.clone(), false);
+        }
+        let script = Arc::new(Script::refund_for_policy(policy, &self.common));
+        map.insert(policy.bands().clone(), script.clone());
+        (script, true)
     }
 
     /// `policy`'s read-only script, made on first use; `true` when this
@@ -249,9 +292,11 @@ impl Scripts {
     /// Every script made so far (to load them all).
     pub fn all(&self) -> Vec<Arc<Script>> {
         let several = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
+        let refunds = self.refunds.read().unwrap_or_else(|e| e.into_inner());
         self.read()
             .values()
             .chain(several.values())
+            .chain(refunds.values())
             .cloned()
             .collect()
     }
@@ -276,6 +321,18 @@ pub struct Common {
 /// sliding log's sorted set. The braces are a Redis Cluster hash tag
 /// around the per-subject part, so the state and every evaluation's
 /// record (`<state>:e:<id>`, see `lua/common.lua`) share one slot.
+/// The state key of `evaluation`, as its command carries it.
+pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> Vec<u8> {
+    let mut key = Vec::with_capacity(common.key_prefix.len() + 128);
+    write_state_key(
+        &mut key,
+        &common.key_prefix,
+        evaluation.policy,
+        evaluation.subject,
+    );
+    key
+}
+
 fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &Pseudonym) {
     let mut pseudonym = [0u8; DISPLAY_MAX];
     let len = subject.encode(&mut pseudonym);
@@ -432,6 +489,24 @@ mod tests {
             assert!(!script.source.contains(COMMON_AT), "{name}");
             assert!(!script.source.contains("EVAL"), "scripts never nest EVAL");
             assert_eq!(script.sha.len(), 40);
+        }
+    }
+
+    #[test]
+    fn every_refund_script_carries_the_policy_and_its_algorithm_part() {
+        assert_eq!(REFUND.matches(LITERALS_AT).count(), 1);
+        assert_eq!(REFUND.matches(UNDO_AT).count(), 1);
+        for policy in policies() {
+            let script = Script::refund_for_policy(&policy, &common());
+            let name = policy.algorithm().name();
+            assert!(script.source.starts_with("#!lua\n"), "{name}");
+            assert!(
+                script.source.contains(policy.algorithm().refund_lua()),
+                "{name}"
+            );
+            assert!(script.source.contains("local P_BAND_ARGS = {"), "{name}");
+            assert!(!script.source.contains("-- @"), "{name}: a marker left");
+            assert_ne!(script.sha, Script::for_policy(&policy, &common()).sha);
         }
     }
 

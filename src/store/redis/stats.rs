@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use metrics::{Counter, Gauge};
 
 use crate::telemetry::{
-    BREAKER_OPEN, BREAKER_OPENED, DEDUPE_HITS, SCRIPT_LOADS, STORE_ERRORS, STORE_EVENTS,
+    BREAKER_OPEN, BREAKER_OPENED, DEDUPE_HITS, REFUNDS, SCRIPT_LOADS, STORE_ERRORS, STORE_EVENTS,
     STORE_RETRIES,
 };
 
@@ -24,6 +24,19 @@ pub struct RedisStats {
     pub dedupe_hits: Stat,
     /// Indeterminate attempts retried with the same evaluation id.
     pub retries: Stat,
+
+    // Refunds (`sluice_refunds_total`), on Redis Cluster: what an admitted
+    // limit charged, given back because a later limit of the request
+    // refused it.
+    /// Given back.
+    pub refunded: Stat,
+    /// Nothing to give back: the evaluation's record says it charged
+    /// nothing, or is gone (it never ran, or ran longer ago than
+    /// `dedupe_window`).
+    pub refund_unneeded: Stat,
+    /// Not known to be given back: Redis did not answer in time, or the
+    /// breaker was open. The charge may stand.
+    pub refund_failed: Stat,
 
     // Conditions recovered from (`sluice_store_events_total`), rather than
     // failed decisions.
@@ -71,11 +84,16 @@ impl RedisStats {
     pub(super) fn new() -> RedisStats {
         let event = |kind: &'static str| Stat::new(metrics::counter!(STORE_EVENTS, "kind" => kind));
         let error = |kind: &'static str| Stat::new(metrics::counter!(STORE_ERRORS, "kind" => kind));
+        let refund =
+            |result: &'static str| Stat::new(metrics::counter!(REFUNDS, "result" => result));
         RedisStats {
             warned_at: AtomicU64::new(0),
             script_loads: Stat::new(metrics::counter!(SCRIPT_LOADS)),
             dedupe_hits: Stat::new(metrics::counter!(DEDUPE_HITS)),
             retries: Stat::new(metrics::counter!(STORE_RETRIES)),
+            refunded: refund("refunded"),
+            refund_unneeded: refund("unneeded"),
+            refund_failed: refund("failed"),
             noscript: event("noscript"),
             clock_steps_absorbed: event("clock_steps_absorbed"),
             reconnects: event("reconnects"),

@@ -231,7 +231,7 @@ def markdown(result):
     out.append(
         f"**Method:** {'QUICK MODE, ' if s['quick'] else ''}{rounds} round(s) interleaved ({order}) after a "
         f"discarded warm-up; closed loop {s['closed_s']} s at {s['connections']} connections (wrk); "
-        f"open loop {s['open_s']} s at {s.get('open_rate')} req/s = 50% of {s.get('open_rate_basis')}'s warm-up "
+        f"open loop {s['open_s']} s at {s.get('open_rate')} req/s = 50% of {s.get('open_rate_basis')}'s warm-up (the slowest proxy's) "
         f"throughput (oha, latency-corrected). sluice (`server.workers: 1`) and the nginx proxy (1 worker) "
         f"run alone on CPU {result['pinning']['proxy_cpu']}; the load generator, the upstream (nginx `return 200`, "
         f"1 worker) and Redis on CPU {result['pinning']['load_upstream_redis_cpu']}. Store budget "

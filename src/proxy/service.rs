@@ -194,7 +194,10 @@ impl Proxy {
         // Places first: a local try, before any store is asked.
         for check in checks {
             if let LimitPolicy::Concurrency(policy) = &check.limit().policy {
-                match self.in_flight.try_acquire(policy, &check.subject) {
+                // Registered with the route: every concurrency limit has one.
+                let noop = metrics::Gauge::noop();
+                let gauge = check.entry.metrics.in_flight(check.limit).unwrap_or(&noop);
+                match self.in_flight.try_acquire(policy, &check.subject, gauge) {
                     Some(permit) => admitted.permits.push(permit),
                     None => {
                         self.count(

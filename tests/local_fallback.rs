@@ -293,9 +293,10 @@ async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
 
 /// Several limits decided locally are all or nothing, as on the store: a
 /// request its own per-client limit refuses after the route-wide one let
-/// it through has charged nothing of the route-wide one. The route-wide
-/// limit is listed first, so it is decided (and, without that rule,
-/// charged) before the one that refuses.
+/// it through has charged nothing of the route-wide one, and a request a
+/// fail-closed limit refuses has charged nothing of the local one before
+/// it. The limits that pass are listed first, so they are decided (and,
+/// without that rule, charged) before the one that refuses.
 #[tokio::test(flavor = "multi_thread")]
 async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_others() {
     clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
@@ -303,12 +304,19 @@ async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_o
     let upstream = Upstream::start().await;
     let policies = "  everyone: { algorithm: fixed-window, limit: 3, window: 24h }
   per_ip: { algorithm: fixed-window, limit: 2, window: 24h }
+  once: { algorithm: fixed-window, limit: 1, window: 24h }
+  closed: { algorithm: fixed-window, limit: 100, window: 24h, on_failure: deny }
 ";
     let routes = "  - name: login
     match: { path: /login }
     limits:
       - { policy: everyone, subject: global }
       - { policy: per_ip, subject: client_ip }
+  - name: mixed
+    match: { path: /mixed }
+    limits:
+      - { policy: once, subject: global }
+      - { policy: closed, subject: global }
 ";
     let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
         .replace(
@@ -322,6 +330,30 @@ async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_o
         );
     let sluice = start_on_redis(&yaml).await;
     tokio::task::block_in_place(|| redis.kill());
+
+    // A limit that fails closed refuses every request while Redis is
+    // down; the local limit before it is read, never charged, so it would
+    // still admit its one request: each answer is the 503, never a 429.
+    for _ in 0..3 {
+        let (status, _, _) = get(sluice.addr(), "/mixed", &[]).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let text = scrape(admin(&sluice)).await;
+    let mixed = |policy: &str, outcome: &str| {
+        metric(
+            &text,
+            "sluice_requests_total",
+            &[("route", "mixed"), ("policy", policy), ("outcome", outcome)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(
+        mixed("closed", "unavailable") + mixed("closed", "indeterminate"),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(mixed("once", "local_denied"), 0.0, "{text}");
+    assert_eq!(upstream.count(), 0);
 
     // A: 2 of 3 (its own limit refuses the third); B: the route's third
     // place, then nothing.

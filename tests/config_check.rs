@@ -222,6 +222,24 @@ fn check_prints_every_limit_of_a_route() {
     assert!(lines[at + 1].starts_with(' ') && lines[at + 2].starts_with(' '));
 }
 
+/// ON_FAILURE is each limit's own `on_failure`, else the store's; under
+/// `local`, the quota one sidecar enforces alone (÷ `local_share`).
+#[test]
+fn check_prints_what_each_limit_does_when_the_store_cannot_decide() {
+    let out = check(&fixture("local_fallback.yaml"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let expected = "\
+ROUTE    METHODS  PATH            SUBJECT    POLICY     LIMITS                    COST  SHADOW  ON_FAILURE            REVISION      UPGRADES
+signup   POST     exact /signup   client_ip  login      token-bucket 5 (+1/10s)   1     no      local ÷3: 1 (+1/30s)  33e121ca20c1  websocket
+                                  global     app_cap    fixed-window 100/1m       1     no      deny                  6f2c1109342c
+                                  global     in_flight  concurrency 40 in flight  1     no      -                     -
+export   *        prefix /export  client_ip  export     sliding-log 20/10s        1     no      allow                 f80a6a08791e  websocket
+health   *        exact /health   -          none       unlimited                 -     -       -                     -             websocket
+default  *        any             client_ip  login      token-bucket 5 (+1/10s)   1     no      local ÷3: 1 (+1/30s)  33e121ca20c1  websocket
+";
+    assert_eq!(text(&out.stdout), expected);
+}
+
 #[test]
 fn variables_come_from_the_environment() {
     let path = fixture("product.yaml");

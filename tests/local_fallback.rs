@@ -290,3 +290,118 @@ async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
         4.0
     );
 }
+
+/// Several limits decided locally are all or nothing, as on the store: a
+/// request its own per-client limit refuses after the route-wide one let
+/// it through has charged nothing of the route-wide one, and a request a
+/// fail-closed limit refuses has charged nothing of the local one before
+/// it. The limits that pass are listed first, so they are decided (and,
+/// without that rule, charged) before the one that refuses.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_others() {
+    clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  everyone: { algorithm: fixed-window, limit: 3, window: 24h }
+  per_ip: { algorithm: fixed-window, limit: 2, window: 24h }
+  once: { algorithm: fixed-window, limit: 1, window: 24h }
+  closed: { algorithm: fixed-window, limit: 100, window: 24h, on_failure: deny }
+";
+    let routes = "  - name: login
+    match: { path: /login }
+    limits:
+      - { policy: everyone, subject: global }
+      - { policy: per_ip, subject: client_ip }
+  - name: mixed
+    match: { path: /mixed }
+    limits:
+      - { policy: once, subject: global }
+      - { policy: closed, subject: global }
+";
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
+        .replace(
+            "  on_failure: deny\n",
+            "  on_failure: local\n  local_share: 1\n",
+        )
+        .replace("deny_cache_entries: 100000", "deny_cache_entries: 0")
+        .replace(
+            "identity:\n",
+            "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
+        );
+    let sluice = start_on_redis(&yaml).await;
+    tokio::task::block_in_place(|| redis.kill());
+
+    // A limit that fails closed refuses every request while Redis is
+    // down; the local limit before it is read, never charged, so it would
+    // still admit its one request: each answer is the 503, never a 429.
+    for _ in 0..3 {
+        let (status, _, _) = get(sluice.addr(), "/mixed", &[]).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let text = scrape(admin(&sluice)).await;
+    let mixed = |policy: &str, outcome: &str| {
+        metric(
+            &text,
+            "sluice_requests_total",
+            &[("route", "mixed"), ("policy", policy), ("outcome", outcome)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(
+        mixed("closed", "unavailable") + mixed("closed", "indeterminate"),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(mixed("once", "local_denied"), 0.0, "{text}");
+    assert_eq!(upstream.count(), 0);
+
+    // A: 2 of 3 (its own limit refuses the third); B: the route's third
+    // place, then nothing.
+    let mut answers = Vec::new();
+    for client in [
+        "198.51.100.1",
+        "198.51.100.1",
+        "198.51.100.1",
+        "198.51.100.2",
+        "198.51.100.2",
+    ] {
+        let (status, headers, _) =
+            get(sluice.addr(), "/login", &[("x-forwarded-for", client)]).await;
+        answers.push((
+            status.as_u16(),
+            header(&headers, "ratelimit").map(str::to_owned),
+        ));
+    }
+    let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses, [200, 200, 429, 200, 429], "{answers:?}");
+    assert_eq!(upstream.count(), 3);
+    // Each 429 names the limit that refused.
+    assert!(
+        answers[2]
+            .1
+            .as_deref()
+            .is_some_and(|r| r.starts_with("\"per_ip\"")),
+        "{answers:?}"
+    );
+    assert!(
+        answers[4]
+            .1
+            .as_deref()
+            .is_some_and(|r| r.starts_with("\"everyone\"")),
+        "{answers:?}"
+    );
+
+    let text = scrape(admin(&sluice)).await;
+    let counted = |policy: &str, outcome: &str| {
+        metric(
+            &text,
+            "sluice_requests_total",
+            &[("route", "login"), ("policy", policy), ("outcome", outcome)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(counted("everyone", "local_allowed"), 3.0, "{text}");
+    assert_eq!(counted("per_ip", "local_denied"), 1.0, "{text}");
+    assert_eq!(counted("everyone", "local_denied"), 1.0, "{text}");
+    assert_eq!(counted("everyone", "unavailable"), 0.0, "{text}");
+}

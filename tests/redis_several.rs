@@ -339,10 +339,10 @@ async fn on_a_cluster_what_a_later_limit_refused_is_given_back_once_for_every_al
                 [true, false],
                 "{name}, attempt {attempt}: {outcomes:?}"
             );
-            store.give_back(&evaluations, &outcomes, 1).await;
+            store.give_back(&evaluations, &outcomes).await;
             // Sent again, the same refund gives back nothing more.
             let unneeded = store.stats().refund_unneeded.load(Ordering::Relaxed);
-            store.give_back(&evaluations, &outcomes, 1).await;
+            store.give_back(&evaluations, &outcomes).await;
             assert_eq!(
                 store.stats().refund_unneeded.load(Ordering::Relaxed),
                 unneeded + 1,

@@ -263,6 +263,72 @@ async fn at_most_the_limit_is_in_flight_and_the_rest_get_503() {
     assert_eq!(counted("allowed"), Some(8.0));
 }
 
+/// `sluice_in_flight_requests{policy}` rises with each place taken and
+/// falls as each response ends; a request refused for concurrency never
+/// moves it, and no label names a subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_gauge_counts_the_places_held() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_secs(3));
+    let yaml = in_flight(
+        &upstream.url(),
+        "    policy: in_flight\n    subject: client_ip\n",
+        "",
+    );
+    let sluice = Sidecar::start(&yaml);
+    let admin = sluice.admin_addr().unwrap();
+    let gauge = |text: &str| {
+        metric(
+            text,
+            "sluice_in_flight_requests",
+            &[("policy", "in_flight")],
+        )
+    };
+    assert_eq!(
+        gauge(&scrape(admin).await),
+        Some(0.0),
+        "registered with the route, before any request"
+    );
+
+    let held: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = sluice.addr();
+            tokio::spawn(async move { get(addr, "/app/slow", &[]).await.0 })
+        })
+        .collect();
+    support::eventually(Duration::from_secs(5), || async {
+        (upstream.in_flight() == 4).then_some(())
+    })
+    .await;
+    let text = scrape(admin).await;
+    assert_eq!(gauge(&text), Some(4.0), "{text}");
+    // One series, labelled by the policy alone.
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_in_flight_requests"))
+        .collect();
+    assert_eq!(
+        series,
+        [r#"sluice_in_flight_requests{policy="in_flight"} 4"#]
+    );
+
+    // Refused for concurrency: no place, no rise.
+    assert_eq!(
+        get(sluice.addr(), "/app/x", &[]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(gauge(&scrape(admin).await), Some(4.0));
+
+    for request in held {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    // Each place is given back once its response has been written.
+    support::eventually(Duration::from_secs(5), || async {
+        (gauge(&scrape(admin).await) == Some(0.0)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_refusals_charge_no_rate_limit_and_429s_hold_no_place() {
     let upstream = Upstream::start().await;

@@ -1,28 +1,43 @@
 //! The route table `sluice check` prints: what each route matches, who it
-//! counts, and under which limits. A route with several limits takes one
-//! line per limit, the route's own columns written on the first only.
+//! counts, under which limits, and what each limit does when the store
+//! cannot decide. A route with several limits takes one line per limit,
+//! the route's own columns written on the first only.
 
-use super::Config;
+use std::num::NonZeroU32;
+
+use super::{Config, OnFailure, StoreLive};
 use crate::limit::{Bands, LimitPolicy};
 use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource};
 
-const HEADER: [&str; 10] = [
-    "ROUTE", "METHODS", "PATH", "SUBJECT", "POLICY", "LIMITS", "COST", "SHADOW", "REVISION",
+const COLUMNS: usize = 11;
+
+const HEADER: [&str; COLUMNS] = [
+    "ROUTE",
+    "METHODS",
+    "PATH",
+    "SUBJECT",
+    "POLICY",
+    "LIMITS",
+    "COST",
+    "SHADOW",
+    "ON_FAILURE",
+    "REVISION",
     "UPGRADES",
 ];
 
 pub fn route_table(config: &Config) -> String {
-    let rows: Vec<[String; 10]> = std::iter::once(HEADER.map(str::to_owned))
+    let store = &config.live.store;
+    let rows: Vec<[String; COLUMNS]> = std::iter::once(HEADER.map(str::to_owned))
         .chain(
             config
                 .live
                 .routes
                 .iter()
                 .chain(std::iter::once(&config.live.default))
-                .flat_map(rows),
+                .flat_map(|route| rows(route, store)),
         )
         .collect();
-    let mut widths = [0usize; 10];
+    let mut widths = [0usize; COLUMNS];
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -46,7 +61,7 @@ pub fn route_table(config: &Config) -> String {
     out
 }
 
-fn rows(route: &Route) -> Vec<[String; 10]> {
+fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
     let methods = if route.matcher.methods.is_empty() {
         "*".to_owned()
     } else {
@@ -70,45 +85,57 @@ fn rows(route: &Route) -> Vec<[String; 10]> {
         "-".to_owned(),
         "-".to_owned(),
         "-".to_owned(),
+        "-".to_owned(),
     ];
-    let limits: Vec<[String; 6]> = if route.limits.is_empty() {
+    let limits: Vec<[String; 7]> = if route.limits.is_empty() {
         vec![unlimited]
     } else {
-        route.limits.iter().map(limit).collect()
+        route.limits.iter().map(|l| limit(l, store)).collect()
     };
     limits
         .into_iter()
         .enumerate()
-        .map(|(i, [subject, policy, limits, cost, shadow, revision])| {
-            let own = |cell: &String| if i == 0 { cell.clone() } else { String::new() };
-            [
-                own(&route.name.to_string()),
-                own(&methods),
-                own(&path),
-                subject,
-                policy,
-                limits,
-                cost,
-                shadow,
-                revision,
-                own(&upgrades),
-            ]
-        })
+        .map(
+            |(i, [subject, policy, limits, cost, shadow, failure, revision])| {
+                let own = |cell: &String| if i == 0 { cell.clone() } else { String::new() };
+                [
+                    own(&route.name.to_string()),
+                    own(&methods),
+                    own(&path),
+                    subject,
+                    policy,
+                    limits,
+                    cost,
+                    shadow,
+                    failure,
+                    revision,
+                    own(&upgrades),
+                ]
+            },
+        )
         .collect()
 }
 
-/// SUBJECT, POLICY, LIMITS, COST, SHADOW and REVISION of one limit.
-fn limit(limit: &Limit) -> [String; 6] {
+/// SUBJECT, POLICY, LIMITS, COST, SHADOW, ON_FAILURE and REVISION of one
+/// limit.
+fn limit(limit: &Limit, store: &StoreLive) -> [String; 7] {
     let subject: Vec<String> = limit.subject.iter().map(subject).collect();
-    let (limits, shadow, revision) = match &limit.policy {
+    let (limits, shadow, failure, revision) = match &limit.policy {
         LimitPolicy::Rate(p) => (
             limits(p.bands()),
             if p.shadow { "yes" } else { "no" }.to_owned(),
+            on_failure(
+                p.failure_mode(store.on_failure),
+                p.bands(),
+                store.local_share,
+            ),
             p.revision.to_string(),
         ),
+        // Counted in this process: there is no store to fail.
         LimitPolicy::Concurrency(c) => (
             format!("concurrency {} in flight", c.limit),
             "no".to_owned(),
+            "-".to_owned(),
             "-".to_owned(),
         ),
     };
@@ -118,8 +145,18 @@ fn limit(limit: &Limit) -> [String; 6] {
         limits,
         limit.cost.to_string(),
         shadow,
+        failure,
         revision,
     ]
+}
+
+/// `deny`, `allow`, or `local ÷3: 10/1m`: the quota this sidecar enforces
+/// alone, each band divided by `local_share` as the fallback divides it.
+fn on_failure(mode: OnFailure, bands: &Bands, share: NonZeroU32) -> String {
+    match mode {
+        OnFailure::Deny | OnFailure::Allow => mode.name().to_owned(),
+        OnFailure::Local => format!("local ÷{share}: {}", band_list(&bands.shared(share))),
+    }
 }
 
 fn path(p: &PathMatch) -> String {
@@ -151,10 +188,15 @@ fn subject(s: &SubjectSource) -> String {
 /// `fixed-window 10/1s + 1000/1h`, `token-bucket 5 (+1/10s)`,
 /// `gcra 60/1m burst 10`: each band as its algorithm describes it.
 fn limits(bands: &Bands) -> String {
+    format!("{} {}", bands.algorithm().name(), band_list(bands))
+}
+
+/// Each band as its algorithm describes it, joined by ` + `.
+fn band_list(bands: &Bands) -> String {
     let each: Vec<String> = bands
         .profiles()
         .into_iter()
         .map(|b| b.description)
         .collect();
-    format!("{} {}", bands.algorithm().name(), each.join(" + "))
+    each.join(" + ")
 }

@@ -161,3 +161,30 @@ fn local_share_without_local_is_refused() {
     // A policy using `local` is enough.
     parse(&format!("{REDIS}  local_share: 3\n{POLICIES}")).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn the_route_table_shows_each_limits_failure_policy_and_local_quota() {
+    let c = parse(&format!(
+        "{REDIS}  on_failure: allow\n  local_share: 2\n{POLICIES}routes:\n  - {{ name: login, policy: login }}\n"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let table = c.route_table();
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in:\n{table}"))
+            .to_owned()
+    };
+    assert!(
+        table
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains(" ON_FAILURE ")),
+        "{table}"
+    );
+    // Its own `local`, capacity and refill divided by 2.
+    assert!(row("login").contains(" local ÷2: 2 (+1/20s) "), "{table}");
+    // The store's `allow`.
+    assert!(row("default").contains(" allow "), "{table}");
+}

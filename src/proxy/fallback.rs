@@ -16,18 +16,22 @@ use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use metrics::{Counter, Gauge};
+use smallvec::SmallVec;
 
 use super::log_budget::LogBudget;
 use super::respond;
 use crate::limit::{Incompatible, Outcome, Policy};
 use crate::store::memory::MemoryStore;
 use crate::store::memory_bound::Bound as MemoryBound;
-use crate::store::Evaluation;
+use crate::store::{Evaluation, Outcomes};
 use crate::telemetry::{STORE_FALLBACK, STORE_FALLBACKS, STORE_FALLBACK_SECONDS};
 
 /// More distinct (policy, share) pairs than any configuration has; past
 /// it (reload after reload during one outage) the list starts over.
 const MAX_POLICIES: usize = 1024;
+
+/// The local policies of a request's limits, in their order.
+pub type Locals = SmallVec<[Arc<LocalPolicy>; 2]>;
 
 /// A policy as this sidecar enforces it alone.
 #[derive(Debug)]
@@ -122,6 +126,76 @@ impl Fallback {
         (outcome, local)
     }
 
+    /// Decides a request's several limits alone, together, each policy
+    /// divided by `share`: all are admitted and charged, or the first that
+    /// blocks answers ([`Outcomes`]: up to and including it) and none is
+    /// charged, as the store would (a request refused by one limit
+    /// consumes nothing of any). Enters the fallback.
+    pub fn evaluate_all(
+        &self,
+        limits: &[(&Evaluation<'_>, &Arc<Policy>)],
+        share: NonZeroU32,
+    ) -> (Outcomes, Locals) {
+        self.enter();
+        let locals: Locals = limits.iter().map(|(_, p)| self.local(p, share)).collect();
+        // A cost no local quota admits blocks before anything is charged;
+        // the limits before it are only read, to find which blocks first.
+        let too_costly = limits
+            .iter()
+            .zip(&locals)
+            .any(|((e, _), l)| e.cost > l.policy.max_cost());
+        if too_costly {
+            let outcomes = self.peek_locals(limits, &locals);
+            return (outcomes, locals);
+        }
+        let outcomes = {
+            let evaluations: SmallVec<[Evaluation<'_>; 2]> = limits
+                .iter()
+                .zip(&locals)
+                .map(|((e, _), l)| Evaluation {
+                    policy: &l.policy,
+                    ..**e
+                })
+                .collect();
+            self.store.evaluate_all(&evaluations)
+        };
+        (outcomes, locals)
+    }
+
+    /// What [`Fallback::evaluate_all`] would answer now, charging nothing
+    /// and entering nothing: for a request another limit refuses anyway,
+    /// to find whether a local one before it refuses first.
+    pub fn peek_all(
+        &self,
+        limits: &[(&Evaluation<'_>, &Arc<Policy>)],
+        share: NonZeroU32,
+    ) -> (Outcomes, Locals) {
+        let locals: Locals = limits.iter().map(|(_, p)| self.local(p, share)).collect();
+        let outcomes = self.peek_locals(limits, &locals);
+        (outcomes, locals)
+    }
+
+    /// Each limit read in order, up to and including the first that
+    /// blocks.
+    fn peek_locals(&self, limits: &[(&Evaluation<'_>, &Arc<Policy>)], locals: &Locals) -> Outcomes {
+        let mut outcomes = Outcomes::empty();
+        for ((evaluation, _), local) in limits.iter().zip(locals) {
+            let outcome = if evaluation.cost > local.policy.max_cost() {
+                Outcome::Incompatible(Incompatible::CostAboveMaximum)
+            } else {
+                self.store.peek(&Evaluation {
+                    policy: &local.policy,
+                    ..**evaluation
+                })
+            };
+            outcomes.list.push(outcome);
+            if outcome.blocks(local.policy.shadow) {
+                break;
+            }
+        }
+        outcomes
+    }
+
     /// What [`Fallback::evaluate`] would answer now, charging nothing and
     /// entering nothing (for `POST /explain`).
     pub fn peek(
@@ -167,7 +241,9 @@ impl Fallback {
         );
     }
 
-    fn enter(&self) {
+    /// Starts deciding alone, if not already: a request of a `local` policy
+    /// the store could not decide.
+    pub fn enter(&self) {
         if self.active() {
             return;
         }
@@ -288,6 +364,106 @@ mod tests {
         assert_eq!(fallback.subjects(), 0, "the local state is dropped");
         // The next outage starts fresh, under the share in effect then.
         assert_eq!(admitted(&fallback, &p, 2, 20), 15);
+    }
+
+    fn named(name: &str, limit: u32) -> Arc<Policy> {
+        Arc::new(Policy::new(
+            name,
+            "r1",
+            Bands::FixedWindow(vec![WindowBand {
+                limit: NonZeroU32::new(limit).unwrap(),
+                window: Duration::from_secs(24 * 3600),
+            }]),
+            false,
+        ))
+    }
+
+    /// A request of `client` against a route-wide limit, then a per-client
+    /// one, decided alone (`charge`) or read: the index of the limit that
+    /// blocked, if one did.
+    fn request(
+        fallback: &Fallback,
+        [global, per_client]: [&Arc<Policy>; 2],
+        client: &[u8],
+        cost: u32,
+        charge: bool,
+    ) -> Option<usize> {
+        let key = PseudonymKey::new(b"k", 1);
+        let everyone = key.pseudonym("global", b"", "r");
+        let subject = key.pseudonym("ip", client, "r");
+        let first = Evaluation {
+            policy: global,
+            subject: &everyone,
+            cost,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0),
+        };
+        let second = Evaluation {
+            policy: per_client,
+            subject: &subject,
+            ..first
+        };
+        let limits = [(&first, global), (&second, per_client)];
+        let share = NonZeroU32::MIN;
+        let (outcomes, locals) = if charge {
+            fallback.evaluate_all(&limits, share)
+        } else {
+            fallback.peek_all(&limits, share)
+        };
+        assert_eq!(locals.len(), 2);
+        let blocked = outcomes.iter().find(|(_, o)| o.blocks(false));
+        blocked.map(|(at, _)| at)
+    }
+
+    #[test]
+    fn a_request_one_local_limit_refuses_charges_none_of_the_others() {
+        let fallback = Fallback::new(1000, Duration::ZERO);
+        let (global, per_client) = (named("everyone", 3), named("per_ip", 2));
+        let limits = [&global, &per_client];
+        // Client A: two admitted; the third passes the route-wide limit
+        // and is refused by its own, which must leave the first untouched.
+        let a: Vec<_> = (0..3)
+            .map(|_| request(&fallback, limits, b"10.0.0.1", 1, true))
+            .collect();
+        assert_eq!(a, [None, None, Some(1)]);
+        assert!(fallback.active());
+        // So client B still finds one place of three, and then none.
+        assert_eq!(request(&fallback, limits, b"10.0.0.2", 1, true), None);
+        assert_eq!(request(&fallback, limits, b"10.0.0.2", 1, true), Some(0));
+    }
+
+    #[test]
+    fn reading_several_local_limits_charges_nothing() {
+        let fallback = Fallback::new(1000, Duration::ZERO);
+        let (global, per_client) = (named("everyone", 1), named("per_ip", 1));
+        let limits = [&global, &per_client];
+        for _ in 0..3 {
+            assert_eq!(request(&fallback, limits, b"10.0.0.1", 1, false), None);
+        }
+        assert!(!fallback.active(), "reading enters nothing");
+        assert_eq!(request(&fallback, limits, b"10.0.0.1", 1, true), None);
+        assert_eq!(request(&fallback, limits, b"10.0.0.1", 1, false), Some(0));
+    }
+
+    #[test]
+    fn a_cost_no_local_quota_admits_charges_nothing_of_the_limits_before_it() {
+        let fallback = Fallback::new(1000, Duration::ZERO);
+        let (global, per_client) = (named("everyone", 5), named("per_ip", 2));
+        let limits = [&global, &per_client];
+        // Cost 3: the route-wide limit would admit it, the per-client one
+        // never can.
+        assert_eq!(request(&fallback, limits, b"10.0.0.1", 3, true), Some(1));
+        let key = PseudonymKey::new(b"k", 1);
+        let everyone = key.pseudonym("global", b"", "r");
+        let evaluation = Evaluation {
+            policy: &global,
+            subject: &everyone,
+            cost: 5,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0),
+        };
+        let (outcome, _) = fallback.evaluate(&evaluation, &global, NonZeroU32::MIN);
+        assert!(matches!(outcome, Outcome::Allowed(_)), "all 5 still there");
     }
 
     #[test]

@@ -7,13 +7,14 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Gauge, Histogram};
 
+use crate::limit::LimitPolicy;
 use crate::route::Route;
 
 use crate::telemetry::{
-    DECISION_DURATION, FORWARDED_WITHOUT_DECISION, REQUESTS, REQUESTS_REFUSED, UPSTREAM_DURATION,
-    UPSTREAM_RESPONSES,
+    DECISION_DURATION, FORWARDED_WITHOUT_DECISION, IN_FLIGHT, REQUESTS, REQUESTS_REFUSED,
+    UPSTREAM_DURATION, UPSTREAM_RESPONSES,
 };
 
 use super::verdict::{OutcomeLabel, Verdict};
@@ -26,6 +27,12 @@ pub struct RouteMetrics {
     /// limits), each indexed by [`OutcomeLabel`]: every verdict has its
     /// counter under every policy.
     requests: Box<[[Counter; OutcomeLabel::ALL.len()]]>,
+    /// Per limit of the route: requests in flight under its policy, for a
+    /// concurrency limit. Labelled by policy alone, so every route naming
+    /// the policy (and every configuration, across reloads) moves the one
+    /// series: a permit taken under an older configuration gives its
+    /// place back to the same gauge it rose.
+    in_flight: Box<[Option<Gauge>]>,
     upstream_responses: [Counter; STATUS_CLASSES.len()],
     upstream_duration: Histogram,
 }
@@ -41,8 +48,19 @@ impl RouteMetrics {
         if policies.is_empty() {
             policies.push("none".to_owned());
         }
+        let in_flight = route
+            .limits
+            .iter()
+            .map(|l| match &l.policy {
+                LimitPolicy::Concurrency(c) => {
+                    Some(metrics::gauge!(IN_FLIGHT, "policy" => c.name.to_string()))
+                }
+                LimitPolicy::Rate(_) => None,
+            })
+            .collect();
         let route = name;
         RouteMetrics {
+            in_flight,
             requests: policies
                 .into_iter()
                 .map(|policy| {
@@ -65,6 +83,12 @@ impl RouteMetrics {
         if let Some(counters) = self.requests.get(limit) {
             counters[verdict.outcome() as usize].increment(1);
         }
+    }
+
+    /// The in-flight gauge of the route's limit `limit`, when it is a
+    /// concurrency limit.
+    pub fn in_flight(&self, limit: usize) -> Option<&Gauge> {
+        self.in_flight.get(limit)?.as_ref()
     }
 
     /// Counts the response to a forwarded request (the upstream's, or

@@ -33,7 +33,7 @@ use crate::store::{Evaluation, EvaluationId, Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::{Body, Holding};
-use super::fallback::Fallback;
+use super::fallback::{Fallback, LocalPolicy};
 use super::forward::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
@@ -194,7 +194,10 @@ impl Proxy {
         // Places first: a local try, before any store is asked.
         for check in checks {
             if let LimitPolicy::Concurrency(policy) = &check.limit().policy {
-                match self.in_flight.try_acquire(policy, &check.subject) {
+                // Registered with the route: every concurrency limit has one.
+                let noop = metrics::Gauge::noop();
+                let gauge = check.entry.metrics.in_flight(check.limit).unwrap_or(&noop);
+                match self.in_flight.try_acquire(policy, &check.subject, gauge) {
                     Some(permit) => admitted.permits.push(permit),
                     None => {
                         self.count(
@@ -242,13 +245,24 @@ impl Proxy {
             let rest = undecided
                 .into_iter()
                 .flat_map(|o| (after..rated.len()).map(move |i| (i, o)));
+            // Limits left to `on_failure: local` are decided after the
+            // others, all together, so that a request one of them (or any
+            // other limit) refuses charges none of them locally.
+            let mut alone: SmallVec<[(usize, Failure); 2]> = SmallVec::new();
+            let mut refused: Option<(&Check<'r>, Verdict, Response<Body>)> = None;
             for (at, outcome) in outcomes.iter().chain(rest) {
                 let (Some(&(check, policy)), Some(evaluation)) =
                     (rated.get(at), evaluations.get(at))
                 else {
                     continue;
                 };
+                if let Some(failure) = local_failure(&outcome, policy, live) {
+                    alone.push((at, failure));
+                    continue;
+                }
                 let responses = &check.state().responses;
+                // Never reached for a local decision: those are taken out
+                // above.
                 let local = Local {
                     fallback: &self.fallback,
                     evaluation,
@@ -257,27 +271,59 @@ impl Proxy {
                 let (verdict, action) =
                     decide(outcome, check.entry.route, policy, responses, live, &local);
                 match action {
+                    // The first that refuses answers, unless a local limit
+                    // before it refuses first.
                     Action::Respond(response) => {
-                        // Its places go back as `admitted` drops; what the
-                        // limits before it were charged goes back here.
-                        self.store.give_back(&evaluations, &outcomes, at).await;
-                        self.count(check.entry, check.limit, verdict, arrival);
-                        return Err(response);
+                        refused = Some((check, verdict, response));
+                        break;
                     }
                     Action::Forward { ratelimit } => {
-                        let slot = &mut noted[check.route_at];
-                        if verdict != Verdict::Allowed && slot.is_none() {
-                            *slot = Some((check.limit, verdict));
+                        note(&mut noted, &mut admitted, check, verdict, ratelimit);
+                    }
+                }
+            }
+            if !alone.is_empty() {
+                let asked: SmallVec<[(&Evaluation<'_>, &Arc<Policy>); 2]> = alone
+                    .iter()
+                    .filter_map(|&(at, _)| Some((evaluations.get(at)?, rated.get(at)?.1)))
+                    .collect();
+                let share = live.store.local_share;
+                // Refused anyway: the local limits before the refusing one
+                // are only read, to find whether one of them refuses first.
+                let (decided_alone, locals) = if refused.is_some() {
+                    self.fallback.enter();
+                    self.fallback.peek_all(&asked, share)
+                } else {
+                    self.fallback.evaluate_all(&asked, share)
+                };
+                for (i, outcome) in decided_alone.iter() {
+                    let (Some(&(at, failure)), Some(shared)) = (alone.get(i), locals.get(i)) else {
+                        continue;
+                    };
+                    let Some(&(check, policy)) = rated.get(at) else {
+                        continue;
+                    };
+                    let responses = &check.state().responses;
+                    let (verdict, action) =
+                        local_verdict(failure, outcome, policy, shared, responses, &live.store);
+                    match action {
+                        Action::Respond(response) => {
+                            // Its places go back as `admitted` drops; what
+                            // the store charged goes back here.
+                            self.store.give_back(&evaluations, &outcomes).await;
+                            self.count(check.entry, check.limit, verdict, arrival);
+                            return Err(response);
                         }
-                        if let Some(decision) = ratelimit {
-                            let fewer =
-                                |(_, best): &(_, Decision)| decision.remaining < best.remaining;
-                            if admitted.ratelimit.as_ref().is_none_or(fewer) {
-                                admitted.ratelimit = Some((responses, decision));
-                            }
+                        Action::Forward { ratelimit } => {
+                            note(&mut noted, &mut admitted, check, verdict, ratelimit);
                         }
                     }
                 }
+            }
+            if let Some((check, verdict, response)) = refused {
+                self.store.give_back(&evaluations, &outcomes).await;
+                self.count(check.entry, check.limit, verdict, arrival);
+                return Err(response);
             }
         }
 
@@ -495,10 +541,10 @@ fn fail_closed(
     (Verdict::FailedClosed(failure), Action::Respond(response))
 }
 
-/// `on_failure: local`: this sidecar's share of the policy, decided here.
-/// A route's several limits are decided here one by one, in order: unlike
-/// the store, the local fallback does not put back what a limit charged
-/// when a later one refuses (README, "When the store is down").
+/// `on_failure: local`: this sidecar's share of the policy, decided here
+/// for this limit alone (`POST /explain` reads it without charging). A
+/// request's several local limits are decided together instead
+/// ([`Fallback::evaluate_all`], from `admit`).
 fn decide_locally(
     failure: Failure,
     policy: &Arc<Policy>,
@@ -516,6 +562,33 @@ fn decide_locally(
             .fallback
             .peek(local.evaluation, policy, store.local_share)
     };
+    local_verdict(failure, outcome, policy, &shared, responses, store)
+}
+
+/// The failure `outcome` is, when `policy` decides such alone
+/// (`on_failure: local`).
+fn local_failure(outcome: &Outcome, policy: &Policy, live: &Live) -> Option<Failure> {
+    if policy.failure_mode(live.store.on_failure) != OnFailure::Local {
+        return None;
+    }
+    match *outcome {
+        Outcome::Unavailable(reason) => Some(Failure::Unavailable(reason)),
+        Outcome::Indeterminate => Some(Failure::Indeterminate),
+        Outcome::Allowed(_) | Outcome::Denied(_) | Outcome::Incompatible(_) => None,
+    }
+}
+
+/// What the local fallback's `outcome` for `policy` (enforced as
+/// `shared`) asks of the request; `failure` is why the store did not
+/// decide.
+fn local_verdict(
+    failure: Failure,
+    outcome: Outcome,
+    policy: &Policy,
+    shared: &LocalPolicy,
+    responses: &Prepared,
+    store: &config::StoreLive,
+) -> (Verdict, Action) {
     match outcome {
         // No `RateLimit` fields: the response would pair the shared
         // policy's `RateLimit-Policy` with a count kept here alone.
@@ -533,6 +606,31 @@ fn decide_locally(
         // share could ever admit: no decision here either.
         Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => {
             fail_closed(failure, responses, store)
+        }
+    }
+}
+
+/// Notes what a limit that lets the request go on asks of it: the route's
+/// verdict, when not Allowed, from its earliest such limit (local limits
+/// are decided after the others), and the `RateLimit` fields of the rate
+/// limit with the least remaining.
+fn note<'r>(
+    noted: &mut [Option<(usize, Verdict)>],
+    admitted: &mut Admitted<'r>,
+    check: &Check<'r>,
+    verdict: Verdict,
+    ratelimit: Option<Decision>,
+) {
+    if let Some(slot) = noted.get_mut(check.route_at) {
+        let earlier = slot.is_none_or(|(limit, _)| check.limit < limit);
+        if verdict != Verdict::Allowed && earlier {
+            *slot = Some((check.limit, verdict));
+        }
+    }
+    if let Some(decision) = ratelimit {
+        let fewer = |(_, best): &(_, Decision)| decision.remaining < best.remaining;
+        if admitted.ratelimit.as_ref().is_none_or(fewer) {
+            admitted.ratelimit = Some((&check.state().responses, decision));
         }
     }
 }

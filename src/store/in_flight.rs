@@ -17,6 +17,8 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use metrics::Gauge;
+
 use crate::limit::Concurrency;
 use crate::subject::Pseudonym;
 
@@ -45,11 +47,13 @@ impl InFlight {
     }
 
     /// A place among `policy.limit` for `subject`, or `None` when every
-    /// place is taken.
+    /// place is taken. `gauge` (`sluice_in_flight_requests` of the policy)
+    /// rises with the place and falls when the permit drops.
     pub fn try_acquire(
         self: &Arc<Self>,
         policy: &Concurrency,
         subject: &Pseudonym,
+        gauge: &Gauge,
     ) -> Option<Permit> {
         let key = Key {
             policy: policy.name.clone(),
@@ -63,10 +67,13 @@ impl InFlight {
             return None;
         }
         *count += 1;
+        drop(map);
+        gauge.increment(1.0);
         Some(Permit {
             table: self.clone(),
             shard,
             key,
+            gauge: gauge.clone(),
         })
     }
 
@@ -105,17 +112,21 @@ pub struct Permit {
     table: Arc<InFlight>,
     shard: usize,
     key: Key,
+    gauge: Gauge,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut map = self.table.lock(self.shard);
-        if let Some(count) = map.get_mut(&self.key) {
-            *count -= 1;
-            if *count == 0 {
-                map.remove(&self.key);
+        {
+            let mut map = self.table.lock(self.shard);
+            if let Some(count) = map.get_mut(&self.key) {
+                *count -= 1;
+                if *count == 0 {
+                    map.remove(&self.key);
+                }
             }
         }
+        self.gauge.decrement(1.0);
     }
 }
 
@@ -151,19 +162,25 @@ mod tests {
     fn at_most_the_limit_and_a_dropped_permit_frees_its_place() {
         let table = InFlight::new();
         let p = policy("p", 2);
-        let a = table.try_acquire(&p, &subject(1)).expect("first");
-        let b = table.try_acquire(&p, &subject(1)).expect("second");
-        assert!(table.try_acquire(&p, &subject(1)).is_none());
+        let a = table
+            .try_acquire(&p, &subject(1), &Gauge::noop())
+            .expect("first");
+        let b = table
+            .try_acquire(&p, &subject(1), &Gauge::noop())
+            .expect("second");
+        assert!(table.try_acquire(&p, &subject(1), &Gauge::noop()).is_none());
         // Another subject and another policy count apart.
-        let other = table.try_acquire(&p, &subject(2)).expect("another subject");
+        let other = table
+            .try_acquire(&p, &subject(2), &Gauge::noop())
+            .expect("another subject");
         let q = table
-            .try_acquire(&policy("q", 1), &subject(1))
+            .try_acquire(&policy("q", 1), &subject(1), &Gauge::noop())
             .expect("another policy");
         assert_eq!(table.count("p", &subject(1)), 2);
         drop(a);
         assert_eq!(table.count("p", &subject(1)), 1);
         let c = table
-            .try_acquire(&p, &subject(1))
+            .try_acquire(&p, &subject(1), &Gauge::noop())
             .expect("a place was freed");
         drop((b, c, other, q));
         assert!(table.is_empty(), "entries at 0 are removed");
@@ -173,10 +190,18 @@ mod tests {
     fn a_lower_limit_after_a_reload_admits_nobody_until_below_it() {
         let table = InFlight::new();
         let held: Vec<Permit> = (0..3)
-            .map(|_| table.try_acquire(&policy("p", 3), &subject(1)).unwrap())
+            .map(|_| {
+                table
+                    .try_acquire(&policy("p", 3), &subject(1), &Gauge::noop())
+                    .unwrap()
+            })
             .collect();
-        assert!(table.try_acquire(&policy("p", 2), &subject(1)).is_none());
+        assert!(table
+            .try_acquire(&policy("p", 2), &subject(1), &Gauge::noop())
+            .is_none());
         drop(held);
-        assert!(table.try_acquire(&policy("p", 2), &subject(1)).is_some());
+        assert!(table
+            .try_acquire(&policy("p", 2), &subject(1), &Gauge::noop())
+            .is_some());
     }
 }

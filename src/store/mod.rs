@@ -149,23 +149,16 @@ impl Store {
         }
     }
 
-    /// Gives back what `evaluations` before `refused` were charged by
-    /// [`Store::evaluate_all`], the request having been refused at
-    /// `refused` (by the store, or by `on_failure` when it could not
-    /// decide). Only Redis Cluster, which decides a route's limits one call
-    /// each, can have charged any: elsewhere a refused request was charged
-    /// nothing, and this returns at once.
-    pub async fn give_back(
-        &self,
-        evaluations: &[Evaluation<'_>],
-        outcomes: &Outcomes,
-        refused: usize,
-    ) {
+    /// Gives back what [`Store::evaluate_all`] charged for `evaluations`,
+    /// the request having been refused (by one of its limits, or by
+    /// `on_failure` where the store could not decide). Only Redis Cluster,
+    /// which decides a route's limits one call each, can have charged any:
+    /// elsewhere a refused request was charged nothing, and this returns
+    /// at once.
+    pub async fn give_back(&self, evaluations: &[Evaluation<'_>], outcomes: &Outcomes) {
         match self {
             Store::Memory(_) => {}
-            Store::Redis(store, _) => {
-                Box::pin(store.give_back(evaluations, outcomes, refused)).await
-            }
+            Store::Redis(store, _) => Box::pin(store.give_back(evaluations, outcomes)).await,
         }
     }
 

@@ -212,23 +212,18 @@ impl RedisStore {
         !slots.all(|slot| Some(slot) == first)
     }
 
-    /// Gives back what `evaluations` before `refused` were charged, the
-    /// request having been refused there (README, "Several limits on one
-    /// route"). Only limits decided one call each, in order, can have
-    /// been charged for a request another limit refused: elsewhere this
+    /// Gives back what `evaluations` were charged, the request having been
+    /// refused (README, "Several limits on one route"): every limit the
+    /// store admitted. Only limits decided one call each, in order, can
+    /// have been charged for a request that was refused: elsewhere this
     /// does nothing.
-    pub async fn give_back(
-        &self,
-        evaluations: &[Evaluation<'_>],
-        outcomes: &Outcomes,
-        refused: usize,
-    ) {
+    pub async fn give_back(&self, evaluations: &[Evaluation<'_>], outcomes: &Outcomes) {
         if !self.in_order(evaluations) {
             return;
         }
         let charged: SmallVec<[&Evaluation<'_>; 2]> = outcomes
             .iter()
-            .filter(|(i, outcome)| *i < refused && matches!(outcome, Outcome::Allowed(_)))
+            .filter(|(_, outcome)| matches!(outcome, Outcome::Allowed(_)))
             .filter_map(|(i, _)| evaluations.get(i))
             .collect();
         if !charged.is_empty() {

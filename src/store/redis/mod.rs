@@ -214,16 +214,17 @@ impl RedisStore {
 
     /// Gives back what `evaluations` were charged, the request having been
     /// refused (README, "Several limits on one route"): every limit the
-    /// store admitted. Only limits decided one call each, in order, can
-    /// have been charged for a request that was refused: elsewhere this
-    /// does nothing.
+    /// store admitted, and every limit whose call got no confirmed reply
+    /// (Indeterminate: its record says whether it ran). Only limits decided
+    /// one call each, in order, can have been charged for a request that
+    /// was refused: elsewhere this does nothing.
     pub async fn give_back(&self, evaluations: &[Evaluation<'_>], outcomes: &Outcomes) {
         if !self.in_order(evaluations) {
             return;
         }
         let charged: SmallVec<[&Evaluation<'_>; 2]> = outcomes
             .iter()
-            .filter(|(_, outcome)| matches!(outcome, Outcome::Allowed(_)))
+            .filter(|(_, outcome)| matches!(outcome, Outcome::Allowed(_) | Outcome::Indeterminate))
             .filter_map(|(i, _)| evaluations.get(i))
             .collect();
         if !charged.is_empty() {

@@ -28,6 +28,75 @@ local function whole(raw, min)
   return nil
 end
 
+-- Compact state (every script but the sliding log's): a subject's state is
+-- one string, its numbers joined by ':' in a fixed order, `t` (the last
+-- write, us) first, then each band's numbers, band after band. One GET reads
+-- it and one SET ... PX writes it with its TTL.
+--
+-- The pattern that reads `n` numbers in one match (one capture each; nil
+-- past Lua's 32 captures) and the format that writes them in one call.
+local function state_shape(per_band)
+  local n = 1 + P_BANDS * per_band
+  local pattern
+  if n <= 32 then
+    pattern = '^(%d+)' .. string.rep(':(%d+)', n - 1) .. '$'
+  end
+  return pattern, '%d' .. string.rep(':%d', n - 1), n
+end
+
+-- The state as a string of numbers of any length (the rare path): one
+-- written with another number of bands (a policy whose explicit revision
+-- kept its counters across a change of bands) or too long for one
+-- pattern. Its first `n` numbers, as text; bands it lacks start afresh, as
+-- missing fields of a hash once did.
+local function state_any(raw, per_band, n)
+  if (not match(raw, '^%d+$') and not match(raw, '^%d+:[%d:]*%d$'))
+    or string.find(raw, '::', 1, true) then
+    fail('corrupt state')
+  end
+  local state, k = {}, 0
+  for v in string.gmatch(raw, '%d+') do
+    k = k + 1
+    if k <= n then
+      state[k] = v
+    end
+  end
+  if (k - 1) % per_band ~= 0 then
+    fail('corrupt state')
+  end
+  return state
+end
+
+-- The subject's state: its numbers, `t` first, each validated (an integer
+-- in [0, 2^53 - 1]), or an empty table when it has none. Anything else is
+-- refused before a single write, so a corrupt key is reported rather than
+-- half-updated. The pattern admits digits only, so `v + 0` converts each
+-- without a call to tonumber.
+local function read_state(pattern, per_band, n)
+  local raw = redis.call('GET', KEYS[1])
+  if not raw then
+    return {}
+  end
+  local state = pattern and {match(raw, pattern)} or {}
+  if not state[1] then
+    state = state_any(raw, per_band, n)
+  end
+  for i = 1, #state do
+    local v = state[i] + 0
+    if v > MAX_EXACT then
+      fail('corrupt state')
+    end
+    state[i] = v
+  end
+  return state
+end
+
+-- Writes the state's `n` numbers (integers, '%d'-exact) with its TTL, in
+-- one command.
+local function write_state(state, fmt, n)
+  redis.call('SET', KEYS[1], format(fmt, unpack(state, 1, n)), 'PX', P_TTL_TEXT)
+end
+
 local function int_arg(index, min)
   return whole(ARGV[index], min) or fail('ARGV[' .. index .. '] is not an integer in range')
 end

@@ -16,6 +16,7 @@ impl Spec for FixedWindow {
     const NAME: &'static str = "fixed-window";
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const LUA: &'static str = include_str!("../../../lua/fixed_window.lua");
+    const STATE_MARK: &'static str = "fw1";
     type Band = WindowBand;
     type State = Vec<BandState>;
 

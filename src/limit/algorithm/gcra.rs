@@ -42,6 +42,7 @@ impl Spec for Gcra {
     const NAME: &'static str = "gcra";
     const PARAMETERS: &'static [&'static str] = &["limit", "window", "burst"];
     const LUA: &'static str = include_str!("../../../lua/gcra.lua");
+    const STATE_MARK: &'static str = "gc1";
     type Band = GcraBand;
     type State = Vec<BandState>;
 

@@ -80,6 +80,12 @@ pub trait Spec {
     /// `lua/<name>.lua`, before `lua/common.lua` and the policy's numbers
     /// are spliced in.
     const LUA: &'static str;
+    /// What the state key carries before the subject's pseudonym: the
+    /// format of the state its script keeps there (`lua/README.md`,
+    /// "KEYS"), empty for none. A new format takes a new mark, so a key
+    /// written in the old one is never read (it expires with its TTL), and
+    /// two algorithms never read each other's state under one revision.
+    const STATE_MARK: &'static str;
 
     type Band: Debug + Clone + PartialEq + Eq + Hash;
     /// One subject's state under every band of a policy.

@@ -54,6 +54,14 @@ macro_rules! register {
                 }
             }
 
+            /// What its state key carries before the pseudonym
+            /// ([`Spec::STATE_MARK`]).
+            pub fn state_mark(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::STATE_MARK,)*
+                }
+            }
+
             /// The bands of a policy of this algorithm, each validated
             /// from its raw parameters (errors reported to `cx`).
             pub(crate) fn bands(

@@ -19,6 +19,7 @@ impl Spec for SlidingCounter {
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const EXACT: bool = false;
     const LUA: &'static str = include_str!("../../../lua/sliding_counter.lua");
+    const STATE_MARK: &'static str = "sc1";
     type Band = WindowBand;
     type State = Vec<BandState>;
 

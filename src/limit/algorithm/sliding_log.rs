@@ -25,6 +25,7 @@ impl Spec for SlidingLog {
     const NAME: &'static str = "sliding-log";
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const LUA: &'static str = include_str!("../../../lua/sliding_log.lua");
+    const STATE_MARK: &'static str = "";
     type Band = WindowBand;
     type State = Log;
 

@@ -35,6 +35,7 @@ impl Spec for TokenBucket {
     const NAME: &'static str = "token-bucket";
     const PARAMETERS: &'static [&'static str] = &["capacity", "refill_tokens", "refill_every"];
     const LUA: &'static str = include_str!("../../../lua/token_bucket.lua");
+    const STATE_MARK: &'static str = "tb1";
     type Band = BucketBand;
     type State = Vec<BandState>;
 

@@ -272,13 +272,17 @@ pub struct Common {
     pub dedupe_window: Duration,
 }
 
-/// The state key of one (policy, revision, subject): a hash, or the
-/// sliding log's sorted set. The braces are a Redis Cluster hash tag
-/// around the per-subject part, so the state and every evaluation's
-/// record (`<state>:e:<id>`, see `lua/common.lua`) share one slot.
+/// The state key of one (policy, revision, subject):
+/// `{prefix}:{<policy>:<revision>:<mark>:<pseudonym>}`, the mark naming
+/// the format of the state kept there (a string of numbers; none for the
+/// sliding log's sorted set, whose key has no mark). The braces are a
+/// Redis Cluster hash tag around the per-subject part, so the state and
+/// every evaluation's record (`<state>:e:<id>`, see `lua/common.lua`)
+/// share one slot.
 fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &Pseudonym) {
     let mut pseudonym = [0u8; DISPLAY_MAX];
     let len = subject.encode(&mut pseudonym);
+    let mark = policy.algorithm().state_mark();
     for part in [
         prefix.as_bytes(),
         b":{",
@@ -286,11 +290,15 @@ fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &P
         b":",
         policy.revision.as_bytes(),
         b":",
-        &pseudonym[..len],
-        b"}",
     ] {
         out.extend_from_slice(part);
     }
+    if !mark.is_empty() {
+        out.extend_from_slice(mark.as_bytes());
+        out.push(b':');
+    }
+    out.extend_from_slice(&pseudonym[..len]);
+    out.push(b'}');
 }
 
 /// Bytes reserved up front for one command: the fixed words, the SHA-1, the
@@ -302,8 +310,9 @@ const CMD_BYTES: usize = 192;
 /// `<state>:e:<id>`.
 pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
+    // The key's length without the subject, which displays in under 64,
+    // and its mark.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
     let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
     cmd.arg("EVALSHA").arg(script.sha.as_str()).arg(2u8);
     let id = hex_id(evaluation.id.0);
@@ -317,8 +326,9 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
 /// repeats it.
 fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
     let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
+    // The key's length without the subject, which displays in under 64,
+    // and its mark.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
     let mut state = Vec::with_capacity(key_bytes);
     write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
     cmd.arg(&state[..]);
@@ -515,6 +525,18 @@ mod tests {
         assert_ne!(scripts.get(&changed).sha, first.sha);
     }
 
+    /// The state key's mark and its separator, as the scripts' formats
+    /// name them.
+    fn mark(policy: &Policy) -> &'static str {
+        match policy.algorithm() {
+            Algorithm::FixedWindow => "fw1:",
+            Algorithm::SlidingCounter => "sc1:",
+            Algorithm::TokenBucket => "tb1:",
+            Algorithm::Gcra => "gc1:",
+            Algorithm::SlidingLog => "",
+        }
+    }
+
     fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|arg| match arg {
@@ -537,7 +559,12 @@ mod tests {
                 id: EvaluationId(0xab),
             };
             let sent = args(&evalsha(&script, &common(), &evaluation));
-            let state = format!("sl:{{{}:{}:{subject}}}", policy.name, policy.revision);
+            let state = format!(
+                "sl:{{{}:{}:{}{subject}}}",
+                policy.name,
+                policy.revision,
+                mark(&policy)
+            );
             let id = format!("{:032x}", 0xab);
             assert_eq!(
                 sent,
@@ -595,7 +622,8 @@ mod tests {
         let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
         let sent = args(&evalsha_several(&several, &common(), &evaluations));
         let id = format!("{:032x}", 0xab);
-        let key = |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{s}}}", p.name, p.revision);
+        let key =
+            |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{}{s}}}", p.name, p.revision, mark(p));
         let (ka, kb) = (key(&policies[0], &a), key(&policies[4], &b));
         assert_eq!(
             sent,

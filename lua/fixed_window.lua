@@ -15,13 +15,13 @@ end
 
 -- State, one string: `t:s1:c1:s2:c2...`; t = last write (us), s<b> =
 -- window start, c<b> = count.
-local pattern, fmt, n = state_shape(2)
+local per_band = 2
 local replayed = replay()
 if replayed then
   return replayed
 end
 
-local state = read_state(pattern, 2, n)
+-- @state (lua/state.lua is spliced in here)
 local now, skew = decision_time(state[1] or 0)
 if not now then
   return clock_unsafe(skew)
@@ -50,7 +50,8 @@ end
 local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
 if decision[1] == 1 then
-  write_state(state, fmt, n)
+  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+    'PX', P_TTL_TEXT)
 end
 remember(decision, now)
 return reply(decision, skew)

@@ -23,13 +23,13 @@ end
 
 -- State, one string: `t:a1:a2...`; t = last write (us), a<b> = theoretical
 -- arrival time (us).
-local pattern, fmt, n = state_shape(1)
+local per_band = 1
 local replayed = replay()
 if replayed then
   return replayed
 end
 
-local state = read_state(pattern, 1, n)
+-- @state (lua/state.lua is spliced in here)
 local now, skew = decision_time(state[1] or 0)
 if not now then
   return clock_unsafe(skew)
@@ -55,7 +55,8 @@ end
 local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
 if decision[1] == 1 then
-  write_state(state, fmt, n)
+  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+    'PX', P_TTL_TEXT)
 end
 remember(decision, now)
 return reply(decision, skew)

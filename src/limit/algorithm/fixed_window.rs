@@ -17,6 +17,7 @@ impl Spec for FixedWindow {
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const LUA: &'static str = include_str!("../../../lua/fixed_window.lua");
     const STATE_MARK: &'static str = "fw1";
+    const STATE_NUMBERS: usize = 2;
     type Band = WindowBand;
     type State = Vec<BandState>;
 

@@ -86,6 +86,10 @@ pub trait Spec {
     /// written in the old one is never read (it expires with its TTL), and
     /// two algorithms never read each other's state under one revision.
     const STATE_MARK: &'static str;
+    /// How many numbers each band keeps in the compact state, a string of
+    /// numbers (`lua/state.lua`); 0 for a script that keeps no such state.
+    /// The script says the same (`local per_band = …`; a unit test checks).
+    const STATE_NUMBERS: usize;
 
     type Band: Debug + Clone + PartialEq + Eq + Hash;
     /// One subject's state under every band of a policy.

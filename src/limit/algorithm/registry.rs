@@ -62,6 +62,14 @@ macro_rules! register {
                 }
             }
 
+            /// How many numbers a band keeps in its compact state
+            /// ([`Spec::STATE_NUMBERS`]).
+            pub fn state_numbers(self) -> usize {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::STATE_NUMBERS,)*
+                }
+            }
+
             /// The bands of a policy of this algorithm, each validated
             /// from its raw parameters (errors reported to `cx`).
             pub(crate) fn bands(

@@ -38,6 +38,11 @@ pub struct Script {
 /// Where an algorithm's script takes the shared part (`lua/common.lua`).
 const COMMON_AT: &str = "-- @common (lua/common.lua is spliced in here)\n";
 const COMMON: &str = include_str!("../../../lua/common.lua");
+/// Where a script keeping a compact state reads it (`lua/state.lua`).
+const STATE_AT: &str = "-- @state (lua/state.lua is spliced in here)\n";
+const STATE: &str = include_str!("../../../lua/state.lua");
+/// Lua's limit on one pattern's captures.
+const MAX_CAPTURES: usize = 32;
 /// Several limits in one call, and where it takes each limit's script.
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
 const LIMITS_AT: &str =
@@ -75,7 +80,9 @@ impl Script {
         spliced.push_str(COMMON);
         // Every embedded file has the marker once (a unit test checks); a
         // file without it would be sent as is and fail its own tests.
-        let mut source = file.replacen(COMMON_AT, &spliced, 1);
+        let mut source = file
+            .replacen(STATE_AT, STATE, 1)
+            .replacen(COMMON_AT, &spliced, 1);
         if peek {
             // Every file starts with the plain shebang (a unit test checks).
             source = source.replacen(SHEBANG, SHEBANG_NO_WRITES, 1);
@@ -148,6 +155,22 @@ fn literals(policy: &Policy, common: &Common) -> String {
         .collect();
     let list: Vec<String> = args.iter().map(u64::to_string).collect();
     let _ = writeln!(out, "local P_BAND_ARGS = {{{}}}", list.join(", "));
+    let per_band = policy.algorithm().state_numbers();
+    if per_band > 0 {
+        // The compact state's pattern (one capture per number; `false`
+        // past Lua's limit, read by the general path) and format.
+        let n = 1 + bands.len() * per_band;
+        let pattern = if n <= MAX_CAPTURES {
+            format!("'^(%d+){}$'", ":(%d+)".repeat(n - 1))
+        } else {
+            "false".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "local P_STATE_PATTERN, P_STATE_FORMAT = {pattern}, '%d{}'",
+            ":%d".repeat(n - 1)
+        );
+    }
     out
 }
 
@@ -433,6 +456,26 @@ mod tests {
         for &algorithm in Algorithm::ALL {
             let file = algorithm.lua();
             assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
+            // A compact state's script reads it once, with as many numbers
+            // per band as Rust compiles its pattern for.
+            let per_band = algorithm.state_numbers();
+            let (reads, declared) = if per_band > 0 {
+                (1, format!("\nlocal per_band = {per_band}\n"))
+            } else {
+                (0, "\nlocal per_band".to_owned())
+            };
+            assert_eq!(
+                file.matches(STATE_AT).count(),
+                reads,
+                "{}",
+                algorithm.name()
+            );
+            assert_eq!(
+                file.contains(&declared),
+                per_band > 0,
+                "{}",
+                algorithm.name()
+            );
         }
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
@@ -488,10 +531,31 @@ mod tests {
         ] {
             assert!(fixed.source.contains(line), "{line} not in the script");
         }
+        assert!(fixed.source.contains(
+            "local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+):(%d+):(%d+):(%d+)$', \
+             '%d:%d:%d:%d:%d'"
+        ));
+        assert!(fixed.source.contains(STATE) && !fixed.source.contains(STATE_AT));
         let gcra = Script::for_policy(&policies[4], &common());
         assert!(gcra
             .source
             .contains("local P_BAND_ARGS = {60, 60000000, 10}"));
+        assert!(gcra
+            .source
+            .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)$', '%d:%d'"));
+        let log = Script::for_policy(&policies[2], &common());
+        assert!(!log.source.contains("P_STATE_") && !log.source.contains(STATE));
+        // Past Lua's 32 captures, the general path reads the state.
+        let many = Policy::new(
+            "many",
+            "r",
+            Bands::SlidingCounter((1..=11).map(|i| window(i, 1)).collect()),
+            false,
+        );
+        let many = Script::for_policy(&many, &common());
+        assert!(many
+            .source
+            .contains("local P_STATE_PATTERN, P_STATE_FORMAT = false, '%d"));
         // Another store setting is another script.
         let other = Common {
             dedupe_window: Duration::from_secs(1),

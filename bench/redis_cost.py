@@ -173,10 +173,14 @@ def fresh(args, many):
     subjects, a fresh subject too."""
     out = list(args)
     numkeys = int(out[2])
-    if many:
-        for k in range(3, 3 + numkeys):
+    fresh_id = "0" * 20 + "__rand_int__"
+    for k in range(3, 3 + numkeys):
+        if many:
             out[k] = re.sub(r"v1:[^}]*\}", "v1:__rand_int__}", out[k])
-    out[3 + numkeys] = "0" * 20 + "__rand_int__"
+        # The record's key names the id too: a captured one would be found
+        # on every call after the first, and replayed.
+        out[k] = re.sub(r":e:[0-9a-f]{32}$", ":e:" + fresh_id, out[k])
+    out[3 + numkeys] = fresh_id
     return out
 
 

@@ -5,8 +5,7 @@
 
 -- @common (lua/common.lua is spliced in here)
 
--- One key, the subject's hash: state and remembered ids alike. Per band:
--- limit, window_us, burst.
+-- Per band: limit, window_us, burst.
 local args = band_args(2, 3)
 local interval, tolerance = {}, {}
 for b = 1, bands do
@@ -22,28 +21,26 @@ for b = 1, bands do
   end
 end
 
--- State: t = last write (us); a<b> = theoretical arrival time (us).
+-- State, one string: `t:a1:a2...`; t = last write (us), a<b> = theoretical
+-- arrival time (us).
+local per_band = 1
 local replayed = replay()
 if replayed then
   return replayed
 end
 
-local fields = {'t'}
-local first = 1
-for b = 1, bands do
-  fields[first + b] = format('a%d', b)
-end
-local state = redis.call('HMGET', KEYS[1], unpack(fields))
-local now, skew = decision_time(stored(state[first], 't') or 0)
+-- @state (lua/state.lua is spliced in here)
+local now, skew = decision_time(state[1] or 0)
 if not now then
   return clock_unsafe(skew)
 end
-local now_text = format('%d', now)
 
-local verdicts, writes = {}, {'t', now_text}
+-- The new state is written over the old, in place, in order.
+state[1] = now
+local verdicts = {}
 for b = 1, bands do
   local t, tau = interval[b], tolerance[b]
-  local tat0 = math.max(stored(state[first + b], fields[first + b]) or now, now)
+  local tat0 = math.max(state[1 + b] or now, now)
   local new_tat = tat0 + cost * t
   local allowed = new_tat - now <= tau
   if allowed then
@@ -52,15 +49,14 @@ for b = 1, bands do
     verdicts[b] = {false, math.floor(math.max(tau - (tat0 - now), 0) / t), tat0 - now,
       new_tat - now - tau}
   end
-  writes[2 * b + 1] = fields[first + b]
-  writes[2 * b + 2] = format('%d', new_tat)
+  state[1 + b] = new_tat
 end
 
 local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
 if decision[1] == 1 then
-  redis.call('HSET', KEYS[1], unpack(writes))
-  redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
+  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+    'PX', P_TTL_TEXT)
 end
 remember(decision, now)
 return reply(decision, skew)

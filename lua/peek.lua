@@ -6,8 +6,7 @@
 -- `no-writes`, so Redis itself would refuse a write that got through.
 local redis = (function(server)
   local call = server.call
-  local reads = {TIME = true, GET = true, HMGET = true, ZRANGE = true, ZCOUNT = true,
-    ZRANGEBYSCORE = true}
+  local reads = {TIME = true, GET = true, ZRANGE = true, ZCOUNT = true, ZRANGEBYSCORE = true}
   return {call = function(command, ...)
     if reads[command] then
       return call(command, ...)

@@ -57,6 +57,26 @@ local function stored(raw)
   return nil
 end
 
+-- The compact state (every algorithm but the sliding log keeps one string
+-- of numbers, `t` first, then each band's: lua/README.md, "State"), as a
+-- list of its numbers as text, or nil when the key is gone; and written
+-- back whole, its TTL kept.
+local function read_numbers()
+  local raw = redis.call('GET', KEYS[1])
+  if not raw then
+    return nil
+  end
+  local numbers = {}
+  for v in string.gmatch(raw, '[^:]+') do
+    numbers[#numbers + 1] = v
+  end
+  return numbers
+end
+
+local function write_numbers(numbers)
+  redis.call('SET', KEYS[1], table.concat(numbers, ':'), 'KEEPTTL')
+end
+
 -- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)
 
 redis.call('SET', KEYS[2], '0' .. rest .. format('%d', at), 'KEEPTTL')

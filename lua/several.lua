@@ -10,8 +10,9 @@
 -- Deferring changes no decision: no script reads a key after writing it,
 -- and the limits' keys are distinct.
 local call, unpack = redis.call, unpack
--- The commands the limit scripts write with; every other one only reads.
-local WRITES = {HSET = true, PEXPIRE = true, SET = true, ZADD = true, ZREMRANGEBYSCORE = true}
+-- The commands the limit scripts write with (a state's and a record's SET,
+-- with their PX, queued whole); every other one only reads.
+local WRITES = {PEXPIRE = true, SET = true, ZADD = true, ZREMRANGEBYSCORE = true}
 
 local function deferring(queue)
   return {call = function(command, ...)

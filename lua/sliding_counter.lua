@@ -5,8 +5,7 @@
 
 -- @common (lua/common.lua is spliced in here)
 
--- One key, the subject's hash: state and remembered ids alike. Per band:
--- limit, window_us (a whole number of milliseconds).
+-- Per band: limit, window_us (a whole number of milliseconds).
 local args = band_args(2, 2)
 for b = 1, bands do
   local limit, w = args[2 * b - 1], args[2 * b]
@@ -22,33 +21,29 @@ for b = 1, bands do
   end
 end
 
--- State: t = last write (us); s<b> = window start, c<b> = current window's
--- count, p<b> = previous window's count.
+-- State, one string: `t:s1:c1:p1:s2:c2:p2...`; t = last write (us), s<b> =
+-- window start, c<b> = current window's count, p<b> = previous window's
+-- count.
+local per_band = 3
 local replayed = replay()
 if replayed then
   return replayed
 end
 
-local fields = {'t'}
-local first = 1
-for b = 1, bands do
-  fields[first + 3 * b - 2] = format('s%d', b)
-  fields[first + 3 * b - 1] = format('c%d', b)
-  fields[first + 3 * b] = format('p%d', b)
-end
-local state = redis.call('HMGET', KEYS[1], unpack(fields))
-local now, skew = decision_time(stored(state[first], 't') or 0)
+-- @state (lua/state.lua is spliced in here)
+local now, skew = decision_time(state[1] or 0)
 if not now then
   return clock_unsafe(skew)
 end
-local now_text = format('%d', now)
 
-local verdicts, writes = {}, {'t', now_text}
+-- The new state is written over the old, in place, in order.
+state[1] = now
+local verdicts = {}
 for b = 1, bands do
-  local s, c, p = first + 3 * b - 2, first + 3 * b - 1, first + 3 * b
-  local start = stored(state[s], fields[s])
-  local cur = stored(state[c], fields[c]) or 0
-  local prev = stored(state[p], fields[p]) or 0
+  local s, c, p = 3 * b - 1, 3 * b, 3 * b + 1
+  local start = state[s]
+  local cur = state[c] or 0
+  local prev = state[p] or 0
   local l, w = args[2 * b - 1], args[2 * b]
   local ws = now - now % w
   if start == ws then
@@ -89,19 +84,16 @@ for b = 1, bands do
     retry = base + e2 * 1000 - now
   end
   verdicts[b] = {allowed, remaining, reset, retry}
-  writes[6 * b - 3] = fields[s]
-  writes[6 * b - 2] = format('%d', ws)
-  writes[6 * b - 1] = fields[c]
-  writes[6 * b] = format('%d', cur_after)
-  writes[6 * b + 1] = fields[p]
-  writes[6 * b + 2] = format('%d', prev)
+  state[s] = ws
+  state[c] = cur_after
+  state[p] = prev
 end
 
 local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
 if decision[1] == 1 then
-  redis.call('HSET', KEYS[1], unpack(writes))
-  redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
+  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+    'PX', P_TTL_TEXT)
 end
 remember(decision, now)
 return reply(decision, skew)

@@ -5,8 +5,7 @@
 
 -- @common (lua/common.lua is spliced in here)
 
--- One key, the subject's hash: state and remembered ids alike. Per band:
--- capacity, refill_tokens, refill_every_us.
+-- Per band: capacity, refill_tokens, refill_every_us.
 local args = band_args(2, 3)
 for b = 1, bands do
   local capacity, period = args[3 * b - 2], args[3 * b]
@@ -19,36 +18,32 @@ for b = 1, bands do
   end
 end
 
--- State: t = last write (us); k<b> = tokens, l<b> = time of the last whole
--- refill period.
+-- State, one string: `t:k1:l1:k2:l2...`; t = last write (us), k<b> =
+-- tokens, l<b> = time of the last whole refill period.
+local per_band = 2
 local replayed = replay()
 if replayed then
   return replayed
 end
 
-local fields = {'t'}
-local first = 1
-for b = 1, bands do
-  fields[first + 2 * b - 1] = format('k%d', b)
-  fields[first + 2 * b] = format('l%d', b)
-end
-local state = redis.call('HMGET', KEYS[1], unpack(fields))
-local now, skew = decision_time(stored(state[first], 't') or 0)
+-- @state (lua/state.lua is spliced in here)
+local now, skew = decision_time(state[1] or 0)
 if not now then
   return clock_unsafe(skew)
 end
-local now_text = format('%d', now)
 
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
-local verdicts, writes = {}, {'t', now_text}
+-- The new state is written over the old, in place, in order.
+state[1] = now
+local verdicts = {}
 for b = 1, bands do
-  local k, l = first + 2 * b - 1, first + 2 * b
+  local k, l = 2 * b, 2 * b + 1
   local c, r, p = args[3 * b - 2], args[3 * b - 1], args[3 * b]
-  local tokens = stored(state[k], fields[k])
-  local last = stored(state[l], fields[l])
+  local tokens = state[k]
+  local last = state[l]
   if not tokens or not last then
     tokens, last = c, now
   end
@@ -72,17 +67,15 @@ for b = 1, bands do
     retry = last + ceil_div(cost - tokens, r) * p - now
   end
   verdicts[b] = {allowed, after, reset, retry}
-  writes[4 * b - 1] = fields[k]
-  writes[4 * b] = format('%d', after)
-  writes[4 * b + 1] = fields[l]
-  writes[4 * b + 2] = format('%d', last)
+  state[k] = after
+  state[l] = last
 end
 
 local decision = bind(verdicts)
 -- A denied request writes nothing to any band.
 if decision[1] == 1 then
-  redis.call('HSET', KEYS[1], unpack(writes))
-  redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
+  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+    'PX', P_TTL_TEXT)
 end
 remember(decision, now)
 return reply(decision, skew)

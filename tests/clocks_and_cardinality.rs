@@ -20,7 +20,7 @@ use http::{Method, StatusCode};
 use support::client::{build, http1_client, send};
 use support::ops::{metric, scrape};
 use support::redis::RedisServer;
-use support::redis_sidecar::{admin, redis_yaml, start_ready};
+use support::redis_sidecar::{admin, redis_yaml, start_ready, window_count};
 use support::{clear_of_window_edge, eventually, get, Sidecar, Upstream};
 use tempfile::TempDir;
 use tokio::task::JoinSet;
@@ -521,12 +521,8 @@ async fn a_hot_subject_from_three_sidecars_stays_within_budget_and_its_records_s
         .filter(|k| !k.contains(":e:"))
         .collect();
     assert_eq!(state.len(), 1, "one subject, one state key: {state:?}");
-    let counted: usize = redis::cmd("HGET")
-        .arg(&state[0])
-        .arg("c1")
-        .query(&mut conn)
-        .expect("HGET c1");
-    assert_eq!(counted, LIMIT, "the window's count in Redis");
+    let counted = window_count(&mut conn, &state[0]).expect("a count");
+    assert_eq!(counted, LIMIT as u64, "the window's count in Redis");
 
     // Within the budget: server side and client side.
     let mut decisions = 0.0;

@@ -387,7 +387,7 @@ async fn every_algorithm_is_explained_without_charging_on_the_memory_store() {
 /// The user a deployment should create (lua/README.md): the read-only
 /// scripts need nothing more than the others.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
+     +evalsha +script|load +ping +time +get +set +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test]

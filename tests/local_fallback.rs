@@ -11,7 +11,7 @@ use http::StatusCode;
 use serde_json::json;
 use support::ops::{metric, scrape};
 use support::redis::RedisServer;
-use support::redis_sidecar::{admin, readyz, redis_yaml, READY_DEADLINE};
+use support::redis_sidecar::{admin, readyz, redis_yaml, window_count, READY_DEADLINE};
 use support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
 
 /// The shared limit, per day so no run straddles a window edge
@@ -59,14 +59,9 @@ fn charged(redis: &RedisServer) -> u64 {
         .expect("KEYS");
     let states: Vec<&String> = keys.iter().filter(|k| !k.contains("}:e:")).collect();
     assert!(states.len() <= 1, "one subject, one state key: {states:?}");
-    states.first().map_or(0, |key| {
-        let count: Option<u64> = redis::cmd("HGET")
-            .arg(key.as_str())
-            .arg("c1")
-            .query(&mut conn)
-            .expect("HGET c1");
-        count.unwrap_or(0)
-    })
+    states
+        .first()
+        .map_or(0, |key| window_count(&mut conn, key).unwrap_or(0))
 }
 
 /// Started, and its store connected: readiness says nothing of deciding

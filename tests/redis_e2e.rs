@@ -414,7 +414,7 @@ async fn metrics_after_redis_traffic_pass_promtool() {
 /// The user a deployment should create (lua/README.md): `EVALSHA`,
 /// `SCRIPT LOAD` and the commands the scripts call, on the key prefix.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
+     +evalsha +script|load +ping +time +get +set +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,7 +22,7 @@ use sluice::store::{Evaluation, EvaluationId, Outcomes};
 use sluice::subject::{Pseudonym, PseudonymKey};
 use support::ops::{metric, scrape};
 use support::redis::RedisServer;
-use support::redis_sidecar::{commandstats, redis_yaml, reset_stats, start_ready};
+use support::redis_sidecar::{commandstats, redis_yaml, reset_stats, start_ready, window_count};
 use support::topology::RedisCluster;
 use support::{get, header, Upstream};
 
@@ -264,13 +264,7 @@ async fn two_sidecars_on_one_redis_admit_exactly_and_charge_nothing_on_denial() 
     let mut counts: Vec<u64> = keys
         .iter()
         .filter(|k| !k.contains(":e:"))
-        .map(|k| {
-            redis::cmd("HGET")
-                .arg(k)
-                .arg("c1")
-                .query::<u64>(&mut conn)
-                .unwrap()
-        })
+        .map(|k| window_count(&mut conn, k).expect("a count"))
         .collect();
     let mut want: Vec<u64> = admitted.values().copied().filter(|n| *n > 0).collect();
     counts.sort_unstable();
@@ -286,11 +280,7 @@ async fn two_sidecars_on_one_redis_admit_exactly_and_charge_nothing_on_denial() 
         1,
         "one global bucket for the route: {everyone:?}"
     );
-    let count: u64 = redis::cmd("HGET")
-        .arg(everyone[0])
-        .arg("c1")
-        .query(&mut conn)
-        .unwrap();
+    let count = window_count(&mut conn, everyone[0]).expect("a count");
     assert_eq!(count, 12);
 
     // RateLimit-Policy names both limits on either sidecar.

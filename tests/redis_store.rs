@@ -17,8 +17,8 @@ use tokio::time::Instant;
 
 use sluice::config::{self, Secret, Topology};
 use sluice::limit::{
-    Bands, BucketBand, Decision, GcraBand, Incompatible, Micros, Outcome, Policy, Unavailable,
-    WindowBand,
+    Algorithm, Bands, BucketBand, Decision, GcraBand, Incompatible, Micros, Outcome, Policy,
+    Unavailable, WindowBand,
 };
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::RedisStore;
@@ -109,9 +109,44 @@ fn subject(identity: &str) -> Pseudonym {
     )
 }
 
-/// The documented key layout, written out independently of the store.
+/// The documented key layout, written out independently of the store: the
+/// mark names the state's format (none for the sliding log).
 fn state_key(policy: &Policy, subject: &Pseudonym) -> String {
-    format!("sluice:{{{}:{}:{subject}}}", policy.name, policy.revision)
+    let mark = match policy.algorithm() {
+        Algorithm::FixedWindow => "fw1:",
+        Algorithm::SlidingCounter => "sc1:",
+        Algorithm::TokenBucket => "tb1:",
+        Algorithm::Gcra => "gc1:",
+        Algorithm::SlidingLog => "",
+    };
+    format!(
+        "sluice:{{{}:{}:{mark}{subject}}}",
+        policy.name, policy.revision
+    )
+}
+
+/// The state string at `key` (`t:…`, `lua/README.md`), if any.
+fn state_text(conn: &mut redis::Connection, key: &str) -> Option<String> {
+    conn.get(key).expect("GET state")
+}
+
+/// Sets the state's last write time `t` (its first number), keeping the
+/// rest and the TTL; a subject with no state gets `t` alone, which the
+/// scripts read as every band fresh.
+fn pin_t(conn: &mut redis::Connection, key: &str, t: Micros) {
+    let text = match state_text(conn, key) {
+        Some(old) => match old.split_once(':') {
+            Some((_, rest)) => format!("{t}:{rest}"),
+            None => t.to_string(),
+        },
+        None => t.to_string(),
+    };
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(text)
+        .arg("KEEPTTL")
+        .query(conn)
+        .expect("pin t");
 }
 
 fn evaluation<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32) -> Evaluation<'a> {
@@ -210,7 +245,7 @@ async fn conform_pinned(
     let mut now = redis_time(&mut conn) + 60_000_000;
     for (i, &(advance, cost)) in steps.iter().enumerate() {
         now += advance;
-        let _: () = conn.hset(&key, "t", now).expect("pin t");
+        pin_t(&mut conn, &key, now);
         let ev = evaluation(&policy, &subject, cost);
         let from_redis = store.evaluate(&ev).await;
         let from_memory = memory.evaluate_at(&ev, now);
@@ -344,6 +379,91 @@ async fn conformance_table_matches_the_memory_store() {
         let steps = random_steps(seed as u64, &bands, longest, 300);
         conform_pinned(&server, &store, name, bands, &steps).await;
     }
+}
+
+/// More numbers than one Lua pattern captures (32): the state is read by
+/// the scripts' general path, and decides the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_of_many_bands_conforms_too() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    // Room for pinning Redis' decision time ahead of its clock.
+    config.max_clock_regression = Duration::from_secs(24 * 3600);
+    let store = connect_with(config, BUDGET).await;
+    let counter: Vec<WindowBand> = (1..=11).map(|i| window(3 + i, 300 * i as u64)).collect();
+    let fixed: Vec<WindowBand> = (1..=16).map(|i| window(3 + i, 300 * i as u64)).collect();
+    for (seed, (name, bands)) in [
+        ("counter-many", Bands::SlidingCounter(counter)),
+        ("fixed-many", Bands::FixedWindow(fixed)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let steps = random_steps(seed as u64 + 100, &bands, 5_000_000, 150);
+        conform_pinned(&server, &store, name, bands, &steps).await;
+    }
+}
+
+/// A policy whose explicit revision is kept across a change of its bands
+/// shares the state key: the bands both versions have keep their numbers,
+/// a new band starts afresh, and a band no longer configured is dropped at
+/// the next write, as fields of a hash once were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bands_kept_under_one_revision_keep_their_counts() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let one = Policy::new(
+        "kept",
+        "same",
+        Bands::FixedWindow(vec![window(5, 3_600_000)]),
+        false,
+    );
+    let two = Policy::new(
+        "kept",
+        "same",
+        Bands::FixedWindow(vec![window(5, 3_600_000), window(3, 3_600_000)]),
+        false,
+    );
+    let subject = subject("kept");
+    let key = state_key(&one, &subject);
+    assert_eq!(key, state_key(&two, &subject));
+    for left in [4, 3] {
+        assert_eq!(
+            decision(&eval(&store, &one, &subject, 1).await).remaining,
+            left
+        );
+    }
+    // Band 1 has 2 of 5, band 2 is new: 2 of 3 left either way.
+    let d = decision(&eval(&store, &two, &subject, 1).await);
+    assert!(d.allowed && d.remaining == 2 && d.band == 0, "{d:?}");
+    assert_eq!(
+        state_text(&mut conn, &key)
+            .expect("state")
+            .split(':')
+            .count(),
+        5
+    );
+    // Back to one band: its count is the one both charged.
+    let d = decision(&eval(&store, &one, &subject, 1).await);
+    assert!(d.allowed && d.remaining == 1, "{d:?}");
+    assert_eq!(
+        state_text(&mut conn, &key)
+            .expect("state")
+            .split(':')
+            .count(),
+        3
+    );
+    // Another algorithm under the same revision never reads it.
+    let bucket = Policy::new(
+        "kept",
+        "same",
+        Bands::TokenBucket(vec![bucket(5, 1, 3_600_000)]),
+        false,
+    );
+    assert_ne!(state_key(&bucket, &subject), key);
+    let d = decision(&eval(&store, &bucket, &subject, 1).await);
+    assert!(d.allowed && d.remaining == 4, "{d:?}");
 }
 
 /// The sliding log keeps one entry per admitted unit, so its time cannot be
@@ -508,14 +628,15 @@ async fn a_denied_request_writes_nothing_to_any_band() {
         for _ in 0..2 {
             assert!(allowed(&eval(&store, &policy, &subject, 1).await), "{name}");
         }
-        // The hash also remembers evaluation ids (fields with a ':'), which
-        // a denial records too; the bands' fields are the rest.
+        // A denial records its decision, beside the state, never in it.
         let snapshot = |conn: &mut redis::Connection| -> Vec<(String, String)> {
             if name == "log" {
                 conn.zrange_withscores(&key, 0, -1).expect("ZRANGE")
             } else {
-                let all: Vec<(String, String)> = conn.hgetall(&key).expect("HGETALL");
-                all.into_iter().filter(|(f, _)| !f.contains(':')).collect()
+                state_text(conn, &key)
+                    .map(|text| ("state".to_owned(), text))
+                    .into_iter()
+                    .collect()
             }
         };
         let before = snapshot(&mut conn);
@@ -768,7 +889,13 @@ async fn a_lost_reply_is_retried_once_and_charged_once() {
         let charged: u64 = if name == "log" {
             conn.zcard(&key).expect("ZCARD")
         } else {
-            conn.hget(&key, "c1").expect("HGET")
+            // t:s1:c1
+            let text = state_text(&mut conn, &key).expect("state");
+            text.split(':')
+                .nth(2)
+                .expect("c1")
+                .parse()
+                .expect("a count")
         };
         assert_eq!(charged, 2, "{name}: charged twice or not at all");
         assert_eq!(
@@ -835,9 +962,11 @@ async fn each_evaluation_leaves_one_record_that_expires_with_the_window() {
         assert!(allowed(&outcome), "{outcome:?}");
         last = Some((ev.id, outcome));
     }
-    // The state hash: its fields only, whatever the traffic.
-    let fields: Vec<String> = conn.hkeys(&key).expect("HKEYS");
-    assert_eq!(fields, ["t", "a1"], "{fields:?}");
+    // The state: t and a1 only, whatever the traffic, with its TTL.
+    let state = state_text(&mut conn, &key).expect("state");
+    assert_eq!(state.split(':').count(), 2, "{state}");
+    let ttl: i64 = conn.pttl(&key).expect("PTTL");
+    assert!(ttl > 0, "{key}: {ttl} ms");
     let recorded = records(&mut conn, &key);
     assert_eq!(recorded.len(), 100);
     for record in &recorded {
@@ -881,7 +1010,7 @@ async fn a_clock_far_behind_the_last_write_is_unsafe() {
 
     // Within max_clock_regression (1 s): decided, no time counted.
     let now = redis_time(&mut conn);
-    let _: () = conn.hset(&key, "t", now + 500_000).expect("HSET");
+    pin_t(&mut conn, &key, now + 500_000);
     assert!(allowed(&eval(&store, &policy, &subject, 1).await));
     assert_eq!(
         store.stats().clock_steps_absorbed.load(Ordering::Relaxed),
@@ -889,13 +1018,13 @@ async fn a_clock_far_behind_the_last_write_is_unsafe() {
     );
 
     // Beyond it: no decision, nothing written.
-    let _: () = conn.hset(&key, "t", now + 10_000_000).expect("HSET");
-    let before: Vec<(String, String)> = conn.hgetall(&key).expect("HGETALL");
+    pin_t(&mut conn, &key, now + 10_000_000);
+    let before = state_text(&mut conn, &key);
     assert_eq!(
         eval(&store, &policy, &subject, 1).await,
         Outcome::Unavailable(Unavailable::ClockUnsafe)
     );
-    let after: Vec<(String, String)> = conn.hgetall(&key).expect("HGETALL");
+    let after = state_text(&mut conn, &key);
     assert_eq!(before, after);
 }
 
@@ -908,13 +1037,35 @@ async fn corrupt_state_and_bad_costs_are_incompatible() {
 
     let subject_a = subject("corrupt-a");
     let key = state_key(&policy, &subject_a);
-    let _: () = conn.hset(&key, "c1", "not a number").expect("HSET");
-    assert_eq!(
-        eval(&store, &policy, &subject_a, 1).await,
-        Outcome::Incompatible(Incompatible::MalformedReply)
-    );
+    let now = redis_time(&mut conn);
+    // Every number is checked, and a state refused is left as it was: no
+    // write of the state, nor of a record.
+    for corrupt in [
+        "not a number".to_owned(),
+        format!("{now}:0:x"),
+        format!("{now}:0:-1"),
+        format!("{now}:0:1.5"),
+        format!("{now}:0:99999999999999999999"),
+        format!("{now}:0:"),
+        format!("{now}::1"),
+        format!("{now}:0:1:"),
+        format!("{now}:0"),
+        format!(":{now}:0:1"),
+    ] {
+        let _: () = conn.set(&key, &corrupt).expect("SET");
+        assert_eq!(
+            eval(&store, &policy, &subject_a, 1).await,
+            Outcome::Incompatible(Incompatible::MalformedReply),
+            "{corrupt}"
+        );
+        assert_eq!(state_text(&mut conn, &key), Some(corrupt.clone()));
+        let records: Vec<String> = conn.keys(format!("{key}:e:*")).expect("KEYS");
+        assert!(records.is_empty(), "{corrupt}: {records:?}");
+    }
+    // A key of another type (a hash, as older versions kept under the
+    // key without a mark) is refused as well.
     let _: () = conn.del(&key).expect("DEL");
-    let _: () = conn.set(&key, "a string").expect("SET");
+    let _: () = conn.hset(&key, "c1", "1").expect("HSET");
     assert_eq!(
         eval(&store, &policy, &subject_a, 1).await,
         Outcome::Incompatible(Incompatible::MalformedReply)
@@ -976,7 +1127,7 @@ async fn readiness_waits_for_redis_and_the_scripts() {
 /// The ACL a deployment needs (lua/README.md): EVALSHA, SCRIPT LOAD and
 /// exactly the commands the scripts call, on the key prefix; never EVAL.
 const SLUICE_ACL: &str = "user sluice on >sluice-pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +get +set +hmget +hset +pexpire \
+     +evalsha +script|load +ping +time +get +set +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1100,10 +1251,8 @@ async fn keys_hold_no_identity_and_all_expire() {
 }
 
 /// The commands the scripts call, which `INFO commandstats` counts too.
-const SCRIPT_COMMANDS: [&str; 11] = [
+const SCRIPT_COMMANDS: [&str; 9] = [
     "time",
-    "hmget",
-    "hset",
     "get",
     "set",
     "pexpire",

@@ -22,7 +22,9 @@ use http::StatusCode;
 use support::faults::{DelayRelay, Netns};
 use support::ops::{metric, scrape};
 use support::redis::RedisServer;
-use support::redis_sidecar::{admin, readyz_becomes, redis_yaml, start_ready, Load, Shot};
+use support::redis_sidecar::{
+    admin, readyz_becomes, redis_yaml, start_ready, window_count, Load, Shot,
+};
 use support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -200,11 +202,7 @@ fn read_back(conn: &mut redis::Connection, policy: &str) -> Charged {
     let (records, states): (Vec<String>, Vec<String>) =
         keys.into_iter().partition(|k| k.contains("}:e:"));
     assert_eq!(states.len(), 1, "one subject, one state key: {states:?}");
-    let count: Option<u64> = redis::cmd("HGET")
-        .arg(&states[0])
-        .arg("c1")
-        .query(conn)
-        .expect("HGET c1");
+    let count = window_count(conn, &states[0]);
     let mut allowed_records = 0;
     for chunk in records.chunks(500) {
         let values: Vec<Option<String>> = redis::cmd("MGET").arg(chunk).query(conn).expect("MGET");

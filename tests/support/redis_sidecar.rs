@@ -214,10 +214,8 @@ pub fn commandstats(conn: &mut redis::Connection) -> Vec<(String, u64)> {
 
 /// The commands the scripts call: `INFO commandstats` counts them too,
 /// though sluice itself never sends them.
-pub const SCRIPT_COMMANDS: [&str; 11] = [
+pub const SCRIPT_COMMANDS: [&str; 9] = [
     "time",
-    "hmget",
-    "hset",
     "get",
     "set",
     "pexpire",
@@ -246,4 +244,20 @@ pub fn sent_by_clients(conn: &mut redis::Connection) -> Vec<(String, u64)> {
                 && !matches!(name.as_str(), "info" | "config|resetstat")
         })
         .collect()
+}
+
+/// The numbers of the state string at `key` (`t` first, then each band's,
+/// `lua/README.md`), or `None` when the subject has no state.
+pub fn state_numbers(conn: &mut redis::Connection, key: &str) -> Option<Vec<u64>> {
+    let raw: Option<String> = redis::cmd("GET").arg(key).query(conn).expect("GET state");
+    raw.map(|raw| {
+        raw.split(':')
+            .map(|n| n.parse().expect("a number in the state"))
+            .collect()
+    })
+}
+
+/// A fixed window's first band's count (`t:s1:c1…`), if any.
+pub fn window_count(conn: &mut redis::Connection, key: &str) -> Option<u64> {
+    state_numbers(conn, key).map(|numbers| numbers[2])
 }

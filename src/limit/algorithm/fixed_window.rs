@@ -17,6 +17,8 @@ impl Spec for FixedWindow {
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const LUA: &'static str = include_str!("../../../lua/fixed_window.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/fixed_window.lua");
+    const STATE_MARK: &'static str = "fw1";
+    const STATE_NUMBERS: usize = 2;
     type Band = WindowBand;
     type State = Vec<BandState>;
 

@@ -43,6 +43,8 @@ impl Spec for Gcra {
     const PARAMETERS: &'static [&'static str] = &["limit", "window", "burst"];
     const LUA: &'static str = include_str!("../../../lua/gcra.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/gcra.lua");
+    const STATE_MARK: &'static str = "gc1";
+    const STATE_NUMBERS: usize = 1;
     type Band = GcraBand;
     type State = Vec<BandState>;
 

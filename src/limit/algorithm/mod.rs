@@ -83,6 +83,16 @@ pub trait Spec {
     /// `lua/refund/<name>.lua`: how `lua/refund.lua` gives back what one
     /// admitted evaluation charged (Redis Cluster, several limits).
     const REFUND_LUA: &'static str;
+    /// What the state key carries before the subject's pseudonym: the
+    /// format of the state its script keeps there (`lua/README.md`,
+    /// "KEYS"), empty for none. A new format takes a new mark, so a key
+    /// written in the old one is never read (it expires with its TTL), and
+    /// two algorithms never read each other's state under one revision.
+    const STATE_MARK: &'static str;
+    /// How many numbers each band keeps in the compact state, a string of
+    /// numbers (`lua/state.lua`); 0 for a script that keeps no such state.
+    /// The script says the same (`local per_band = …`; a unit test checks).
+    const STATE_NUMBERS: usize;
 
     type Band: Debug + Clone + PartialEq + Eq + Hash;
     /// One subject's state under every band of a policy.

@@ -62,6 +62,22 @@ macro_rules! register {
                 }
             }
 
+            /// What its state key carries before the pseudonym
+            /// ([`Spec::STATE_MARK`]).
+            pub fn state_mark(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::STATE_MARK,)*
+                }
+            }
+
+            /// How many numbers a band keeps in its compact state
+            /// ([`Spec::STATE_NUMBERS`]).
+            pub fn state_numbers(self) -> usize {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::STATE_NUMBERS,)*
+                }
+            }
+
             /// The bands of a policy of this algorithm, each validated
             /// from its raw parameters (errors reported to `cx`).
             pub(crate) fn bands(

@@ -26,6 +26,8 @@ impl Spec for SlidingLog {
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
     const LUA: &'static str = include_str!("../../../lua/sliding_log.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/sliding_log.lua");
+    const STATE_MARK: &'static str = "";
+    const STATE_NUMBERS: usize = 0;
     type Band = WindowBand;
     type State = Log;
 

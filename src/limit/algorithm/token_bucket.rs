@@ -36,6 +36,8 @@ impl Spec for TokenBucket {
     const PARAMETERS: &'static [&'static str] = &["capacity", "refill_tokens", "refill_every"];
     const LUA: &'static str = include_str!("../../../lua/token_bucket.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/token_bucket.lua");
+    const STATE_MARK: &'static str = "tb1";
+    const STATE_NUMBERS: usize = 2;
     type Band = BucketBand;
     type State = Vec<BandState>;
 

@@ -38,6 +38,11 @@ pub struct Script {
 /// Where an algorithm's script takes the shared part (`lua/common.lua`).
 const COMMON_AT: &str = "-- @common (lua/common.lua is spliced in here)\n";
 const COMMON: &str = include_str!("../../../lua/common.lua");
+/// Where a script keeping a compact state reads it (`lua/state.lua`).
+const STATE_AT: &str = "-- @state (lua/state.lua is spliced in here)\n";
+const STATE: &str = include_str!("../../../lua/state.lua");
+/// Lua's limit on one pattern's captures.
+const MAX_CAPTURES: usize = 32;
 /// Several limits in one call, and where it takes each limit's script.
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
 const LIMITS_AT: &str =
@@ -82,7 +87,9 @@ impl Script {
         spliced.push_str(COMMON);
         // Every embedded file has the marker once (a unit test checks); a
         // file without it would be sent as is and fail its own tests.
-        let mut source = file.replacen(COMMON_AT, &spliced, 1);
+        let mut source = file
+            .replacen(STATE_AT, STATE, 1)
+            .replacen(COMMON_AT, &spliced, 1);
         if peek {
             // Every file starts with the plain shebang (a unit test checks).
             source = source.replacen(SHEBANG, SHEBANG_NO_WRITES, 1);
@@ -170,6 +177,22 @@ fn literals(policy: &Policy, common: &Common) -> String {
         .collect();
     let list: Vec<String> = args.iter().map(u64::to_string).collect();
     let _ = writeln!(out, "local P_BAND_ARGS = {{{}}}", list.join(", "));
+    let per_band = policy.algorithm().state_numbers();
+    if per_band > 0 {
+        // The compact state's pattern (one capture per number; `false`
+        // past Lua's limit, read by the general path) and format.
+        let n = 1 + bands.len() * per_band;
+        let pattern = if n <= MAX_CAPTURES {
+            format!("'^(%d+){}$'", ":(%d+)".repeat(n - 1))
+        } else {
+            "false".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "local P_STATE_PATTERN, P_STATE_FORMAT = {pattern}, '%d{}'",
+            ":%d".repeat(n - 1)
+        );
+    }
     out
 }
 
@@ -317,10 +340,6 @@ pub struct Common {
     pub dedupe_window: Duration,
 }
 
-/// The state key of one (policy, revision, subject): a hash, or the
-/// sliding log's sorted set. The braces are a Redis Cluster hash tag
-/// around the per-subject part, so the state and every evaluation's
-/// record (`<state>:e:<id>`, see `lua/common.lua`) share one slot.
 /// The state key of `evaluation`, as its command carries it.
 pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> Vec<u8> {
     let mut key = Vec::with_capacity(common.key_prefix.len() + 128);
@@ -333,9 +352,17 @@ pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> Vec<u8> {
     key
 }
 
+/// The state key of one (policy, revision, subject):
+/// `{prefix}:{<policy>:<revision>:<mark>:<pseudonym>}`, the mark naming
+/// the format of the state kept there (a string of numbers; none for the
+/// sliding log's sorted set, whose key has no mark). The braces are a
+/// Redis Cluster hash tag around the per-subject part, so the state and
+/// every evaluation's record (`<state>:e:<id>`, see `lua/common.lua`)
+/// share one slot.
 fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &Pseudonym) {
     let mut pseudonym = [0u8; DISPLAY_MAX];
     let len = subject.encode(&mut pseudonym);
+    let mark = policy.algorithm().state_mark();
     for part in [
         prefix.as_bytes(),
         b":{",
@@ -343,11 +370,15 @@ fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &P
         b":",
         policy.revision.as_bytes(),
         b":",
-        &pseudonym[..len],
-        b"}",
     ] {
         out.extend_from_slice(part);
     }
+    if !mark.is_empty() {
+        out.extend_from_slice(mark.as_bytes());
+        out.push(b':');
+    }
+    out.extend_from_slice(&pseudonym[..len]);
+    out.push(b'}');
 }
 
 /// Bytes reserved up front for one command: the fixed words, the SHA-1, the
@@ -359,8 +390,9 @@ const CMD_BYTES: usize = 192;
 /// `<state>:e:<id>`.
 pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
+    // The key's length without the subject, which displays in under 64,
+    // and its mark.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
     let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
     cmd.arg("EVALSHA").arg(script.sha.as_str()).arg(2u8);
     let id = hex_id(evaluation.id.0);
@@ -374,8 +406,9 @@ pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) ->
 /// repeats it.
 fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
     let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 64;
+    // The key's length without the subject, which displays in under 64,
+    // and its mark.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
     let mut state = Vec::with_capacity(key_bytes);
     write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
     cmd.arg(&state[..]);
@@ -480,6 +513,26 @@ mod tests {
         for &algorithm in Algorithm::ALL {
             let file = algorithm.lua();
             assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
+            // A compact state's script reads it once, with as many numbers
+            // per band as Rust compiles its pattern for.
+            let per_band = algorithm.state_numbers();
+            let (reads, declared) = if per_band > 0 {
+                (1, format!("\nlocal per_band = {per_band}\n"))
+            } else {
+                (0, "\nlocal per_band".to_owned())
+            };
+            assert_eq!(
+                file.matches(STATE_AT).count(),
+                reads,
+                "{}",
+                algorithm.name()
+            );
+            assert_eq!(
+                file.contains(&declared),
+                per_band > 0,
+                "{}",
+                algorithm.name()
+            );
         }
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
@@ -553,10 +606,31 @@ mod tests {
         ] {
             assert!(fixed.source.contains(line), "{line} not in the script");
         }
+        assert!(fixed.source.contains(
+            "local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+):(%d+):(%d+):(%d+)$', \
+             '%d:%d:%d:%d:%d'"
+        ));
+        assert!(fixed.source.contains(STATE) && !fixed.source.contains(STATE_AT));
         let gcra = Script::for_policy(&policies[4], &common());
         assert!(gcra
             .source
             .contains("local P_BAND_ARGS = {60, 60000000, 10}"));
+        assert!(gcra
+            .source
+            .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)$', '%d:%d'"));
+        let log = Script::for_policy(&policies[2], &common());
+        assert!(!log.source.contains("P_STATE_") && !log.source.contains(STATE));
+        // Past Lua's 32 captures, the general path reads the state.
+        let many = Policy::new(
+            "many",
+            "r",
+            Bands::SlidingCounter((1..=11).map(|i| window(i, 1)).collect()),
+            false,
+        );
+        let many = Script::for_policy(&many, &common());
+        assert!(many
+            .source
+            .contains("local P_STATE_PATTERN, P_STATE_FORMAT = false, '%d"));
         // Another store setting is another script.
         let other = Common {
             dedupe_window: Duration::from_secs(1),
@@ -590,6 +664,18 @@ mod tests {
         assert_ne!(scripts.get(&changed).sha, first.sha);
     }
 
+    /// The state key's mark and its separator, as the scripts' formats
+    /// name them.
+    fn mark(policy: &Policy) -> &'static str {
+        match policy.algorithm() {
+            Algorithm::FixedWindow => "fw1:",
+            Algorithm::SlidingCounter => "sc1:",
+            Algorithm::TokenBucket => "tb1:",
+            Algorithm::Gcra => "gc1:",
+            Algorithm::SlidingLog => "",
+        }
+    }
+
     fn args(cmd: &Cmd) -> Vec<String> {
         cmd.args_iter()
             .map(|arg| match arg {
@@ -612,7 +698,12 @@ mod tests {
                 id: EvaluationId(0xab),
             };
             let sent = args(&evalsha(&script, &common(), &evaluation));
-            let state = format!("sl:{{{}:{}:{subject}}}", policy.name, policy.revision);
+            let state = format!(
+                "sl:{{{}:{}:{}{subject}}}",
+                policy.name,
+                policy.revision,
+                mark(&policy)
+            );
             let id = format!("{:032x}", 0xab);
             assert_eq!(
                 sent,
@@ -670,7 +761,8 @@ mod tests {
         let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
         let sent = args(&evalsha_several(&several, &common(), &evaluations));
         let id = format!("{:032x}", 0xab);
-        let key = |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{s}}}", p.name, p.revision);
+        let key =
+            |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{}{s}}}", p.name, p.revision, mark(p));
         let (ka, kb) = (key(&policies[0], &a), key(&policies[4], &b));
         assert_eq!(
             sent,

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::proxy::{ConnInfo, Proxy};
+use crate::sleeps::HyperTimer;
 use crate::telemetry;
 
 use super::accept::AcceptErrors;
@@ -121,7 +122,9 @@ fn builder(settings: &Settings) -> Builder<StreamExecutor> {
     });
     builder
         .http1()
-        .timer(TokioTimer::new())
+        // The header-read timeout's sleeps reused, one per request saved
+        // from the timer wheel's lock (`sleeps`).
+        .timer(HyperTimer::new())
         .header_read_timeout(settings.header_read_timeout)
         .keep_alive(true)
         .max_buf_size(settings.max_header_bytes.max(MIN_H1_BUFFER));

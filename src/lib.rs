@@ -22,6 +22,8 @@
 //! - [`reload`]: file poll and SIGHUP → a validated swap of the live part.
 //! - [`telemetry`]: logging, the metrics recorder and the table of metric
 //!   names; each module holds the handles of what it measures.
+//! - [`sleeps`]: tokio sleeps kept armed for reuse (hyper's HTTP/1 header
+//!   timer, `upstream.timeout`), so a request takes no timer-wheel lock.
 
 pub mod admin;
 pub mod app;
@@ -32,6 +34,7 @@ pub mod proxy;
 pub mod reload;
 pub mod route;
 pub mod server;
+pub mod sleeps;
 pub mod store;
 pub mod subject;
 pub mod telemetry;

@@ -109,8 +109,10 @@ pin_project! {
     pub struct IdleTimeout<B> {
         #[pin]
         inner: B,
+        // Made the first time the body has to wait: most bodies never
+        // do (a response that came whole with its head).
         #[pin]
-        sleep: Sleep,
+        sleep: Option<Sleep>,
         timeout: Duration,
         waiting: bool,
         side: Side,
@@ -135,7 +137,7 @@ impl<B> IdleTimeout<B> {
     fn on(side: Side, inner: B, timeout: Duration) -> IdleTimeout<B> {
         IdleTimeout {
             inner,
-            sleep: tokio::time::sleep(timeout),
+            sleep: None,
             timeout,
             waiting: false,
             side,
@@ -183,9 +185,14 @@ where
             Poll::Pending => {
                 if !*this.waiting {
                     *this.waiting = true;
-                    this.sleep.as_mut().reset(Instant::now() + *this.timeout);
+                    let deadline = Instant::now() + *this.timeout;
+                    match this.sleep.as_mut().as_pin_mut() {
+                        Some(sleep) => sleep.reset(deadline),
+                        None => this.sleep.set(Some(tokio::time::sleep_until(deadline))),
+                    }
                 }
-                match this.sleep.poll(cx) {
+                let sleep = this.sleep.as_pin_mut().expect("set when the wait began");
+                match sleep.poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Some(Err(match this.side {
                         Side::Request => BodyIdleTimeout(*this.timeout).into(),
                         Side::Response => UpstreamBodyIdle(*this.timeout).into(),

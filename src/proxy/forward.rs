@@ -20,6 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::{self, Live};
+use crate::sleeps::Spares;
 
 use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
@@ -36,6 +37,8 @@ const POOL_IDLE: Duration = Duration::from_secs(90);
 #[derive(Clone)]
 pub struct Upstream {
     client: Client<HttpConnector, Body>,
+    /// `upstream.timeout`'s sleeps, reused (`sleeps`).
+    timers: Spares,
 }
 
 impl Upstream {
@@ -50,7 +53,10 @@ impl Upstream {
             .http1_max_buf_size(upstream_head::MAX_HEAD_BYTES)
             .http1_max_headers(upstream_head::MAX_HEADERS)
             .build(connector);
-        Upstream { client }
+        Upstream {
+            client,
+            timers: Spares::new(),
+        }
     }
 }
 
@@ -100,7 +106,7 @@ pub(super) async fn forward(
     // A body already complete (most GETs) can never go quiet: no timer,
     // and the upstream's turn starts now.
     let (body, mut timer) = if incoming.is_end_stream() {
-        let timer = UpstreamTimer::from_now(live.upstream.timeout);
+        let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
         (body::boxed(incoming), timer)
     } else {
         let idle = IdleTimeout::new(incoming, live.server.body_idle_timeout);

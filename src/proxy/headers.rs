@@ -403,8 +403,19 @@ pub fn prepare_request(
     upgrade: Option<HeaderValue>,
 ) {
     let upgrade_values = upgrade.map(|value| vec![value]);
+    // One pass over the names present instead of a lookup (a hash and a
+    // probe) for each field below: most requests carry none of them.
+    let mut rewrite_urls = false;
+    let mut forwarded_for = false;
+    for name in headers.keys() {
+        if name == X_ORIGINAL_URL || name == X_REWRITE_URL {
+            rewrite_urls = true;
+        } else if name == X_FORWARDED_FOR {
+            forwarded_for = true;
+        }
+    }
     strip_hop_by_hop(headers);
-    if headers.contains_key(&X_ORIGINAL_URL) || headers.contains_key(&X_REWRITE_URL) {
+    if rewrite_urls {
         headers.remove(&X_ORIGINAL_URL);
         headers.remove(&X_REWRITE_URL);
     }
@@ -421,7 +432,7 @@ pub fn prepare_request(
             headers.remove(&X_FORWARDED_HOST);
         }
     }
-    append_forwarded_for(headers, forwarded.peer);
+    append_forwarded_for(headers, forwarded.peer, forwarded_for);
     let proto = if forwarded.tls { "https" } else { "http" };
     headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
 
@@ -485,10 +496,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// The client's own `X-Forwarded-For` is its claim: forwarded, not
 /// believed (the subject resolver decides whom to believe). The peer is
 /// appended to it as one list so upstreams reading a single field see it.
-fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
+/// `present`: the request carried one (false: it has none now; true: it
+/// may, and joining none gives the peer alone).
+fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr, present: bool) {
     let mut text = [0u8; IP_TEXT_MAX];
     let peer = ip_text(peer.to_canonical(), &mut text);
-    if !headers.contains_key(&X_FORWARDED_FOR) {
+    if !present {
         // The usual case: the peer alone, one allocation.
         if let Ok(value) = HeaderValue::from_bytes(peer) {
             headers.insert(&X_FORWARDED_FOR, value);

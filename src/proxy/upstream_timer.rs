@@ -20,6 +20,8 @@ use pin_project_lite::pin_project;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::sleeps::{Reused, Spares};
+
 /// Whose turn it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Turn {
@@ -37,16 +39,21 @@ pub(super) struct UpstreamTimer {
     turn: Option<watch::Receiver<Turn>>,
     started: Instant,
     timeout: Duration,
+    /// For a complete body, the one sleep it needs, taken from the
+    /// upstream's spares (`sleeps`): most requests take no timer lock.
+    sleep: Option<Reused>,
 }
 
 impl UpstreamTimer {
     /// For a request whose body is already complete: the upstream's turn
     /// from now on.
-    pub(super) fn from_now(timeout: Duration) -> UpstreamTimer {
+    pub(super) fn from_now(timeout: Duration, spares: &Spares) -> UpstreamTimer {
+        let started = Instant::now();
         UpstreamTimer {
             turn: None,
-            started: Instant::now(),
+            started,
             timeout,
+            sleep: Some(spares.sleep_until(started + timeout)),
         }
     }
 
@@ -63,6 +70,7 @@ impl UpstreamTimer {
             turn: Some(turn),
             started,
             timeout,
+            sleep: None,
         };
         (tracked, timer)
     }
@@ -73,7 +81,10 @@ impl UpstreamTimer {
     /// not wake this for every piece.
     pub(super) async fn expired(&mut self) {
         let Some(turn) = &mut self.turn else {
-            return tokio::time::sleep_until(self.started + self.timeout).await;
+            return match &mut self.sleep {
+                Some(sleep) => sleep.await,
+                None => tokio::time::sleep_until(self.started + self.timeout).await,
+            };
         };
         loop {
             let now = *turn.borrow_and_update();
@@ -166,7 +177,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_complete_body_gives_the_upstream_the_whole_timeout() {
         let started = Instant::now();
-        UpstreamTimer::from_now(Duration::from_secs(3))
+        UpstreamTimer::from_now(Duration::from_secs(3), &Spares::new())
             .expired()
             .await;
         assert_eq!(started.elapsed(), Duration::from_secs(3));

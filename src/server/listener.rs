@@ -30,9 +30,11 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::proxy::{ConnInfo, Proxy};
+use crate::sleeps::HyperTimer;
 use crate::telemetry;
 
 use super::accept::AcceptErrors;
+use super::beside::{beside, First};
 use super::framing::Watched;
 use super::send_timeout::SendTimeout;
 use super::stream_watchdog::{self, StreamExecutor};
@@ -121,7 +123,9 @@ fn builder(settings: &Settings) -> Builder<StreamExecutor> {
     });
     builder
         .http1()
-        .timer(TokioTimer::new())
+        // The header-read timeout's sleeps reused, one per request saved
+        // from the timer wheel's lock (`sleeps`).
+        .timer(HyperTimer::new())
         .header_read_timeout(settings.header_read_timeout)
         .keep_alive(true)
         .max_buf_size(settings.max_header_bytes.max(MIN_H1_BUFFER));
@@ -304,11 +308,29 @@ impl Connection {
                 conn.as_mut().graceful_shutdown();
             }
             let idle_at = activity.idle_until(self.idle_timeout);
-            tokio::select! {
-                result = conn.as_mut() => return finished(result),
-                _ = draining.wait_for(|d| *d), if !closing => {}
-                () = sleep_until_some(idle_at), if !closing => {
-                    if activity.idle_until(self.idle_timeout).is_some_and(|at| at <= Instant::now()) {
+            let watchers = async {
+                if closing && close_by.is_none() {
+                    // Nothing left to watch: the connection ends itself.
+                    return std::future::pending().await;
+                }
+                tokio::select! {
+                    _ = draining.wait_for(|d| *d), if !closing => Woke::Drain,
+                    () = sleep_until_some(idle_at), if !closing => Woke::Idle,
+                    () = sleep_until_some(close_by), if close_by.is_some() => Woke::CloseBy,
+                }
+            };
+            // Only the connection is polled on each of its wake-ups.
+            let woke = match beside(conn.as_mut(), watchers).await {
+                First::Main(result) => return finished(result),
+                First::Side(woke) => woke,
+            };
+            match woke {
+                Woke::Drain => {}
+                Woke::Idle => {
+                    if activity
+                        .idle_until(self.idle_timeout)
+                        .is_some_and(|at| at <= Instant::now())
+                    {
                         tracing::debug!(peer = %info.peer, "idle; closing the connection");
                         closing = true;
                         conn.as_mut().graceful_shutdown();
@@ -317,7 +339,7 @@ impl Connection {
                         }
                     }
                 }
-                () = sleep_until_some(close_by), if close_by.is_some() => {
+                Woke::CloseBy => {
                     tracing::debug!(
                         peer = %info.peer,
                         "the client took no data for send_timeout while closing; cut"
@@ -327,6 +349,16 @@ impl Connection {
             }
         }
     }
+}
+
+/// What woke a connection's watchers.
+enum Woke {
+    /// The server began draining.
+    Drain,
+    /// The idle timer (or the recheck while a request is in flight).
+    Idle,
+    /// An idle HTTP/2 connection's `send_timeout` to take its last bytes.
+    CloseBy,
 }
 
 /// Sleeps until `at`; while a request is in flight (`None`), rechecks each

@@ -4,12 +4,15 @@
 //! - [`accept`]: back-off and throttled logging when `accept` fails, for
 //!   both listeners.
 //! - [`tls`]: the rustls acceptor built from the configured PEM files.
+//! - `beside`: a connection polled on every wake-up, its drain and idle
+//!   watchers only when they woke it.
 //! - `send_timeout`: the connection wrapper that cuts a client that stops
 //!   reading.
 //! - `stream_watchdog`: the same for one HTTP/2 stream, which flow control
 //!   stops before any socket write blocks.
 
 pub mod accept;
+mod beside;
 mod framing;
 mod listener;
 mod send_timeout;

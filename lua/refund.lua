@@ -8,32 +8,14 @@
 -- its record then says denied: a refund runs at most once per evaluation,
 -- however often it is sent, and a refund of an evaluation that never ran
 -- (or whose record has expired) changes nothing.
--- @literals (sluice writes the policy's numbers here)
-local REPLY_VERSION = 1
-local MAX_EXACT = 9007199254740991
-local format, match, tonumber, unpack = string.format, string.match, tonumber, unpack
-
-local function fail(message)
-  error({err = 'ERR sluice: ' .. message})
-end
-
+-- @literals (sluice writes the policy's numbers and lua/common.lua here:
+-- the same argument checks, `id`, `cost` and `record_key` as a decision)
 if #KEYS ~= 2 then
   fail('expects 2 keys')
 end
-if #ARGV ~= 2 then
-  fail('expects 2 arguments: the evaluation id and the cost')
-end
-local id = ARGV[1]
-if #id ~= 32 or not match(id, '^%x+$') then
-  fail('ARGV[1] is not an evaluation id')
-end
-local cost = tonumber(ARGV[2])
-if not cost or cost < 1 or cost > MAX_EXACT or cost % 1 ~= 0 then
-  fail('ARGV[2] is not an integer in range')
-end
 local args = P_BAND_ARGS
 
-local recorded = redis.call('GET', KEYS[2])
+local recorded = redis.call('GET', record_key)
 if not recorded then
   return {REPLY_VERSION, 0}
 end
@@ -48,7 +30,8 @@ end
 at = tonumber(at)
 
 -- A stored integer, or nil when absent or not one (a refund never refuses:
--- it gives back what it can read and leaves the rest).
+-- it gives back what it can read and leaves the rest, unlike common.lua's
+-- `stored`, which this shadows).
 local function stored(raw)
   local value = tonumber(raw)
   if value and value >= 0 and value <= MAX_EXACT and value % 1 == 0 then
@@ -79,5 +62,5 @@ end
 
 -- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)
 
-redis.call('SET', KEYS[2], '0' .. rest .. format('%d', at), 'KEEPTTL')
+redis.call('SET', record_key, '0' .. rest .. format('%d', at), 'KEEPTTL')
 return {REPLY_VERSION, 1}

@@ -76,6 +76,24 @@ async fn start_on_redis(yaml: &str) -> Sidecar {
     sluice
 }
 
+/// A sidecar on `redis_url` deciding alone (`on_failure: local`,
+/// `local_share: 1`) when it cannot, with no over-limit cache, and the
+/// test's loopback peer trusted to name clients in `X-Forwarded-For`.
+fn alone_on_failure(upstream: &Upstream, redis_url: &str, policies: &str, routes: &str) -> String {
+    let yaml = redis_yaml(upstream, redis_url, policies, routes)
+        .replace(
+            "  on_failure: deny\n",
+            "  on_failure: local\n  local_share: 1\n",
+        )
+        .replace("deny_cache_entries: 100000", "deny_cache_entries: 0")
+        .replace(
+            "identity:\n",
+            "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
+        );
+    assert!(yaml.contains("on_failure: local") && yaml.contains("trusted_proxies"));
+    yaml
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn with_redis_down_each_sidecar_enforces_its_share_and_shares_the_limit_again_once_back() {
     clear_of_window_edge(WINDOW, Duration::from_secs(60)).await;
@@ -239,16 +257,7 @@ async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
       - { policy: per_ip, subject: client_ip }
       - { policy: everyone, subject: global }
 ";
-    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
-        .replace(
-            "  on_failure: deny\n",
-            "  on_failure: local\n  local_share: 1\n",
-        )
-        .replace("deny_cache_entries: 100000", "deny_cache_entries: 0")
-        .replace(
-            "identity:\n",
-            "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
-        );
+    let yaml = alone_on_failure(&upstream, &redis.url(), policies, routes);
     let sluice = start_on_redis(&yaml).await;
     assert_eq!(get(sluice.addr(), "/login", &[]).await.0, StatusCode::OK);
     tokio::task::block_in_place(|| redis.kill());
@@ -313,16 +322,7 @@ async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_o
       - { policy: once, subject: global }
       - { policy: closed, subject: global }
 ";
-    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
-        .replace(
-            "  on_failure: deny\n",
-            "  on_failure: local\n  local_share: 1\n",
-        )
-        .replace("deny_cache_entries: 100000", "deny_cache_entries: 0")
-        .replace(
-            "identity:\n",
-            "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
-        );
+    let yaml = alone_on_failure(&upstream, &redis.url(), policies, routes);
     let sluice = start_on_redis(&yaml).await;
     tokio::task::block_in_place(|| redis.kill());
 

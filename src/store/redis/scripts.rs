@@ -51,7 +51,7 @@ const LIMITS_AT: &str =
 /// Refunds (`lua/refund.lua`), and where they take the policy's numbers
 /// and the algorithm's part.
 const REFUND: &str = include_str!("../../../lua/refund.lua");
-const LITERALS_AT: &str = "-- @literals (sluice writes the policy's numbers here)\n";
+const LITERALS_AT: &str = "-- @literals (sluice writes the policy's numbers and lua/common.lua here:\n-- the same argument checks, `id`, `cost` and `record_key` as a decision)\n";
 const UNDO_AT: &str =
     "-- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)\n";
 
@@ -132,9 +132,12 @@ impl Script {
     /// and the command are an evaluation's own ([`evalsha`]).
     pub fn refund_for_policy(policy: &Policy, common: &Common) -> Script {
         let algorithm = policy.algorithm();
-        let source = REFUND
-            .replacen(LITERALS_AT, &literals(policy, common), 1)
-            .replacen(UNDO_AT, algorithm.refund_lua(), 1);
+        let mut spliced = literals(policy, common);
+        spliced.push_str(COMMON);
+        let source =
+            REFUND
+                .replacen(LITERALS_AT, &spliced, 1)
+                .replacen(UNDO_AT, algorithm.refund_lua(), 1);
         Script {
             algorithm: Some(algorithm),
             sha: redis::Script::new(&source).get_hash().to_owned(),
@@ -558,7 +561,12 @@ mod tests {
                 "{name}"
             );
             assert!(script.source.contains("local P_BAND_ARGS = {"), "{name}");
-            assert!(!script.source.contains("-- @"), "{name}: a marker left");
+            assert!(script.source.contains(COMMON), "{name}");
+            assert!(
+                !script.source.contains(LITERALS_AT),
+                "{name}: a marker left"
+            );
+            assert!(!script.source.contains(UNDO_AT), "{name}: a marker left");
             assert_ne!(script.sha, Script::for_policy(&policy, &common()).sha);
         }
     }

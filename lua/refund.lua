@@ -60,7 +60,14 @@ local function write_numbers(numbers)
   redis.call('SET', KEYS[1], table.concat(numbers, ':'), 'KEEPTTL')
 end
 
+-- The algorithm's part: for the compact-state algorithms it sets `state`
+-- (read_numbers) and, where it changed a number, `changed`; the state is
+-- then written back once, below.
+local state, changed = nil, false
 -- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)
+if changed then
+  write_numbers(state)
+end
 
 redis.call('SET', record_key, '0' .. rest .. format('%d', at), 'KEEPTTL')
 return {REPLY_VERSION, 1}

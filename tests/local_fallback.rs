@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::json;
-use support::ops::{metric, scrape};
+use support::ops::{metric, requests_counted, scrape};
 use support::redis::RedisServer;
 use support::redis_sidecar::{admin, readyz, redis_yaml, window_count, READY_DEADLINE};
 use support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
@@ -280,14 +280,7 @@ async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
     }
     assert_eq!(admitted, [5, 3]);
     let text = scrape(admin(&sluice)).await;
-    let counted = |policy: &str, outcome: &str| {
-        metric(
-            &text,
-            "sluice_requests_total",
-            &[("route", "login"), ("policy", policy), ("outcome", outcome)],
-        )
-        .unwrap_or(0.0)
-    };
+    let counted = |policy: &str, outcome: &str| requests_counted(&text, "login", policy, outcome);
     assert_eq!(counted("per_ip", "local_allowed"), 8.0);
     assert_eq!(
         counted("per_ip", "local_denied") + counted("everyone", "local_denied"),
@@ -334,14 +327,7 @@ async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_o
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     }
     let text = scrape(admin(&sluice)).await;
-    let mixed = |policy: &str, outcome: &str| {
-        metric(
-            &text,
-            "sluice_requests_total",
-            &[("route", "mixed"), ("policy", policy), ("outcome", outcome)],
-        )
-        .unwrap_or(0.0)
-    };
+    let mixed = |policy: &str, outcome: &str| requests_counted(&text, "mixed", policy, outcome);
     assert_eq!(
         mixed("closed", "unavailable") + mixed("closed", "indeterminate"),
         3.0,
@@ -387,14 +373,7 @@ async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_o
     );
 
     let text = scrape(admin(&sluice)).await;
-    let counted = |policy: &str, outcome: &str| {
-        metric(
-            &text,
-            "sluice_requests_total",
-            &[("route", "login"), ("policy", policy), ("outcome", outcome)],
-        )
-        .unwrap_or(0.0)
-    };
+    let counted = |policy: &str, outcome: &str| requests_counted(&text, "login", policy, outcome);
     assert_eq!(counted("everyone", "local_allowed"), 3.0, "{text}");
     assert_eq!(counted("per_ip", "local_denied"), 1.0, "{text}");
     assert_eq!(counted("everyone", "local_denied"), 1.0, "{text}");

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
 use serde_json::Value;
-use support::ops::{metric, scrape};
+use support::ops::{metric, requests_counted, scrape};
 use support::{
     clear_of_window_edge, count, get, header, parse_ratelimit, replies_released_together, Sidecar,
     Upstream,
@@ -148,14 +148,7 @@ async fn every_limit_must_pass_and_a_refused_request_consumes_nothing() {
     // Counted once per request, under the limit that decided it (allowed:
     // the route's first limit).
     let text = scrape(sluice.admin_addr().unwrap()).await;
-    let counted = |policy: &str, outcome: &str| {
-        metric(
-            &text,
-            "sluice_requests_total",
-            &[("route", "login"), ("policy", policy), ("outcome", outcome)],
-        )
-        .unwrap_or(0.0)
-    };
+    let counted = |policy: &str, outcome: &str| requests_counted(&text, "login", policy, outcome);
     assert_eq!(counted("per_ip", "allowed"), 15.0);
     assert_eq!(counted("everyone", "allowed"), 0.0);
     let denied = counted("per_ip", "denied") + counted("everyone", "denied");

@@ -57,6 +57,17 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         .map(|s| s.value)
 }
 
+/// `sluice_requests_total{route, policy, outcome}` in `text`; 0 when the
+/// series is absent (a counter not yet counted).
+pub fn requests_counted(text: &str, route: &str, policy: &str, outcome: &str) -> f64 {
+    metric(
+        text,
+        "sluice_requests_total",
+        &[("route", route), ("policy", policy), ("outcome", outcome)],
+    )
+    .unwrap_or(0.0)
+}
+
 /// Every label value in `text`, unescaped.
 pub fn label_values(text: &str) -> Vec<String> {
     samples(text)

@@ -26,6 +26,13 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed()
 }
 
+/// A body with nothing in it.
+pub fn empty() -> Body {
+    http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
 /// Boxes any body whose error converts into [`BoxError`].
 pub fn boxed<B>(body: B) -> Body
 where

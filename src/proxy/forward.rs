@@ -9,34 +9,31 @@
 //! client and takes a restart to change.
 
 use std::error::Error as StdError;
-use std::time::Duration;
+use std::sync::Arc;
 
 use http::uri::{Parts, PathAndQuery};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection, HttpConnector};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper::client::conn::http1;
+use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::{self, Live};
 use crate::sleeps::Spares;
 
 use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
+use super::pool::{self, Failure, Pool, Returning};
 use super::respond;
 use super::upgrade::Tunnels;
 use super::upstream_head::{self, Informational, Refused};
 use super::upstream_timer::UpstreamTimer;
 use super::ConnInfo;
 
-/// How long an idle pooled connection to the upstream is kept.
-const POOL_IDLE: Duration = Duration::from_secs(90);
-
 /// The pooled HTTP/1.1 client to the upstream.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+    pool: Arc<Pool>,
     /// `upstream.timeout`'s sleeps, reused (`sleeps`).
     timers: Spares,
 }
@@ -46,15 +43,12 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .http1_max_buf_size(upstream_head::MAX_HEAD_BYTES)
-            .http1_max_headers(upstream_head::MAX_HEADERS)
-            .build(connector);
+        let mut builder = http1::Builder::new();
+        builder
+            .max_buf_size(upstream_head::MAX_HEAD_BYTES)
+            .max_headers(upstream_head::MAX_HEADERS);
         Upstream {
-            client,
+            pool: Pool::start(connector, builder),
             timers: Spares::new(),
         }
     }
@@ -98,7 +92,12 @@ pub(super) async fn forward(
         headers::join_cookies(&mut parts.headers);
     }
     headers::prepare_request(&mut parts.headers, host, forwarded, upgrade);
-    parts.uri = uri;
+    if !parts.headers.contains_key(http::header::HOST) {
+        if let Some(host) = pool::host_of(&live.upstream.url) {
+            parts.headers.insert(http::header::HOST, host);
+        }
+    }
+    parts.uri = pool::origin_form(&uri);
     parts.version = Version::HTTP_11;
     // Server-side extensions (header case maps, HTTP/2 protocol) mean
     // nothing to the client connection.
@@ -114,16 +113,15 @@ pub(super) async fn forward(
         (body::boxed(tracked), timer)
     };
     let mut request = Request::from_parts(parts, body);
-    let connection = capture_connection(&mut request);
     let informational = Informational::watch(&mut request);
 
-    let mut response = tokio::select! {
-        sent = upstream.client.request(request) => match sent {
-            Ok(response) => response,
+    let (mut response, lease) = tokio::select! {
+        sent = upstream.pool.send(&live.upstream.url, request) => match sent {
+            Ok(sent) => sent,
             Err(error) => return failed(&error),
         },
         () = informational.until_flooded() => {
-            return refuse(&connection, Refused::InformationalFlood);
+            return refuse(Refused::InformationalFlood);
         }
         () = timer.expired() => {
             tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
@@ -136,7 +134,7 @@ pub(super) async fn forward(
         upstream_head::check(response.headers())
     };
     if let Err(refused) = checked {
-        return refuse(&connection, refused);
+        return refuse(refused);
     }
 
     let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -153,6 +151,12 @@ pub(super) async fn forward(
         tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
     }
     headers::prepare_response(response.headers_mut(), upgraded);
+    // A switched connection belongs to the tunnel: its handle is dropped.
+    if upgraded {
+        drop(lease);
+        return response.map(body::boxed);
+    }
+    let response = response.map(|incoming| Returning::new(incoming, lease));
     // A body that stops part way is cut after `upstream.timeout` of
     // silence (nginx's `proxy_read_timeout` between two reads): the client
     // sees it truncated instead of waiting forever.
@@ -183,18 +187,23 @@ fn target(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
-/// 502 for an upstream response sluice will not pass on, and the upstream
-/// connection that carried it is never used again.
-fn refuse(connection: &CaptureConnection, refused: Refused) -> Response<Body> {
-    if let Some(connected) = &*connection.connection_metadata() {
-        connected.poison();
-    }
+/// 502 for an upstream response sluice will not pass on; the upstream
+/// connection that carried it is never used again (its lease is dropped
+/// with the response, never released).
+fn refuse(refused: Refused) -> Response<Body> {
     tracing::debug!(error = %refused, "upstream response refused");
     respond::broken_upstream_response()
 }
 
 /// The upstream exchange failed before a response head arrived.
-fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
+fn failed(failure: &Failure) -> Response<Body> {
+    let error = match failure {
+        Failure::Connect(error) => {
+            tracing::debug!(error = %chain(error.as_ref()), "upstream unreachable");
+            return respond::bad_gateway();
+        }
+        Failure::Exchange(error) => error,
+    };
     if caused_by::<BodyIdleTimeout>(error) {
         tracing::debug!("request body stalled");
         return respond::request_timeout();
@@ -203,13 +212,8 @@ fn failed(error: &hyper_util::client::legacy::Error) -> Response<Body> {
         tracing::debug!(error = %chain(error), "request body broken");
         return respond::broken_request_body();
     }
-    if error.is_connect() {
-        tracing::debug!(error = %chain(error), "upstream unreachable");
-        respond::bad_gateway()
-    } else {
-        tracing::debug!(error = %chain(error), "upstream exchange failed");
-        respond::broken_upstream_response()
-    }
+    tracing::debug!(error = %chain(error), "upstream exchange failed");
+    respond::broken_upstream_response()
 }
 
 fn caused_by<E: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
@@ -237,6 +241,8 @@ fn chain(error: &(dyn StdError + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn uri(s: &str) -> Uri {

@@ -6,7 +6,9 @@
 //! - `headers`: request validation and hop-by-hop / `X-Forwarded-*` rewriting.
 //! - `overrides`: the methods a request may run as (method-override headers,
 //!   `_method`), each matched.
-//! - `forward`: the pooled upstream client and the streaming exchange.
+//! - `forward`: the streaming exchange with the upstream.
+//! - `pool`: the upstream's kept-alive connections, and the one resend of
+//!   a request that met a connection the app had just closed.
 //! - `upstream_head`: what sluice refuses in an upstream response that
 //!   hyper's client lets through, and the client's explicit head limits.
 //! - `upstream_timer`: `upstream.timeout`, counting the upstream's turns
@@ -33,6 +35,7 @@ pub(crate) mod headers;
 mod log_budget;
 pub(crate) mod metrics;
 mod overrides;
+mod pool;
 pub mod respond;
 mod runtime;
 mod service;

@@ -67,6 +67,7 @@ pub const DECISION_DURATION: &str = "sluice_decision_duration_seconds";
 pub const FORWARDED_WITHOUT_DECISION: &str = "sluice_forwarded_without_decision_total";
 pub const UPSTREAM_RESPONSES: &str = "sluice_upstream_responses_total";
 pub const UPSTREAM_DURATION: &str = "sluice_upstream_duration_seconds";
+pub const UPSTREAM_RESENDS: &str = "sluice_upstream_resends_total";
 pub const STORE_ERRORS: &str = "sluice_store_errors_total";
 pub const STORE_RETRIES: &str = "sluice_store_retries_total";
 pub const STORE_EVENTS: &str = "sluice_store_events_total";
@@ -126,6 +127,10 @@ pub const ALL: &[Metric] = &[
     Metric::seconds(
         UPSTREAM_DURATION,
         "Time to the upstream's response head, by route.",
+    ),
+    Metric::counter(
+        UPSTREAM_RESENDS,
+        "Requests sent again on a new connection: the reused one was closed by the app.",
     ),
     Metric::counter(CONFIG_RELOADS, "Configuration reloads by result."),
     Metric::gauge(

@@ -18,6 +18,13 @@ pub enum Answer {
     KeepOpen(Vec<u8>),
     /// Writes these bytes and closes the connection.
     Close(Vec<u8>),
+    /// Writes these bytes for a connection's first request; reads the head
+    /// of any later one and closes the connection without a byte, as an
+    /// app closing an idle connection just as a request arrives on it.
+    FirstOnly(Vec<u8>),
+    /// Writes these bytes, then closes the connection if no other request
+    /// starts on it within the duration (an app's keep-alive timeout).
+    IdleClose(Vec<u8>, std::time::Duration),
     /// A `200` with `Content-Length: len`, then `len` bytes written as fast
     /// as the peer takes them, each write counted in [`Scripted::written`].
     Large(u64),
@@ -118,14 +125,35 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
 
 async fn serve(mut stream: TcpStream, id: usize, state: Arc<State>) {
     let mut buf = Vec::new();
-    loop {
+    let mut idle_close = None;
+    for nth in 1.. {
         // Requests are heads only (GETs): read up to the blank line.
-        let Some(end) = read_head(&mut stream, &mut buf).await else {
+        let head = read_head(&mut stream, &mut buf);
+        let end = match idle_close {
+            Some(after) => match tokio::time::timeout(after, head).await {
+                Ok(end) => end,
+                Err(_) => return,
+            },
+            None => head.await,
+        };
+        let Some(end) = end else {
             return;
         };
         buf.drain(..end);
         state.requests().push(id);
         match state.answer() {
+            Answer::FirstOnly(bytes) if nth == 1 => {
+                if stream.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            Answer::FirstOnly(_) => return,
+            Answer::IdleClose(bytes, after) => {
+                if stream.write_all(&bytes).await.is_err() {
+                    return;
+                }
+                idle_close = Some(after);
+            }
             Answer::KeepOpen(bytes) => {
                 if stream.write_all(&bytes).await.is_err() {
                     return;

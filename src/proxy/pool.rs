@@ -1,0 +1,458 @@
+//! The upstream's connections: HTTP/1.1, kept alive, the most recently
+//! used taken first.
+//!
+//! A sidecar has one upstream, so the idle connections are one list, not a
+//! map keyed by host as in a general-purpose client (whose key is hashed
+//! twice a request). A connection goes back on the list only once its
+//! response body has been read to the end; one whose response sluice
+//! refused, whose body broke or was left unread, or that switched protocols
+//! is never used again (dropping its handle closes it).
+//!
+//! A request that met a reused connection the app had just closed (an app
+//! closing idle keep-alive connections races every proxy that reuses them)
+//! is sent again, once, on a new connection, when sending it again cannot
+//! repeat its effect on the app: it was never written, or it is idempotent
+//! (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) with no body and the connection
+//! failed before any byte of an answer came back. This is nginx's retry of
+//! a cached keep-alive connection; anything else is a 502, as before.
+
+use std::collections::VecDeque;
+use std::error::Error as StdError;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, Parts};
+use http::{HeaderValue, Method, Request, Response, Uri};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
+use pin_project_lite::pin_project;
+use tower_service::Service as _;
+
+use super::body::{self, Body};
+use crate::telemetry;
+
+/// How long an idle connection to the upstream is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+/// How often connections idle for longer are closed.
+const REAP_EVERY: Duration = Duration::from_secs(30);
+
+/// The connections to the upstream.
+pub(super) struct Pool {
+    connector: HttpConnector,
+    builder: http1::Builder,
+    idle: Mutex<VecDeque<Idle>>,
+    resends: metrics::Counter,
+}
+
+struct Idle {
+    authority: Authority,
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+/// A connection carrying one exchange: back to the pool when its response
+/// body has been read whole ([`Lease::release`]), closed when dropped.
+pub(super) struct Lease {
+    pool: Arc<Pool>,
+    authority: Authority,
+    sender: SendRequest<Body>,
+}
+
+/// Why no response head came back.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// No connection could be made.
+    Connect(Box<dyn StdError + Send + Sync>),
+    /// The connection failed, or the request body did, before a response
+    /// head arrived.
+    Exchange(hyper::Error),
+}
+
+impl Pool {
+    /// The pool, and its task closing connections idle for longer than
+    /// [`POOL_IDLE`] (every [`REAP_EVERY`]; it ends with the pool).
+    pub(super) fn start(connector: HttpConnector, builder: http1::Builder) -> Arc<Pool> {
+        let pool = Arc::new(Pool {
+            connector,
+            builder,
+            idle: Mutex::new(VecDeque::new()),
+            resends: metrics::counter!(telemetry::UPSTREAM_RESENDS),
+        });
+        let weak = Arc::downgrade(&pool);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REAP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(pool) = weak.upgrade() else { return };
+                pool.prune(Instant::now());
+            }
+        });
+        pool
+    }
+
+    /// Sends `request` (origin-form, `Host` set) to `base`'s authority, on
+    /// an idle connection when there is one.
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        base: &Uri,
+        mut request: Request<Body>,
+    ) -> Result<(Response<Incoming>, Lease), Failure> {
+        let Some(authority) = base.authority() else {
+            return Err(Failure::Connect("the upstream URL has no authority".into()));
+        };
+        let mut retried = false;
+        loop {
+            let (mut sender, reused) = match self.idle_connection(authority).await {
+                Some(sender) if !retried => (sender, true),
+                _ => (self.connect(base).await?, false),
+            };
+            let again = (reused && replayable(&request)).then(|| head_copy(&request));
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let lease = Lease {
+                        pool: Arc::clone(self),
+                        authority: authority.clone(),
+                        sender,
+                    };
+                    return Ok((response, lease));
+                }
+                Err(mut error) => {
+                    let unsent = error.take_message();
+                    let error = error.into_error();
+                    let resend = match (unsent, again) {
+                        (Some(unsent), _) if reused => unsent,
+                        (None, Some(again)) if met_a_closed_connection(&error) => again,
+                        _ => return Err(Failure::Exchange(error)),
+                    };
+                    tracing::debug!(%error, "a reused upstream connection was closed; sending again on a new one");
+                    self.resends.increment(1);
+                    request = resend;
+                    retried = true;
+                }
+            }
+        }
+    }
+
+    /// The most recently used idle connection to `authority` that is still
+    /// open, once it can take a request: a connection goes back on the list
+    /// as its last body byte is read, a moment before hyper is ready to
+    /// write on it again.
+    async fn idle_connection(&self, authority: &Authority) -> Option<SendRequest<Body>> {
+        loop {
+            let idle = self.idle().pop_back()?;
+            if idle.authority != *authority || idle.sender.is_closed() {
+                continue;
+            }
+            let mut sender = idle.sender;
+            if sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    async fn connect(&self, base: &Uri) -> Result<SendRequest<Body>, Failure> {
+        let io = self
+            .connector
+            .clone()
+            .call(base.clone())
+            .await
+            .map_err(|e| Failure::Connect(e.into()))?;
+        let (sender, connection) = self
+            .builder
+            .handshake::<_, Body>(io)
+            .await
+            .map_err(Failure::Exchange)?;
+        tokio::spawn(run(connection));
+        Ok(sender)
+    }
+
+    fn put(&self, authority: Authority, sender: SendRequest<Body>) {
+        self.idle().push_back(Idle {
+            authority,
+            sender,
+            since: Instant::now(),
+        });
+    }
+
+    /// Closes the connections idle for longer than [`POOL_IDLE`] (the
+    /// oldest are at the front).
+    fn prune(&self, now: Instant) {
+        let mut idle = self.idle();
+        while idle
+            .front()
+            .is_some_and(|oldest| now.duration_since(oldest.since) > POOL_IDLE)
+        {
+            idle.pop_front();
+        }
+    }
+
+    fn idle(&self) -> MutexGuard<'_, VecDeque<Idle>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Idle connections held now.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.idle().len()
+    }
+}
+
+impl Lease {
+    /// The exchange is over and the connection may carry another; hyper
+    /// closes it instead if either side asked to (`Connection: close`).
+    fn release(self) {
+        if !self.sender.is_closed() {
+            self.pool.put(self.authority, self.sender);
+        }
+    }
+}
+
+/// Drives one connection until it closes or is upgraded.
+async fn run(connection: http1::Connection<TokioIo<tokio::net::TcpStream>, Body>) {
+    if let Err(error) = connection.with_upgrades().await {
+        tracing::debug!(%error, "upstream connection ended");
+    }
+}
+
+/// Whether `request` may be sent twice: an idempotent method and nothing
+/// in its body.
+fn replayable(request: &Request<Body>) -> bool {
+    let method = request.method();
+    let idempotent = method == Method::GET
+        || method == Method::HEAD
+        || method == Method::OPTIONS
+        || method == Method::TRACE
+        || method == Method::PUT
+        || method == Method::DELETE;
+    idempotent && request.body().is_end_stream()
+}
+
+/// `request` again, for [`replayable`] requests: same head, empty body.
+fn head_copy(request: &Request<Body>) -> Request<Body> {
+    let mut copy = Request::new(body::empty());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    *copy.extensions_mut() = request.extensions().clone();
+    copy
+}
+
+/// The connection was gone when the request met it: closed before an
+/// answer, or reset.
+fn met_a_closed_connection(error: &hyper::Error) -> bool {
+    if error.is_incomplete_message() {
+        return true;
+    }
+    let mut source = error.source();
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// `base`'s authority as a `Host` field, without the default port (what a
+/// client sends for the URL), for a request that came without one.
+pub(super) fn host_of(base: &Uri) -> Option<HeaderValue> {
+    let authority = base.authority()?;
+    let text = match authority.port_u16() {
+        Some(80) if base.scheme_str() == Some("http") => authority.host(),
+        _ => authority.as_str(),
+    };
+    HeaderValue::from_str(text).ok()
+}
+
+/// The request's path and query alone (origin-form), as HTTP/1.1 sends it
+/// to a server that is not a proxy.
+pub(super) fn origin_form(uri: &Uri) -> Uri {
+    match uri.path_and_query() {
+        Some(pq) if pq.as_str() != "/" => {
+            let mut parts = Parts::default();
+            parts.path_and_query = Some(pq.clone());
+            Uri::from_parts(parts).unwrap_or_default()
+        }
+        _ => Uri::default(),
+    }
+}
+
+pin_project! {
+    /// The upstream's response body; gives its connection back to the pool
+    /// once read to the end.
+    pub(super) struct Returning {
+        #[pin]
+        inner: Incoming,
+        lease: Option<Lease>,
+    }
+}
+
+impl Returning {
+    /// `inner`, whose connection goes back as soon as it is done: now, for
+    /// a response with no body.
+    pub(super) fn new(inner: Incoming, lease: Lease) -> Returning {
+        if inner.is_end_stream() {
+            lease.release();
+            return Returning { inner, lease: None };
+        }
+        Returning {
+            inner,
+            lease: Some(lease),
+        }
+    }
+}
+
+impl http_body::Body for Returning {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let mut this = self.project();
+        let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
+        match &frame {
+            // The last frame is handed over with the connection already
+            // back: the reader may stop at `is_end_stream` without asking
+            // for the end.
+            Some(Ok(_)) if this.inner.is_end_stream() => release(this.lease),
+            None => release(this.lease),
+            // A broken body leaves the connection to close.
+            Some(Err(_)) => drop(this.lease.take()),
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn release(lease: &mut Option<Lease>) {
+    if let Some(lease) = lease.take() {
+        lease.release();
+    }
+}
+
+// `Returning` must be `Sync` for the boxed body; hyper's `Incoming` and
+// `SendRequest` are.
+const _: fn() = || {
+    fn sync<T: Send + Sync>() {}
+    sync::<Returning>();
+};
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(s: &str) -> Uri {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_host_field_leaves_out_the_default_port_only() {
+        assert_eq!(host_of(&uri("http://app:80")).unwrap(), "app");
+        assert_eq!(host_of(&uri("http://app")).unwrap(), "app");
+        assert_eq!(
+            host_of(&uri("http://127.0.0.1:3000/base")).unwrap(),
+            "127.0.0.1:3000"
+        );
+    }
+
+    #[test]
+    fn origin_form_keeps_path_and_query_only() {
+        assert_eq!(origin_form(&uri("http://a:1/x/y?q=1")), "/x/y?q=1");
+        assert_eq!(origin_form(&uri("http://a:1/")), "/");
+        assert_eq!(origin_form(&uri("*")), "*");
+    }
+
+    #[test]
+    fn only_idempotent_requests_without_a_body_are_sent_twice() {
+        let request = |method: Method, body: Body| {
+            let mut r = Request::new(body);
+            *r.method_mut() = method;
+            r
+        };
+        assert!(replayable(&request(Method::GET, body::empty())));
+        assert!(replayable(&request(Method::DELETE, body::empty())));
+        assert!(!replayable(&request(Method::POST, body::empty())));
+        assert!(!replayable(&request(Method::PATCH, body::empty())));
+        assert!(!replayable(&request(Method::PUT, body::full("x"))));
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_cannot_be_reached_is_a_connect_failure_and_leaves_nothing_idle() {
+        let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
+        assert_eq!(pool.idle_count(), 0);
+        // No upstream answers on an unbound port: no idle connection is
+        // invented, and the failure is a connect failure.
+        let closed = uri("http://127.0.0.1:1");
+        let request = Request::new(body::empty());
+        assert!(matches!(
+            pool.send(&closed, request).await,
+            Err(Failure::Connect(_))
+        ));
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_are_closed_once_older_than_the_idle_limit() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
+        let authority = base.authority().unwrap().clone();
+        for _ in 0..2 {
+            let sender = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), sender);
+        }
+        assert_eq!(pool.idle_count(), 2);
+        pool.prune(Instant::now() + POOL_IDLE / 2);
+        assert_eq!(pool.idle_count(), 2);
+        // Another authority's connections are never handed out (a reload
+        // that moved the upstream): they are closed on the way.
+        let other: Authority = "elsewhere:1".parse().unwrap();
+        assert!(pool.idle_connection(&other).await.is_none());
+        assert_eq!(pool.idle_count(), 0);
+        for _ in 0..2 {
+            let sender = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), sender);
+        }
+        pool.prune(Instant::now() + POOL_IDLE + Duration::from_secs(1));
+        assert_eq!(pool.idle_count(), 0);
+        accepted.abort();
+    }
+}

@@ -44,9 +44,10 @@ impl Upstream {
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
         let mut builder = http1::Builder::new();
-        builder
-            .max_buf_size(upstream_head::MAX_HEAD_BYTES)
-            .max_headers(upstream_head::MAX_HEADERS);
+        // The header-field limit is hyper's default of 100, left unset:
+        // set explicitly, hyper fills a 100-entry array on every response
+        // head (about 1k instructions a request) for the same limit.
+        builder.max_buf_size(upstream_head::MAX_HEAD_BYTES);
         Upstream {
             pool: Pool::start(connector, builder),
             timers: Spares::new(),

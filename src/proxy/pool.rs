@@ -148,7 +148,10 @@ impl Pool {
     async fn idle_connection(&self, authority: &Authority) -> Option<SendRequest<Body>> {
         loop {
             let idle = self.idle().pop_back()?;
-            if idle.authority != *authority || idle.sender.is_closed() {
+            // Byte equality: `Authority`'s own ignores case, a loop of its
+            // own on every request; a case-different spelling only costs a
+            // new connection.
+            if idle.authority.as_str() != authority.as_str() || idle.sender.is_closed() {
                 continue;
             }
             let mut sender = idle.sender;

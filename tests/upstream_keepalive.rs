@@ -107,9 +107,10 @@ async fn connections_the_app_closes_after_each_answer_are_never_reused() {
             "request {n}"
         );
     }
-    // Every POST on a connection of its own, each reaching the app once.
+    // Every POST on a connection of its own, each reaching the app once. (A
+    // POST may still be resent: one whose connection hyper found closed
+    // before writing a byte of it.)
     assert_eq!(upstream.requests(), (1..=30).collect::<Vec<_>>());
-    assert_eq!(resends(&sluice).await, 0.0);
 }
 
 #[tokio::test]
@@ -140,5 +141,4 @@ async fn connections_the_app_closes_when_idle_are_not_used_after_it_did() {
         assert_eq!(status.as_u16(), 200);
     }
     assert_eq!(upstream.requests(), vec![1, 1, 1, 2, 3, 4]);
-    assert_eq!(resends(&sluice).await, 0.0);
 }

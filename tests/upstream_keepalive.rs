@@ -142,3 +142,21 @@ async fn connections_the_app_closes_when_idle_are_not_used_after_it_did() {
     }
     assert_eq!(upstream.requests(), vec![1, 1, 1, 2, 3, 4]);
 }
+
+#[tokio::test]
+async fn a_resent_request_is_held_to_the_same_1xx_limit() {
+    let upstream = Scripted::start(Answer::FirstOnly(OK.to_vec())).await;
+    let sluice = Sidecar::start(&config(&upstream));
+    let (status, _, _) = request(sluice.addr(), Method::GET, "/a", &[], Bytes::new()).await;
+    assert_eq!(status.as_u16(), 200);
+
+    // The resend goes on a new connection, which answers a flood of 1xx
+    // before its 200: a 502, as on a first attempt.
+    let mut flood = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(100);
+    flood.extend_from_slice(OK);
+    upstream.set_answer(Answer::FirstOnly(flood));
+    let (status, _, _) = request(sluice.addr(), Method::GET, "/b", &[], Bytes::new()).await;
+    assert_eq!(status.as_u16(), 502);
+    assert_eq!(upstream.requests(), vec![1, 1, 2]);
+    assert_eq!(resends(&sluice).await, 1.0);
+}

@@ -117,7 +117,7 @@ pub(super) async fn forward(
     let informational = Informational::watch(&mut request);
 
     let (mut response, lease) = tokio::select! {
-        sent = upstream.pool.send(&live.upstream.url, request) => match sent {
+        sent = upstream.pool.send(&live.upstream.url, request, |again| informational.count(again)) => match sent {
             Ok(sent) => sent,
             Err(error) => return failed(&error),
         },

@@ -100,10 +100,13 @@ impl Pool {
 
     /// Sends `request` (origin-form, `Host` set) to `base`'s authority, on
     /// an idle connection when there is one.
+    /// `again` prepares a request sent a second time: it holds none of
+    /// the first one's extensions.
     pub(super) async fn send(
         self: &Arc<Self>,
         base: &Uri,
         mut request: Request<Body>,
+        again: impl Fn(&mut Request<Body>),
     ) -> Result<(Response<Incoming>, Lease), Failure> {
         let Some(authority) = base.authority() else {
             return Err(Failure::Connect("the upstream URL has no authority".into()));
@@ -114,7 +117,7 @@ impl Pool {
                 Some(sender) if !retried => (sender, true),
                 _ => (self.connect(base).await?, false),
             };
-            let again = (reused && replayable(&request)).then(|| head_copy(&request));
+            let copy = (reused && replayable(&request)).then(|| head_copy(&request));
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     let lease = Lease {
@@ -127,9 +130,12 @@ impl Pool {
                 Err(mut error) => {
                     let unsent = error.take_message();
                     let error = error.into_error();
-                    let resend = match (unsent, again) {
+                    let resend = match (unsent, copy) {
                         (Some(unsent), _) if reused => unsent,
-                        (None, Some(again)) if met_a_closed_connection(&error) => again,
+                        (None, Some(mut copy)) if met_a_closed_connection(&error) => {
+                            again(&mut copy);
+                            copy
+                        }
                         _ => return Err(Failure::Exchange(error)),
                     };
                     tracing::debug!(%error, "a reused upstream connection was closed; sending again on a new one");
@@ -238,14 +244,14 @@ fn replayable(request: &Request<Body>) -> bool {
     idempotent && request.body().is_end_stream()
 }
 
-/// `request` again, for [`replayable`] requests: same head, empty body.
+/// `request` again, for [`replayable`] requests: same head, empty body, no
+/// extensions (cloning them cost as much as the header fields).
 fn head_copy(request: &Request<Body>) -> Request<Body> {
     let mut copy = Request::new(body::empty());
     *copy.method_mut() = request.method().clone();
     *copy.uri_mut() = request.uri().clone();
     *copy.version_mut() = request.version();
     *copy.headers_mut() = request.headers().clone();
-    *copy.extensions_mut() = request.extensions().clone();
     copy
 }
 
@@ -418,7 +424,7 @@ mod tests {
         let closed = uri("http://127.0.0.1:1");
         let request = Request::new(body::empty());
         assert!(matches!(
-            pool.send(&closed, request).await,
+            pool.send(&closed, request, |_| {}).await,
             Err(Failure::Connect(_))
         ));
         assert_eq!(pool.idle_count(), 0);

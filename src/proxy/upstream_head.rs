@@ -88,7 +88,14 @@ impl Informational {
     /// Starts counting the `1xx` responses to `request`.
     pub(super) fn watch<B>(request: &mut Request<B>) -> Arc<Informational> {
         let counter = Arc::new(Informational::default());
-        let callback = counter.clone();
+        counter.count(request);
+        counter
+    }
+
+    /// Counts the `1xx` responses to `request` too (the same request sent
+    /// again: one count for both attempts).
+    pub(super) fn count<B>(self: &Arc<Self>, request: &mut Request<B>) {
+        let callback = Arc::clone(self);
         hyper::ext::on_informational(request, move |_| {
             let seen = callback.seen.fetch_add(1, Ordering::Relaxed) + 1;
             if seen == MAX_INFORMATIONAL + 1 {
@@ -96,7 +103,6 @@ impl Informational {
                 callback.flooded.notify_one();
             }
         });
-        counter
     }
 
     /// Whether more than [`MAX_INFORMATIONAL`] arrived. hyper may parse a

@@ -310,7 +310,10 @@ impl Inner {
         let mut stage = Stage::Waiting;
         let checkout = self.lanes.acquire(&mut stage).await?;
         let mut conn = checkout.conn.clone();
-        let loaded = self.load_everywhere(script, &mut conn).await;
+        let loaded = match self.lease(script, &mut conn).await {
+            Ok(()) => self.load_everywhere(script, &mut conn).await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = &loaded {
             if broken_connection(e) {
                 self.lanes.retire(&checkout);
@@ -327,7 +330,13 @@ impl Inner {
         // sluice load and run scripts, whatever the configuration holds.
         self.scripts.get(&self.probe.policy);
         for script in self.scripts.all() {
-            if let Err(e) = self.load_everywhere(&script, &mut conn).await {
+            // The lease first: a sidecar starting meanwhile must not find
+            // the library loaded and unleased, and delete it.
+            let loaded = match self.lease(&script, &mut conn).await {
+                Ok(()) => self.load_everywhere(&script, &mut conn).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = loaded {
                 if broken_connection(&e) {
                     self.lanes.retire(&checkout);
                 }

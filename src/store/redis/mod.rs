@@ -24,6 +24,7 @@
 
 mod call;
 mod connect;
+mod libraries;
 mod pool;
 mod refund;
 pub(crate) mod reply;
@@ -135,6 +136,7 @@ impl RedisStore {
         }
         runtime.spawn(prepare(Arc::downgrade(&inner)));
         runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
+        runtime.spawn(libraries::renew(Arc::downgrade(&inner)));
         Ok(RedisStore { inner })
     }
 
@@ -518,7 +520,17 @@ async fn prepare(inner: Weak<Inner>) {
         match tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await {
             Ok(Ok(())) => {
                 store.prepared.store(true, Ordering::Release);
-                tracing::info!("redis: connected, scripts loaded");
+                tracing::info!("redis: connected, libraries loaded");
+                // Only once the libraries this sidecar needs are in.
+                match tokio::time::timeout(PREPARE_TIMEOUT, store.prune()).await {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::info!(deleted = n, "redis: unused libraries deleted"),
+                    Ok(Err(e)) => tracing::warn!(
+                        error = %e,
+                        "redis: unused libraries not deleted (the user needs +function|list +function|delete)"
+                    ),
+                    Err(_) => tracing::warn!("redis: unused libraries not deleted: timed out"),
+                }
                 return;
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "redis: not ready yet"),

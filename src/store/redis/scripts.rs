@@ -60,6 +60,7 @@ const UNDO_AT: &str =
 /// The stand-in for `redis` of the read-only libraries (`lua/peek.lua`).
 const PEEK: &str = include_str!("../../../lua/peek.lua");
 /// What every algorithm's file defines: the policy's function.
+#[cfg(test)]
 const DECIDE: &str = "local function decide(redis, KEYS, ARGV)\n";
 
 impl Script {
@@ -344,6 +345,20 @@ impl Scripts {
         self.read().contains_key(policy.bands())
     }
 
+    /// Every library made so far, the read-only ones included (to hold
+    /// their leases).
+    pub fn every(&self) -> Vec<Arc<Script>> {
+        let peeks = self.peeks.read().unwrap_or_else(|e| e.into_inner());
+        let mut every = self.all();
+        every.extend(peeks.values().cloned());
+        every
+    }
+
+    /// The names of [`Scripts::every`].
+    pub fn names(&self) -> std::collections::HashSet<String> {
+        self.every().iter().map(|s| s.name.clone()).collect()
+    }
+
     /// Every script made so far (to load them all).
     pub fn all(&self) -> Vec<Arc<Script>> {
         let several = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
@@ -541,20 +556,21 @@ mod tests {
     }
 
     #[test]
-    fn every_script_starts_with_a_shebang_and_carries_the_common_part() {
+    fn every_library_is_named_after_its_code_and_defines_its_helpers_once() {
         for &algorithm in Algorithm::ALL {
             let file = algorithm.lua();
-            assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
-            // A compact state's script reads it once, with as many numbers
-            // per band as Rust compiles its pattern for.
+            assert!(!file.starts_with("#!"), "{}", algorithm.name());
+            assert_eq!(file.matches(DECIDE).count(), 1, "{}", algorithm.name());
+            // A compact state's function reads it once, with as many
+            // numbers per band as Rust compiles its pattern for.
             let per_band = algorithm.state_numbers();
             let (reads, declared) = if per_band > 0 {
-                (1, format!("\nlocal per_band = {per_band}\n"))
+                (1, format!("\n  local per_band = {per_band}\n"))
             } else {
-                (0, "\nlocal per_band".to_owned())
+                (0, "\n  local per_band".to_owned())
             };
             assert_eq!(
-                file.matches(STATE_AT).count(),
+                file.matches("read_state(").count(),
                 reads,
                 "{}",
                 algorithm.name()
@@ -569,53 +585,81 @@ mod tests {
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
             let name = script.algorithm.map_or("several", |a| a.name());
-            assert!(script.source.starts_with("#!lua\n"), "{name}");
-            assert!(script.source.contains(COMMON), "{name}");
-            assert!(!script.source.contains(COMMON_AT), "{name}");
-            assert!(!script.source.contains("EVAL"), "scripts never nest EVAL");
-            assert_eq!(script.sha.len(), 40);
+            assert!(script.name.starts_with(LIBRARY_PREFIX), "{name}");
+            assert_eq!(script.name.len(), LIBRARY_PREFIX.len() + 40, "{name}");
+            assert!(
+                script
+                    .source
+                    .starts_with(&format!("#!lua name={}\n", script.name)),
+                "{name}"
+            );
+            assert!(script.source.contains(&format!(
+                "redis.register_function{{function_name = '{}', callback = \
+                 function(keys, args) return decide(redis, keys, args) end}}",
+                script.name
+            )));
+            // The helpers are the library's, once, outside any function.
+            assert_eq!(script.source.matches(COMMON).count(), 1, "{name}");
+            assert_eq!(script.source.matches(STATE).count(), 1, "{name}");
+            assert!(script.source.find(COMMON) < script.source.find(DECIDE));
+            assert!(!script.source.contains(NAME_AT), "{name}");
+            assert!(!script.source.contains("EVAL"), "libraries never nest EVAL");
+            // The name is the SHA-1 of the code with the name left out.
+            let unnamed = script.source.replace(&script.name, NAME_AT);
+            assert_eq!(
+                script.name,
+                format!("{LIBRARY_PREFIX}{}", redis::Script::new(&unnamed).get_hash())
+            );
         }
     }
 
     #[test]
-    fn every_refund_script_carries_the_policy_and_its_algorithm_part() {
-        assert_eq!(REFUND.matches(LITERALS_AT).count(), 1);
+    fn every_refund_library_carries_the_policy_and_its_algorithm_part() {
         assert_eq!(REFUND.matches(UNDO_AT).count(), 1);
         for policy in policies() {
             let script = Script::refund_for_policy(&policy, &common());
             let name = policy.algorithm().name();
-            assert!(script.source.starts_with("#!lua\n"), "{name}");
+            assert!(script.source.starts_with("#!lua name=sluice_"), "{name}");
             assert!(
                 script.source.contains(policy.algorithm().refund_lua()),
                 "{name}"
             );
             assert!(script.source.contains("local P_BAND_ARGS = {"), "{name}");
             assert!(script.source.contains(COMMON), "{name}");
-            assert!(
-                !script.source.contains(LITERALS_AT),
-                "{name}: a marker left"
-            );
+            assert!(script.source.ends_with(&format!(
+                "redis.register_function{{function_name = '{}', callback = refund}}\n",
+                script.name
+            )));
             assert!(!script.source.contains(UNDO_AT), "{name}: a marker left");
-            assert_ne!(script.sha, Script::for_policy(&policy, &common()).sha);
+            assert_ne!(script.name, Script::for_policy(&policy, &common()).name);
         }
     }
 
     #[test]
-    fn the_read_only_script_is_the_same_script_writing_nothing() {
+    fn the_read_only_library_is_the_same_function_writing_nothing() {
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
             let peek = Script::peek_for_policy(&policy, &common());
             let name = script.algorithm.map_or("several", |a| a.name());
-            assert!(script.source.starts_with(SHEBANG), "{name}");
             assert!(!script.source.contains(PEEK), "{name}: requests run it");
-            assert!(peek.source.starts_with(SHEBANG_NO_WRITES), "{name}");
-            assert_ne!(peek.sha, script.sha, "{name}");
+            assert_ne!(peek.name, script.name, "{name}");
+            assert!(peek.source.ends_with(&format!(
+                "redis.register_function{{function_name = '{}', callback = \
+                 function(keys, args) return decide(READ_ONLY, keys, args) end, \
+                 flags = {{'no-writes'}}}}\n",
+                peek.name
+            )));
             // Take the read-only part out again and it is the request's
-            // script: the algorithm itself is not touched.
+            // library: the algorithm itself is not touched.
             let back = peek
                 .source
-                .replacen(SHEBANG_NO_WRITES, SHEBANG, 1)
-                .replacen(PEEK, "", 1);
+                .replace(&peek.name, &script.name)
+                .replacen(PEEK, "", 1)
+                .replacen(
+                    "decide(READ_ONLY, keys, args) end, flags = {'no-writes'}}",
+                    "decide(redis, keys, args) end}",
+                    1,
+                );
             assert_eq!(back, script.source, "{name}");
         }
         let scripts = Scripts::new(common());
@@ -624,8 +668,9 @@ mod tests {
         assert!(made);
         let (again, made) = scripts.peek(policy);
         assert!(Arc::ptr_eq(&peek, &again) && !made);
-        // Never loaded with the request scripts.
+        // Never loaded with the request libraries, but leased.
         assert!(scripts.all().is_empty());
+        assert!(scripts.names().contains(&peek.name));
         assert!(!scripts.has(policy));
     }
 
@@ -647,7 +692,7 @@ mod tests {
             "local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+):(%d+):(%d+):(%d+)$', \
              '%d:%d:%d:%d:%d'"
         ));
-        assert!(fixed.source.contains(STATE) && !fixed.source.contains(STATE_AT));
+        assert!(fixed.source.contains(STATE));
         let gcra = Script::for_policy(&policies[4], &common());
         assert!(gcra
             .source
@@ -656,7 +701,7 @@ mod tests {
             .source
             .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)$', '%d:%d'"));
         let log = Script::for_policy(&policies[2], &common());
-        assert!(!log.source.contains("P_STATE_") && !log.source.contains(STATE));
+        assert!(!log.source.contains("local P_STATE_"));
         // Past Lua's 32 captures, the general path reads the state.
         let many = Policy::new(
             "many",
@@ -673,7 +718,7 @@ mod tests {
             dedupe_window: Duration::from_secs(1),
             ..common()
         };
-        assert_ne!(Script::for_policy(&policies[0], &other).sha, fixed.sha);
+        assert_ne!(Script::for_policy(&policies[0], &other).name, fixed.name);
     }
 
     #[test]
@@ -686,7 +731,7 @@ mod tests {
         for p in &policies {
             assert_eq!(scripts.get(p).algorithm, Some(p.algorithm()));
         }
-        let mut shas: Vec<String> = scripts.all().iter().map(|s| s.sha.clone()).collect();
+        let mut shas: Vec<String> = scripts.all().iter().map(|s| s.name.clone()).collect();
         shas.sort();
         shas.dedup();
         assert_eq!(shas.len(), 5);
@@ -698,7 +743,7 @@ mod tests {
             false,
         );
         assert_eq!(changed.revision, policies[0].revision);
-        assert_ne!(scripts.get(&changed).sha, first.sha);
+        assert_ne!(scripts.get(&changed).name, first.name);
     }
 
     /// The state key's mark and its separator, as the scripts' formats
@@ -734,7 +779,7 @@ mod tests {
                 deadline: tokio::time::Instant::now(),
                 id: EvaluationId(0xab),
             };
-            let sent = args(&evalsha(&script, &common(), &evaluation));
+            let sent = args(&fcall(&script, &common(), &evaluation));
             let state = format!(
                 "sl:{{{}:{}:{}{subject}}}",
                 policy.name,
@@ -745,8 +790,8 @@ mod tests {
             assert_eq!(
                 sent,
                 [
-                    "EVALSHA".to_owned(),
-                    script.sha.clone(),
+                    "FCALL".to_owned(),
+                    script.name.clone(),
                     "2".to_owned(),
                     state.clone(),
                     format!("{state}:e:{id}"),
@@ -764,25 +809,27 @@ mod tests {
         shadow.shadow = true;
         let set = [&policies[0], &shadow, &policies[4]];
         let several = Script::for_limits(&set, &common());
-        assert!(several.source.starts_with(SHEBANG));
+        assert!(several.source.starts_with(&format!("#!lua name={}\n", several.name)));
         assert!(!several.source.contains(LIMITS_AT));
-        assert_eq!(several.source.matches(SHEBANG).count(), 1);
+        assert_eq!(several.source.matches(COMMON).count(), 1);
         for (i, policy) in set.iter().enumerate() {
-            // Byte for byte what the policy runs alone, after its shebang.
-            let alone = Script::for_policy(policy, &common()).source;
-            let body = alone.strip_prefix(SHEBANG).unwrap();
+            // What the policy runs alone: its numbers and its decide.
             let n = i + 1;
-            let function = format!("LIMITS[{n}] = function(redis, KEYS, ARGV)\n{body}");
-            assert!(several.source.contains(&function), "limit {n}");
-            let flag = format!("SHADOW[{n}] = {}", policy.shadow);
-            assert!(several.source.contains(&flag), "{flag}");
+            let block = format!(
+                "do\n{}LIMITS[{n}], SHADOW[{n}] = decide, {}\nend\n",
+                decide(policy, &common()),
+                policy.shadow
+            );
+            assert!(several.source.contains(&block), "limit {n}");
+            let alone = Script::for_policy(policy, &common()).source;
+            assert!(alone.contains(&decide(policy, &common())), "limit {n}");
         }
         let scripts = Scripts::new(common());
         let made = scripts.several(&set);
-        assert_eq!(made.sha, several.sha);
+        assert_eq!(made.name, several.name);
         assert!(Arc::ptr_eq(&made, &scripts.several(&set)));
         assert!(scripts.has_several(&set) && !scripts.has_several(&set[..2]));
-        assert!(scripts.all().iter().any(|s| s.sha == several.sha));
+        assert!(scripts.all().iter().any(|s| s.name == several.name));
 
         let (a, b) = (
             PseudonymKey::new(b"k", 1).pseudonym("ip", b"192.0.2.1", "signup"),
@@ -796,7 +843,7 @@ mod tests {
             id: EvaluationId(0xab),
         };
         let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
-        let sent = args(&evalsha_several(&several, &common(), &evaluations));
+        let sent = args(&fcall_several(&several, &common(), &evaluations));
         let id = format!("{:032x}", 0xab);
         let key =
             |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{}{s}}}", p.name, p.revision, mark(p));
@@ -804,8 +851,8 @@ mod tests {
         assert_eq!(
             sent,
             [
-                "EVALSHA".to_owned(),
-                several.sha.clone(),
+                "FCALL".to_owned(),
+                several.name.clone(),
                 "4".to_owned(),
                 ka.clone(),
                 format!("{ka}:e:{id}"),

@@ -57,12 +57,14 @@ impl Inner {
         let checkout = self.lanes.acquire(&mut stage).await?;
         let mut conn = checkout.conn.clone();
         let mut list = redis::cmd("FUNCTION");
-        list.arg("LIST").arg("LIBRARYNAME").arg(LIBRARY_PREFIX);
+        // A glob pattern (Redis 7.0).
+        list.arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(format!("{LIBRARY_PREFIX}*"));
         let listed: Value = list.query_async(&mut conn).await?;
         let ours = self.scripts.names();
         let mut deleted = 0;
         for name in library_names(&listed) {
-            // LIBRARYNAME matches anywhere in the name.
             if !name.starts_with(LIBRARY_PREFIX) || ours.contains(&name) {
                 continue;
             }

@@ -50,7 +50,8 @@ const STATE: &str = include_str!("../../../lua/state.lua");
 const MAX_CAPTURES: usize = 32;
 /// Several limits in one call, and where it takes each limit's function.
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
-const LIMITS_AT: &str = "-- @limits (sluice puts each limit's decide in here, in the route's order)\n";
+const LIMITS_AT: &str =
+    "-- @limits (sluice puts each limit's decide in here, in the route's order)\n";
 
 /// Refunds (`lua/refund.lua`), and where they take the algorithm's part.
 const REFUND: &str = include_str!("../../../lua/refund.lua");
@@ -144,10 +145,7 @@ impl Script {
     /// Names the library after the SHA-1 of its code, and writes the name
     /// in.
     fn named(algorithm: Option<Algorithm>, code: String) -> Script {
-        let name = format!(
-            "{LIBRARY_PREFIX}{}",
-            redis::Script::new(&code).get_hash()
-        );
+        let name = format!("{LIBRARY_PREFIX}{}", redis::Script::new(&code).get_hash());
         Script {
             algorithm,
             source: code.replace(NAME_AT, &name),
@@ -608,7 +606,10 @@ mod tests {
             let unnamed = script.source.replace(&script.name, NAME_AT);
             assert_eq!(
                 script.name,
-                format!("{LIBRARY_PREFIX}{}", redis::Script::new(&unnamed).get_hash())
+                format!(
+                    "{LIBRARY_PREFIX}{}",
+                    redis::Script::new(&unnamed).get_hash()
+                )
             );
         }
     }
@@ -809,7 +810,9 @@ mod tests {
         shadow.shadow = true;
         let set = [&policies[0], &shadow, &policies[4]];
         let several = Script::for_limits(&set, &common());
-        assert!(several.source.starts_with(&format!("#!lua name={}\n", several.name)));
+        assert!(several
+            .source
+            .starts_with(&format!("#!lua name={}\n", several.name)));
         assert!(!several.source.contains(LIMITS_AT));
         assert_eq!(several.source.matches(COMMON).count(), 1);
         for (i, policy) in set.iter().enumerate() {

@@ -194,7 +194,7 @@ async fn redis_killed_under_load_fails_closed_fast_and_a_fresh_redis_restores_se
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_mid_run_costs_no_request() {
+async fn function_flush_mid_run_costs_no_request() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;

@@ -710,7 +710,7 @@ async fn killed_redis_fails_fast_and_a_fresh_one_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_is_absorbed() {
+async fn function_flush_is_absorbed() {
     let server = RedisServer::start();
     let store = connect(&server).await;
     let mut conn = server.connection();
@@ -1145,6 +1145,16 @@ async fn a_user_without_eval_limits_exactly() {
     let mut plain = client.get_connection().expect("connect as sluice");
     let eval: redis::RedisResult<i64> = redis::cmd("EVAL").arg("return 1").arg(0).query(&mut plain);
     assert!(eval.is_err(), "EVAL allowed");
+    // Nor EVALSHA: every decision is an FCALL.
+    let evalsha: redis::RedisResult<i64> = redis::cmd("EVALSHA")
+        .arg("0".repeat(40))
+        .arg(0)
+        .query(&mut plain);
+    assert_eq!(
+        evalsha.err().and_then(|e| e.code().map(str::to_owned)),
+        Some("NOPERM".to_owned()),
+        "EVALSHA allowed"
+    );
 
     for (name, bands) in all_bands() {
         let policy = policy(name, bands);

@@ -759,9 +759,15 @@ async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_receive
         }
     };
 
-    // Five admitted and replicated.
+    // Five admitted and replicated. WAIT waits for this connection's own
+    // last write: one written after the five, so they are acknowledged too.
     assert_eq!(admit(5).await, 5);
     let mut conn = primary.connection();
+    let _: () = redis::cmd("SET")
+        .arg("replicated-up-to-here")
+        .arg(1)
+        .query(&mut conn)
+        .expect("SET");
     let acked: i64 = redis::cmd("WAIT")
         .arg(1)
         .arg(2000)

@@ -119,7 +119,8 @@ server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok"; }} }} }}
 
 
 def capture(procs, workdir, sluice, redis_port):
-    """Each algorithm's EVALSHA as sluice sends it, read off MONITOR."""
+    """Each algorithm's call as sluice sends it (FCALL; EVALSHA from versions
+    before Redis Functions), read off MONITOR."""
     upstream = start_upstream(procs, workdir)
     conf = os.path.join(workdir, "sluice.yaml")
     with open(conf, "w") as f:
@@ -156,14 +157,14 @@ def capture(procs, workdir, sluice, redis_port):
         if not m:
             continue
         args = shlex.split(m.group(1))
-        if not args or args[0].upper() != "EVALSHA":
+        if not args or args[0].upper() not in ("FCALL", "EVALSHA"):
             continue
         key = args[3]
         policy = key.split("{", 1)[1].split(":", 1)[0]
         calls[policy] = args
     missing = [a for a in ALGORITHMS if a not in calls]
     if missing:
-        raise SystemExit(f"no EVALSHA captured for {missing}")
+        raise SystemExit(f"no FCALL (or EVALSHA) captured for {missing}")
     return calls
 
 
@@ -184,10 +185,11 @@ def fresh(args, many):
     return out
 
 
-def script_usec(r):
-    """Microseconds per EVALSHA (the script and every command inside it),
-    from INFO commandstats since the last CONFIG RESETSTAT."""
-    raw = r.info("commandstats").get("cmdstat_evalsha", "")
+def script_usec(r, command="evalsha"):
+    """Microseconds per call of `command` (FCALL or EVALSHA: the function or
+    script and every command inside it), from INFO commandstats since the
+    last CONFIG RESETSTAT."""
+    raw = r.info("commandstats").get(f"cmdstat_{command}", "")
     m = re.search(r"usec_per_call=([0-9.]+)", raw)
     return float(m.group(1)) if m else None
 
@@ -214,7 +216,7 @@ def replay(redis_pid, r, port, args, calls, clients):
     # Each decided call reads TIME once; a replayed record does not.
     time_raw = r.info("commandstats").get("cmdstat_time", "")
     m = re.search(r"calls=([0-9]+)", time_raw)
-    return {"script_us_per_call": script_usec(r), "cpu_us_per_call": cpu * 1e6 / calls,
+    return {"script_us_per_call": script_usec(r, args[0].lower()), "cpu_us_per_call": cpu * 1e6 / calls,
             "calls_per_s": calls / wall, "decided": (int(m.group(1)) if m else 0) / calls}
 
 
@@ -268,7 +270,8 @@ def main():
         "",
         f"{result['generated_at']}; redis-benchmark, {args.clients} connections, {args.calls} calls "
         "each, a fresh evaluation id per call; Redis alone on one CPU. Script µs: INFO "
-        "commandstats `usec_per_call` of EVALSHA (the script and the commands inside it), the "
+        "commandstats `usec_per_call` of FCALL (the function and the commands inside it; EVALSHA "
+        "for seed 002 and versions before Redis Functions), the "
         "ratio's basis. Whole CPU: redis-server's utime + stime per call from /proc, networking "
         "included (the same for both, so it narrows the ratio).",
         "",

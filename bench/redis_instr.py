@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """redis-server instructions per sluice decision, beside seed 002's script.
 
-The same calls as redis_cost.py (each algorithm's EVALSHA captured from a
+The same calls as redis_cost.py (each algorithm's FCALL, or EVALSHA from a
+version before Redis Functions, captured from a
 running sluice, a fresh evaluation id per call, one hot subject or many),
 replayed against a redis-server running under `valgrind --tool=callgrind`
 with instrumentation on only while each replay runs. Instruction counts do
 not move with the machine's noise, so this is the figure to compare two
 versions by: give one sluice binary per version; all run against the one
-Redis, their scripts loaded side by side.
+Redis, their scripts and libraries loaded side by side.
 
     python3 bench/redis_instr.py [LABEL=]SLUICE [[LABEL=]OTHER_SLUICE ...] [--calls N]
 

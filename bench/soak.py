@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The soak: sluice on Redis under mixed traffic for ten minutes, with a
-SCRIPT FLUSH and a Redis kill halfway, then back to its baseline.
+FUNCTION FLUSH and a Redis kill halfway, then back to its baseline.
 
     python3 bench/soak.py [--sluice target/release/sluice] [--seconds N] [--keep]
 
@@ -16,7 +16,7 @@ the whole run:
   a bare-LF header line, Content-Length with Transfer-Encoding, a broken
   chunk size, a connection cut mid-head.
 
-Halfway, SCRIPT FLUSH on Redis; ten seconds later Redis is killed
+Halfway, FUNCTION FLUSH on Redis; ten seconds later Redis is killed
 (SIGKILL) and restarted on the same port five seconds after that.
 
 Every second: sluice's VmRSS, open FDs, threads (/proc) and live runtime
@@ -465,12 +465,12 @@ def session(procs, workdir, args):
     probes = {}
 
     def disturb(t0):
-        """SCRIPT FLUSH halfway, then the kill and the restart."""
+        """FUNCTION FLUSH halfway, then the kill and the restart."""
         half = t0 + seconds / 2
         time.sleep(max(0, half - time.monotonic()))
         events["script_flush"] = {"t": round(time.monotonic() - t0, 2), "unix": time.time(),
-                                  "reply": redis_cmd(redis_port, "SCRIPT", "FLUSH")}
-        log("SCRIPT FLUSH")
+                                  "reply": redis_cmd(redis_port, "FUNCTION", "FLUSH")}
+        log("FUNCTION FLUSH")
         time.sleep(FLUSH_TO_KILL_S)
         os.kill(redis_procs[-1].pid, signal.SIGKILL)
         redis_procs[-1].wait(timeout=5)
@@ -676,7 +676,7 @@ def markdown(r):
         f"then {st['seconds']} s of: wrk on /allowed ({LOADS['allowed']['conns']} connections, a limit never "
         f"reached), on /blocked ({LOADS['blocked']['conns']}, one subject past its limit), on /subjects "
         f"({LOADS['subjects']['conns']}, a new X-Subject per request, keys expiring after 6 s), and "
-        f"{st['malformed_per_s']} malformed requests a second on their own connections. Halfway `SCRIPT FLUSH`, "
+        f"{st['malformed_per_s']} malformed requests a second on their own connections. Halfway `FUNCTION FLUSH`, "
         f"{st['flush_to_kill_s']} s later Redis killed (SIGKILL), restarted on the same port "
         f"{st['kill_to_restart_s']} s after that. Whole run {r.get('elapsed_s', '—')} s.",
         "",
@@ -733,10 +733,10 @@ def markdown(r):
               "(`/chunk` is where the broken chunked bodies go: the head is valid, so it may be forwarded "
               "before the body breaks).", ""]
 
-    lines += ["## SCRIPT FLUSH and the Redis kill", ""]
+    lines += ["## FUNCTION FLUSH and the Redis kill", ""]
     ev = r["events"]
     if "script_flush" in s:
-        lines.append(f"`SCRIPT FLUSH` at {ev['script_flush']['t']} s; answers in the seconds around it "
+        lines.append(f"`FUNCTION FLUSH` at {ev['script_flush']['t']} s; answers in the seconds around it "
                      f"(−1 … +2 s): " + "; ".join(f"{k}: {_st(v)}" for k, v in s["script_flush"]["statuses"].items())
                      + ".")
         lines.append("")

@@ -214,9 +214,10 @@ class PerfSyscalls:
 
 
 # Commands a client sends; every other command in `INFO commandstats` was
-# called by a script (Redis counts those too). sluice must work with a user
-# allowed only EVALSHA, SCRIPT LOAD and PING, so it cannot send data
-# commands itself.
+# called by a script or function (Redis counts those too). sluice must work
+# with a user allowed only FCALL, FUNCTION LOAD/LIST/DELETE, PING and the
+# commands its functions call, so it sends no data command itself but the
+# libraries' leases (one SET per library at start and each hour).
 CLIENT_COMMAND_PREFIXES = ("eval", "script", "fcall", "function", "ping", "hello", "client", "select", "auth")
 
 

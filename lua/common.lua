@@ -1,17 +1,26 @@
--- The part every sluice script shares: argument checks, the clock,
--- de-duplication, band binding and the reply. It is not a script on its own:
--- sluice splices it into each algorithm's script where that script says
--- `-- @common`, once at start, before computing the script's SHA-1.
+-- The part every sluice library shares: argument checks, the clock,
+-- de-duplication, band binding and the reply. It is not a library on its
+-- own: sluice puts it at the top of each library (after the `#!lua name=`
+-- line), where Redis runs it once, when the library loads. Every function
+-- here is made then, once, and called by the policy's function on every
+-- call: they take what they need as parameters (a function has no KEYS or
+-- ARGV of its own), and read the policy's numbers from nothing.
 local REPLY_VERSION = 1
--- Lua numbers are doubles: every integer the scripts handle stays at or
+-- Lua numbers are doubles: every integer the libraries handle stays at or
 -- below 2^53 - 1, where doubles are exact and math.floor(a / b) is exact.
 local MAX_EXACT = 9007199254740991
+
 -- Most of what an evaluation costs Redis is this Lua, run anew for every
 -- request: each conversion between text and number (a C call: tonumber,
--- string.format, or a number concatenated), each table grown an element
--- at a time, each function defined here. Hence the library functions in
--- locals, tables built whole, and numbers formatted once.
-local format, match, tonumber, unpack = string.format, string.match, tonumber, unpack
+-- string.format, or a number concatenated), each table grown an element at
+-- a time. Hence the library functions in locals, tables built whole, and
+-- numbers formatted once. A library's load sees only `redis` (Redis 7.0:
+-- no `string`, no `tonumber`), so these locals are filled on the first call
+-- (`arguments`, below) and kept for every call after it.
+local function standard()
+  return string.format, string.match, tonumber, unpack
+end
+local format, match, tonumber, unpack
 
 local function fail(message)
   error({err = 'ERR sluice: ' .. message})
@@ -28,7 +37,7 @@ local function whole(raw, min)
   return nil
 end
 
-local function int_arg(index, min)
+local function int_arg(ARGV, index, min)
   return whole(ARGV[index], min) or fail('ARGV[' .. index .. '] is not an integer in range')
 end
 
@@ -42,28 +51,32 @@ local function stored(raw, what)
 end
 
 -- The policy's and the store's numbers are not arguments: sluice writes
--- them into each policy's copy of the script as literals (the `P_` locals)
--- above it, from a configuration already validated. Converting a dozen
--- arguments from text on every call cost more than the rest of the prologue
--- (measured: about 2.5 us of 9.5). Only the evaluation id and the cost
--- change from call to call.
-if #ARGV ~= 2 then
-  fail('expects 2 arguments: the evaluation id and the cost')
+-- them into each policy's library as literals (the `P_` locals), from a
+-- configuration already validated. Converting a dozen arguments from text
+-- on every call cost more than the rest of the prologue (measured: about
+-- 2.5 us of 9.5). Only the evaluation id and the cost change from call to
+-- call: checked here, first thing in every call, with the record's key
+-- (de-duplication, below).
+local function arguments(KEYS, ARGV)
+  if not format then
+    format, match, tonumber, unpack = standard()
+  end
+  if #ARGV ~= 2 then
+    fail('expects 2 arguments: the evaluation id and the cost')
+  end
+  local id = ARGV[1]
+  if #id ~= 32 or not match(id, '^%x+$') then
+    fail('ARGV[1] is not an evaluation id')
+  end
+  return id, int_arg(ARGV, 2, 1), KEYS[#KEYS]
 end
-local id = ARGV[1]
-if #id ~= 32 or not match(id, '^%x+$') then
-  fail('ARGV[1] is not an evaluation id')
-end
-local cost = int_arg(2, 1)
-local ttl_ms, max_regression, bands = P_TTL_MS, P_MAX_REGRESSION_US, P_BANDS
 
--- Checks the number of keys and of band parameters, and returns them, band
--- after band.
-local function band_args(keys, per_band)
+-- Checks the number of keys and of band parameters (`args`, the policy's
+-- `P_BAND_ARGS`), and returns the parameters, band after band.
+local function band_args(KEYS, keys, per_band, args, bands)
   if #KEYS ~= keys then
     fail('expects ' .. keys .. ' keys')
   end
-  local args = P_BAND_ARGS
   if #args ~= bands * per_band then
     fail('expects ' .. per_band .. ' parameters per band')
   end
@@ -71,9 +84,9 @@ local function band_args(keys, per_band)
 end
 
 -- The time to decide at, given the key's last write. A small step back of
--- the Redis clock counts as no time passing; a large one is refused
--- (nil, with how far back it went).
-local function decision_time(last)
+-- the Redis clock (at most `max_regression` us) counts as no time passing;
+-- a larger one is refused (nil, with how far back it went).
+local function decision_time(last, max_regression)
   local t = redis.call('TIME')
   local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if last <= clock then
@@ -115,11 +128,10 @@ end
 -- the decision for dedupe_window. A retry can only come within the budget
 -- of the first attempt, so records live that long and no longer; finding
 -- one is a GET, leaving one a SET, however hot the subject.
-local record_key = KEYS[#KEYS]
 
 -- The decision this id already got, if it was applied before: a retry
 -- after an ambiguous failure must not charge twice.
-local function replay()
+local function replay(record_key)
   local recorded = redis.call('GET', record_key)
   if not recorded then
     return nil
@@ -133,12 +145,14 @@ local function replay()
 end
 
 -- `now` is the time the decision was made at: a refund (lua/refund.lua)
--- needs it to find the window that was charged.
-local function remember(decision, now)
-  redis.call('SET', record_key,
+-- needs it to find the window that was charged. `server` is the policy
+-- function's `redis` (a read-only or deferring one, lua/peek.lua and
+-- lua/several.lua): the record is a write.
+local function remember(server, record_key, decision, now, window_text)
+  server.call('SET', record_key,
     format('%d:%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4], decision[5],
       now),
-    'PX', P_DEDUPE_WINDOW_TEXT)
+    'PX', window_text)
 end
 
 local function reply(decision, skew)

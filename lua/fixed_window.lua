@@ -1,57 +1,64 @@
-#!lua
 -- sluice fixed-window. KEYS, ARGV and the reply: lua/README.md.
 -- Validate every argument, read everything, decide, and only then write:
 -- Redis never rolls a script back, so an error must come before any write.
 
--- @common (lua/common.lua is spliced in here)
+-- The policy's function: sluice registers it (lua/README.md, "Libraries"),
+-- with the policy's numbers, the `P_` locals, written above this file.
+-- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
+-- (lua/several.lua) stand-in for it.
+local function decide(redis, KEYS, ARGV)
+  local id, cost, record_key = arguments(KEYS, ARGV)
+  local bands = P_BANDS
 
--- Per band: limit, window_us.
-local args = band_args(2, 2)
-for b = 1, bands do
-  if cost > args[2 * b - 1] then
-    fail('cost above the policy maximum')
+  -- Per band: limit, window_us.
+  local args = band_args(KEYS, 2, 2, P_BAND_ARGS, bands)
+  for b = 1, bands do
+    if cost > args[2 * b - 1] then
+      fail('cost above the policy maximum')
+    end
   end
-end
 
--- State, one string: `t:s1:c1:s2:c2...`; t = last write (us), s<b> =
--- window start, c<b> = count.
-local per_band = 2
-local replayed = replay()
-if replayed then
-  return replayed
-end
-
--- @state (lua/state.lua is spliced in here)
-local now, skew = decision_time(state[1] or 0)
-if not now then
-  return clock_unsafe(skew)
-end
-
--- The new state is written over the old, in place, in order.
-state[1] = now
-local verdicts = {}
-for b = 1, bands do
-  local s, c = 2 * b, 2 * b + 1
-  local start = state[s]
-  local count = state[c] or 0
-  local limit, w = args[2 * b - 1], args[2 * b]
-  local ws = now - now % w
-  if start ~= ws then
-    count = 0
+  -- State, one string: `t:s1:c1:s2:c2...`; t = last write (us), s<b> =
+  -- window start, c<b> = count.
+  local per_band = 2
+  local replayed = replay(record_key)
+  if replayed then
+    return replayed
   end
-  local allowed = count + cost <= limit
-  local after = allowed and count + cost or count
-  local reset = ws + w - now
-  verdicts[b] = {allowed, limit - after, reset, allowed and 0 or reset}
-  state[s] = ws
-  state[c] = after
-end
 
-local decision = bind(verdicts)
--- A denied request writes nothing to any band.
-if decision[1] == 1 then
-  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
-    'PX', P_TTL_TEXT)
+  local n = 1 + bands * per_band
+  local state = read_state(redis.call('GET', KEYS[1]), n, per_band, P_STATE_PATTERN)
+  local now, skew = decision_time(state[1] or 0, P_MAX_REGRESSION_US)
+  if not now then
+    return clock_unsafe(skew)
+  end
+
+  -- The new state is written over the old, in place, in order.
+  state[1] = now
+  local verdicts = {}
+  for b = 1, bands do
+    local s, c = 2 * b, 2 * b + 1
+    local start = state[s]
+    local count = state[c] or 0
+    local limit, w = args[2 * b - 1], args[2 * b]
+    local ws = now - now % w
+    if start ~= ws then
+      count = 0
+    end
+    local allowed = count + cost <= limit
+    local after = allowed and count + cost or count
+    local reset = ws + w - now
+    verdicts[b] = {allowed, limit - after, reset, allowed and 0 or reset}
+    state[s] = ws
+    state[c] = after
+  end
+
+  local decision = bind(verdicts)
+  -- A denied request writes nothing to any band.
+  if decision[1] == 1 then
+    redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+      'PX', P_TTL_TEXT)
+  end
+  remember(redis, record_key, decision, now, P_DEDUPE_WINDOW_TEXT)
+  return reply(decision, skew)
 end
-remember(decision, now)
-return reply(decision, skew)

@@ -1,62 +1,69 @@
-#!lua
 -- sluice gcra (exact). KEYS, ARGV and the reply: lua/README.md.
 -- Validate every argument, read everything, decide, and only then write:
 -- Redis never rolls a script back, so an error must come before any write.
 
--- @common (lua/common.lua is spliced in here)
+-- The policy's function: sluice registers it (lua/README.md, "Libraries"),
+-- with the policy's numbers, the `P_` locals, written above this file.
+-- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
+-- (lua/several.lua) stand-in for it.
+local function decide(redis, KEYS, ARGV)
+  local id, cost, record_key = arguments(KEYS, ARGV)
+  local bands = P_BANDS
 
--- Per band: limit, window_us, burst.
-local args = band_args(2, 3)
-local interval, tolerance = {}, {}
-for b = 1, bands do
-  local l, w, burst = args[3 * b - 2], args[3 * b - 1], args[3 * b]
-  -- Rounded up: rounding can only ever admit less.
-  interval[b] = math.floor((w + l - 1) / l)
-  if burst * interval[b] > MAX_EXACT then
-    fail('burst * emission interval exceeds 2^53')
+  -- Per band: limit, window_us, burst.
+  local args = band_args(KEYS, 2, 3, P_BAND_ARGS, bands)
+  local interval, tolerance = {}, {}
+  for b = 1, bands do
+    local l, w, burst = args[3 * b - 2], args[3 * b - 1], args[3 * b]
+    -- Rounded up: rounding can only ever admit less.
+    interval[b] = math.floor((w + l - 1) / l)
+    if burst * interval[b] > MAX_EXACT then
+      fail('burst * emission interval exceeds 2^53')
+    end
+    tolerance[b] = burst * interval[b]
+    if cost > burst then
+      fail('cost above the policy maximum')
+    end
   end
-  tolerance[b] = burst * interval[b]
-  if cost > burst then
-    fail('cost above the policy maximum')
+
+  -- State, one string: `t:a1:a2...`; t = last write (us), a<b> = theoretical
+  -- arrival time (us).
+  local per_band = 1
+  local replayed = replay(record_key)
+  if replayed then
+    return replayed
   end
-end
 
--- State, one string: `t:a1:a2...`; t = last write (us), a<b> = theoretical
--- arrival time (us).
-local per_band = 1
-local replayed = replay()
-if replayed then
-  return replayed
-end
-
--- @state (lua/state.lua is spliced in here)
-local now, skew = decision_time(state[1] or 0)
-if not now then
-  return clock_unsafe(skew)
-end
-
--- The new state is written over the old, in place, in order.
-state[1] = now
-local verdicts = {}
-for b = 1, bands do
-  local t, tau = interval[b], tolerance[b]
-  local tat0 = math.max(state[1 + b] or now, now)
-  local new_tat = tat0 + cost * t
-  local allowed = new_tat - now <= tau
-  if allowed then
-    verdicts[b] = {true, math.floor((tau - (new_tat - now)) / t), new_tat - now, 0}
-  else
-    verdicts[b] = {false, math.floor(math.max(tau - (tat0 - now), 0) / t), tat0 - now,
-      new_tat - now - tau}
+  local n = 1 + bands * per_band
+  local state = read_state(redis.call('GET', KEYS[1]), n, per_band, P_STATE_PATTERN)
+  local now, skew = decision_time(state[1] or 0, P_MAX_REGRESSION_US)
+  if not now then
+    return clock_unsafe(skew)
   end
-  state[1 + b] = new_tat
-end
 
-local decision = bind(verdicts)
--- A denied request writes nothing to any band.
-if decision[1] == 1 then
-  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
-    'PX', P_TTL_TEXT)
+  -- The new state is written over the old, in place, in order.
+  state[1] = now
+  local verdicts = {}
+  for b = 1, bands do
+    local t, tau = interval[b], tolerance[b]
+    local tat0 = math.max(state[1 + b] or now, now)
+    local new_tat = tat0 + cost * t
+    local allowed = new_tat - now <= tau
+    if allowed then
+      verdicts[b] = {true, math.floor((tau - (new_tat - now)) / t), new_tat - now, 0}
+    else
+      verdicts[b] = {false, math.floor(math.max(tau - (tat0 - now), 0) / t), tat0 - now,
+        new_tat - now - tau}
+    end
+    state[1 + b] = new_tat
+  end
+
+  local decision = bind(verdicts)
+  -- A denied request writes nothing to any band.
+  if decision[1] == 1 then
+    redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+      'PX', P_TTL_TEXT)
+  end
+  remember(redis, record_key, decision, now, P_DEDUPE_WINDOW_TEXT)
+  return reply(decision, skew)
 end
-remember(decision, now)
-return reply(decision, skew)

@@ -1,4 +1,3 @@
-#!lua
 -- sluice: gives back what one evaluation charged, when another limit of the
 -- same request refused it and the two could not be decided in one call
 -- (Redis Cluster, their keys in different slots). KEYS, ARGV and the reply:
@@ -8,26 +7,9 @@
 -- its record then says denied: a refund runs at most once per evaluation,
 -- however often it is sent, and a refund of an evaluation that never ran
 -- (or whose record has expired) changes nothing.
--- @literals (sluice writes the policy's numbers and lua/common.lua here:
--- the same argument checks, `id`, `cost` and `record_key` as a decision)
-if #KEYS ~= 2 then
-  fail('expects 2 keys')
-end
-local args = P_BAND_ARGS
-
-local recorded = redis.call('GET', record_key)
-if not recorded then
-  return {REPLY_VERSION, 0}
-end
-local admitted, rest, at = match(recorded, '^(%d+)(:%d+:%d+:%d+:%d+:)(%d+)$')
-if not admitted then
-  fail('corrupt state: dedupe record')
-end
-if admitted ~= '1' then
-  return {REPLY_VERSION, 0}
-end
--- The time the evaluation was decided at.
-at = tonumber(at)
+--
+-- sluice puts this file after lua/common.lua and the policy's numbers (the
+-- `P_` locals): the same argument checks as a decision.
 
 -- A stored integer, or nil when absent or not one (a refund never refuses:
 -- it gives back what it can read and leaves the rest, unlike common.lua's
@@ -44,8 +26,8 @@ end
 -- of numbers, `t` first, then each band's: lua/README.md, "State"), as a
 -- list of its numbers as text, or nil when the key is gone; and written
 -- back whole, its TTL kept.
-local function read_numbers()
-  local raw = redis.call('GET', KEYS[1])
+local function read_numbers(key)
+  local raw = redis.call('GET', key)
   if not raw then
     return nil
   end
@@ -56,18 +38,40 @@ local function read_numbers()
   return numbers
 end
 
-local function write_numbers(numbers)
-  redis.call('SET', KEYS[1], table.concat(numbers, ':'), 'KEEPTTL')
+local function write_numbers(key, numbers)
+  redis.call('SET', key, table.concat(numbers, ':'), 'KEEPTTL')
 end
 
--- The algorithm's part: for the compact-state algorithms it sets `state`
--- (read_numbers) and, where it changed a number, `changed`; the state is
--- then written back once, below.
-local state, changed = nil, false
--- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)
-if changed then
-  write_numbers(state)
-end
+local function refund(KEYS, ARGV)
+  local id, cost, record_key = arguments(KEYS, ARGV)
+  if #KEYS ~= 2 then
+    fail('expects 2 keys')
+  end
+  local args = P_BAND_ARGS
 
-redis.call('SET', record_key, '0' .. rest .. format('%d', at), 'KEEPTTL')
-return {REPLY_VERSION, 1}
+  local recorded = redis.call('GET', record_key)
+  if not recorded then
+    return {REPLY_VERSION, 0}
+  end
+  local admitted, rest, at = match(recorded, '^(%d+)(:%d+:%d+:%d+:%d+:)(%d+)$')
+  if not admitted then
+    fail('corrupt state: dedupe record')
+  end
+  if admitted ~= '1' then
+    return {REPLY_VERSION, 0}
+  end
+  -- The time the evaluation was decided at.
+  at = tonumber(at)
+
+  -- The algorithm's part: for the compact-state algorithms it sets `state`
+  -- (read_numbers) and, where it changed a number, `changed`; the state is
+  -- then written back once, below.
+  local state, changed = nil, false
+  -- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)
+  if changed then
+    write_numbers(KEYS[1], state)
+  end
+
+  redis.call('SET', record_key, '0' .. rest .. format('%d', at), 'KEEPTTL')
+  return {REPLY_VERSION, 1}
+end

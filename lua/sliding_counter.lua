@@ -1,99 +1,106 @@
-#!lua
 -- sluice sliding-counter (approximate). KEYS, ARGV and the reply:
 -- lua/README.md. Validate every argument, read everything, decide, and
 -- only then write: Redis never rolls a script back.
 
--- @common (lua/common.lua is spliced in here)
+-- The policy's function: sluice registers it (lua/README.md, "Libraries"),
+-- with the policy's numbers, the `P_` locals, written above this file.
+-- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
+-- (lua/several.lua) stand-in for it.
+local function decide(redis, KEYS, ARGV)
+  local id, cost, record_key = arguments(KEYS, ARGV)
+  local bands = P_BANDS
 
--- Per band: limit, window_us (a whole number of milliseconds).
-local args = band_args(2, 2)
-for b = 1, bands do
-  local limit, w = args[2 * b - 1], args[2 * b]
-  if w % 1000 ~= 0 then
-    fail('window is not whole milliseconds')
+  -- Per band: limit, window_us (a whole number of milliseconds).
+  local args = band_args(KEYS, 2, 2, P_BAND_ARGS, bands)
+  for b = 1, bands do
+    local limit, w = args[2 * b - 1], args[2 * b]
+    if w % 1000 ~= 0 then
+      fail('window is not whole milliseconds')
+    end
+    -- prev * window_ms must stay exact.
+    if limit * (w / 1000) > MAX_EXACT then
+      fail('limit * window_ms exceeds 2^53')
+    end
+    if cost > limit then
+      fail('cost above the policy maximum')
+    end
   end
-  -- prev * window_ms must stay exact.
-  if limit * (w / 1000) > MAX_EXACT then
-    fail('limit * window_ms exceeds 2^53')
-  end
-  if cost > limit then
-    fail('cost above the policy maximum')
-  end
-end
 
--- State, one string: `t:s1:c1:p1:s2:c2:p2...`; t = last write (us), s<b> =
--- window start, c<b> = current window's count, p<b> = previous window's
--- count.
-local per_band = 3
-local replayed = replay()
-if replayed then
-  return replayed
-end
-
--- @state (lua/state.lua is spliced in here)
-local now, skew = decision_time(state[1] or 0)
-if not now then
-  return clock_unsafe(skew)
-end
-
--- The new state is written over the old, in place, in order.
-state[1] = now
-local verdicts = {}
-for b = 1, bands do
-  local s, c, p = 3 * b - 1, 3 * b, 3 * b + 1
-  local start = state[s]
-  local cur = state[c] or 0
-  local prev = state[p] or 0
-  local l, w = args[2 * b - 1], args[2 * b]
-  local ws = now - now % w
-  if start == ws then
-    -- same window: keep both counts
-  elseif start == ws - w then
-    prev = cur
-    cur = 0
-  else
-    prev = 0
-    cur = 0
+  -- State, one string: `t:s1:c1:p1:s2:c2:p2...`; t = last write (us), s<b> =
+  -- window start, c<b> = current window's count, p<b> = previous window's
+  -- count.
+  local per_band = 3
+  local replayed = replay(record_key)
+  if replayed then
+    return replayed
   end
-  local w_ms = w / 1000
-  local e_ms = math.floor((now - ws) / 1000)
-  local est = cur + math.floor(prev * (w_ms - e_ms) / w_ms)
-  local allowed = est + cost <= l
-  local remaining = allowed and l - est - cost or math.max(l - est, 0)
-  local cur_after = allowed and cur + cost or cur
-  local reset = 0
-  if cur_after > 0 then
-    reset = ws + 2 * w - now
-  elseif prev > 0 then
-    reset = ws + w - now
+
+  local n = 1 + bands * per_band
+  local state = read_state(redis.call('GET', KEYS[1]), n, per_band, P_STATE_PATTERN)
+  local now, skew = decision_time(state[1] or 0, P_MAX_REGRESSION_US)
+  if not now then
+    return clock_unsafe(skew)
   end
-  local retry = 0
-  if not allowed then
-    -- The first whole millisecond at which the fading window's weight
-    -- leaves room for this cost: later in this window, or in the next.
-    local room, base, fading
-    if cur + cost <= l then
-      room, base, fading = l - cur - cost, ws, prev
+
+  -- The new state is written over the old, in place, in order.
+  state[1] = now
+  local verdicts = {}
+  for b = 1, bands do
+    local s, c, p = 3 * b - 1, 3 * b, 3 * b + 1
+    local start = state[s]
+    local cur = state[c] or 0
+    local prev = state[p] or 0
+    local l, w = args[2 * b - 1], args[2 * b]
+    local ws = now - now % w
+    if start == ws then
+      -- same window: keep both counts
+    elseif start == ws - w then
+      prev = cur
+      cur = 0
     else
-      room, base, fading = l - cost, ws + w, cur
+      prev = 0
+      cur = 0
     end
-    local e2 = 0
-    if fading > 0 then
-      e2 = math.max(0, w_ms - math.floor(((room + 1) * w_ms - 1) / fading))
+    local w_ms = w / 1000
+    local e_ms = math.floor((now - ws) / 1000)
+    local est = cur + math.floor(prev * (w_ms - e_ms) / w_ms)
+    local allowed = est + cost <= l
+    local remaining = allowed and l - est - cost or math.max(l - est, 0)
+    local cur_after = allowed and cur + cost or cur
+    local reset = 0
+    if cur_after > 0 then
+      reset = ws + 2 * w - now
+    elseif prev > 0 then
+      reset = ws + w - now
     end
-    retry = base + e2 * 1000 - now
+    local retry = 0
+    if not allowed then
+      -- The first whole millisecond at which the fading window's weight
+      -- leaves room for this cost: later in this window, or in the next.
+      local room, base, fading
+      if cur + cost <= l then
+        room, base, fading = l - cur - cost, ws, prev
+      else
+        room, base, fading = l - cost, ws + w, cur
+      end
+      local e2 = 0
+      if fading > 0 then
+        e2 = math.max(0, w_ms - math.floor(((room + 1) * w_ms - 1) / fading))
+      end
+      retry = base + e2 * 1000 - now
+    end
+    verdicts[b] = {allowed, remaining, reset, retry}
+    state[s] = ws
+    state[c] = cur_after
+    state[p] = prev
   end
-  verdicts[b] = {allowed, remaining, reset, retry}
-  state[s] = ws
-  state[c] = cur_after
-  state[p] = prev
-end
 
-local decision = bind(verdicts)
--- A denied request writes nothing to any band.
-if decision[1] == 1 then
-  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
-    'PX', P_TTL_TEXT)
+  local decision = bind(verdicts)
+  -- A denied request writes nothing to any band.
+  if decision[1] == 1 then
+    redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+      'PX', P_TTL_TEXT)
+  end
+  remember(redis, record_key, decision, now, P_DEDUPE_WINDOW_TEXT)
+  return reply(decision, skew)
 end
-remember(decision, now)
-return reply(decision, skew)

@@ -1,26 +1,28 @@
--- Reading a subject's compact state: spliced by sluice where a script says
--- `-- @state`, after its record was looked up. Inline rather than a
--- function: a function defined here would be made anew on every call, by
--- every script, and that costs more than these lines (measured).
+-- Reading a subject's compact state: put by sluice at the top of every
+-- library, after lua/common.lua, so the function is made once, when the
+-- library loads; the compact-state algorithms call it after their record
+-- was looked up.
 --
 -- The state is one string, its numbers joined by ':' in a fixed order: `t`
 -- (the last write, us) first, then the bands' numbers, band after band
--- (`per_band` each, which the script sets). One GET reads it, and the script
--- writes it back, TTL included, with one SET ... PX.
+-- (`per_band` each, which the algorithm sets). One GET reads it (`raw`),
+-- and the algorithm writes it back, TTL included, with one SET ... PX.
 --
 -- sluice compiles in the pattern that reads them all in one match and the
 -- format that writes them in one call (`P_STATE_PATTERN`, `P_STATE_FORMAT`).
 --
--- Gives `state`: the numbers, each checked to be an integer in
--- [0, 2^53 - 1] (a corrupt state is refused before a single write), or an
--- empty table when the subject has none; `n`, how many there are.
-local n = 1 + bands * per_band
-local state = {}
-local raw = redis.call('GET', KEYS[1])
-if raw then
+-- Returns the numbers, each checked to be an integer in [0, 2^53 - 1] (a
+-- corrupt state is refused before a single write), or an empty table when
+-- the subject has none (`raw` false). `n` is how many a whole state has:
+-- 1 + bands x per_band.
+local function read_state(raw, n, per_band, pattern)
+  local state = {}
+  if not raw then
+    return state
+  end
   -- One match, one capture per number (false past Lua's 32 captures).
-  if P_STATE_PATTERN then
-    state = {match(raw, P_STATE_PATTERN)}
+  if pattern then
+    state = {match(raw, pattern)}
   end
   if not state[1] then
     -- The rare path: a state of another length, written with another
@@ -51,4 +53,5 @@ if raw then
     end
     state[i] = v
   end
+  return state
 end

@@ -1,81 +1,88 @@
-#!lua
 -- sluice token-bucket (exact, whole-period refill). KEYS, ARGV and the
 -- reply: lua/README.md. Validate every argument, read everything, decide,
 -- and only then write: Redis never rolls a script back.
-
--- @common (lua/common.lua is spliced in here)
-
--- Per band: capacity, refill_tokens, refill_every_us.
-local args = band_args(2, 3)
-for b = 1, bands do
-  local capacity, period = args[3 * b - 2], args[3 * b]
-  -- Bounds last + periods * period while the bucket is not full.
-  if capacity * period > MAX_EXACT then
-    fail('capacity * refill_every exceeds 2^53')
-  end
-  if cost > capacity then
-    fail('cost above the policy maximum')
-  end
-end
-
--- State, one string: `t:k1:l1:k2:l2...`; t = last write (us), k<b> =
--- tokens, l<b> = time of the last whole refill period.
-local per_band = 2
-local replayed = replay()
-if replayed then
-  return replayed
-end
-
--- @state (lua/state.lua is spliced in here)
-local now, skew = decision_time(state[1] or 0)
-if not now then
-  return clock_unsafe(skew)
-end
 
 local function ceil_div(a, b)
   return math.floor((a + b - 1) / b)
 end
 
--- The new state is written over the old, in place, in order.
-state[1] = now
-local verdicts = {}
-for b = 1, bands do
-  local k, l = 2 * b, 2 * b + 1
-  local c, r, p = args[3 * b - 2], args[3 * b - 1], args[3 * b]
-  local tokens = state[k]
-  local last = state[l]
-  if not tokens or not last then
-    tokens, last = c, now
-  end
-  local periods = math.floor((now - last) / p)
-  -- periods * r may pass 2^53 and lose precision, but only when it is far
-  -- beyond the capacity, which the min absorbs.
-  tokens = math.min(c, tokens + periods * r)
-  if tokens == c then
-    last = now
-  else
-    last = last + periods * p
-  end
-  local allowed = tokens >= cost
-  local after = allowed and tokens - cost or tokens
-  local reset = 0
-  if after < c then
-    reset = last + ceil_div(c - after, r) * p - now
-  end
-  local retry = 0
-  if not allowed then
-    retry = last + ceil_div(cost - tokens, r) * p - now
-  end
-  verdicts[b] = {allowed, after, reset, retry}
-  state[k] = after
-  state[l] = last
-end
+-- The policy's function: sluice registers it (lua/README.md, "Libraries"),
+-- with the policy's numbers, the `P_` locals, written above this file.
+-- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
+-- (lua/several.lua) stand-in for it.
+local function decide(redis, KEYS, ARGV)
+  local id, cost, record_key = arguments(KEYS, ARGV)
+  local bands = P_BANDS
 
-local decision = bind(verdicts)
--- A denied request writes nothing to any band.
-if decision[1] == 1 then
-  redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
-    'PX', P_TTL_TEXT)
+  -- Per band: capacity, refill_tokens, refill_every_us.
+  local args = band_args(KEYS, 2, 3, P_BAND_ARGS, bands)
+  for b = 1, bands do
+    local capacity, period = args[3 * b - 2], args[3 * b]
+    -- Bounds last + periods * period while the bucket is not full.
+    if capacity * period > MAX_EXACT then
+      fail('capacity * refill_every exceeds 2^53')
+    end
+    if cost > capacity then
+      fail('cost above the policy maximum')
+    end
+  end
+
+  -- State, one string: `t:k1:l1:k2:l2...`; t = last write (us), k<b> =
+  -- tokens, l<b> = time of the last whole refill period.
+  local per_band = 2
+  local replayed = replay(record_key)
+  if replayed then
+    return replayed
+  end
+
+  local n = 1 + bands * per_band
+  local state = read_state(redis.call('GET', KEYS[1]), n, per_band, P_STATE_PATTERN)
+  local now, skew = decision_time(state[1] or 0, P_MAX_REGRESSION_US)
+  if not now then
+    return clock_unsafe(skew)
+  end
+
+  -- The new state is written over the old, in place, in order.
+  state[1] = now
+  local verdicts = {}
+  for b = 1, bands do
+    local k, l = 2 * b, 2 * b + 1
+    local c, r, p = args[3 * b - 2], args[3 * b - 1], args[3 * b]
+    local tokens = state[k]
+    local last = state[l]
+    if not tokens or not last then
+      tokens, last = c, now
+    end
+    local periods = math.floor((now - last) / p)
+    -- periods * r may pass 2^53 and lose precision, but only when it is far
+    -- beyond the capacity, which the min absorbs.
+    tokens = math.min(c, tokens + periods * r)
+    if tokens == c then
+      last = now
+    else
+      last = last + periods * p
+    end
+    local allowed = tokens >= cost
+    local after = allowed and tokens - cost or tokens
+    local reset = 0
+    if after < c then
+      reset = last + ceil_div(c - after, r) * p - now
+    end
+    local retry = 0
+    if not allowed then
+      retry = last + ceil_div(cost - tokens, r) * p - now
+    end
+    verdicts[b] = {allowed, after, reset, retry}
+    state[k] = after
+    state[l] = last
+  end
+
+  local decision = bind(verdicts)
+  -- A denied request writes nothing to any band.
+  if decision[1] == 1 then
+    redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
+      'PX', P_TTL_TEXT)
+  end
+  remember(redis, record_key, decision, now, P_DEDUPE_WINDOW_TEXT)
+  return reply(decision, skew)
 end
-remember(decision, now)
-return reply(decision, skew)

@@ -78,9 +78,9 @@ pub async fn watch(
             &runtime,
             if forced { "signal" } else { "file change" },
         );
-        // The Redis store loads the scripts of policies (and of routes'
+        // The Redis store loads the libraries of policies (and of routes'
         // several limits) it has not seen, so their first requests need no
-        // NOSCRIPT round.
+        // reload round.
         if let (true, Store::Redis(redis, _)) = (applied, &*store) {
             let live = runtime.load().live.clone();
             redis.learn(&live.policies);

@@ -364,8 +364,28 @@ fn pttls(conn: &mut redis::Connection, keys: &[String]) -> Vec<i64> {
     pipe.query(conn).expect("PTTL")
 }
 
-/// Every sluice key (prefix `sluice`): subject state and evaluation records.
+/// Every sluice key (prefix `sluice`): subject state and evaluation records,
+/// and the libraries' leases (one per library, not per subject).
 const ALL_KEYS: &str = "sluice:*";
+/// A library's lease (lua/README.md, "Old libraries").
+const LEASE_KEYS: &str = "sluice:library:*";
+
+/// Every key of a subject: [`ALL_KEYS`] but the leases.
+fn subject_keys(conn: &mut redis::Connection) -> Vec<String> {
+    scan(conn, ALL_KEYS)
+        .into_iter()
+        .filter(|k| !k.starts_with("sluice:library:"))
+        .collect()
+}
+
+/// The leases: one per library the sidecars use, each expiring.
+fn assert_leases_bounded(conn: &mut redis::Connection, libraries: usize) {
+    let leases = scan(conn, LEASE_KEYS);
+    assert!(leases.len() <= libraries, "{leases:?}");
+    for ttl in pttls(conn, &leases) {
+        assert!((0..=86_400_000).contains(&ttl), "a lease without a TTL");
+    }
+}
 /// An evaluation's de-duplication record: the state's key plus `:e:<id>`.
 const RECORD_KEYS: &str = "sluice:*:e:*";
 
@@ -516,7 +536,7 @@ async fn a_hot_subject_from_three_sidecars_stays_within_budget_and_its_records_s
     assert_eq!(ok, LIMIT, "admitted");
     assert_eq!(upstream.count(), LIMIT, "forwarded == admitted");
     let mut conn = redis.connection();
-    let state: Vec<String> = scan(&mut conn, ALL_KEYS)
+    let state: Vec<String> = subject_keys(&mut conn)
         .into_iter()
         .filter(|k| !k.contains(":e:"))
         .collect();
@@ -751,7 +771,7 @@ async fn many_subjects_on_redis_leave_no_key_behind() {
             let lifetime_ms = LIFETIME.as_millis() as i64;
             loop {
                 let last = !running.load(Ordering::SeqCst);
-                let keys = scan(&mut conn, ALL_KEYS);
+                let keys = subject_keys(&mut conn);
                 for (key, ttl) in keys.iter().zip(pttls(&mut conn, &keys)) {
                     // A record lives dedupe_window (1 s), a state LIFETIME.
                     let most = if key.contains(":e:") {
@@ -795,12 +815,18 @@ async fn many_subjects_on_redis_leave_no_key_behind() {
     let mut conn = redis.connection();
     let within = LIFETIME + Duration::from_secs(3);
     let emptied = eventually(within, || {
-        let left = scan(&mut conn, ALL_KEYS).len();
+        let left = subject_keys(&mut conn).len();
         async move { (left == 0).then(Instant::now) }
     })
     .await;
+    // What stays: a lease per library (the policy's, the probe's).
+    assert_leases_bounded(&mut conn, 2);
     let size: usize = redis::cmd("DBSIZE").query(&mut conn).expect("DBSIZE");
-    assert_eq!(size, 0, "keys other than sluice's");
+    assert_eq!(
+        size,
+        scan(&mut conn, LEASE_KEYS).len(),
+        "keys other than sluice's"
+    );
     eprintln!(
         "redis: {asked} subjects in {:?}, {looks} looks, at most {peak} keys at once, \
          none left {:?} after the last answer",

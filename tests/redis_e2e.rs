@@ -1,6 +1,6 @@
 //! The Redis store through the built binary: limits exact across replicas
 //! sharing one Redis, no raw identity and no immortal key in Redis, one
-//! `EVALSHA` per decision and none for a subject already known to be over
+//! `FCALL` per decision and none for a subject already known to be over
 //! its limit, and a least-privilege Redis user.
 //!
 //! Every test takes [`SERIAL`]: they start Redis and several sidecars, and
@@ -326,13 +326,13 @@ async fn a_subject_over_its_limit_is_denied_locally_without_asking_redis() {
     assert_eq!(denied, [StatusCode::TOO_MANY_REQUESTS; 20]);
     assert_eq!(upstream.count(), 2);
     let stats = commandstats(&mut conn);
-    let evalsha = stats
+    let fcall = stats
         .iter()
-        .find(|(name, _)| name == "evalsha")
+        .find(|(name, _)| name == "fcall")
         .map_or(0, |(_, calls)| *calls);
     assert!(
-        evalsha <= 1,
-        "{evalsha} EVALSHA for 20 denials of a subject already over its limit: {stats:?}"
+        fcall <= 1,
+        "{fcall} FCALL for 20 denials of a subject already over its limit: {stats:?}"
     );
     let hits_after = sample(&sluice, hits, &[])
         .await
@@ -344,7 +344,7 @@ async fn a_subject_over_its_limit_is_denied_locally_without_asking_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_allowed_request_costs_exactly_one_evalsha() {
+async fn each_allowed_request_costs_exactly_one_fcall() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
@@ -369,7 +369,7 @@ async fn each_allowed_request_costs_exactly_one_evalsha() {
     let sent = sent_by_clients(&mut conn);
     assert_eq!(
         sent,
-        [("evalsha".to_owned(), N as u64)],
+        [("fcall".to_owned(), N as u64)],
         "commands sent for {N} allowed requests (all: {:?})",
         commandstats(&mut conn)
     );
@@ -411,10 +411,10 @@ async fn metrics_after_redis_traffic_pass_promtool() {
     promtool_check(&text);
 }
 
-/// The user a deployment should create (lua/README.md): `EVALSHA`,
-/// `SCRIPT LOAD` and the commands the scripts call, on the key prefix.
+/// The user a deployment should create (lua/README.md): `FCALL`,
+/// `FUNCTION LOAD` (and LIST, DELETE) and the commands the functions call, on the key prefix.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,7 +468,7 @@ async fn a_redis_user_that_may_not_eval_limits_exactly() {
 }
 
 /// A policy a reload adds is compiled and its script loaded as the new
-/// configuration takes over: its first requests need no NOSCRIPT round.
+/// configuration takes over: its first requests need no function-not-found round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_added_by_a_reload_is_loaded_before_its_first_request() {
     let _serial = SERIAL.lock().await;
@@ -499,5 +499,8 @@ async fn a_policy_added_by_a_reload_is_loaded_before_its_first_request() {
     let text = scrape(admin(&sluice)).await;
     let noscript =
         metric(&text, "sluice_store_events_total", &[("kind", "noscript")]).unwrap_or(0.0);
-    assert_eq!(noscript, 0.0, "the new policy's first request met NOSCRIPT");
+    assert_eq!(
+        noscript, 0.0,
+        "the new policy's first request met function-not-found"
+    );
 }

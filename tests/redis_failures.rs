@@ -1,5 +1,5 @@
 //! The Redis store failing under the built binary: Redis killed under load
-//! and replaced by an empty one, its script cache flushed, its clients
+//! and replaced by an empty one, its function libraries flushed, its clients
 //! paused, or not there at start. sluice must fail closed and fast, forward
 //! nothing it could not decide, say so on `/readyz`, and recover by itself.
 //!
@@ -194,12 +194,12 @@ async fn redis_killed_under_load_fails_closed_fast_and_a_fresh_redis_restores_se
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_mid_run_costs_no_request() {
+async fn function_flush_mid_run_costs_no_request() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
     // A budget wide enough for a loaded machine: what is asserted is that
-    // the reload and the second EVALSHA cost no request, not how fast
+    // the reload and the second FCALL cost no request, not how fast
     // they are (the benchmark measures that).
     let yaml = config(&upstream, &redis.url()).replace("  budget: 50ms\n", "  budget: 1s\n");
     assert!(yaml.contains("  budget: 1s\n"));
@@ -211,10 +211,10 @@ async fn script_flush_mid_run_costs_no_request() {
     let loads_before = sample(&sluice, "sluice_store_script_loads_total", &[])
         .await
         .unwrap_or(0.0);
-    let _: () = redis::cmd("SCRIPT")
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query(&mut conn)
-        .expect("SCRIPT FLUSH");
+        .expect("FUNCTION FLUSH");
     let flushed_at = upstream.count();
     forwarded_more(&upstream, flushed_at, 200).await;
     let shots = load.stop().await;
@@ -239,7 +239,7 @@ async fn script_flush_mid_run_costs_no_request() {
     assert!(
         support::ops::metric(&text, "sluice_store_events_total", &[("kind", "noscript")])
             .is_some_and(|n| n >= 1.0),
-        "no NOSCRIPT counted:\n{text}"
+        "no function-not-found counted:\n{text}"
     );
 }
 

@@ -1,4 +1,4 @@
-//! Several limits of one request on Redis standalone: one `EVALSHA` of
+//! Several limits of one request on Redis standalone: one `FCALL` of
 //! the script made of theirs (`lua/several.lua`), all or nothing, against
 //! a real `redis-server`; then two sidecars sharing it, end to end; and on
 //! Redis Cluster, where they are evaluated in order, one call each, and
@@ -248,12 +248,12 @@ async fn two_sidecars_on_one_redis_admit_exactly_and_charge_nothing_on_denial() 
     }
     assert_eq!(admitted.values().sum::<u64>(), 12, "{admitted:?}");
     assert_eq!(upstream.count(), 12);
-    // One EVALSHA per request that reached Redis, never two.
-    let evalsha = commandstats(&mut conn)
+    // One FCALL per request that reached Redis, never two.
+    let fcall = commandstats(&mut conn)
         .into_iter()
-        .find(|(name, _)| name == "evalsha")
+        .find(|(name, _)| name == "fcall")
         .map_or(0, |(_, calls)| calls);
-    assert!(evalsha <= 18, "{evalsha} EVALSHA for 18 requests");
+    assert!(fcall <= 18, "{fcall} FCALL for 18 requests");
 
     // What each client's own limit holds in Redis: exactly what it was
     // admitted, whatever the global limit refused it.

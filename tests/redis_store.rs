@@ -1,6 +1,6 @@
 //! The Redis store against real `redis-server` processes: the same decisions
 //! as the memory store, exact limits under concurrency, all-or-nothing
-//! bands, and the failure classification (kill, restart, SCRIPT FLUSH,
+//! bands, and the failure classification (kill, restart, FUNCTION FLUSH,
 //! CLIENT PAUSE, a lost reply, ACL, TLS).
 
 mod support;
@@ -703,14 +703,14 @@ async fn killed_redis_fails_fast_and_a_fresh_one_recovers() {
         assert!(Instant::now() < deadline, "no recovery within 5 s");
         tokio::time::sleep(ms(50)).await;
     }
-    // The fresh server had no scripts: NOSCRIPT, then loaded again.
+    // The fresh server had no scripts: function-not-found, then loaded again.
     assert!(store.stats().noscript.load(Ordering::Relaxed) >= 1);
     assert!(store.stats().script_loads.load(Ordering::Relaxed) > loads_before);
     assert!(store.ready());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_is_absorbed() {
+async fn function_flush_is_absorbed() {
     let server = RedisServer::start();
     let store = connect(&server).await;
     let mut conn = server.connection();
@@ -719,10 +719,10 @@ async fn script_flush_is_absorbed() {
     for _ in 0..3 {
         assert!(allowed(&eval(&store, &policy, &subject, 1).await));
     }
-    let _: () = redis::cmd("SCRIPT")
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query(&mut conn)
-        .expect("SCRIPT FLUSH");
+        .expect("FUNCTION FLUSH");
     let outcomes = [
         eval(&store, &policy, &subject, 1).await,
         eval(&store, &policy, &subject, 1).await,
@@ -782,7 +782,7 @@ async fn client_pause_longer_than_the_budget_answers_within_it() {
 }
 
 /// A relay between the store and Redis that, once armed, forwards the next
-/// `EVALSHA` and then drops its reply and the connection: the script ran
+/// `FCALL` and then drops its reply and the connection: the script ran
 /// but the store never hears of it.
 struct Relay {
     port: u16,
@@ -828,8 +828,8 @@ async fn pipe(
             if n == 0 {
                 break;
             }
-            let evalsha = buf[..n].windows(7).any(|w| w == b"EVALSHA");
-            if evalsha && armed.swap(false, Ordering::SeqCst) {
+            let fcall = buf[..n].windows(5).any(|w| w == b"FCALL");
+            if fcall && armed.swap(false, Ordering::SeqCst) {
                 doomed.store(true, Ordering::SeqCst);
             }
             if server_tx.write_all(&buf[..n]).await.is_err() {
@@ -1089,15 +1089,15 @@ async fn corrupt_state_and_bad_costs_are_incompatible() {
         store.evaluate(&spent).await,
         Outcome::Unavailable(Unavailable::AdmissionRejected)
     );
-    let evalsha = |stats: &[(String, u64)]| {
+    let fcall = |stats: &[(String, u64)]| {
         stats
             .iter()
-            .find(|(n, _)| n == "evalsha")
+            .find(|(n, _)| n == "fcall")
             .map_or(0, |(_, c)| *c)
     };
     assert_eq!(
-        evalsha(&commandstats(&mut conn)),
-        evalsha(&before),
+        fcall(&commandstats(&mut conn)),
+        fcall(&before),
         "Redis was asked anyway"
     );
 }
@@ -1124,10 +1124,10 @@ async fn readiness_waits_for_redis_and_the_scripts() {
 // Least privilege, TLS, privacy, cost per request
 // ---------------------------------------------------------------------------
 
-/// The ACL a deployment needs (lua/README.md): EVALSHA, SCRIPT LOAD and
+/// The ACL a deployment needs (lua/README.md): FCALL, FUNCTION LOAD, LIST and DELETE and
 /// exactly the commands the scripts call, on the key prefix; never EVAL.
 const SLUICE_ACL: &str = "user sluice on >sluice-pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1145,6 +1145,16 @@ async fn a_user_without_eval_limits_exactly() {
     let mut plain = client.get_connection().expect("connect as sluice");
     let eval: redis::RedisResult<i64> = redis::cmd("EVAL").arg("return 1").arg(0).query(&mut plain);
     assert!(eval.is_err(), "EVAL allowed");
+    // Nor EVALSHA: every decision is an FCALL.
+    let evalsha: redis::RedisResult<i64> = redis::cmd("EVALSHA")
+        .arg("0".repeat(40))
+        .arg(0)
+        .query(&mut plain);
+    assert_eq!(
+        evalsha.err().and_then(|e| e.code().map(str::to_owned)),
+        Some("NOPERM".to_owned()),
+        "EVALSHA allowed"
+    );
 
     for (name, bands) in all_bands() {
         let policy = policy(name, bands);
@@ -1218,7 +1228,18 @@ async fn keys_hold_no_identity_and_all_expire() {
             }
         }
     }
-    let keys: Vec<String> = conn.keys("*").expect("KEYS");
+    let (leases, keys): (Vec<String>, Vec<String>) = conn
+        .keys::<_, Vec<String>>("*")
+        .expect("KEYS")
+        .into_iter()
+        .partition(|k| k.starts_with("sluice:library:"));
+    // The libraries' leases expire too, and name nobody.
+    assert!(!leases.is_empty());
+    for lease in &leases {
+        let ttl: i64 = conn.pttl(lease).expect("PTTL");
+        assert!(ttl > 0, "{lease} has no TTL");
+        assert!(identities.iter().all(|i| !lease.contains(i)), "{lease}");
+    }
     // One state key per subject (a hash, or the sliding log's sorted set),
     // and one record per evaluation beside it.
     let records = keys.iter().filter(|k| k.contains("}:e:")).count();
@@ -1263,15 +1284,15 @@ const SCRIPT_COMMANDS: [&str; 9] = [
     "zremrangebyscore",
 ];
 
-/// The target cost of a decision: one EVALSHA sent, nothing else.
+/// The target cost of a decision: one FCALL sent, nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_evalsha_per_decision() {
+async fn one_fcall_per_decision() {
     let server = RedisServer::start();
     let store = connect(&server).await;
     let mut conn = server.connection();
     let policy = policy("cost", Bands::Gcra(vec![gcra(1000, 1000, 1000)]));
     // A policy the store was not given at start: its first evaluation
-    // loads its script (NOSCRIPT, SCRIPT LOAD, EVALSHA). Counted after it.
+    // loads its script (function not found, FUNCTION LOAD, FCALL). Counted after it.
     assert!(allowed(
         &eval(&store, &policy, &subject("cost-warm"), 1).await
     ));
@@ -1291,5 +1312,120 @@ async fn one_evalsha_per_decision() {
                 && !matches!(name.as_str(), "info" | "config|resetstat")
         })
         .collect();
-    assert_eq!(sent, [&("evalsha".to_owned(), 200)], "{stats:?}");
+    assert_eq!(sent, [&("fcall".to_owned(), 200)], "{stats:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Libraries no sidecar uses any more
+// ---------------------------------------------------------------------------
+
+/// The `sluice_*` (and other) libraries `conn`'s server has.
+fn libraries(conn: &mut redis::Connection) -> Vec<String> {
+    let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(conn)
+        .expect("FUNCTION LIST");
+    listed
+        .iter()
+        .filter_map(|fields| match fields.get(1) {
+            Some(redis::Value::BulkString(name)) => String::from_utf8(name.clone()).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn load_library(conn: &mut redis::Connection, name: &str) {
+    let code =
+        format!("#!lua name={name}\nredis.register_function('{name}', function() return 1 end)\n");
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(code)
+        .query(conn)
+        .expect("FUNCTION LOAD");
+}
+
+async fn connect_policies(server: &RedisServer, policies: &[Policy]) -> RedisStore {
+    let policies: Vec<Arc<Policy>> = policies.iter().cloned().map(Arc::new).collect();
+    let store = RedisStore::connect(&redis_config(server.url()), TTL_GRACE, BUDGET, &policies)
+        .expect("connect");
+    wait_ready(&store).await;
+    store
+}
+
+/// Waits until `name` is gone from the server: the start's prune ran.
+async fn until_deleted(conn: &mut redis::Connection, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while libraries(conn).iter().any(|l| l == name) {
+        assert!(Instant::now() < deadline, "{name} was never deleted");
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_deletes_only_the_libraries_nobody_holds_a_lease_on() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    // Left by a policy nobody has run for a day (its lease expired), held
+    // by another sidecar (a live lease), and another application's.
+    let stale = format!("sluice_{}", "0".repeat(40));
+    let held = format!("sluice_{}", "1".repeat(40));
+    for name in [&stale, &held, &"other_app".to_owned()] {
+        load_library(&mut conn, name);
+    }
+    let _: () = conn
+        .set_ex(format!("sluice:library:{held}"), 1, 600)
+        .expect("SET");
+
+    let first = policy("first", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let store = connect_policies(&server, std::slice::from_ref(&first)).await;
+    until_deleted(&mut conn, &stale).await;
+    let after_start = libraries(&mut conn);
+    assert!(after_start.contains(&held), "{after_start:?}");
+    assert!(
+        after_start.contains(&"other_app".to_owned()),
+        "{after_start:?}"
+    );
+    // Its own: the policy's and the probe's, each leased for a day.
+    let own: Vec<&String> = after_start
+        .iter()
+        .filter(|l| l.starts_with("sluice_") && **l != held)
+        .collect();
+    assert_eq!(own.len(), 2, "{after_start:?}");
+    for name in &own {
+        let ttl: i64 = conn.pttl(format!("sluice:library:{name}")).expect("PTTL");
+        assert!(
+            ttl > 23 * 3_600_000 && ttl <= 24 * 3_600_000,
+            "{name}: {ttl}"
+        );
+    }
+
+    // Another sidecar with another configuration starts (a rollout): it
+    // prunes (another stale library goes) but leaves the first sidecar's,
+    // which decides on without reloading anything.
+    let stale_again = format!("sluice_{}", "2".repeat(40));
+    load_library(&mut conn, &stale_again);
+    let second = policy("second", Bands::Gcra(vec![gcra(10, 1000, 10)]));
+    let other = connect_policies(&server, std::slice::from_ref(&second)).await;
+    until_deleted(&mut conn, &stale_again).await;
+    let now = libraries(&mut conn);
+    for name in &own {
+        assert!(now.contains(name), "{name} deleted: {now:?}");
+    }
+    assert!(allowed(&eval(&store, &first, &subject("lease"), 1).await));
+    assert!(allowed(&eval(&other, &second, &subject("lease"), 1).await));
+    assert_eq!(store.stats().noscript.load(Ordering::Relaxed), 0);
+    assert_eq!(other.stats().noscript.load(Ordering::Relaxed), 0);
+
+    // A reload deletes nothing: the first sidecar learns a changed policy
+    // and keeps the old one's library (a sidecar mid-rollout may use it).
+    let changed = policy("first", Bands::FixedWindow(vec![window(6, 3_600_000)]));
+    store.learn(&[Arc::new(changed.clone())]);
+    assert!(allowed(&eval(&store, &changed, &subject("lease"), 1).await));
+    let after_reload = libraries(&mut conn);
+    for name in &own {
+        assert!(
+            after_reload.contains(name),
+            "{name} deleted: {after_reload:?}"
+        );
+    }
 }

@@ -174,7 +174,7 @@ async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() 
 /// What a least-privilege user on a cluster needs: the standalone line
 /// plus `CLUSTER SLOTS`, which the cluster client reads its slot map from.
 const CLUSTER_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,6 +424,40 @@ async fn a_cluster_failover_and_a_killed_primary_cost_no_undecided_request() {
         run.summary()
     );
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
+    // The promoted replicas had the libraries already (replicated from
+    // their primaries): not one call needed loading them.
+    let mut conn = cluster.node(replica).connection();
+    assert!(!sluice_libraries(&mut conn).is_empty());
+    assert_no_library_was_missing(&sluice).await;
+}
+
+/// The `sluice_*` libraries a node has.
+fn sluice_libraries(conn: &mut redis::Connection) -> Vec<String> {
+    let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg("sluice_*")
+        .query(conn)
+        .expect("FUNCTION LIST");
+    listed
+        .iter()
+        .filter_map(|fields| match fields.get(1) {
+            Some(redis::Value::BulkString(name)) => String::from_utf8(name.clone()).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// No FCALL met function not found (`kind="noscript"`).
+async fn assert_no_library_was_missing(sluice: &Sidecar) {
+    let missing = support::redis_sidecar::sample(
+        sluice,
+        "sluice_store_events_total",
+        &[("kind", "noscript")],
+    )
+    .await
+    .unwrap_or(0.0);
+    assert_eq!(missing, 0.0, "function not found after a failover");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,6 +482,9 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
     assert_eq!(promoted, set.replica.port());
     assert_recovered("SENTINEL FAILOVER", &run, &upstream, writable, &sluice);
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
+    // The new primary had every library already, by replication.
+    assert!(!sluice_libraries(&mut set.replica.connection()).is_empty());
+    assert_no_library_was_missing(&sluice).await;
     // Decisions land on the new primary.
     let mut conn = set.replica.connection();
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -722,9 +759,15 @@ async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_receive
         }
     };
 
-    // Five admitted and replicated.
+    // Five admitted and replicated. WAIT waits for this connection's own
+    // last write: one written after the five, so they are acknowledged too.
     assert_eq!(admit(5).await, 5);
     let mut conn = primary.connection();
+    let _: () = redis::cmd("SET")
+        .arg("replicated-up-to-here")
+        .arg(1)
+        .query(&mut conn)
+        .expect("SET");
     let acked: i64 = redis::cmd("WAIT")
         .arg(1)
         .arg(2000)
@@ -785,7 +828,7 @@ async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_receive
 /// On a Sentinel-managed primary the user also needs `ROLE`: the client
 /// checks that the node the Sentinels name really is the primary.
 const SENTINEL_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +evalsha +script|load +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +role";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -814,7 +857,7 @@ async fn a_sentinel_primary_with_a_least_privilege_user_limits_exactly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_node_that_lost_its_scripts_gets_them_back_within_the_budget() {
+async fn a_cluster_node_that_lost_its_libraries_gets_them_back_within_the_budget() {
     let _serial = SERIAL.lock().await;
     let cluster = RedisCluster::start();
     let upstream = Upstream::start().await;
@@ -827,15 +870,19 @@ async fn a_cluster_node_that_lost_its_scripts_gets_them_back_within_the_budget()
     ))
     .await;
     clear_of_window_edge(HOUR, EDGE_MARGIN).await;
-    // Every node forgets every script (a restart, a new node, a promoted
-    // replica that never had them).
+    // Every node forgets every library (a new node, an emptied one, an
+    // operator's FUNCTION FLUSH). A replica refuses the flush (a write) and
+    // gets it from its primary by replication.
+    let mut flushed = 0;
     for node in &cluster.nodes {
         let mut conn = node.connection();
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query(&mut conn)
-            .expect("SCRIPT FLUSH");
+        let flush: redis::RedisResult<()> = redis::cmd("FUNCTION").arg("FLUSH").query(&mut conn);
+        match flush {
+            Ok(()) => flushed += 1,
+            Err(e) => assert_eq!(e.code(), Some("READONLY"), "FUNCTION FLUSH: {e}"),
+        }
     }
+    assert!(flushed >= 3, "{flushed} primaries flushed");
     let loads_before =
         support::redis_sidecar::sample(&sluice, "sluice_store_script_loads_total", &[])
             .await
@@ -862,9 +909,9 @@ async fn a_cluster_node_that_lost_its_scripts_gets_them_back_within_the_budget()
     let loads = support::redis_sidecar::sample(&sluice, "sluice_store_script_loads_total", &[])
         .await
         .unwrap_or(0.0);
-    // Each primary answered NOSCRIPT at least once per script it was asked
-    // to run, and got that script loaded on it alone.
-    assert!(noscript >= 3.0, "{noscript} NOSCRIPT replies");
+    // Each primary answered function not found at least once per library
+    // it was asked to run, and got that library loaded on it alone.
+    assert!(noscript >= 3.0, "{noscript} function-not-found replies");
     assert!(
         loads - loads_before >= 3.0,
         "{} loads",
@@ -872,7 +919,7 @@ async fn a_cluster_node_that_lost_its_scripts_gets_them_back_within_the_budget()
     );
     assert!(
         loads - loads_before <= noscript,
-        "loads {} > NOSCRIPTs {noscript}",
+        "loads {} > function-not-founds {noscript}",
         loads - loads_before
     );
 }

@@ -750,7 +750,7 @@ async fn redis_restarted_empty_reloads_its_scripts_and_opens_a_fresh_window_of_e
     let text = nothing_forwarded_undecided(&sluice).await;
     assert!(
         store_kind(&text, "noscript") > noscript_before,
-        "no NOSCRIPT seen:\n{text}"
+        "no function-not-found seen:\n{text}"
     );
     assert!(
         script_loads(&text) > loads_before,
@@ -762,7 +762,7 @@ async fn redis_restarted_empty_reloads_its_scripts_and_opens_a_fresh_window_of_e
     // it admitted, each once.
     charged_once("restart", &charged, LIMIT, second_window, 0.0);
     println!(
-        "restart: {} NOSCRIPT, {} scripts loaded since the restart",
+        "restart: {} function-not-found, {} scripts loaded since the restart",
         store_kind(&text, "noscript") - noscript_before,
         script_loads(&text) - loads_before
     );

@@ -106,7 +106,7 @@ pub const ALL: &[Metric] = &[
     Metric::gauge(BREAKER_OPEN, "1 while the store breaker is open."),
     Metric::counter(
         SCRIPT_LOADS,
-        "Lua scripts loaded into Redis (start and NOSCRIPT).",
+        "Lua function libraries loaded into Redis (start, and after function not found).",
     ),
     Metric::counter(
         DEDUPE_HITS,

@@ -196,7 +196,7 @@ impl Load {
     }
 }
 
-/// `(command, calls)` from `INFO commandstats`, e.g. `("evalsha", 12)`;
+/// `(command, calls)` from `INFO commandstats`, e.g. `("fcall", 12)`;
 /// subcommands read as `config|resetstat`.
 pub fn commandstats(conn: &mut redis::Connection) -> Vec<(String, u64)> {
     let info: String = redis::cmd("INFO")

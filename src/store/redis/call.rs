@@ -1,5 +1,5 @@
-//! One evaluation's round trips: a lane's connection, `EVALSHA`, the
-//! `NOSCRIPT` reload, the single retry of an ambiguous attempt, and the
+//! One evaluation's round trips: a lane's connection, `FCALL`, the reload
+//! of a library the node does not have, the single retry of an ambiguous attempt, and the
 //! classification of every failure by how far the command got.
 
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
@@ -27,7 +27,7 @@ pub(super) struct Request<'a> {
 }
 
 impl Request<'_> {
-    /// The state key (`EVALSHA sha numkeys KEY ...`): where the script runs.
+    /// The state key (`FCALL name numkeys KEY ...`): where the function runs.
     fn key(&self) -> &[u8] {
         match self.cmd.args_iter().nth(3) {
             Some(redis::Arg::Simple(key)) => key,
@@ -126,15 +126,16 @@ impl Inner {
         let first = request.cmd.query_async::<Value>(&mut conn).await;
         let error = match first {
             Ok(value) => return self.answer(request, &value),
-            Err(e) if no_script(&e) => e,
+            Err(e) if function_missing(&e) => e,
             Err(e) => return self.failed_after_send(e, progress),
         };
 
-        // NOSCRIPT: the script did not run, nothing was charged. The node
-        // lost its script cache (a restart, a promoted replica, a new
-        // cluster node, SCRIPT FLUSH): load it there and try once more.
+        // Function not found: it did not run, nothing was charged. The node
+        // does not have the library (a new or emptied node, FUNCTION FLUSH
+        // or DELETE, a library another sidecar's start removed as unused):
+        // load it there and try once more.
         self.stats.noscript.count();
-        tracing::debug!(error = %error, "redis: script missing, loading it again");
+        tracing::debug!(error = %error, "redis: library missing, loading it again");
         let checkout = progress.sent.take();
         progress.loading = true;
         if let Err(e) = self.load(request.script, &mut conn, request.key()).await {
@@ -153,8 +154,8 @@ impl Inner {
         progress.sent = checkout;
         match request.cmd.query_async::<Value>(&mut conn).await {
             Ok(value) => self.answer(request, &value),
-            // Flushed again between the load and the call: still nothing ran.
-            Err(e) if no_script(&e) => {
+            // Removed again between the load and the call: still nothing ran.
+            Err(e) if function_missing(&e) => {
                 self.stats.noscript.count();
                 Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
             }
@@ -283,7 +284,7 @@ impl Inner {
         }
     }
 
-    /// Loads `script` on the node that serves `key`.
+    /// Loads `script`'s library on the node that serves `key`.
     pub(super) async fn load(
         &self,
         script: &Script,
@@ -292,32 +293,16 @@ impl Inner {
     ) -> Result<(), RedisError> {
         let reply = conn.load_script(script.load_command(), key).await?;
         self.stats.script_loads.count();
-        if !matches!(&reply, Value::BulkString(sha) if *sha == script.sha.as_bytes()) {
-            return Err(RedisError::from((
-                ErrorKind::UnexpectedReturnType,
-                "SCRIPT LOAD returned another SHA-1",
-            )));
-        }
-        Ok(())
+        loaded(script, &reply)
     }
 
-    /// Loads every script on every node (a cluster routes `SCRIPT LOAD` to
-    /// all of them).
+    /// Loads a library on every primary (redis-rs's cluster client sends
+    /// `FUNCTION LOAD` to every primary and answers only when all
+    /// succeeded; replicas get it by replication).
     async fn load_everywhere(&self, script: &Script, conn: &mut Conn) -> Result<(), RedisError> {
         let reply: Value = script.load_command().query_async(conn).await?;
         self.stats.script_loads.count();
-        let loaded = match &reply {
-            Value::BulkString(sha) => *sha == script.sha.as_bytes(),
-            Value::SimpleString(sha) => *sha == script.sha,
-            _ => false,
-        };
-        if !loaded {
-            return Err(RedisError::from((
-                ErrorKind::UnexpectedReturnType,
-                "SCRIPT LOAD returned another SHA-1",
-            )));
-        }
-        Ok(())
+        loaded(script, &reply)
     }
 
     /// Loads one script on every node.
@@ -325,7 +310,10 @@ impl Inner {
         let mut stage = Stage::Waiting;
         let checkout = self.lanes.acquire(&mut stage).await?;
         let mut conn = checkout.conn.clone();
-        let loaded = self.load_everywhere(script, &mut conn).await;
+        let loaded = match self.lease(script, &mut conn).await {
+            Ok(()) => self.load_everywhere(script, &mut conn).await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = &loaded {
             if broken_connection(e) {
                 self.lanes.retire(&checkout);
@@ -342,7 +330,13 @@ impl Inner {
         // sluice load and run scripts, whatever the configuration holds.
         self.scripts.get(&self.probe.policy);
         for script in self.scripts.all() {
-            if let Err(e) = self.load_everywhere(&script, &mut conn).await {
+            // The lease first: a sidecar starting meanwhile must not find
+            // the library loaded and unleased, and delete it.
+            let loaded = match self.lease(&script, &mut conn).await {
+                Ok(()) => self.load_everywhere(&script, &mut conn).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = loaded {
                 if broken_connection(&e) {
                     self.lanes.retire(&checkout);
                 }
@@ -358,8 +352,26 @@ fn decided(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_))
 }
 
-pub(super) fn no_script(error: &RedisError) -> bool {
+/// `FUNCTION LOAD` answers with the library's name.
+fn loaded(script: &Script, reply: &Value) -> Result<(), RedisError> {
+    let name = script.name.as_bytes();
+    match reply {
+        Value::BulkString(got) if got == name => Ok(()),
+        Value::SimpleString(got) if got.as_bytes() == name => Ok(()),
+        _ => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "FUNCTION LOAD named another library",
+        ))),
+    }
+}
+
+/// The node has no such function, so it did not run. Redis 7 answers
+/// `ERR Function not found` (redis-rs: a plain response error, code `ERR`);
+/// `NOSCRIPT` is what a script missing from the cache got, kept for a
+/// server that would answer so.
+pub(super) fn function_missing(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+        || (error.code() == Some("ERR") && error.detail() == Some("Function not found"))
 }
 
 /// Errors after which the connection cannot be trusted with another

@@ -51,9 +51,10 @@ pub enum Conn {
 }
 
 impl Conn {
-    /// `SCRIPT LOAD` on the node that serves `key` (on a standalone node or
-    /// a Sentinel's primary: that node), so a node that answered
-    /// `NOSCRIPT` gets the script without waiting on every other node.
+    /// `FUNCTION LOAD` on the node that serves `key` (on a standalone node
+    /// or a Sentinel's primary: that node), so a node that answered
+    /// function not found gets the library without waiting on every other
+    /// node.
     pub async fn load_script(&mut self, load: Cmd, key: &[u8]) -> RedisResult<Value> {
         match self {
             Conn::Node(conn) => load.query_async(conn).await,

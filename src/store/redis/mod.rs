@@ -1,15 +1,16 @@
 //! The Redis store: every replica of an app shares one limit.
 //!
-//! One evaluation is one `EVALSHA` of the policy's algorithm script
-//! (`lua/`), single-key per subject, deciding with Redis `TIME`. A request
-//! with several rate limits is one `EVALSHA` too, of a script made of
-//! theirs (`lua/several.lua`) over all their keys, all or nothing; on
+//! One evaluation is one `FCALL` of the policy's function, in a Redis
+//! Functions library made from its algorithm's script (`lua/`), single-key
+//! per subject, deciding with Redis `TIME`. A request with several rate
+//! limits is one `FCALL` too, of a library made of theirs (`lua/several.lua`) over all their keys, all or nothing; on
 //! Redis Cluster, whose keys then sit in different slots, the limits are
 //! evaluated one call each, in order ([`RedisStore::evaluate_all`]).
 //! Around every call:
 //!
 //! - one deadline (`evaluation.deadline`) covers the lane wait, connecting,
-//!   the `EVALSHA`, a `NOSCRIPT` reload and the second `EVALSHA`;
+//!   the `FCALL`, the reload of a library the node does not have
+//!   (function not found) and the second `FCALL`;
 //! - failures are classified by how far the command got: not sent
 //!   (Unavailable), sent without a confirmed reply (Indeterminate);
 //! - an Indeterminate attempt is retried once, with the same evaluation id,
@@ -17,11 +18,13 @@
 //!   for that id instead of charging twice;
 //! - a [`Breaker`] answers at once while Redis keeps failing.
 //!
-//! sluice never sends `EVAL`: scripts are loaded with `SCRIPT LOAD` (by a
-//! background task at start, and again after `NOSCRIPT`).
+//! sluice never sends `EVAL` or `EVALSHA`: libraries are loaded with
+//! `FUNCTION LOAD REPLACE` (on every primary by a background task at start,
+//! and again on the node that answered function not found).
 
 mod call;
 mod connect;
+mod libraries;
 mod pool;
 mod refund;
 pub(crate) mod reply;
@@ -133,6 +136,7 @@ impl RedisStore {
         }
         runtime.spawn(prepare(Arc::downgrade(&inner)));
         runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
+        runtime.spawn(libraries::renew(Arc::downgrade(&inner)));
         Ok(RedisStore { inner })
     }
 
@@ -281,7 +285,7 @@ impl RedisStore {
 
     /// Makes the scripts of `policies` (a configuration just loaded) and
     /// loads those not seen before, in the background: their first
-    /// requests then need no `NOSCRIPT` round.
+    /// requests then need no reload round.
     pub fn learn(&self, policies: &[Arc<Policy>]) {
         let new: Vec<Arc<Policy>> = policies
             .iter()
@@ -324,7 +328,7 @@ impl Inner {
         let script = inner.scripts.get(policy);
         let request = Request {
             script: &script,
-            cmd: scripts::evalsha(&script, inner.scripts.common(), evaluation),
+            cmd: scripts::fcall(&script, inner.scripts.common(), evaluation),
             limits: smallvec::smallvec![shape(policy)],
             deadline: evaluation.deadline,
         };
@@ -363,7 +367,7 @@ impl Inner {
         let script = self.scripts.several(&policies);
         let request = Request {
             script: &script,
-            cmd: scripts::evalsha_several(&script, self.scripts.common(), evaluations),
+            cmd: scripts::fcall_several(&script, self.scripts.common(), evaluations),
             limits: policies.iter().map(|p| shape(p)).collect(),
             deadline,
         };
@@ -403,7 +407,7 @@ impl Inner {
             // Loaded outside the request's budget: that first load is the
             // explanation's own cost, not something a request would wait
             // for (request scripts are loaded at start). If it fails, the
-            // call below reloads it on NOSCRIPT like any script.
+            // call below reloads it on function not found like any library.
             let loaded = tokio::time::timeout(PREPARE_TIMEOUT, self.load_one(&script)).await;
             if !matches!(loaded, Ok(Ok(()))) {
                 tracing::debug!("redis: the read-only script loads on its first call");
@@ -412,7 +416,7 @@ impl Inner {
         let deadline = Instant::now() + (evaluation.deadline - now);
         let request = Request {
             script: &script,
-            cmd: scripts::evalsha(&script, self.scripts.common(), evaluation),
+            cmd: scripts::fcall(&script, self.scripts.common(), evaluation),
             limits: smallvec::smallvec![shape(policy)],
             deadline,
         };
@@ -516,7 +520,17 @@ async fn prepare(inner: Weak<Inner>) {
         match tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await {
             Ok(Ok(())) => {
                 store.prepared.store(true, Ordering::Release);
-                tracing::info!("redis: connected, scripts loaded");
+                tracing::info!("redis: connected, libraries loaded");
+                // Only once the libraries this sidecar needs are in.
+                match tokio::time::timeout(PREPARE_TIMEOUT, store.prune()).await {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::info!(deleted = n, "redis: unused libraries deleted"),
+                    Ok(Err(e)) => tracing::warn!(
+                        error = %e,
+                        "redis: unused libraries not deleted (the user needs +function|list +function|delete)"
+                    ),
+                    Err(_) => tracing::warn!("redis: unused libraries not deleted: timed out"),
+                }
                 return;
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "redis: not ready yet"),

@@ -55,7 +55,7 @@ impl Inner {
             return Refund::Failed;
         }
         let (script, _) = self.scripts.refund(evaluation.policy);
-        let cmd = scripts::evalsha(&script, self.scripts.common(), evaluation);
+        let cmd = scripts::fcall(&script, self.scripts.common(), evaluation);
         // A refund is safe to send twice: a second try after an ambiguous
         // first gives back nothing the first already did.
         for _ in 0..2 {
@@ -72,8 +72,8 @@ impl Inner {
         Refund::Failed
     }
 
-    /// One try: `EVALSHA`, and once more after loading the script where
-    /// the node lost it (`NOSCRIPT`).
+    /// One try: `FCALL`, and once more after loading the library where
+    /// the node does not have it (function not found).
     async fn refund_exchange(
         &self,
         script: &Script,
@@ -83,7 +83,7 @@ impl Inner {
         let checkout = self.lanes.acquire(&mut stage).await?;
         let mut conn = checkout.conn.clone();
         match cmd.query_async::<Value>(&mut conn).await {
-            Err(e) if super::call::no_script(&e) => {
+            Err(e) if super::call::function_missing(&e) => {
                 self.stats.noscript.count();
                 let key = match cmd.args_iter().nth(3) {
                     Some(redis::Arg::Simple(key)) => key.to_vec(),

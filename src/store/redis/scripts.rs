@@ -1,15 +1,18 @@
-//! The Lua scripts (one per algorithm, `lua/`), compiled once per policy,
-//! and the one command that runs them: `EVALSHA` with the keys and the two
-//! arguments `lua/README.md` states. A request with several rate limits
-//! runs one script made of theirs (`lua/several.lua`), compiled once per
-//! list of policies, over all their keys.
+//! The Lua scripts (one per algorithm, `lua/`), compiled once per policy
+//! into a Redis Functions library, and the one command that runs them:
+//! `FCALL` with the keys and the two arguments `lua/README.md` states. A
+//! request with several rate limits runs one library made of theirs
+//! (`lua/several.lua`), compiled once per list of policies, over all their
+//! keys.
 //!
-//! A policy's numbers (its bands, its TTL) and the store's (the clock bound,
-//! the de-duplication window) are written into the policy's copy of its
-//! algorithm's script as Lua literals: converting them from arguments on
-//! every call was the largest part of a script's cost. Each distinct
-//! revision gets its own script and SHA-1, made the first time the policy
-//! is seen.
+//! A library defines its helpers (`lua/common.lua`, `lua/state.lua`) at its
+//! top level, which Redis runs once, when the library loads; only the
+//! policy's own function runs on every call. A policy's numbers (its bands,
+//! its TTL) and the store's (the clock bound, the de-duplication window) are
+//! written into the policy's library as Lua literals: converting them from
+//! arguments on every call was the largest part of a script's cost. Each
+//! distinct set of bands gets its own library, named after the SHA-1 of its
+//! code, made the first time the policy is seen.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -24,53 +27,51 @@ use crate::subject::{Pseudonym, DISPLAY_MAX};
 
 use crate::store::Evaluation;
 
-/// One policy's script and its SHA-1, computed here so sluice never needs
-/// `EVAL` (which a least-privilege Redis user may not run).
+/// One policy's library, and the name of it and of its one function.
 pub struct Script {
-    /// `None` for the script of several limits.
+    /// `None` for the library of several limits.
     pub algorithm: Option<Algorithm>,
-    /// The algorithm's file with the policy's numbers and `lua/common.lua`
-    /// spliced in.
+    /// The library's code: `lua/common.lua`, `lua/state.lua`, the policy's
+    /// numbers, the algorithm's file and the function's registration.
     pub source: String,
-    pub sha: String,
+    /// `sluice_<SHA-1>`, the SHA-1 being that of the code with this name
+    /// left out (it cannot hash itself): two sidecars compiling the same
+    /// policy with the same settings name the same library.
+    pub name: String,
 }
 
-/// Where an algorithm's script takes the shared part (`lua/common.lua`).
-const COMMON_AT: &str = "-- @common (lua/common.lua is spliced in here)\n";
+/// Every library's name starts so; nothing else sluice loads does.
+pub const LIBRARY_PREFIX: &str = "sluice_";
+/// Where the library's name goes in its code before it is known.
+const NAME_AT: &str = "@LIBRARY@";
 const COMMON: &str = include_str!("../../../lua/common.lua");
-/// Where a script keeping a compact state reads it (`lua/state.lua`).
-const STATE_AT: &str = "-- @state (lua/state.lua is spliced in here)\n";
 const STATE: &str = include_str!("../../../lua/state.lua");
 /// Lua's limit on one pattern's captures.
 const MAX_CAPTURES: usize = 32;
-/// Several limits in one call, and where it takes each limit's script.
+/// Several limits in one call, and where it takes each limit's function.
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
 const LIMITS_AT: &str =
-    "-- @limits (sluice splices each limit's script in here, in the route's order)\n";
+    "-- @limits (sluice puts each limit's decide in here, in the route's order)\n";
 
-/// Refunds (`lua/refund.lua`), and where they take the policy's numbers
-/// and the algorithm's part.
+/// Refunds (`lua/refund.lua`), and where they take the algorithm's part.
 const REFUND: &str = include_str!("../../../lua/refund.lua");
-const LITERALS_AT: &str = "-- @literals (sluice writes the policy's numbers and lua/common.lua here:\n-- the same argument checks, `id`, `cost` and `record_key` as a decision)\n";
 const UNDO_AT: &str =
-    "-- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)\n";
+    "  -- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)\n";
 
-/// What makes a policy's script read-only for `POST /explain`, spliced in
-/// before `lua/common.lua` (see `lua/peek.lua`).
+/// The stand-in for `redis` of the read-only libraries (`lua/peek.lua`).
 const PEEK: &str = include_str!("../../../lua/peek.lua");
-const SHEBANG: &str = "#!lua\n";
-/// Redis then refuses any write the script would still attempt, and lets
-/// it run on a replica or when out of memory.
-const SHEBANG_NO_WRITES: &str = "#!lua flags=no-writes\n";
+/// What every algorithm's file defines: the policy's function.
+#[cfg(test)]
+const DECIDE: &str = "local function decide(redis, KEYS, ARGV)\n";
 
 impl Script {
-    /// The script `policy` runs with on a store configured as `common`.
+    /// The library `policy` runs with on a store configured as `common`.
     pub fn for_policy(policy: &Policy, common: &Common) -> Script {
         Script::compile(policy, common, false)
     }
 
-    /// `policy`'s script made read-only: it decides exactly as
-    /// [`Script::for_policy`]'s does and writes nothing. A script of its
+    /// `policy`'s library made read-only: it decides exactly as
+    /// [`Script::for_policy`]'s does and writes nothing. A library of its
     /// own, so the one requests run is the same, byte for byte, whether
     /// or not anyone asks for an explanation.
     pub fn peek_for_policy(policy: &Policy, common: &Common) -> Script {
@@ -78,78 +79,105 @@ impl Script {
     }
 
     fn compile(policy: &Policy, common: &Common, peek: bool) -> Script {
-        let algorithm = policy.algorithm();
-        let file = algorithm.lua();
-        let mut spliced = literals(policy, common);
+        let mut code = header();
         if peek {
-            spliced.push_str(PEEK);
+            code.push_str(PEEK);
         }
-        spliced.push_str(COMMON);
-        // Every embedded file has the marker once (a unit test checks); a
-        // file without it would be sent as is and fail its own tests.
-        let mut source = file
-            .replacen(STATE_AT, STATE, 1)
-            .replacen(COMMON_AT, &spliced, 1);
-        if peek {
-            // Every file starts with the plain shebang (a unit test checks).
-            source = source.replacen(SHEBANG, SHEBANG_NO_WRITES, 1);
-        }
-        Script {
-            algorithm: Some(algorithm),
-            sha: redis::Script::new(&source).get_hash().to_owned(),
-            source,
-        }
+        code.push_str(&decide(policy, common));
+        // `redis` in the callback is looked up when it runs: the library's
+        // load sees a `redis` that only registers.
+        let (server, flags) = if peek {
+            // Redis then refuses any write the function would still
+            // attempt, and lets it run on a replica (FCALL_RO) or when out
+            // of memory.
+            ("READ_ONLY", ", flags = {'no-writes'}")
+        } else {
+            ("redis", "")
+        };
+        let _ = writeln!(
+            code,
+            "redis.register_function{{function_name = '{NAME_AT}', \
+             callback = function(keys, args) return decide({server}, keys, args) end{flags}}}"
+        );
+        Script::named(Some(policy.algorithm()), code)
     }
 
-    /// The script that evaluates `policies` together (`lua/several.lua`):
-    /// each policy's own script, after its shebang, as the body of a
-    /// function, and whether the policy is shadow (its denial blocks
-    /// nothing).
+    /// The library that evaluates `policies` together (`lua/several.lua`):
+    /// each policy's own `decide`, numbers and all, in a block of its own,
+    /// and whether the policy is shadow (its denial blocks nothing).
     pub fn for_limits(policies: &[&Policy], common: &Common) -> Script {
         let mut limits = String::new();
         for (i, policy) in policies.iter().enumerate() {
-            let one = Script::for_policy(policy, common).source;
-            let body = one.strip_prefix(SHEBANG).unwrap_or(&one);
             let n = i + 1;
+            limits.push_str("do\n");
+            limits.push_str(&decide(policy, common));
             // Writing into a String cannot fail.
-            let _ = writeln!(limits, "LIMITS[{n}] = function(redis, KEYS, ARGV)");
-            limits.push_str(body);
-            if !body.ends_with('\n') {
-                limits.push('\n');
-            }
-            let _ = writeln!(limits, "end\nSHADOW[{n}] = {}", policy.shadow);
+            let _ = writeln!(
+                limits,
+                "LIMITS[{n}], SHADOW[{n}] = decide, {}\nend",
+                policy.shadow
+            );
         }
-        let source = SEVERAL.replacen(LIMITS_AT, &limits, 1);
-        Script {
-            algorithm: None,
-            sha: redis::Script::new(&source).get_hash().to_owned(),
-            source,
-        }
+        let mut code = header();
+        code.push_str(&SEVERAL.replacen(LIMITS_AT, &limits, 1));
+        let _ = writeln!(
+            code,
+            "redis.register_function{{function_name = '{NAME_AT}', callback = several}}"
+        );
+        Script::named(None, code)
     }
 
-    /// The script that gives back what one admitted evaluation of `policy`
+    /// The library that gives back what one admitted evaluation of `policy`
     /// charged (`lua/refund.lua` with the algorithm's part): KEYS, ARGV
-    /// and the command are an evaluation's own ([`evalsha`]).
+    /// and the command are an evaluation's own ([`fcall`]).
     pub fn refund_for_policy(policy: &Policy, common: &Common) -> Script {
         let algorithm = policy.algorithm();
-        let mut spliced = literals(policy, common);
-        spliced.push_str(COMMON);
-        let source =
-            REFUND
-                .replacen(LITERALS_AT, &spliced, 1)
-                .replacen(UNDO_AT, algorithm.refund_lua(), 1);
+        let mut code = header();
+        code.push_str(&literals(policy, common));
+        code.push_str(&REFUND.replacen(UNDO_AT, algorithm.refund_lua(), 1));
+        let _ = writeln!(
+            code,
+            "redis.register_function{{function_name = '{NAME_AT}', callback = refund}}"
+        );
+        Script::named(Some(algorithm), code)
+    }
+
+    /// Names the library after the SHA-1 of its code, and writes the name
+    /// in.
+    fn named(algorithm: Option<Algorithm>, code: String) -> Script {
+        let name = format!("{LIBRARY_PREFIX}{}", redis::Script::new(&code).get_hash());
         Script {
-            algorithm: Some(algorithm),
-            sha: redis::Script::new(&source).get_hash().to_owned(),
-            source,
+            algorithm,
+            source: code.replace(NAME_AT, &name),
+            name,
         }
     }
 
+    /// `FUNCTION LOAD REPLACE`: the library may be there already (another
+    /// sidecar loaded it, or this one before a restart); replacing it with
+    /// the same code changes nothing for anyone calling it.
     pub fn load_command(&self) -> Cmd {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(&self.source);
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(&self.source);
         cmd
     }
+}
+
+/// What every library starts with: its name, then the helpers, defined
+/// once, when the library loads.
+fn header() -> String {
+    let mut code = String::with_capacity(COMMON.len() + STATE.len() + 4096);
+    let _ = writeln!(code, "#!lua name={NAME_AT}");
+    code.push_str(COMMON);
+    code.push_str(STATE);
+    code
+}
+
+/// `policy`'s numbers and its algorithm's `decide`.
+fn decide(policy: &Policy, common: &Common) -> String {
+    let mut out = literals(policy, common);
+    out.push_str(policy.algorithm().lua());
+    out
 }
 
 /// The `P_` locals `lua/common.lua` reads, as Lua literals. Integers are
@@ -315,6 +343,20 @@ impl Scripts {
         self.read().contains_key(policy.bands())
     }
 
+    /// Every library made so far, the read-only ones included (to hold
+    /// their leases).
+    pub fn every(&self) -> Vec<Arc<Script>> {
+        let peeks = self.peeks.read().unwrap_or_else(|e| e.into_inner());
+        let mut every = self.all();
+        every.extend(peeks.values().cloned());
+        every
+    }
+
+    /// The names of [`Scripts::every`].
+    pub fn names(&self) -> std::collections::HashSet<String> {
+        self.every().iter().map(|s| s.name.clone()).collect()
+    }
+
     /// Every script made so far (to load them all).
     pub fn all(&self) -> Vec<Arc<Script>> {
         let several = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
@@ -389,15 +431,15 @@ fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &P
 /// as arguments arrive cost more than formatting them.
 const CMD_BYTES: usize = 192;
 
-/// `EVALSHA sha 2 state record id cost`, the record being
+/// `FCALL name 2 state record id cost`, the record being
 /// `<state>:e:<id>`.
-pub fn evalsha(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
+pub fn fcall(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
     // The key's length without the subject, which displays in under 64,
     // and its mark.
     let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
     let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
-    cmd.arg("EVALSHA").arg(script.sha.as_str()).arg(2u8);
+    cmd.arg("FCALL").arg(script.name.as_str()).arg(2u8);
     let id = hex_id(evaluation.id.0);
     push_keys(&mut cmd, common, evaluation, &id);
     cmd.arg(&id[..]).arg(evaluation.cost);
@@ -422,13 +464,13 @@ fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[
     let _ = arg.write_all(id);
 }
 
-/// `EVALSHA sha 2n state_1 record_1 … state_n record_n id cost_1 … cost_n`:
-/// every limit's two keys, as [`evalsha`] sends them, one id for all.
-pub fn evalsha_several(script: &Script, common: &Common, evaluations: &[Evaluation<'_>]) -> Cmd {
+/// `FCALL name 2n state_1 record_1 … state_n record_n id cost_1 … cost_n`:
+/// every limit's two keys, as [`fcall`] sends them, one id for all.
+pub fn fcall_several(script: &Script, common: &Common, evaluations: &[Evaluation<'_>]) -> Cmd {
     let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
     let mut cmd = Cmd::with_capacity(4 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
-    cmd.arg("EVALSHA")
-        .arg(script.sha.as_str())
+    cmd.arg("FCALL")
+        .arg(script.name.as_str())
         .arg(2 * evaluations.len());
     for evaluation in evaluations {
         push_keys(&mut cmd, common, evaluation, &id);
@@ -512,20 +554,21 @@ mod tests {
     }
 
     #[test]
-    fn every_script_starts_with_a_shebang_and_carries_the_common_part() {
+    fn every_library_is_named_after_its_code_and_defines_its_helpers_once() {
         for &algorithm in Algorithm::ALL {
             let file = algorithm.lua();
-            assert_eq!(file.matches(COMMON_AT).count(), 1, "{}", algorithm.name());
-            // A compact state's script reads it once, with as many numbers
-            // per band as Rust compiles its pattern for.
+            assert!(!file.starts_with("#!"), "{}", algorithm.name());
+            assert_eq!(file.matches(DECIDE).count(), 1, "{}", algorithm.name());
+            // A compact state's function reads it once, with as many
+            // numbers per band as Rust compiles its pattern for.
             let per_band = algorithm.state_numbers();
             let (reads, declared) = if per_band > 0 {
-                (1, format!("\nlocal per_band = {per_band}\n"))
+                (1, format!("\n  local per_band = {per_band}\n"))
             } else {
-                (0, "\nlocal per_band".to_owned())
+                (0, "\n  local per_band".to_owned())
             };
             assert_eq!(
-                file.matches(STATE_AT).count(),
+                file.matches("read_state(").count(),
                 reads,
                 "{}",
                 algorithm.name()
@@ -540,53 +583,84 @@ mod tests {
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
             let name = script.algorithm.map_or("several", |a| a.name());
-            assert!(script.source.starts_with("#!lua\n"), "{name}");
-            assert!(script.source.contains(COMMON), "{name}");
-            assert!(!script.source.contains(COMMON_AT), "{name}");
-            assert!(!script.source.contains("EVAL"), "scripts never nest EVAL");
-            assert_eq!(script.sha.len(), 40);
+            assert!(script.name.starts_with(LIBRARY_PREFIX), "{name}");
+            assert_eq!(script.name.len(), LIBRARY_PREFIX.len() + 40, "{name}");
+            assert!(
+                script
+                    .source
+                    .starts_with(&format!("#!lua name={}\n", script.name)),
+                "{name}"
+            );
+            assert!(script.source.contains(&format!(
+                "redis.register_function{{function_name = '{}', callback = \
+                 function(keys, args) return decide(redis, keys, args) end}}",
+                script.name
+            )));
+            // The helpers are the library's, once, outside any function.
+            assert_eq!(script.source.matches(COMMON).count(), 1, "{name}");
+            assert_eq!(script.source.matches(STATE).count(), 1, "{name}");
+            assert!(script.source.find(COMMON) < script.source.find(DECIDE));
+            assert!(!script.source.contains(NAME_AT), "{name}");
+            assert!(!script.source.contains("EVAL"), "libraries never nest EVAL");
+            // The name is the SHA-1 of the code with the name left out.
+            let unnamed = script.source.replace(&script.name, NAME_AT);
+            assert_eq!(
+                script.name,
+                format!(
+                    "{LIBRARY_PREFIX}{}",
+                    redis::Script::new(&unnamed).get_hash()
+                )
+            );
         }
     }
 
     #[test]
-    fn every_refund_script_carries_the_policy_and_its_algorithm_part() {
-        assert_eq!(REFUND.matches(LITERALS_AT).count(), 1);
+    fn every_refund_library_carries_the_policy_and_its_algorithm_part() {
         assert_eq!(REFUND.matches(UNDO_AT).count(), 1);
         for policy in policies() {
             let script = Script::refund_for_policy(&policy, &common());
             let name = policy.algorithm().name();
-            assert!(script.source.starts_with("#!lua\n"), "{name}");
+            assert!(script.source.starts_with("#!lua name=sluice_"), "{name}");
             assert!(
                 script.source.contains(policy.algorithm().refund_lua()),
                 "{name}"
             );
             assert!(script.source.contains("local P_BAND_ARGS = {"), "{name}");
             assert!(script.source.contains(COMMON), "{name}");
-            assert!(
-                !script.source.contains(LITERALS_AT),
-                "{name}: a marker left"
-            );
+            assert!(script.source.ends_with(&format!(
+                "redis.register_function{{function_name = '{}', callback = refund}}\n",
+                script.name
+            )));
             assert!(!script.source.contains(UNDO_AT), "{name}: a marker left");
-            assert_ne!(script.sha, Script::for_policy(&policy, &common()).sha);
+            assert_ne!(script.name, Script::for_policy(&policy, &common()).name);
         }
     }
 
     #[test]
-    fn the_read_only_script_is_the_same_script_writing_nothing() {
+    fn the_read_only_library_is_the_same_function_writing_nothing() {
         for policy in policies() {
             let script = Script::for_policy(&policy, &common());
             let peek = Script::peek_for_policy(&policy, &common());
             let name = script.algorithm.map_or("several", |a| a.name());
-            assert!(script.source.starts_with(SHEBANG), "{name}");
             assert!(!script.source.contains(PEEK), "{name}: requests run it");
-            assert!(peek.source.starts_with(SHEBANG_NO_WRITES), "{name}");
-            assert_ne!(peek.sha, script.sha, "{name}");
+            assert_ne!(peek.name, script.name, "{name}");
+            assert!(peek.source.ends_with(&format!(
+                "redis.register_function{{function_name = '{}', callback = \
+                 function(keys, args) return decide(READ_ONLY, keys, args) end, \
+                 flags = {{'no-writes'}}}}\n",
+                peek.name
+            )));
             // Take the read-only part out again and it is the request's
-            // script: the algorithm itself is not touched.
+            // library: the algorithm itself is not touched.
             let back = peek
                 .source
-                .replacen(SHEBANG_NO_WRITES, SHEBANG, 1)
-                .replacen(PEEK, "", 1);
+                .replace(&peek.name, &script.name)
+                .replacen(PEEK, "", 1)
+                .replacen(
+                    "decide(READ_ONLY, keys, args) end, flags = {'no-writes'}}",
+                    "decide(redis, keys, args) end}",
+                    1,
+                );
             assert_eq!(back, script.source, "{name}");
         }
         let scripts = Scripts::new(common());
@@ -595,8 +669,9 @@ mod tests {
         assert!(made);
         let (again, made) = scripts.peek(policy);
         assert!(Arc::ptr_eq(&peek, &again) && !made);
-        // Never loaded with the request scripts.
+        // Never loaded with the request libraries, but leased.
         assert!(scripts.all().is_empty());
+        assert!(scripts.names().contains(&peek.name));
         assert!(!scripts.has(policy));
     }
 
@@ -618,7 +693,7 @@ mod tests {
             "local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+):(%d+):(%d+):(%d+)$', \
              '%d:%d:%d:%d:%d'"
         ));
-        assert!(fixed.source.contains(STATE) && !fixed.source.contains(STATE_AT));
+        assert!(fixed.source.contains(STATE));
         let gcra = Script::for_policy(&policies[4], &common());
         assert!(gcra
             .source
@@ -627,7 +702,7 @@ mod tests {
             .source
             .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)$', '%d:%d'"));
         let log = Script::for_policy(&policies[2], &common());
-        assert!(!log.source.contains("P_STATE_") && !log.source.contains(STATE));
+        assert!(!log.source.contains("local P_STATE_"));
         // Past Lua's 32 captures, the general path reads the state.
         let many = Policy::new(
             "many",
@@ -644,7 +719,7 @@ mod tests {
             dedupe_window: Duration::from_secs(1),
             ..common()
         };
-        assert_ne!(Script::for_policy(&policies[0], &other).sha, fixed.sha);
+        assert_ne!(Script::for_policy(&policies[0], &other).name, fixed.name);
     }
 
     #[test]
@@ -657,7 +732,7 @@ mod tests {
         for p in &policies {
             assert_eq!(scripts.get(p).algorithm, Some(p.algorithm()));
         }
-        let mut shas: Vec<String> = scripts.all().iter().map(|s| s.sha.clone()).collect();
+        let mut shas: Vec<String> = scripts.all().iter().map(|s| s.name.clone()).collect();
         shas.sort();
         shas.dedup();
         assert_eq!(shas.len(), 5);
@@ -669,7 +744,7 @@ mod tests {
             false,
         );
         assert_eq!(changed.revision, policies[0].revision);
-        assert_ne!(scripts.get(&changed).sha, first.sha);
+        assert_ne!(scripts.get(&changed).name, first.name);
     }
 
     /// The state key's mark and its separator, as the scripts' formats
@@ -705,7 +780,7 @@ mod tests {
                 deadline: tokio::time::Instant::now(),
                 id: EvaluationId(0xab),
             };
-            let sent = args(&evalsha(&script, &common(), &evaluation));
+            let sent = args(&fcall(&script, &common(), &evaluation));
             let state = format!(
                 "sl:{{{}:{}:{}{subject}}}",
                 policy.name,
@@ -716,8 +791,8 @@ mod tests {
             assert_eq!(
                 sent,
                 [
-                    "EVALSHA".to_owned(),
-                    script.sha.clone(),
+                    "FCALL".to_owned(),
+                    script.name.clone(),
                     "2".to_owned(),
                     state.clone(),
                     format!("{state}:e:{id}"),
@@ -735,25 +810,29 @@ mod tests {
         shadow.shadow = true;
         let set = [&policies[0], &shadow, &policies[4]];
         let several = Script::for_limits(&set, &common());
-        assert!(several.source.starts_with(SHEBANG));
+        assert!(several
+            .source
+            .starts_with(&format!("#!lua name={}\n", several.name)));
         assert!(!several.source.contains(LIMITS_AT));
-        assert_eq!(several.source.matches(SHEBANG).count(), 1);
+        assert_eq!(several.source.matches(COMMON).count(), 1);
         for (i, policy) in set.iter().enumerate() {
-            // Byte for byte what the policy runs alone, after its shebang.
-            let alone = Script::for_policy(policy, &common()).source;
-            let body = alone.strip_prefix(SHEBANG).unwrap();
+            // What the policy runs alone: its numbers and its decide.
             let n = i + 1;
-            let function = format!("LIMITS[{n}] = function(redis, KEYS, ARGV)\n{body}");
-            assert!(several.source.contains(&function), "limit {n}");
-            let flag = format!("SHADOW[{n}] = {}", policy.shadow);
-            assert!(several.source.contains(&flag), "{flag}");
+            let block = format!(
+                "do\n{}LIMITS[{n}], SHADOW[{n}] = decide, {}\nend\n",
+                decide(policy, &common()),
+                policy.shadow
+            );
+            assert!(several.source.contains(&block), "limit {n}");
+            let alone = Script::for_policy(policy, &common()).source;
+            assert!(alone.contains(&decide(policy, &common())), "limit {n}");
         }
         let scripts = Scripts::new(common());
         let made = scripts.several(&set);
-        assert_eq!(made.sha, several.sha);
+        assert_eq!(made.name, several.name);
         assert!(Arc::ptr_eq(&made, &scripts.several(&set)));
         assert!(scripts.has_several(&set) && !scripts.has_several(&set[..2]));
-        assert!(scripts.all().iter().any(|s| s.sha == several.sha));
+        assert!(scripts.all().iter().any(|s| s.name == several.name));
 
         let (a, b) = (
             PseudonymKey::new(b"k", 1).pseudonym("ip", b"192.0.2.1", "signup"),
@@ -767,7 +846,7 @@ mod tests {
             id: EvaluationId(0xab),
         };
         let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
-        let sent = args(&evalsha_several(&several, &common(), &evaluations));
+        let sent = args(&fcall_several(&several, &common(), &evaluations));
         let id = format!("{:032x}", 0xab);
         let key =
             |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{}{s}}}", p.name, p.revision, mark(p));
@@ -775,8 +854,8 @@ mod tests {
         assert_eq!(
             sent,
             [
-                "EVALSHA".to_owned(),
-                several.sha.clone(),
+                "FCALL".to_owned(),
+                several.name.clone(),
                 "4".to_owned(),
                 ka.clone(),
                 format!("{ka}:e:{id}"),

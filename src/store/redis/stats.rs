@@ -18,7 +18,8 @@ pub struct RedisStats {
     /// The last second a warning was logged (see [`RedisStats::may_warn`]).
     warned_at: AtomicU64,
 
-    /// `SCRIPT LOAD`s that succeeded (at start and after `NOSCRIPT`).
+    /// `FUNCTION LOAD`s that succeeded (at start and after function not
+    /// found).
     pub script_loads: Stat,
     /// Retries that found their evaluation id already applied.
     pub dedupe_hits: Stat,
@@ -40,7 +41,8 @@ pub struct RedisStats {
 
     // Conditions recovered from (`sluice_store_events_total`), rather than
     // failed decisions.
-    /// `NOSCRIPT` replies (Redis lost its script cache).
+    /// Function-not-found replies (the node did not have the library;
+    /// named `noscript` since sluice ran scripts with `EVALSHA`).
     pub noscript: Stat,
     /// Decisions taken while the Redis clock was behind a key's last write
     /// (by less than the bound: no time counted as passing).

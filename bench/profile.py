@@ -50,6 +50,7 @@ SLUICE_STAGES = [
     ("src/store", "store: shared (over-limit cache, breaker)"),
     ("src/proxy/respond", "respond (429/503, RateLimit fields)"),
     ("src/proxy/forward", "forward (sluice side)"),
+    ("src/proxy/pool", "forward (sluice side)"),
     ("src/proxy", "service (sluice side)"),
     ("src/server", "listener (sluice side)"),
     ("src/telemetry", "metrics"),
@@ -59,7 +60,7 @@ CRATE_STAGES = {
     "httparse": "hyper (HTTP/1 server and client)",
     "http": "hyper (HTTP/1 server and client)",
     "h2": "hyper (HTTP/1 server and client)",
-    "hyper-util": "hyper-util (pooled client, server glue)",
+    "hyper-util": "hyper-util (server glue, connector)",
     "tokio": "tokio (scheduler, timers, I/O)",
     "mio": "tokio (scheduler, timers, I/O)",
     "redis": "redis client (redis-rs, combine)",
@@ -80,7 +81,7 @@ CRATE_STAGES = {
 }
 STAGE_ORDER = [
     "hyper (HTTP/1 server and client)",
-    "hyper-util (pooled client, server glue)",
+    "hyper-util (server glue, connector)",
     "tokio (scheduler, timers, I/O)",
     "listener (sluice side)",
     "request checks (headers, Host, overrides)",

@@ -15,24 +15,6 @@ use support::client::{build, http1_client, http2_client, REQUEST_DEADLINE};
 use support::scripted::{Answer, Scripted};
 use support::Sidecar;
 
-fn config(upstream: &Scripted) -> String {
-    format!(
-        "version: 1
-server:
-  listen: 127.0.0.1:0
-  admin: 127.0.0.1:0
-upstream:
-  url: {}
-  timeout: 5s
-policies:
-  lots: {{ algorithm: sliding-log, limit: 100000, window: 1h }}
-routes:
-  - {{ name: all, match: {{ path_prefix: / }}, subject: client_ip, policy: lots }}
-",
-        upstream.url()
-    )
-}
-
 /// What the client must see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
@@ -200,7 +182,7 @@ fn check(name: &str, seen: &Seen, expect: Expect) {
 
 async fn run_table(h2: bool) {
     let upstream = Scripted::start(Answer::KeepOpen(OK.to_vec())).await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
     let admin = sluice.admin_addr().expect("admin address");
     let mut bad_gateways = 0.0;
     for (name, answer, expect, reused) in cases() {
@@ -250,7 +232,7 @@ async fn a_1xx_flood_that_never_ends_is_a_502_not_a_hang() {
         b"HTTP/1.1 100 Continue\r\n\r\n".repeat(200_000),
     ))
     .await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
     let started = std::time::Instant::now();
     let seen = exchange(&sluice, false).await;
     check("an endless 1xx flood", &seen, Expect::BadGateway);
@@ -275,7 +257,11 @@ async fn a_body_that_stalls_part_way_is_cut_at_the_upstream_timeout() {
         ),
     ];
     let upstream = Scripted::start(Answer::KeepOpen(OK.to_vec())).await;
-    let sluice = Sidecar::start(&config(&upstream).replace("timeout: 5s", "timeout: 1s"));
+    let sluice = Sidecar::start(
+        &upstream
+            .sidecar_config()
+            .replace("timeout: 5s", "timeout: 1s"),
+    );
     for h2 in [false, true] {
         for (name, answer) in stalls {
             upstream.set_answer(Answer::KeepOpen(answer.to_vec()));
@@ -304,7 +290,7 @@ async fn a_body_that_stalls_part_way_is_cut_at_the_upstream_timeout() {
 async fn over_http1_a_truncated_body_ends_with_the_connection_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = Scripted::start(Answer::KeepOpen(OK.to_vec())).await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
     let cases: [(&str, &[u8], &str); 2] = [
         (
             "a malformed chunk",

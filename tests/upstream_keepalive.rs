@@ -16,24 +16,6 @@ use support::Sidecar;
 
 const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
 
-fn config(upstream: &Scripted) -> String {
-    format!(
-        "version: 1
-server:
-  listen: 127.0.0.1:0
-  admin: 127.0.0.1:0
-upstream:
-  url: {}
-  timeout: 5s
-policies:
-  lots: {{ algorithm: fixed-window, limit: 100000, window: 1h }}
-routes:
-  - {{ name: all, match: {{ path_prefix: / }}, subject: client_ip, policy: lots }}
-",
-        upstream.url()
-    )
-}
-
 async fn resends(sluice: &Sidecar) -> f64 {
     let admin = sluice.admin_addr().expect("admin address");
     let text = support::ops::scrape(admin).await;
@@ -43,7 +25,7 @@ async fn resends(sluice: &Sidecar) -> f64 {
 #[tokio::test]
 async fn a_get_that_meets_a_connection_the_app_just_closed_is_sent_again_on_a_new_one() {
     let upstream = Scripted::start(Answer::FirstOnly(OK.to_vec())).await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
 
     let (status, _, body) = request(sluice.addr(), Method::GET, "/a", &[], Bytes::new()).await;
     assert_eq!((status.as_u16(), &body[..]), (200, &b"hello"[..]));
@@ -73,7 +55,7 @@ async fn a_get_that_meets_a_connection_the_app_just_closed_is_sent_again_on_a_ne
 #[tokio::test]
 async fn a_post_that_meets_a_connection_the_app_just_closed_is_a_502_and_never_sent_twice() {
     let upstream = Scripted::start(Answer::FirstOnly(OK.to_vec())).await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
 
     let (status, _, _) = request(sluice.addr(), Method::GET, "/a", &[], Bytes::new()).await;
     assert_eq!(status.as_u16(), 200);
@@ -92,7 +74,7 @@ async fn a_post_that_meets_a_connection_the_app_just_closed_is_a_502_and_never_s
 async fn connections_the_app_closes_after_each_answer_are_never_reused() {
     // No `Connection: close`: the app just closes after answering.
     let upstream = Scripted::start(Answer::Close(OK.to_vec())).await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
     // One kept-alive client connection, requests back to back.
     let client = http1_client();
     for n in 1..=30 {
@@ -117,7 +99,7 @@ async fn connections_the_app_closes_after_each_answer_are_never_reused() {
 async fn connections_the_app_closes_when_idle_are_not_used_after_it_did() {
     let upstream =
         Scripted::start(Answer::IdleClose(OK.to_vec(), Duration::from_millis(100))).await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
     let client = http1_client();
     // Back to back: one connection carries them all.
     for _ in 0..3 {
@@ -146,7 +128,7 @@ async fn connections_the_app_closes_when_idle_are_not_used_after_it_did() {
 #[tokio::test]
 async fn a_resent_request_is_held_to_the_same_1xx_limit() {
     let upstream = Scripted::start(Answer::FirstOnly(OK.to_vec())).await;
-    let sluice = Sidecar::start(&config(&upstream));
+    let sluice = Sidecar::start(&upstream.sidecar_config());
     let (status, _, _) = request(sluice.addr(), Method::GET, "/a", &[], Bytes::new()).await;
     assert_eq!(status.as_u16(), 200);
 

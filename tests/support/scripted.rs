@@ -80,6 +80,26 @@ impl Scripted {
         format!("http://{}", self.addr)
     }
 
+    /// A sidecar configuration in front of this upstream: one route over
+    /// every path, with a limit no test reaches.
+    pub fn sidecar_config(&self) -> String {
+        format!(
+            "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+upstream:
+  url: {}
+  timeout: 5s
+policies:
+  lots: {{ algorithm: sliding-log, limit: 100000, window: 1h }}
+routes:
+  - {{ name: all, match: {{ path_prefix: / }}, subject: client_ip, policy: lots }}
+",
+            self.url()
+        )
+    }
+
     /// The answer to every request from now on.
     pub fn set_answer(&self, answer: Answer) {
         *self.state.answer.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer);

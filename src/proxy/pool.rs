@@ -99,9 +99,10 @@ impl Pool {
     }
 
     /// Sends `request` (origin-form, `Host` set) to `base`'s authority, on
-    /// an idle connection when there is one.
-    /// `again` prepares a request sent a second time: it holds none of
-    /// the first one's extensions.
+    /// an idle connection when there is one, and once more on a new one
+    /// when that one turns out closed and sending again is safe. `again`
+    /// prepares a copy sent a second time: it holds none of the first
+    /// one's extensions.
     pub(super) async fn send(
         self: &Arc<Self>,
         base: &Uri,
@@ -113,9 +114,15 @@ impl Pool {
         };
         let mut retried = false;
         loop {
-            let (mut sender, reused) = match self.idle_connection(authority).await {
-                Some(sender) if !retried => (sender, true),
-                _ => (self.connect(base).await?, false),
+            // A resend goes on a new connection, leaving the idle ones be.
+            let idle = if retried {
+                None
+            } else {
+                self.idle_connection(authority).await
+            };
+            let (mut sender, reused) = match idle {
+                Some(sender) => (sender, true),
+                None => (self.connect(base).await?, false),
             };
             let copy = (reused && replayable(&request)).then(|| head_copy(&request));
             match sender.try_send_request(request).await {
@@ -428,6 +435,51 @@ mod tests {
             Err(Failure::Connect(_))
         ));
         assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_resend_goes_on_a_new_connection_and_leaves_the_other_idle_ones() {
+        use tokio::io::AsyncReadExt;
+        // An app that reads each request's head and closes without a word.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
+        let authority = base.authority().unwrap().clone();
+        for _ in 0..2 {
+            let sender = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), sender);
+        }
+        let mut request = Request::new(body::empty());
+        *request.uri_mut() = "/".parse().unwrap();
+        request
+            .headers_mut()
+            .insert(http::header::HOST, HeaderValue::from_static("app"));
+        // The newest idle connection is closed on it, the copy is closed
+        // on a new one: an error, and the older idle connection untouched.
+        let sent = pool.send(&base, request, |_| {}).await;
+        assert!(
+            matches!(sent, Err(Failure::Exchange(_))),
+            "{:?}",
+            sent.err()
+        );
+        assert_eq!(pool.idle_count(), 1);
+        accepted.abort();
     }
 
     #[tokio::test]

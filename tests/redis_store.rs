@@ -1349,21 +1349,6 @@ async fn one_fcall_per_decision() {
 // Libraries no sidecar uses any more
 // ---------------------------------------------------------------------------
 
-/// The `sluice_*` (and other) libraries `conn`'s server has.
-fn libraries(conn: &mut redis::Connection) -> Vec<String> {
-    let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
-        .arg("LIST")
-        .query(conn)
-        .expect("FUNCTION LIST");
-    listed
-        .iter()
-        .filter_map(|fields| match fields.get(1) {
-            Some(redis::Value::BulkString(name)) => String::from_utf8(name.clone()).ok(),
-            _ => None,
-        })
-        .collect()
-}
-
 fn load_library(conn: &mut redis::Connection, name: &str) {
     let code =
         format!("#!lua name={name}\nredis.register_function('{name}', function() return 1 end)\n");
@@ -1385,7 +1370,10 @@ async fn connect_policies(server: &RedisServer, policies: &[Policy]) -> RedisSto
 /// Waits until `name` is gone from the server: the start's prune ran.
 async fn until_deleted(conn: &mut redis::Connection, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while libraries(conn).iter().any(|l| l == name) {
+    while support::redis::function_libraries(conn, None)
+        .iter()
+        .any(|l| l == name)
+    {
         assert!(Instant::now() < deadline, "{name} was never deleted");
         tokio::time::sleep(ms(20)).await;
     }
@@ -1409,7 +1397,7 @@ async fn a_start_deletes_only_the_libraries_nobody_holds_a_lease_on() {
     let first = policy("first", Bands::FixedWindow(vec![window(5, 3_600_000)]));
     let store = connect_policies(&server, std::slice::from_ref(&first)).await;
     until_deleted(&mut conn, &stale).await;
-    let after_start = libraries(&mut conn);
+    let after_start = support::redis::function_libraries(&mut conn, None);
     assert!(after_start.contains(&held), "{after_start:?}");
     assert!(
         after_start.contains(&"other_app".to_owned()),
@@ -1437,7 +1425,7 @@ async fn a_start_deletes_only_the_libraries_nobody_holds_a_lease_on() {
     let second = policy("second", Bands::Gcra(vec![gcra(10, 1000, 10)]));
     let other = connect_policies(&server, std::slice::from_ref(&second)).await;
     until_deleted(&mut conn, &stale_again).await;
-    let now = libraries(&mut conn);
+    let now = support::redis::function_libraries(&mut conn, None);
     for name in &own {
         assert!(now.contains(name), "{name} deleted: {now:?}");
     }
@@ -1451,7 +1439,7 @@ async fn a_start_deletes_only_the_libraries_nobody_holds_a_lease_on() {
     let changed = policy("first", Bands::FixedWindow(vec![window(6, 3_600_000)]));
     store.learn(&[Arc::new(changed.clone())]);
     assert!(allowed(&eval(&store, &changed, &subject("lease"), 1).await));
-    let after_reload = libraries(&mut conn);
+    let after_reload = support::redis::function_libraries(&mut conn, None);
     for name in &own {
         assert!(
             after_reload.contains(name),

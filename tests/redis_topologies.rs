@@ -427,25 +427,8 @@ async fn a_cluster_failover_and_a_killed_primary_cost_no_undecided_request() {
     // The promoted replicas had the libraries already (replicated from
     // their primaries): not one call needed loading them.
     let mut conn = cluster.node(replica).connection();
-    assert!(!sluice_libraries(&mut conn).is_empty());
+    assert!(!support::redis::function_libraries(&mut conn, Some("sluice_*")).is_empty());
     assert_no_library_was_missing(&sluice).await;
-}
-
-/// The `sluice_*` libraries a node has.
-fn sluice_libraries(conn: &mut redis::Connection) -> Vec<String> {
-    let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
-        .arg("LIST")
-        .arg("LIBRARYNAME")
-        .arg("sluice_*")
-        .query(conn)
-        .expect("FUNCTION LIST");
-    listed
-        .iter()
-        .filter_map(|fields| match fields.get(1) {
-            Some(redis::Value::BulkString(name)) => String::from_utf8(name.clone()).ok(),
-            _ => None,
-        })
-        .collect()
 }
 
 /// No FCALL met function not found (`kind="noscript"`).
@@ -483,7 +466,10 @@ async fn a_sentinel_failover_is_followed_without_a_restart() {
     assert_recovered("SENTINEL FAILOVER", &run, &upstream, writable, &sluice);
     readyz_becomes(&sluice, StatusCode::OK, RECOVERY).await;
     // The new primary had every library already, by replication.
-    assert!(!sluice_libraries(&mut set.replica.connection()).is_empty());
+    assert!(
+        !support::redis::function_libraries(&mut set.replica.connection(), Some("sluice_*"))
+            .is_empty()
+    );
     assert_no_library_was_missing(&sluice).await;
     // Decisions land on the new primary.
     let mut conn = set.replica.connection();

@@ -98,7 +98,7 @@ pub(super) async fn forward(
             parts.headers.insert(http::header::HOST, host);
         }
     }
-    parts.uri = pool::origin_form(&uri);
+    parts.uri = uri;
     parts.version = Version::HTTP_11;
     // Server-side extensions (header case maps, HTTP/2 protocol) mean
     // nothing to the client connection.
@@ -169,8 +169,10 @@ pub(super) async fn forward(
     }
 }
 
-/// The upstream URL's scheme and authority, its base path (if any) as a
-/// prefix, then the request's path and query.
+/// The request-target sent upstream, in origin-form (HTTP/1.1 to a server
+/// that is not a proxy): the upstream URL's base path (if any) as a prefix,
+/// then the request's path and query. The connection, not the target,
+/// goes to the upstream's authority (`pool`).
 fn target(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
     let original = request.path_and_query();
     let base_path = base.path().trim_end_matches('/');
@@ -182,8 +184,6 @@ fn target(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
         None => PathAndQuery::try_from(format!("{base_path}/"))?,
     };
     let mut parts = Parts::default();
-    parts.scheme = base.scheme().cloned();
-    parts.authority = base.authority().cloned();
     parts.path_and_query = Some(path_and_query);
     Ok(Uri::from_parts(parts)?)
 }
@@ -253,23 +253,17 @@ mod tests {
     #[test]
     fn target_keeps_path_and_query_under_the_base() {
         let plain = uri("http://127.0.0.1:3000");
-        assert_eq!(
-            target(&plain, &uri("/a/b?x=1&y")).unwrap(),
-            "http://127.0.0.1:3000/a/b?x=1&y"
-        );
-        assert_eq!(target(&plain, &uri("/")).unwrap(), "http://127.0.0.1:3000/");
-        // An HTTP/2 request carries scheme and authority: both replaced.
+        assert_eq!(target(&plain, &uri("/a/b?x=1&y")).unwrap(), "/a/b?x=1&y");
+        assert_eq!(target(&plain, &uri("/")).unwrap(), "/");
+        // An HTTP/2 request carries scheme and authority: both left out.
         assert_eq!(
             target(&plain, &uri("https://public.example/p?q")).unwrap(),
-            "http://127.0.0.1:3000/p?q"
+            "/p?q"
         );
 
         let based = uri("http://app:8080/base/");
-        assert_eq!(
-            target(&based, &uri("/a?x=1")).unwrap(),
-            "http://app:8080/base/a?x=1"
-        );
-        assert_eq!(target(&based, &uri("/")).unwrap(), "http://app:8080/base/");
+        assert_eq!(target(&based, &uri("/a?x=1")).unwrap(), "/base/a?x=1");
+        assert_eq!(target(&based, &uri("/")).unwrap(), "/base/");
         assert_eq!(target(&based, &uri("*")).unwrap().path(), "*");
     }
 

@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::{Authority, Parts};
+use http::uri::Authority;
 use http::{HeaderValue, Method, Request, Response, Uri};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -294,19 +294,6 @@ pub(super) fn host_of(base: &Uri) -> Option<HeaderValue> {
     HeaderValue::from_str(text).ok()
 }
 
-/// The request's path and query alone (origin-form), as HTTP/1.1 sends it
-/// to a server that is not a proxy.
-pub(super) fn origin_form(uri: &Uri) -> Uri {
-    match uri.path_and_query() {
-        Some(pq) if pq.as_str() != "/" => {
-            let mut parts = Parts::default();
-            parts.path_and_query = Some(pq.clone());
-            Uri::from_parts(parts).unwrap_or_default()
-        }
-        _ => Uri::default(),
-    }
-}
-
 pin_project! {
     /// The upstream's response body; gives its connection back to the pool
     /// once read to the end.
@@ -402,13 +389,6 @@ mod tests {
     }
 
     #[test]
-    fn origin_form_keeps_path_and_query_only() {
-        assert_eq!(origin_form(&uri("http://a:1/x/y?q=1")), "/x/y?q=1");
-        assert_eq!(origin_form(&uri("http://a:1/")), "/");
-        assert_eq!(origin_form(&uri("*")), "*");
-    }
-
-    #[test]
     fn only_idempotent_requests_without_a_body_are_sent_twice() {
         let request = |method: Method, body: Body| {
             let mut r = Request::new(body);
@@ -437,14 +417,18 @@ mod tests {
         assert_eq!(pool.idle_count(), 0);
     }
 
+    /// A listener on a free loopback port, and its URL.
+    async fn app() -> (tokio::net::TcpListener, Uri) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        (listener, base.parse().unwrap())
+    }
+
     #[tokio::test]
     async fn a_resend_goes_on_a_new_connection_and_leaves_the_other_idle_ones() {
         use tokio::io::AsyncReadExt;
         // An app that reads each request's head and closes without a word.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base: Uri = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, base) = app().await;
         let accepted = tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 tokio::spawn(async move {
@@ -484,10 +468,7 @@ mod tests {
 
     #[tokio::test]
     async fn idle_connections_are_closed_once_older_than_the_idle_limit() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base: Uri = format!("http://{}", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
+        let (listener, base) = app().await;
         let accepted = tokio::spawn(async move {
             let mut held = Vec::new();
             while let Ok((stream, _)) = listener.accept().await {

@@ -378,3 +378,21 @@ pub fn tls_files(dir: &Path) -> TlsFiles {
     std::fs::write(&files.ca, ca.pem()).expect("write CA");
     files
 }
+
+/// The names of the function libraries `conn`'s server has, those matching
+/// `pattern` (a `FUNCTION LIST LIBRARYNAME` glob) when given.
+pub fn function_libraries(conn: &mut redis::Connection, pattern: Option<&str>) -> Vec<String> {
+    let mut list = redis::cmd("FUNCTION");
+    list.arg("LIST");
+    if let Some(pattern) = pattern {
+        list.arg("LIBRARYNAME").arg(pattern);
+    }
+    let listed: Vec<Vec<redis::Value>> = list.query(conn).expect("FUNCTION LIST");
+    listed
+        .iter()
+        .filter_map(|fields| match fields.get(1) {
+            Some(redis::Value::BulkString(name)) => String::from_utf8(name.clone()).ok(),
+            _ => None,
+        })
+        .collect()
+}

@@ -354,3 +354,18 @@ async fn a_denied_request_never_reaches_the_upstream() {
     assert_eq!(paths, ["/limited", "/marker"]);
     assert_eq!(upstream.count(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http10_request_without_host_reaches_the_app_with_the_upstreams_host() {
+    let (upstream, sluice) = start().await;
+    let response = raw_exchange(sluice.addr(), b"GET /old HTTP/1.0\r\n\r\n").await;
+    assert_eq!(response.status, 200, "{}", response.head);
+    // Sent upstream as HTTP/1.1, which needs a Host: the upstream URL's
+    // authority, as a client of that URL would send it.
+    let seen = only_request(&upstream);
+    assert_eq!(
+        seen.header("host"),
+        Some(upstream.addr().to_string().as_str())
+    );
+    assert_eq!(seen.header("x-forwarded-host"), None);
+}

@@ -136,6 +136,7 @@ mod tests {
                 methods: methods.to_vec(),
                 path,
                 case_sensitive: true,
+                format_suffix: false,
             },
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
@@ -253,5 +254,42 @@ mod tests {
         ]);
         assert_eq!(&*t.route(&Method::GET, "/api/login").name, "specific");
         assert_eq!(&*t.route(&Method::GET, "/api/other").name, "api");
+    }
+
+    #[test]
+    fn a_format_suffix_extends_the_last_segment_only() {
+        let suffixed = |name: &str, path: PathMatch| {
+            let mut r = route(name, &[], path);
+            r.matcher.format_suffix = true;
+            r
+        };
+        let t = table(vec![
+            suffixed("login", PathMatch::Exact("/login".into())),
+            suffixed(
+                "edit",
+                PathMatch::Template(vec![lit("users"), Segment::Param("id".into()), lit("edit")]),
+            ),
+            suffixed("api", PathMatch::Prefix("/api".into())),
+            route("plain", &[], PathMatch::Exact("/plain".into())),
+        ]);
+        for (path, want) in [
+            ("/login", "login"),
+            ("/login.json", "login"),
+            ("/login.html/", "login"),
+            ("/login.tar.gz", "login"),
+            ("/login.", "default"),
+            ("/login.json/x", "default"),
+            ("/loginx", "default"),
+            ("/login/.json", "default"),
+            ("/users/7/edit.json", "edit"),
+            ("/users/7/edit.", "default"),
+            ("/users.json/7/edit", "default"),
+            ("/api.json", "api"),
+            ("/api/x.json", "api"),
+            ("/api.json/x", "default"),
+            ("/plain.json", "default"),
+        ] {
+            assert_eq!(&*t.route(&Method::GET, path).name, want, "{path}");
+        }
     }
 }

@@ -68,11 +68,13 @@ fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
         let names: Vec<&str> = route.matcher.methods.iter().map(|m| m.as_str()).collect();
         names.join(",")
     };
-    let path = if route.matcher.case_sensitive {
-        path(&route.matcher.path)
-    } else {
-        format!("{} (any case)", path(&route.matcher.path))
-    };
+    let mut path = path(&route.matcher.path);
+    if route.matcher.format_suffix {
+        path.push_str("(.format)");
+    }
+    if !route.matcher.case_sensitive {
+        path.push_str(" (any case)");
+    }
     let upgrades = if route.upgrades.is_empty() {
         "-".to_owned()
     } else {

@@ -42,6 +42,26 @@ pub struct ServerLive {
     pub body_idle_timeout: Duration,
     /// How request paths are normalized before matching and forwarding.
     pub paths: PathRules,
+    /// What is done with request headers whose names contain `_`.
+    pub underscores: Underscores,
+}
+
+/// `server.headers_with_underscores`: CGI-style servers (Puma, gunicorn
+/// before 22, PHP's CGI and FastCGI, wsgiref) read `X_API_Key` as
+/// `X-API-Key`, so such a name can stand in for a header sluice reads
+/// another way (nginx's `underscores_in_headers off`, Envoy's
+/// `headers_with_underscores_action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Underscores {
+    /// Removed before forwarding; a request where one would read as an
+    /// identity, override or forwarding header gets 400.
+    Drop,
+    /// Any such header: 400.
+    Reject,
+    /// Forwarded as sent (unsafe behind CGI-style servers); one that would
+    /// read as an identity or forwarding header still gets 400, and one
+    /// that reads as a method override is matched as one.
+    Allow,
 }
 
 /// Where requests go and how long their answer may take: read per request

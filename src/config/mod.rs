@@ -23,7 +23,9 @@ pub use boot::{
     UpstreamBoot,
 };
 pub use error::{ConfigError, ConfigErrors};
-pub use live::{Identity, Live, OnFailure, Responses, ServerLive, StoreLive, UpstreamLive};
+pub use live::{
+    Identity, Live, OnFailure, Responses, ServerLive, StoreLive, Underscores, UpstreamLive,
+};
 
 use std::path::{Path, PathBuf};
 

@@ -144,6 +144,7 @@ pub struct Server {
     pub max_header_bytes: Option<Scalar>,
     pub workers: Option<Scalar>,
     pub paths: Option<Paths>,
+    pub headers_with_underscores: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
     pub send_timeout: Option<Scalar>,
     pub max_connections: Option<Scalar>,
@@ -326,6 +327,7 @@ pub struct Match {
     pub path: Option<Scalar>,
     pub path_prefix: Option<Scalar>,
     pub case_sensitive: Option<Scalar>,
+    pub format_suffix: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

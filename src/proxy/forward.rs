@@ -20,6 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use crate::config::{self, Live};
 use crate::sleeps::Spares;
+use crate::subject;
 
 use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
@@ -88,6 +89,7 @@ pub(super) async fn forward(
     let forwarded = Forwarded {
         peer: conn.peer.ip(),
         tls: conn.tls,
+        trusted: subject::resolve::trusted_peer(conn.peer.ip(), &live.identity.trusted_proxies),
     };
     if parts.version == Version::HTTP_2 {
         headers::join_cookies(&mut parts.headers);

@@ -10,7 +10,7 @@ use std::io::Write as _;
 use std::net::IpAddr;
 
 use http::header::{
-    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, HOST,
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST,
     PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 use http::{Method, Uri, Version};
@@ -29,6 +29,18 @@ static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 /// by instead of the request line: a path sluice never matched.
 static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
 static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static TRUE_CLIENT_IP: HeaderName = HeaderName::from_static("true-client-ip");
+static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
+
+/// Fields that claim a client address, which many apps log or believe
+/// (nginx's `real_ip_header`, Akamai, Cloudflare). From a client that is
+/// no trusted proxy they are its own claim: see [`prepare_request`].
+pub static CLAIMS: [HeaderName; 3] = [
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("true-client-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+];
 
 /// RFC 9110 §7.6.1, plus the pre-standard `Keep-Alive` and
 /// `Proxy-Connection` that clients still send, and `HTTP2-Settings`, which
@@ -88,6 +100,15 @@ pub enum Invalid {
     ForwardedFor,
     /// A method-override header sent twice, or naming no method.
     MethodOverride,
+    /// A request-target of `*` with another method than OPTIONS (RFC
+    /// 9112 §3.2.4).
+    AsteriskForm,
+    /// A header name with `_`, under `server.headers_with_underscores:
+    /// reject`.
+    UnderscoreHeader,
+    /// A header name with `_` that CGI-style servers read as this header,
+    /// one sluice reads or writes.
+    UnderscoreStandsFor(HeaderName),
 }
 
 impl Invalid {
@@ -108,6 +129,9 @@ impl Invalid {
             Invalid::DuplicateIdentity(_) => "duplicate_identity",
             Invalid::ForwardedFor => "forwarded_for",
             Invalid::MethodOverride => "method_override",
+            Invalid::AsteriskForm => "asterisk_form",
+            Invalid::UnderscoreHeader => "underscore_header",
+            Invalid::UnderscoreStandsFor(_) => "underscore_stands_for",
         }
     }
 
@@ -130,6 +154,11 @@ impl Invalid {
             }
             Invalid::ForwardedFor => "X-Forwarded-For holds an entry that is not an address",
             Invalid::MethodOverride => "a method-override header is sent twice or names no method",
+            Invalid::AsteriskForm => "a request-target of * is for OPTIONS only",
+            Invalid::UnderscoreHeader => "header names with an underscore are refused",
+            Invalid::UnderscoreStandsFor(_) => {
+                "a header name with an underscore stands for a header that identifies the client or the method"
+            }
         }
     }
 }
@@ -167,6 +196,12 @@ pub fn check_head(
             .is_some_and(|a| valid_host(a.as_str().as_bytes()));
     if !(origin || absolute) {
         return Err(Invalid::RequestTarget);
+    }
+    // `*` names the server, not a resource: only OPTIONS may ask it. Any
+    // other method would reach a catch-all route of the app as `/*`
+    // (Werkzeug) while no sluice route matched it.
+    if origin && uri.path() == "*" && method != Method::OPTIONS {
+        return Err(Invalid::AsteriskForm);
     }
     match version {
         Version::HTTP_09 | Version::HTTP_10 => {}
@@ -390,11 +425,14 @@ pub fn upgrade_allowed(protocol: &[u8], allowed: &[Box<str>]) -> bool {
 pub struct Forwarded {
     pub peer: IpAddr,
     pub tls: bool,
+    /// The peer is one of `identity.trusted_proxies`.
+    pub trusted: bool,
 }
 
 /// Rewrites a request's headers for the upstream: hop-by-hop removed,
 /// `Host` kept as the client addressed it, `X-Forwarded-*` set, rewrite
-/// targets removed. `upgrade`: the `Upgrade` value to pass on (see
+/// targets removed, address claims of an untrusted client replaced
+/// ([`rewrite_claims`]). `upgrade`: the `Upgrade` value to pass on (see
 /// [`allowed_upgrade`]); without it no upgrade reaches the upstream.
 pub fn prepare_request(
     headers: &mut HeaderMap,
@@ -407,11 +445,14 @@ pub fn prepare_request(
     // probe) for each field below: most requests carry none of them.
     let mut rewrite_urls = false;
     let mut forwarded_for = false;
+    let mut claims = false;
     for name in headers.keys() {
         if name == X_ORIGINAL_URL || name == X_REWRITE_URL {
             rewrite_urls = true;
         } else if name == X_FORWARDED_FOR {
             forwarded_for = true;
+        } else if name == FORWARDED || CLAIMS.iter().any(|c| c == name) {
+            claims = true;
         }
     }
     strip_hop_by_hop(headers);
@@ -431,6 +472,9 @@ pub fn prepare_request(
             headers.remove(HOST);
             headers.remove(&X_FORWARDED_HOST);
         }
+    }
+    if claims {
+        rewrite_claims(headers, forwarded);
     }
     append_forwarded_for(headers, forwarded.peer, forwarded_for);
     let proto = if forwarded.tls { "https" } else { "http" };
@@ -491,6 +535,48 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+}
+
+/// Address claims: from a trusted proxy they are passed on as it wrote
+/// them, and `Forwarded` gets this hop's element appended (RFC 7239 §4).
+/// From anyone else they are the client's own word: `X-Real-IP` is
+/// overwritten with the peer's address (what nginx's `proxy_set_header
+/// X-Real-IP $remote_addr` sends), and `True-Client-IP`,
+/// `CF-Connecting-IP` and `Forwarded` are removed. Only requests that
+/// carry one pay for this.
+fn rewrite_claims(headers: &mut HeaderMap, forwarded: Forwarded) {
+    let mut text = [0u8; IP_TEXT_MAX];
+    let peer = ip_text(forwarded.peer.to_canonical(), &mut text);
+    if forwarded.trusted {
+        if headers.contains_key(FORWARDED) {
+            let mut joined = Vec::new();
+            for value in headers.get_all(FORWARDED) {
+                joined.extend_from_slice(value.as_bytes());
+                joined.extend_from_slice(b", ");
+            }
+            // RFC 7239 §6: an IPv6 node is bracketed and quoted.
+            if forwarded.peer.to_canonical().is_ipv6() {
+                joined.extend_from_slice(b"for=\"[");
+                joined.extend_from_slice(peer);
+                joined.extend_from_slice(b"]\"");
+            } else {
+                joined.extend_from_slice(b"for=");
+                joined.extend_from_slice(peer);
+            }
+            if let Ok(value) = HeaderValue::from_bytes(&joined) {
+                headers.insert(FORWARDED, value);
+            }
+        }
+        return;
+    }
+    if headers.contains_key(&X_REAL_IP) {
+        if let Ok(value) = HeaderValue::from_bytes(peer) {
+            headers.insert(&X_REAL_IP, value);
+        }
+    }
+    headers.remove(&TRUE_CLIENT_IP);
+    headers.remove(&CF_CONNECTING_IP);
+    headers.remove(FORWARDED);
 }
 
 /// The client's own `X-Forwarded-For` is its claim: forwarded, not

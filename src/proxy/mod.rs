@@ -39,6 +39,7 @@ mod pool;
 pub mod respond;
 mod runtime;
 mod service;
+mod underscores;
 mod upgrade;
 mod upstream_head;
 mod upstream_timer;

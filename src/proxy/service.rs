@@ -24,7 +24,7 @@ use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use crate::config::{self, Live, OnFailure};
+use crate::config::{self, Live, OnFailure, Underscores};
 use crate::limit::{Decision, LimitPolicy, Outcome, Policy};
 use crate::path;
 use crate::route::{Limit, Route};
@@ -40,6 +40,7 @@ use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
 use super::respond::{self, Prepared};
 use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
+use super::underscores;
 use super::upgrade::Tunnels;
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
@@ -143,10 +144,15 @@ impl Proxy {
             matched,
             rewritten,
             checks,
+            drop_underscored,
+            ..
         } = match routed {
             Ok(routed) => routed,
             Err(invalid) => return refuse(&invalid),
         };
+        if drop_underscored {
+            underscores::remove(request.headers_mut());
+        }
         // From here on the request carries the path that was matched, and
         // the app receives exactly that.
         if let Some(uri) = rewritten {
@@ -402,6 +408,10 @@ pub(super) struct Routed<'r> {
     pub matched: Matched<'r>,
     pub rewritten: Option<Uri>,
     pub checks: SmallVec<[Check<'r>; 2]>,
+    /// Header names with `_` are to be removed before forwarding.
+    pub drop_underscored: bool,
+    /// The methods the request was matched as, the wire method first.
+    pub methods: Methods,
 }
 
 /// Everything a request goes through before a store is asked: the head
@@ -419,8 +429,11 @@ pub(super) fn prepare<'r>(
 ) -> Result<Routed<'r>, Invalid> {
     headers::check_head(method, version, uri, headers)?;
     let live = &*runtime.live;
-    headers::check_identity_headers(headers, runtime.routes.identity_headers())?;
-    let methods = overrides::methods(method, headers, uri.query())?;
+    let identity = runtime.routes.identity_headers();
+    let underscored = underscores::check(headers, live.server.underscores, identity)?;
+    headers::check_identity_headers(headers, identity)?;
+    let fold = underscored && live.server.underscores == Underscores::Allow;
+    let methods = overrides::methods(method, headers, uri.query(), fold)?;
     let (matched, rewritten) = route(runtime, &methods, uri, live)?;
 
     // Every subject is resolved before anything is charged, so a
@@ -465,6 +478,8 @@ pub(super) fn prepare<'r>(
         matched,
         rewritten,
         checks,
+        drop_underscored: underscored && live.server.underscores == Underscores::Drop,
+        methods,
     })
 }
 
@@ -727,7 +742,10 @@ pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
         | Invalid::Path(_)
         | Invalid::DuplicateIdentity(_)
         | Invalid::ForwardedFor
-        | Invalid::MethodOverride => respond::bad_request(invalid.reason()),
+        | Invalid::MethodOverride
+        | Invalid::AsteriskForm
+        | Invalid::UnderscoreHeader
+        | Invalid::UnderscoreStandsFor(_) => respond::bad_request(invalid.reason()),
     }
 }
 

@@ -52,6 +52,9 @@ impl Index {
             let i = i as u32;
             let folded = !route.matcher.case_sensitive;
             match &route.matcher.path {
+                // `/login.json` hashes as no prefix of `/login`: checked
+                // on every request.
+                _ if route.matcher.format_suffix => index.always.push(i),
                 PathMatch::Exact(p) => {
                     let key = index.hash(p.as_bytes(), folded);
                     let map = if folded {
@@ -180,7 +183,7 @@ mod tests {
         }
     }
 
-    const WORDS: [&str; 6] = ["a", "b", "A", "api", "Api", "v1"];
+    const WORDS: [&str; 8] = ["a", "b", "A", "api", "Api", "v1", "a.json", "api.x"];
 
     fn path(rng: &mut Rng, max_segments: usize) -> String {
         let mut out = String::new();
@@ -224,6 +227,7 @@ mod tests {
                 methods,
                 path,
                 case_sensitive: rng.below(3) > 0,
+                format_suffix: rng.below(4) == 0,
             },
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),

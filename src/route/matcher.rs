@@ -15,6 +15,10 @@ pub struct Match {
     pub path: PathMatch,
     /// `false`: ASCII letters compare regardless of case.
     pub case_sensitive: bool,
+    /// The path's last segment may also be followed by `.<format>`
+    /// (Rails' `/login(.:format)`, Spring MVC's suffix patterns before
+    /// 5.3): `/login` matches `/login.json` too.
+    pub format_suffix: bool,
 }
 
 impl Default for Match {
@@ -23,6 +27,7 @@ impl Default for Match {
             methods: Vec::new(),
             path: PathMatch::Any,
             case_sensitive: true,
+            format_suffix: false,
         }
     }
 }
@@ -59,11 +64,12 @@ impl Match {
         } else {
             eq_ignore_case
         };
+        let suffix = self.format_suffix;
         match &self.path {
             PathMatch::Any => true,
-            PathMatch::Exact(p) => exact_matches(p, path, eq),
-            PathMatch::Prefix(p) => prefix_matches(p, path, eq),
-            PathMatch::Template(segments) => template_matches(segments, path, eq),
+            PathMatch::Exact(p) => exact_matches(p, path, eq, suffix),
+            PathMatch::Prefix(p) => prefix_matches(p, path, eq, suffix),
+            PathMatch::Template(segments) => template_matches(segments, path, eq, suffix),
         }
     }
 }
@@ -90,36 +96,75 @@ fn strip<'p>(path: &'p str, prefix: &str, eq: fn(&str, &str) -> bool) -> Option<
     eq(head, prefix).then(|| &path[prefix.len()..])
 }
 
-/// `/login` matches `/login` and `/login/`.
-fn exact_matches(exact: &str, path: &str, eq: fn(&str, &str) -> bool) -> bool {
+/// `/login` matches `/login` and `/login/`; with `suffix`, `/login.json`
+/// and `/login.json/` too.
+fn exact_matches(exact: &str, path: &str, eq: fn(&str, &str) -> bool, suffix: bool) -> bool {
     match strip(path, exact, eq) {
-        Some(rest) => rest.is_empty() || (rest == "/" && exact != "/"),
+        Some(rest) => {
+            let rest = if suffix && exact != "/" {
+                without_format(rest)
+            } else {
+                rest
+            };
+            rest.is_empty() || (rest == "/" && exact != "/")
+        }
         None => false,
     }
 }
 
-/// Segment-aware: `/api` matches `/api`, `/api/` and `/api/x`, never `/apix`.
-fn prefix_matches(prefix: &str, path: &str, eq: fn(&str, &str) -> bool) -> bool {
+/// What follows a last segment once a `.<format>` is taken off: `rest`
+/// itself when it starts with no format. A format is one or more bytes
+/// other than `/` (Spring's suffix patterns take any, dots included).
+fn without_format(rest: &str) -> &str {
+    let Some(format) = rest.strip_prefix('.') else {
+        return rest;
+    };
+    let end = format.find('/').unwrap_or(format.len());
+    if end == 0 {
+        rest
+    } else {
+        &format[end..]
+    }
+}
+
+/// Segment-aware: `/api` matches `/api`, `/api/` and `/api/x`, never
+/// `/apix`; with `suffix`, `/api.json` and `/api.json/` too.
+fn prefix_matches(prefix: &str, path: &str, eq: fn(&str, &str) -> bool, suffix: bool) -> bool {
     if prefix == "/" {
         return path.starts_with('/');
     }
     match strip(path, prefix, eq) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => true,
+        Some(rest) if suffix => {
+            let after = without_format(rest);
+            after.len() < rest.len() && (after.is_empty() || after == "/")
+        }
+        _ => false,
     }
 }
 
 /// `/users/{id}` matches `/users/42` and `/users/42/` but not `/users`,
 /// `/users/` or `/users/42/x`: a parameter is exactly one non-empty segment.
-fn template_matches(segments: &[Segment], path: &str, eq: fn(&str, &str) -> bool) -> bool {
+/// With `suffix`, the last segment may carry a `.<format>`.
+fn template_matches(
+    segments: &[Segment],
+    path: &str,
+    eq: fn(&str, &str) -> bool,
+    suffix: bool,
+) -> bool {
     let Some(rest) = path.strip_prefix('/') else {
         return false;
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let mut parts = rest.split('/');
-    for segment in segments {
+    let last = segments.len().saturating_sub(1);
+    for (i, segment) in segments.iter().enumerate() {
         match (segment, parts.next()) {
             (Segment::Literal(lit), Some(part)) if eq(part, lit) => {}
+            (Segment::Literal(lit), Some(part))
+                if suffix
+                    && i == last
+                    && strip(part, lit, eq).is_some_and(|f| f.len() > 1 && f.starts_with('.')) => {}
             (Segment::Param(_), Some(part)) if !part.is_empty() => {}
             _ => return false,
         }

@@ -4,9 +4,10 @@
 //! to the right-most address that is not itself trusted: everything left of
 //! it was written by the client and proves nothing (PITFALLS: Traefik #7067).
 
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv6Addr};
 
-use http::header::HeaderMap;
+use http::header::{HeaderMap, AUTHORIZATION};
 use http::HeaderName;
 use ipnet::IpNet;
 
@@ -96,7 +97,15 @@ pub fn resolve(
                 let value = headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
                 let value = value.trim_ascii();
                 if !value.is_empty() {
-                    return Ok((key.pseudonym(name.as_str(), value, route), Resolved::Header));
+                    let value = if *name == AUTHORIZATION {
+                        credentials(value)
+                    } else {
+                        Cow::Borrowed(value)
+                    };
+                    return Ok((
+                        key.pseudonym(name.as_str(), &value, route),
+                        Resolved::Header,
+                    ));
                 }
             }
             SubjectSource::Global => return Ok((global(route, key), Resolved::Global)),
@@ -106,6 +115,44 @@ pub fn resolve(
         key.pseudonym("unresolved", b"", route),
         Resolved::Unresolved,
     ))
+}
+
+/// An `Authorization` value as every app reads it: the scheme is
+/// case-insensitive (RFC 9110 §11.1) and apps split it from the
+/// credential on any run of spaces or tabs, so `Bearer  tok`, `bearer tok`
+/// and `BEARER\ttok` are one credential. The scheme is written with its
+/// first letter upper-case and the rest lower-case (`Bearer`, `Basic`:
+/// the spelling most clients send keeps its pseudonym), then one space,
+/// then the credential as sent. `value` is already trimmed.
+pub fn credentials(value: &[u8]) -> Cow<'_, [u8]> {
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let scheme_end = value.iter().position(blank).unwrap_or(value.len());
+    let (scheme, rest) = value.split_at(scheme_end);
+    let credential = rest.trim_ascii_start();
+    let canonical_scheme = scheme.iter().enumerate().all(|(i, b)| {
+        if i == 0 {
+            !b.is_ascii_lowercase()
+        } else {
+            !b.is_ascii_uppercase()
+        }
+    });
+    let one_space = rest.len() == credential.len() + 1 && rest.first() == Some(&b' ');
+    if canonical_scheme && (credential.is_empty() || one_space) {
+        return Cow::Borrowed(value);
+    }
+    let mut out = Vec::with_capacity(scheme.len() + 1 + credential.len());
+    for (i, b) in scheme.iter().enumerate() {
+        out.push(if i == 0 {
+            b.to_ascii_uppercase()
+        } else {
+            b.to_ascii_lowercase()
+        });
+    }
+    if !credential.is_empty() {
+        out.push(b' ');
+        out.extend_from_slice(credential);
+    }
+    Cow::Owned(out)
 }
 
 /// The pseudonym of `subject: global` on `route`: the same for every
@@ -149,6 +196,12 @@ fn canonical(ip: IpAddr) -> IpAddr {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
         v4 => v4,
     }
+}
+
+/// Whether `peer` is one of the trusted proxies (IPv4-mapped addresses as
+/// the IPv4 address they carry).
+pub fn trusted_peer(peer: IpAddr, trusted: &[IpNet]) -> bool {
+    !trusted.is_empty() && is_trusted(canonical(peer), trusted)
 }
 
 fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
@@ -360,5 +413,25 @@ mod tests {
             resolve(&fallback, "api", ip("1.1.1.1"), &h, &identity(64), &key).1,
             Resolved::ClientIp
         );
+    }
+
+    #[test]
+    fn authorization_reads_as_apps_read_it() {
+        for (sent, read) in [
+            ("Bearer tok", "Bearer tok"),
+            ("Bearer     tok", "Bearer tok"),
+            ("bearer tok", "Bearer tok"),
+            ("BEARER\ttok", "Bearer tok"),
+            ("Bearer \t tok", "Bearer tok"),
+            ("bAsIc dXNlcjpwdw==", "Basic dXNlcjpwdw=="),
+            // The credential is case-sensitive and kept as sent.
+            ("Bearer TOK", "Bearer TOK"),
+            ("Negotiate", "Negotiate"),
+            ("negotiate", "Negotiate"),
+            ("Digest a=1,  b=2", "Digest a=1,  b=2"),
+        ] {
+            assert_eq!(&*credentials(sent.as_bytes()), read.as_bytes(), "{sent:?}");
+        }
+        assert!(matches!(credentials(b"Bearer tok"), Cow::Borrowed(_)));
     }
 }

@@ -262,6 +262,19 @@ fn matcher(
         true,
         check::boolean,
     );
+    let format_suffix = cx.optional(
+        &path.key("format_suffix"),
+        raw.format_suffix.as_ref(),
+        false,
+        check::boolean,
+    );
+    if raw.path.is_none() && raw.path_prefix.is_none() && format_suffix == Some(true) {
+        cx.error(
+            &path.key("format_suffix"),
+            At::Key,
+            "needs `path` or `path_prefix`: a format extends the path's last segment",
+        );
+    }
     let path_match = match (&raw.path, &raw.path_prefix) {
         (None, None) => Some(PathMatch::Any),
         (Some(_), None) => exact,
@@ -279,6 +292,7 @@ fn matcher(
         methods: methods?,
         path: path_match?,
         case_sensitive: case_sensitive?,
+        format_suffix: format_suffix?,
     })
 }
 

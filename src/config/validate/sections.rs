@@ -15,7 +15,7 @@ use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{
     Http2, Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, ServerBoot, ServerLive,
-    StoreBoot, StoreKind, StoreLive, Tls, Topology, UpstreamBoot, UpstreamLive,
+    StoreBoot, StoreKind, StoreLive, Tls, Topology, Underscores, UpstreamBoot, UpstreamLive,
 };
 
 pub fn server(
@@ -103,6 +103,19 @@ pub fn server(
         None => Some(PathRules::default()),
         Some(raw) => paths(cx, &path.key("paths"), raw),
     };
+    let underscores = cx.optional(
+        &path.key("headers_with_underscores"),
+        raw.headers_with_underscores.as_ref(),
+        Underscores::Drop,
+        |s| match s {
+            "drop" => Ok(Underscores::Drop),
+            "reject" => Ok(Underscores::Reject),
+            "allow" => Ok(Underscores::Allow),
+            _ => Err(format!(
+                "unknown value `{s}`; expected drop, reject or allow"
+            )),
+        },
+    );
     let boot = ServerBoot {
         listen: listen?,
         admin: admin?,
@@ -119,6 +132,7 @@ pub fn server(
     let live = ServerLive {
         body_idle_timeout: body_idle_timeout?,
         paths: paths?,
+        underscores: underscores?,
     };
     Some((boot, live))
 }

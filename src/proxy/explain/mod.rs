@@ -32,7 +32,6 @@ use crate::subject::{Pseudonym, Resolved};
 
 use super::fallback::Fallback;
 use super::headers::Invalid;
-use super::overrides;
 use super::runtime::Runtime;
 use super::service::{self, Action, Check, Local};
 use super::verdict::{Failure, Verdict};
@@ -101,18 +100,15 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         }
     };
 
-    // Both ran inside `prepare` and succeeded there; run again only to
-    // show what they found.
+    // Normalization ran inside `prepare` and succeeded there; run again
+    // only to show what it found.
     let matching = path::normalize(described.uri.path(), &live.server.paths)
         .ok()
         .map(|normal| {
             out.insert("path".to_owned(), json!(&*normal.forward));
             normal.matching.into_owned()
         });
-    let methods: Vec<http::Method> =
-        overrides::methods(&described.method, &described.headers, described.uri.query())
-            .map(|m| m.iter().cloned().collect())
-            .unwrap_or_default();
+    let methods: Vec<&http::Method> = routed.methods.iter().collect();
     out.insert("matched_as".to_owned(), json!(matching));
     out.insert(
         "runs_as".to_owned(),

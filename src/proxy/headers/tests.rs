@@ -176,7 +176,46 @@ fn forwarded(peer: &str, tls: bool) -> Forwarded {
     Forwarded {
         peer: peer.parse().unwrap(),
         tls,
+        trusted: false,
     }
+}
+
+#[test]
+fn an_untrusted_clients_address_claims_do_not_reach_the_app() {
+    let claims = [
+        ("x-real-ip", "6.6.6.6"),
+        ("true-client-ip", "6.6.6.7"),
+        ("cf-connecting-ip", "6.6.6.8"),
+        ("forwarded", "for=6.6.6.9"),
+        ("accept", "*/*"),
+    ];
+    let mut h = headers(&claims);
+    prepare_request(&mut h, None, forwarded("10.1.2.3", false), None);
+    assert_eq!(h["x-real-ip"], "10.1.2.3");
+    for gone in ["true-client-ip", "cf-connecting-ip", "forwarded"] {
+        assert!(!h.contains_key(gone), "{gone}");
+    }
+    assert_eq!(h["accept"], "*/*");
+
+    // A trusted proxy's are its word; this hop is appended to Forwarded.
+    let mut h = headers(&claims);
+    let trusted = Forwarded {
+        trusted: true,
+        ..forwarded("10.1.2.3", false)
+    };
+    prepare_request(&mut h, None, trusted, None);
+    assert_eq!(h["x-real-ip"], "6.6.6.6");
+    assert_eq!(h["true-client-ip"], "6.6.6.7");
+    assert_eq!(h["cf-connecting-ip"], "6.6.6.8");
+    assert_eq!(h["forwarded"], "for=6.6.6.9, for=10.1.2.3");
+    let mut h = headers(&[("forwarded", "for=a"), ("forwarded", "for=b")]);
+    let trusted6 = Forwarded {
+        trusted: true,
+        ..forwarded("fd00::1", false)
+    };
+    prepare_request(&mut h, None, trusted6, None);
+    assert_eq!(h.get_all("forwarded").iter().count(), 1);
+    assert_eq!(h["forwarded"], "for=a, for=b, for=\"[fd00::1]\"");
 }
 
 #[test]
@@ -442,9 +481,18 @@ fn hosts_must_be_host_and_port() {
 fn request_targets_are_origin_or_absolute_form() {
     let h = headers(&[("host", "a")]);
     let v = Version::HTTP_11;
-    for ok in ["/x", "*", "http://app.test/x", "http://app.test:80"] {
+    for ok in ["/x", "http://app.test/x", "http://app.test:80"] {
         let uri: Uri = ok.parse().unwrap();
         assert_eq!(check_head(&Method::GET, v, &uri, &h), Ok(()), "{ok}");
+    }
+    let star: Uri = "*".parse().unwrap();
+    assert_eq!(check_head(&Method::OPTIONS, v, &star, &h), Ok(()));
+    for method in [Method::GET, Method::POST, Method::HEAD, Method::DELETE] {
+        assert_eq!(
+            check_head(&method, v, &star, &h),
+            Err(Invalid::AsteriskForm),
+            "{method}"
+        );
     }
     for bad in ["app:80", "app.test"] {
         let uri: Uri = bad.parse().unwrap();

@@ -1150,3 +1150,54 @@ fn a_dedupe_window_shorter_than_the_budget_is_refused() {
         "{REDIS_BASE}  url: redis://r:6379\n  budget: 1s\n  dedupe_window: 1s\n"
     ));
 }
+
+#[test]
+fn headers_with_underscores_and_format_suffixes_are_read() {
+    let c = parse_ok(&format!(
+        "{BASE}routes:\n  - {{ name: r, match: {{ path: /login, format_suffix: true }}, policy: none }}\n"
+    ));
+    assert_eq!(c.live.server.underscores, Underscores::Drop);
+    assert!(c.live.routes[0].matcher.format_suffix);
+
+    let allow = BASE.replace(
+        "  listen: 127.0.0.1:8080\n",
+        "  listen: 127.0.0.1:8080\n  headers_with_underscores: allow\n",
+    );
+    let c = parse_ok(&format!(
+        "{allow}policies:\n  p: {{ algorithm: fixed-window, limit: 1, window: 1s }}\nroutes:\n  - {{ name: r, policy: p, subject: header:X_Key }}\n"
+    ));
+    assert_eq!(c.live.server.underscores, Underscores::Allow);
+
+    // Under drop (the default) and reject no request carries such a header.
+    for mode in ["", "  headers_with_underscores: reject\n"] {
+        let base = BASE.replace(
+            "  listen: 127.0.0.1:8080\n",
+            &format!("  listen: 127.0.0.1:8080\n{mode}"),
+        );
+        let errors = parse_err(&format!(
+            "{base}policies:\n  p: {{ algorithm: fixed-window, limit: 1, window: 1s }}\nroutes:\n  - {{ name: r, policy: p, subject: [client_ip, header:X_Key] }}\n"
+        ));
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(errors[0].contains("routes[0].subject[1]"), "{}", errors[0]);
+        assert!(errors[0].contains("header names with `_`"), "{}", errors[0]);
+    }
+    let errors = parse_err(&BASE.replace(
+        "  listen: 127.0.0.1:8080\n",
+        "  listen: 127.0.0.1:8080\n  headers_with_underscores: keep\n",
+    ));
+    assert!(
+        errors[0].contains("server.headers_with_underscores"),
+        "{errors:#?}"
+    );
+    assert!(
+        errors[0].contains("expected drop, reject or allow"),
+        "{errors:#?}"
+    );
+    let errors = parse_err(&format!(
+        "{BASE}routes:\n  - {{ name: r, match: {{ format_suffix: true }}, policy: none }}\n"
+    ));
+    assert!(
+        errors[0].contains("routes[0].match.format_suffix"),
+        "{errors:#?}"
+    );
+}

@@ -20,7 +20,7 @@ use self::check::Checker;
 use super::env::{self, key_text, Lookup};
 use super::locate::{At, KeyPath, Locations};
 use super::raw::{self, SECTIONS};
-use super::{Boot, Config, ConfigError, ConfigErrors, Live, OnFailure, StoreLive};
+use super::{Boot, Config, ConfigError, ConfigErrors, Live, OnFailure, StoreLive, Underscores};
 use crate::limit::LimitPolicy;
 
 /// Reads `${NAME}` from the process environment.
@@ -180,18 +180,23 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         .as_ref()
         .map(|(_, live)| live.paths)
         .unwrap_or_default();
+    let underscores = server
+        .as_ref()
+        .map_or(Underscores::Drop, |(_, live)| live.underscores);
     let routes = route::routes(
         cx,
         &top.key("routes"),
         sections.remove("routes"),
         &policies,
         &rules,
+        underscores,
     );
     let default = route::default_route(
         cx,
         &top.key("default"),
         sections.remove("default"),
         &policies,
+        underscores,
     );
 
     local_fallback(

@@ -11,7 +11,7 @@ use super::check::{self, Checker};
 use super::policy::{Found, Policies};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
-use crate::config::DEFAULT_UPGRADES;
+use crate::config::{Underscores, DEFAULT_UPGRADES};
 use crate::limit::LimitPolicy;
 use crate::path::{self, PathRules};
 use crate::route::{Limit, Match, PathMatch, Route, Segment, SubjectSource};
@@ -25,6 +25,7 @@ pub fn routes(
     value: Option<Value>,
     policies: &Policies,
     rules: &PathRules,
+    underscores: Underscores,
 ) -> Vec<Route> {
     let items = match value {
         None | Some(Value::Null) => return Vec::new(),
@@ -73,7 +74,7 @@ pub fn routes(
             cost: raw.cost,
             limits: raw.limits,
         };
-        let limits = limits(cx, &at, written, policies);
+        let limits = limits(cx, &at, written, policies, underscores);
         if let (Some(name), Some(matcher), Some(limits), Some(upgrades)) =
             (name, matcher, limits, upgrades)
         {
@@ -94,6 +95,7 @@ pub fn default_route(
     path: &KeyPath,
     value: Option<Value>,
     policies: &Policies,
+    underscores: Underscores,
 ) -> Option<Route> {
     let raw = match value {
         None | Some(Value::Null) => {
@@ -112,7 +114,7 @@ pub fn default_route(
         cost: None,
         limits: raw.limits,
     };
-    let limits = limits(cx, path, written, policies);
+    let limits = limits(cx, path, written, policies, underscores);
     let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
     Some(Route {
         name: Arc::from(DEFAULT_ROUTE),
@@ -138,10 +140,11 @@ fn limits(
     path: &KeyPath,
     written: Written,
     policies: &Policies,
+    underscores: Underscores,
 ) -> Option<Vec<Limit>> {
     let Some(list) = written.limits else {
         let policy = route_policy(cx, &path.key("policy"), written.policy.as_ref(), policies);
-        let subject = subjects(cx, &path.key("subject"), written.subject);
+        let subject = subjects(cx, &path.key("subject"), written.subject, underscores);
         let cost = cost(
             cx,
             &path.key("cost"),
@@ -227,7 +230,7 @@ fn limits(
                 named.insert(name, i);
             }
         }
-        let subject = subjects(cx, &item.key("subject"), raw.subject);
+        let subject = subjects(cx, &item.key("subject"), raw.subject, underscores);
         let cost = cost(cx, &item.key("cost"), raw.cost.as_ref(), Some(&policy));
         match (policy, subject, cost) {
             (Some(policy), Some(subject), Some(cost)) => out.push(Limit {
@@ -482,6 +485,7 @@ fn subjects(
     cx: &mut Checker<'_>,
     path: &KeyPath,
     raw: Option<ScalarList>,
+    underscores: Underscores,
 ) -> Option<Vec<SubjectSource>> {
     let Some(raw) = raw else {
         return Some(vec![SubjectSource::ClientIp]);
@@ -505,6 +509,23 @@ fn subjects(
                     p,
                     At::Value,
                     "`global` is the route's one bucket, whoever asks: it stands alone, not in a list of subjects",
+                );
+                ok = false;
+            }
+            Some(SubjectSource::Header(name))
+                if name.as_str().contains('_') && underscores != Underscores::Allow =>
+            {
+                let fate = if underscores == Underscores::Drop {
+                    "removed from every request (`server.headers_with_underscores: drop`, the default)"
+                } else {
+                    "refused (`server.headers_with_underscores: reject`)"
+                };
+                cx.error(
+                    p,
+                    At::Value,
+                    format!(
+                        "header names with `_` are {fate}, so no request would carry `{name}`; write the name with `-`, or set `server.headers_with_underscores: allow`"
+                    ),
                 );
                 ok = false;
             }

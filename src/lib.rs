@@ -46,5 +46,7 @@ pub mod fuzzing {
     pub use crate::proxy::headers::{
         check_connection, check_head, check_identity_headers, Invalid,
     };
+    pub use crate::proxy::overrides::methods;
     pub use crate::store::redis::reply::{decode as decode_reply, Malformed, Reply};
+    pub use crate::subject::resolve::credentials;
 }

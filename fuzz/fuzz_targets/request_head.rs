@@ -9,6 +9,9 @@
 //!   header that really is relied on; an acceptance means none is.
 //! - `client_ip`: the right-most untrusted `X-Forwarded-For` entry behind
 //!   trusted peers, the peer otherwise (checked against a second reading).
+//! - `methods`: the wire method comes first and every override names a
+//!   method of letters and `-`; `*` is accepted only with OPTIONS.
+//! - `credentials`: an `Authorization` value read twice reads the same.
 //! - `path::normalize`: the forwarded form is absolute, has no dot segment
 //!   (nor `//` when slashes are merged), and normalizes to itself.
 #![no_main]
@@ -21,7 +24,9 @@ use http::{Method, Uri, Version};
 use ipnet::IpNet;
 use libfuzzer_sys::fuzz_target;
 use sluice::route::SubjectSource;
-use sluice::fuzzing::{check_connection, check_head, check_identity_headers, Invalid};
+use sluice::fuzzing::{
+    check_connection, check_head, check_identity_headers, credentials, methods, Invalid,
+};
 use sluice::path::{normalize, EscapedSlashes, PathParameters, PathRules};
 use sluice::subject::client_ip;
 
@@ -248,6 +253,9 @@ fuzz_target!(|input: Input| {
             if version == Version::HTTP_11 {
                 assert_eq!(hosts.len(), 1);
             }
+            if uri.path() == "*" && uri.scheme().is_none() {
+                assert_eq!(method, Method::OPTIONS, "accepted {method} *");
+            }
             if headers.contains_key(TRANSFER_ENCODING) {
                 let codings = members(&headers, TRANSFER_ENCODING);
                 assert!(
@@ -256,6 +264,26 @@ fuzz_target!(|input: Input| {
                 );
             }
         }
+    }
+
+    if let Some(method) = method(&input.method) {
+        for fold in [false, true] {
+            if let Ok(found) = methods(&method, &headers, uri.query(), fold) {
+                let mut found = found.iter();
+                assert_eq!(found.next(), Some(&method));
+                for other in found {
+                    assert!(
+                        other.as_str().bytes().all(|b| b.is_ascii_uppercase() || b == b'-'),
+                        "override {other}"
+                    );
+                }
+            }
+        }
+    }
+    for value in headers.values() {
+        let value = value.as_bytes().trim_ascii();
+        let once = credentials(value);
+        assert_eq!(*credentials(&once), *once, "{value:?}");
     }
 
     let subject: Vec<SubjectSource> = input

@@ -34,7 +34,7 @@ mod forward;
 pub(crate) mod headers;
 mod log_budget;
 pub(crate) mod metrics;
-mod overrides;
+pub(crate) mod overrides;
 mod pool;
 pub mod respond;
 mod runtime;

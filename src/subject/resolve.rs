@@ -128,7 +128,8 @@ pub fn credentials(value: &[u8]) -> Cow<'_, [u8]> {
     let blank = |b: &u8| *b == b' ' || *b == b'\t';
     let scheme_end = value.iter().position(blank).unwrap_or(value.len());
     let (scheme, rest) = value.split_at(scheme_end);
-    let credential = rest.trim_ascii_start();
+    let start = rest.iter().position(|b| !blank(b)).unwrap_or(rest.len());
+    let credential = &rest[start..];
     let canonical_scheme = scheme.iter().enumerate().all(|(i, b)| {
         if i == 0 {
             !b.is_ascii_lowercase()

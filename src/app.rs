@@ -236,6 +236,7 @@ fn spawn_fallback_upkeep(fallback: Arc<Fallback>) -> tokio::task::JoinHandle<()>
 /// nothing even if they never come back.
 fn spawn_sweeper(store: Arc<Store>) -> tokio::task::JoinHandle<()> {
     let subjects = metrics::gauge!(telemetry::MEMORY_SUBJECTS);
+    let evictions = metrics::counter!(telemetry::MEMORY_EVICTIONS);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -244,6 +245,7 @@ fn spawn_sweeper(store: Arc<Store>) -> tokio::task::JoinHandle<()> {
             if let Store::Memory(memory) = &*store {
                 memory.sweep();
                 subjects.set(memory.len() as f64);
+                evictions.absolute(memory.evictions());
             }
         }
     })

@@ -642,57 +642,64 @@ async fn a_shadow_policy_forwards_everything_and_counts_shadow_denials() {
     );
 }
 
-/// A memory store with room for two subjects, keyed by API key, under
-/// `on_failure`.
-fn two_subjects(upstream: &Upstream, on_failure: &str) -> String {
+/// A memory store with room for `entries` subjects: `/api` by API key (2 an
+/// hour), `/ip` by client address behind a trusted loopback proxy.
+fn small_store(upstream: &Upstream, entries: usize) -> String {
     config(
         upstream,
         "",
-        &format!("  max_entries: 2\n  on_failure: {on_failure}\n"),
-        "  p: { algorithm: fixed-window, limit: 10, window: 1h }\n",
-        "  - { name: api, match: { path_prefix: /api }, subject: header:X-API-Key, policy: p }\n",
+        &format!("  max_entries: {entries}\n  on_failure: deny\n"),
+        "  p: { algorithm: fixed-window, limit: 2, window: 1h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: header:X-API-Key, policy: p }
+  - { name: ip, match: { path_prefix: /ip }, subject: client_ip, policy: p }
+",
+    )
+    .replace(
+        "store:\n",
+        "identity:\n  trusted_proxies: [127.0.0.0/8]\nstore:\n",
     )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_memory_store_fails_closed_under_on_failure_deny() {
+async fn a_full_memory_store_evicts_the_cheapest_entry_and_keeps_the_refusing_one() {
     let upstream = Upstream::start().await;
-    let sluice = Sidecar::start(&two_subjects(&upstream, "deny"));
+    let sluice = Sidecar::start(&small_store(&upstream, 2));
     clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    let key = |k: &'static str| [("X-API-Key", k)];
 
-    for key in ["key-a", "key-b"] {
+    // `spent` used its two and is refused; `once` made one request.
+    for _ in 0..2 {
         assert_eq!(
-            get(sluice.addr(), "/api", &[("X-API-Key", key)]).await.0,
+            get(sluice.addr(), "/api", &key("spent")).await.0,
             StatusCode::OK
         );
     }
-    let (status, headers, _) = get(sluice.addr(), "/api", &[("X-API-Key", "key-c")]).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    let retry_after = header(&headers, "retry-after").and_then(|v| v.parse::<u64>().ok());
-    assert!(
-        retry_after.is_some_and(|s| s >= 1),
-        "Retry-After: {headers:?}"
+    assert_eq!(
+        get(sluice.addr(), "/api", &key("spent")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(
-        upstream.count(),
-        2,
-        "the refused request reached the upstream"
-    );
-    // A subject already tracked is still decided.
-    assert_eq!(
-        get(sluice.addr(), "/api", &[("X-API-Key", "key-a")])
-            .await
-            .0,
+        get(sluice.addr(), "/api", &key("once")).await.0,
         StatusCode::OK
     );
-
-    let text = scrape(admin(&sluice)).await;
+    // The store is full: a newcomer is decided, not refused.
     assert_eq!(
-        requests(&text, "api", "p", "unavailable"),
-        Some(1.0),
-        "{text}"
+        get(sluice.addr(), "/api", &key("new")).await.0,
+        StatusCode::OK
     );
-    assert_eq!(requests(&text, "api", "p", "allowed"), Some(3.0), "{text}");
+    // The refusing entry was kept, so forgetting cost no extra admission.
+    assert_eq!(
+        get(sluice.addr(), "/api", &key("spent")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(upstream.count(), 4);
+
+    let text = eventually(RELOAD_DEADLINE, || async {
+        let text = scrape(admin(&sluice)).await;
+        (metric(&text, "sluice_memory_store_evictions_total", &[]) >= Some(1.0)).then_some(text)
+    })
+    .await;
+    assert_eq!(requests(&text, "api", "p", "unavailable"), Some(0.0), "{text}");
     assert_eq!(
         metric(&text, "sluice_forwarded_without_decision_total", &[]),
         Some(0.0),
@@ -701,35 +708,66 @@ async fn a_full_memory_store_fails_closed_under_on_failure_deny() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_memory_store_forwards_and_counts_it_under_on_failure_allow() {
+async fn a_flood_of_one_request_subjects_locks_nobody_out() {
     let upstream = Upstream::start().await;
-    let sluice = Sidecar::start(&two_subjects(&upstream, "allow"));
+    let sluice = Sidecar::start(&small_store(&upstream, 200));
     clear_of_window_edge(HOUR, EDGE_MARGIN).await;
-
-    for key in ["key-a", "key-b", "key-c"] {
-        let (status, headers, _) = get(sluice.addr(), "/api", &[("X-API-Key", key)]).await;
-        assert_eq!(status, StatusCode::OK, "{key}");
-        if key == "key-c" {
-            assert!(
-                headers.get("ratelimit").is_none(),
-                "no decision, no RateLimit: {headers:?}"
-            );
-        }
+    let addr = sluice.addr();
+    for _ in 0..2 {
+        assert_eq!(
+            get(addr, "/api", &[("X-API-Key", "spent")]).await.0,
+            StatusCode::OK
+        );
     }
-    assert_eq!(upstream.count(), 3);
+    // Ten times the store's room in fresh keys, one request each.
+    let client = support::client::http1_client();
+    let mut flood = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let client = client.clone();
+        flood.spawn(async move {
+            let mut statuses = Vec::new();
+            for n in 0..250 {
+                let key = format!("flood-{worker}-{n}");
+                let request = support::client::build(
+                    addr,
+                    http::Method::GET,
+                    "/api",
+                    &[("X-API-Key", &key)],
+                    bytes::Bytes::new(),
+                );
+                statuses.push(support::client::send(&client, request).await.0);
+            }
+            statuses
+        });
+    }
+    let mut statuses = Vec::new();
+    while let Some(done) = flood.join_next().await {
+        statuses.extend(done.expect("flood task"));
+    }
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
 
+    // After it: a new key and a new address on another route are decided;
+    // the spent key is still refused.
+    assert_eq!(
+        get(addr, "/api", &[("X-API-Key", "new")]).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(addr, "/ip", &[("X-Forwarded-For", "192.0.2.7")])
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(addr, "/api", &[("X-API-Key", "spent")]).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
     let text = scrape(admin(&sluice)).await;
-    assert_eq!(
-        requests(&text, "api", "p", "unavailable"),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(requests(&text, "api", "p", "allowed"), Some(2.0), "{text}");
-    assert_eq!(
-        metric(&text, "sluice_forwarded_without_decision_total", &[]),
-        Some(1.0),
-        "{text}"
-    );
+    assert_eq!(requests(&text, "api", "p", "unavailable"), Some(0.0), "{text}");
+    assert_eq!(requests(&text, "ip", "p", "unavailable"), Some(0.0), "{text}");
 }
 
 #[tokio::test]

@@ -616,8 +616,8 @@ fn local_verdict(
             let response = respond::too_many_requests_local(responses, &shared.field, &decision);
             (Verdict::LocalDenied, Action::Respond(response))
         }
-        // The local store is full (a newcomer is never given room by
-        // forgetting someone), or the request costs more than the local
+        // The local store has no room at all (`max_entries` 0: a full
+        // one evicts instead), or the request costs more than the local
         // share could ever admit: no decision here either.
         Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => {
             fail_closed(failure, responses, store)

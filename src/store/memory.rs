@@ -1,6 +1,6 @@
 //! The embedded store: sharded maps of per-subject algorithm state.
 //!
-//! Concurrency: a key hashes to one of [`SHARDS`] shards, each a std
+//! Concurrency: a key hashes to one of up to [`SHARDS`] shards, each a std
 //! `Mutex<HashMap>`; a lock is held only for one pure algorithm step (no
 //! await inside), so contention is per shard, never global. A request with
 //! several limits ([`MemoryStore::evaluate_all`]) locks the shards of all
@@ -11,16 +11,30 @@
 //! Memory is bounded: each entry expires at its last admitted write plus the
 //! policy's horizon plus a grace (after which it is indistinguishable from a
 //! fresh subject), a sweeper drops expired entries, and at most
-//! `max_entries` live at once. A new subject arriving at a full store is
-//! refused (AdmissionRejected → `on_failure`); a live entry is never evicted
-//! to make room, so no client is ever handed a fresh bucket early.
+//! `max_entries` live at once (give or take one per shard: see [`evict`]).
+//!
+//! A full store never refuses a new subject: that would let one client who
+//! mints subjects (random API keys, addresses of a /64) lock every new
+//! client out until entries expire. It evicts, in O(1), what costs least
+//! to forget, chosen among a few entries of the newcomer's shard sampled
+//! at random (Redis's approximated LRU samples the same way): an expired
+//! entry first; then the live one that admitted the fewest units, the
+//! oldest of equals, so a flood of one-request subjects mostly evicts its
+//! own kind while clients that keep coming stay; an entry that is refusing
+//! its subject only when every sample is, and then the one whose refusal
+//! ends soonest (refusing entries are what a flood most wants erased).
+//! Forgetting an entry costs at most what it had admitted, once: its
+//! subject starts again from a full quota. Evictions are counted
+//! ([`MemoryStore::evictions`]).
+//!
+//! [`evict`]: MemoryStore::evict
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use indexmap::IndexMap;
 use smallvec::SmallVec;
 
 use crate::limit::algorithm::{self, State};
@@ -29,8 +43,20 @@ use crate::subject::Pseudonym;
 
 use super::{Evaluation, Outcomes};
 
-/// A power of two well above the core counts sluice runs on.
+/// At most this many shards: a power of two well above the core counts
+/// sluice runs on.
 const SHARDS: usize = 64;
+
+/// One shard per this many entries, up to [`SHARDS`]: eviction works within
+/// a shard, so a store may exceed its bound by one entry per shard, and a
+/// small store keeps that overshoot (and the sampling) exact with one.
+const ENTRIES_PER_SHARD: usize = 1024;
+
+/// Entries a full store looks at to choose what to evict. Five is Redis's
+/// `maxmemory-samples` default: with a store that is mostly a flood of
+/// one-request subjects, a frequent subject is among the five and still
+/// loses to one of them.
+const SAMPLES: usize = 5;
 
 /// (policy name, revision, pseudonym): a changed policy never mixes counters.
 #[derive(Clone, PartialEq, Eq)]
@@ -79,9 +105,41 @@ impl Hasher for Precomputed {
 struct Entry {
     state: State,
     expires_at: Micros,
+    /// Units admitted since the entry was (re)made: what forgetting it
+    /// would hand back.
+    admitted: u32,
+    /// While the entry refuses its subject: when the latest refusal ends
+    /// (its retry-after). 0 when it is not refusing.
+    refusing_until: Micros,
 }
 
-type Map = HashMap<Key, Entry, BuildHasherDefault<Precomputed>>;
+impl Entry {
+    fn fresh(policy: &crate::limit::Policy) -> Entry {
+        Entry {
+            state: State::new(policy.bands()),
+            expires_at: 0,
+            admitted: 0,
+            refusing_until: 0,
+        }
+    }
+
+    /// Lower is cheaper to forget: expired, then not refusing (fewest
+    /// units admitted, then the soonest to expire), then refusing (the
+    /// refusal that ends soonest).
+    fn cost_to_forget(&self, now: Micros) -> (u8, u64, Micros) {
+        if self.expires_at <= now {
+            (0, 0, 0)
+        } else if self.refusing_until <= now {
+            (1, u64::from(self.admitted), self.expires_at)
+        } else {
+            (2, self.refusing_until, 0)
+        }
+    }
+}
+
+/// Insertion-ordered so an entry can be picked by position: sampling for
+/// eviction is O(1). `swap_remove` keeps removal O(1) too.
+type Map = IndexMap<Key, Entry, BuildHasherDefault<Precomputed>>;
 
 /// An entry's state and expiry before a step: `None` when the step made
 /// the entry.
@@ -93,6 +151,7 @@ pub struct MemoryStore {
     hasher: std::collections::hash_map::RandomState,
     len: AtomicUsize,
     max_entries: usize,
+    evictions: AtomicU64,
     grace: Micros,
     clock: Clock,
 }
@@ -132,12 +191,13 @@ impl Default for Clock {
 impl MemoryStore {
     pub fn new(max_entries: usize, grace: Duration) -> MemoryStore {
         MemoryStore {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
+            shards: (0..shard_count(max_entries))
+                .map(|_| Mutex::new(IndexMap::default()))
                 .collect(),
             hasher: Default::default(),
             len: AtomicUsize::new(0),
             max_entries,
+            evictions: AtomicU64::new(0),
             grace: micros(grace),
             clock: Clock::new(),
         }
@@ -152,6 +212,11 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Entries evicted so far to make room for new subjects.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
     pub fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         self.evaluate_at(evaluation, self.clock.now())
     }
@@ -159,8 +224,9 @@ impl MemoryStore {
     /// [`MemoryStore::evaluate`] at a given time (tests drive the clock).
     pub fn evaluate_at(&self, evaluation: &Evaluation<'_>, now: Micros) -> Outcome {
         let key = self.key(evaluation);
-        let mut map = self.lock(shard_of(key.hash));
-        self.step(&mut map, key, evaluation, now)
+        let mut map = self.lock(self.shard_of(key.hash));
+        let protect = [key.hash];
+        self.step(&mut map, key, evaluation, now, &protect)
     }
 
     /// Every rate limit of one request, together: see [`super::Outcomes`].
@@ -177,7 +243,10 @@ impl MemoryStore {
             return Outcomes::at(0, self.evaluate_at(one, now));
         }
         let keys: SmallVec<[Key; 2]> = evaluations.iter().map(|e| self.key(e)).collect();
-        let mut shards: SmallVec<[usize; 2]> = keys.iter().map(|k| shard_of(k.hash)).collect();
+        // Room for one of this request's subjects is never made by
+        // evicting another: its charge could then not be put back.
+        let protect: SmallVec<[u64; 2]> = keys.iter().map(|k| k.hash).collect();
+        let mut shards: SmallVec<[usize; 2]> = keys.iter().map(|k| self.shard_of(k.hash)).collect();
         shards.sort_unstable();
         shards.dedup();
         // Ascending shard order: the one lock order every caller follows.
@@ -189,18 +258,18 @@ impl MemoryStore {
         let mut outcomes = Outcomes::empty();
         let last = evaluations.len() - 1;
         for (i, (evaluation, key)) in evaluations.iter().zip(keys).enumerate() {
-            let map = locked(&mut guards, key.hash);
+            let map = locked(&mut guards, self.shard_of(key.hash));
             // The last limit needs no copy: if it blocks it wrote nothing,
             // and if it admits nothing is undone.
             let before = (i < last).then(|| {
                 map.get(&key)
                     .map(|entry| (entry.state.clone(), entry.expires_at))
             });
-            let outcome = self.step(map, key.clone(), evaluation, now);
+            let outcome = self.step(map, key.clone(), evaluation, now, &protect);
             outcomes.list.push(outcome);
             if outcome.blocks(evaluation.policy.shadow) {
                 for (key, before) in undo.into_iter().rev() {
-                    let map = locked(&mut guards, key.hash);
+                    let map = locked(&mut guards, self.shard_of(key.hash));
                     match before {
                         Some((state, expires_at)) => {
                             if let Some(entry) = map.get_mut(&key) {
@@ -209,7 +278,7 @@ impl MemoryStore {
                             }
                         }
                         None => {
-                            if map.remove(&key).is_some() {
+                            if map.swap_remove(&key).is_some() {
                                 self.len.fetch_sub(1, Ordering::Relaxed);
                             }
                         }
@@ -235,48 +304,100 @@ impl MemoryStore {
         }
     }
 
+    fn shard_of(&self, hash: u64) -> usize {
+        shard_of(hash, self.shards.len())
+    }
+
     fn lock(&self, shard: usize) -> MutexGuard<'_, Map> {
         // A poisoned shard only means another thread panicked mid-step; the
         // map itself is still consistent (steps write whole entries).
         self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One limit's step on its shard, already locked.
-    fn step(&self, map: &mut Map, key: Key, evaluation: &Evaluation<'_>, now: Micros) -> Outcome {
+    /// One limit's step on its shard, already locked. `protect`: the
+    /// hashes of the request's keys, never evicted for it.
+    fn step(
+        &self,
+        map: &mut Map,
+        key: Key,
+        evaluation: &Evaluation<'_>,
+        now: Micros,
+        protect: &[u64],
+    ) -> Outcome {
         let policy = evaluation.policy;
         let horizon = micros(policy.horizon()) + self.grace;
         // Only a subject the store does not hold yet needs room; the count
         // is read first so the usual case looks the key up once.
         if self.len.load(Ordering::Relaxed) >= self.max_entries && !map.contains_key(&key) {
-            // Full: try to make room from expired entries of this shard
-            // before refusing the newcomer.
-            let before = map.len();
-            map.retain(|_, e| e.expires_at > now);
-            self.len.fetch_sub(before - map.len(), Ordering::Relaxed);
-            if self.len.load(Ordering::Relaxed) >= self.max_entries {
+            if self.max_entries == 0 {
+                // A store with room for nothing cannot decide at all.
                 return Outcome::Unavailable(Unavailable::AdmissionRejected);
             }
+            self.evict(map, key.hash, now, protect);
         }
 
         let entry = map.entry(key).or_insert_with(|| {
             self.len.fetch_add(1, Ordering::Relaxed);
-            Entry {
-                state: State::new(policy.bands()),
-                expires_at: 0,
-            }
+            Entry::fresh(policy)
         });
         if entry.expires_at <= now {
-            entry.state = State::new(policy.bands());
+            *entry = Entry::fresh(policy);
         }
         let decision = algorithm::evaluate(policy.bands(), &mut entry.state, now, evaluation.cost);
         if decision.allowed {
             entry.expires_at = now + horizon;
-        } else if entry.expires_at == 0 {
-            // A fresh subject denied outright (cost above what is left
-            // cannot happen for a fresh one, but keep the map tidy).
-            entry.expires_at = now;
+            entry.admitted = entry.admitted.saturating_add(evaluation.cost);
+            entry.refusing_until = 0;
+        } else {
+            entry.refusing_until = now.saturating_add(micros(decision.retry_after));
+            if entry.expires_at == 0 {
+                // A fresh subject denied outright (cost above what is left
+                // cannot happen for a fresh one, but keep the map tidy).
+                entry.expires_at = now;
+            }
         }
         Outcome::from_decision(decision)
+    }
+
+    /// Makes room in `map`, the locked shard of a newcomer whose key
+    /// hashes to `seed`, by evicting the sampled entry that costs least to
+    /// forget. The sample's positions come from the newcomer's hash (a
+    /// keyed SipHash: a client cannot aim them). Only this shard is
+    /// touched, so no second lock is taken; a shard with nothing to evict
+    /// (empty, or only the request's own keys) takes the newcomer beyond
+    /// the bound, which a store can exceed by at most one entry per shard.
+    fn evict(&self, map: &mut Map, seed: u64, now: Micros, protect: &[u64]) {
+        let len = map.len();
+        if len == 0 {
+            return;
+        }
+        let mut victim: Option<(usize, (u8, u64, Micros))> = None;
+        let mut state = seed;
+        for i in 0..SAMPLES.min(len) {
+            // A shard no larger than the sample is looked at whole.
+            let at = if len <= SAMPLES {
+                i
+            } else {
+                state = splitmix(state);
+                // `len` fits in u64 and the remainder is below it.
+                (state % len as u64) as usize
+            };
+            let Some((key, entry)) = map.get_index(at) else {
+                continue;
+            };
+            if protect.contains(&key.hash) {
+                continue;
+            }
+            let cost = entry.cost_to_forget(now);
+            if victim.is_none_or(|(_, best)| cost < best) {
+                victim = Some((at, cost));
+            }
+        }
+        if let Some((at, _)) = victim {
+            map.swap_remove_index(at);
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// What `evaluation` would be answered now, charging nothing (for
@@ -291,25 +412,18 @@ impl MemoryStore {
     pub fn peek_at(&self, evaluation: &Evaluation<'_>, now: Micros) -> Outcome {
         let policy = evaluation.policy;
         let key = self.key(evaluation);
-        let shard = &self.shards[shard_of(key.hash)];
+        let shard = &self.shards[self.shard_of(key.hash)];
         let mut state = {
             let map = shard.lock().unwrap_or_else(|e| e.into_inner());
             match map.get(&key) {
                 Some(entry) if entry.expires_at > now => entry.state.clone(),
                 Some(_) => State::new(policy.bands()),
-                None => {
-                    // As `evaluate_at` would find it: a newcomer to a full
-                    // store is refused unless this shard's expired entries
-                    // make room.
-                    let len = self.len.load(Ordering::Relaxed);
-                    if len >= self.max_entries {
-                        let expired = map.values().filter(|e| e.expires_at <= now).count();
-                        if len - expired.min(len) >= self.max_entries {
-                            return Outcome::Unavailable(Unavailable::AdmissionRejected);
-                        }
-                    }
-                    State::new(policy.bands())
+                None if self.max_entries == 0 => {
+                    return Outcome::Unavailable(Unavailable::AdmissionRejected);
                 }
+                // A newcomer is admitted even to a full store (someone
+                // else makes room), so it starts fresh.
+                None => State::new(policy.bands()),
             }
         };
         let decision = algorithm::evaluate(policy.bands(), &mut state, now, evaluation.cost);
@@ -349,9 +463,8 @@ impl MemoryStore {
     }
 }
 
-/// The map of `hash`'s shard among those `evaluate_all` holds locked.
-fn locked<'g>(guards: &'g mut [(usize, MutexGuard<'_, Map>)], hash: u64) -> &'g mut Map {
-    let shard = shard_of(hash);
+/// The map of `shard` among those `evaluate_all` holds locked.
+fn locked<'g>(guards: &'g mut [(usize, MutexGuard<'_, Map>)], shard: usize) -> &'g mut Map {
     // Cannot fail: the guards are the shards of every key of the request.
     let at = guards
         .iter()
@@ -360,11 +473,27 @@ fn locked<'g>(guards: &'g mut [(usize, MutexGuard<'_, Map>)], hash: u64) -> &'g 
     &mut guards[at].1
 }
 
+/// One step of SplitMix64: spreads consecutive states over all 64 bits.
+fn splitmix(state: u64) -> u64 {
+    let mut z = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Bits 32 and up: the map inside a shard indexes by the low bits and tags
 /// by the top seven, so the shard must come from neither or every key of a
 /// shard would crowd the same buckets.
-fn shard_of(hash: u64) -> usize {
-    ((hash >> 32) as usize) % SHARDS
+fn shard_of(hash: u64, shards: usize) -> usize {
+    ((hash >> 32) as usize) % shards
+}
+
+/// A power of two from 1 to [`SHARDS`]: one per [`ENTRIES_PER_SHARD`].
+fn shard_count(max_entries: usize) -> usize {
+    (max_entries / ENTRIES_PER_SHARD)
+        .clamp(1, SHARDS)
+        .next_power_of_two()
+        .min(SHARDS)
 }
 
 #[cfg(test)]
@@ -433,23 +562,102 @@ mod tests {
         assert!(allowed(ask(&store, &r1, &subject(2), now)));
     }
 
+    /// Whether the store still holds `subject`'s entry for `policy`.
+    fn holds(store: &MemoryStore, policy: &Policy, subject: &Pseudonym) -> bool {
+        let key = store.key(&unit(policy, subject));
+        store.lock(store.shard_of(key.hash)).contains_key(&key)
+    }
+
     #[test]
-    fn a_full_store_refuses_newcomers_but_serves_known_subjects() {
-        let store = MemoryStore::new(2, Duration::ZERO);
-        let p = policy("p", "r1", 10);
+    fn a_full_store_evicts_what_costs_least_to_forget() {
+        let store = MemoryStore::new(3, Duration::ZERO);
+        let p = policy("p", "r1", 3);
         let now = 3_600 * SECOND;
-        assert!(allowed(ask(&store, &p, &subject(1), now)));
-        assert!(allowed(ask(&store, &p, &subject(2), now)));
-        assert_eq!(
-            ask(&store, &p, &subject(3), now),
-            Outcome::Unavailable(Unavailable::AdmissionRejected)
+        let (frequent, once, refused) = (subject(1), subject(2), subject(3));
+        for _ in 0..2 {
+            assert!(allowed(ask(&store, &p, &frequent, now)));
+        }
+        assert!(allowed(ask(&store, &p, &once, now)));
+        for _ in 0..3 {
+            assert!(allowed(ask(&store, &p, &refused, now)));
+        }
+        assert!(!allowed(ask(&store, &p, &refused, now)));
+
+        // The newcomer is admitted; the entry that admitted least goes.
+        assert!(allowed(ask(&store, &p, &subject(4), now)));
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.evictions(), 1);
+        assert!(!holds(&store, &p, &once));
+        assert!(holds(&store, &p, &frequent) && holds(&store, &p, &refused));
+        // Still refused: its entry was kept.
+        assert!(!allowed(ask(&store, &p, &refused, now)));
+
+        // Of equals, the one to expire soonest (the oldest) goes.
+        assert!(allowed(ask(&store, &p, &subject(5), now + SECOND)));
+        assert!(!holds(&store, &p, &subject(4)) && holds(&store, &p, &frequent));
+        // An expired entry goes before any live one.
+        let q = Policy::new(
+            "q",
+            "r1",
+            Bands::FixedWindow(vec![WindowBand {
+                limit: NonZeroU32::new(9).unwrap(),
+                window: Duration::from_secs(1),
+            }]),
+            false,
         );
+        let store = MemoryStore::new(2, Duration::ZERO);
         assert!(allowed(ask(&store, &p, &subject(1), now)));
-        // Once the known subjects expire there is room again.
-        let later = now + 121 * SECOND;
-        store.sweep_at(later);
-        assert!(allowed(ask(&store, &p, &subject(3), later)));
-        assert_eq!(store.len(), 1);
+        assert!(allowed(ask(&store, &q, &subject(2), now)));
+        assert!(allowed(ask(&store, &p, &subject(3), now + 5 * SECOND)));
+        assert!(holds(&store, &p, &subject(1)) && !holds(&store, &q, &subject(2)));
+    }
+
+    #[test]
+    fn when_every_entry_is_refusing_the_refusal_that_ends_soonest_goes() {
+        let store = MemoryStore::new(2, Duration::ZERO);
+        let p = policy("p", "r1", 1);
+        let now = 3_600 * SECOND + 30 * SECOND;
+        let (early, late) = (subject(1), subject(2));
+        // Refused until 3,640 s (a 10 s window) and 3,660 s (a minute).
+        let short = Policy::new(
+            "short",
+            "r1",
+            Bands::FixedWindow(vec![WindowBand {
+                limit: NonZeroU32::new(1).unwrap(),
+                window: Duration::from_secs(10),
+            }]),
+            false,
+        );
+        assert!(allowed(ask(&store, &short, &early, now)));
+        assert!(!allowed(ask(&store, &short, &early, now)));
+        assert!(allowed(ask(&store, &p, &late, now)));
+        assert!(!allowed(ask(&store, &p, &late, now)));
+        // A flood of subjects pushed over their limit cannot pin the store.
+        assert!(allowed(ask(&store, &p, &subject(3), now)));
+        assert!(!holds(&store, &short, &early));
+        assert!(holds(&store, &p, &late));
+    }
+
+    #[test]
+    fn a_flood_of_one_request_subjects_evicts_its_own_kind() {
+        let store = MemoryStore::new(2_000, Duration::ZERO);
+        let p = policy("p", "r1", 3);
+        let now = 3_600 * SECOND;
+        let known: Vec<Pseudonym> = (0..20).map(subject).collect();
+        for s in &known {
+            for _ in 0..3 {
+                assert!(allowed(ask(&store, &p, s, now)));
+            }
+        }
+        for n in 1_000..30_000 {
+            assert!(allowed(ask(&store, &p, &subject(n), now)), "newcomer {n}");
+        }
+        assert!(store.len() <= 2_000 + store.shards.len());
+        assert!(store.evictions() >= 27_000, "{}", store.evictions());
+        for s in &known {
+            // Spent before the flood, still spent after it.
+            assert!(!allowed(ask(&store, &p, s, now)));
+        }
     }
 
     fn together(
@@ -514,14 +722,14 @@ mod tests {
         let outcomes = together(&store, &[(&fresh, &s), (&spent, &s)], now);
         assert!(!allowed(outcomes[1]));
         assert_eq!(store.len(), 1, "the new subject's entry was removed again");
-        // A full store refusing a newcomer half way undoes the rest too.
+        // A full store never makes room for one of a request's subjects
+        // by evicting another of them: it goes beyond its bound instead.
         let full = MemoryStore::new(1, Duration::ZERO);
         let outcomes = together(&full, &[(&fresh, &s), (&spent, &subject(2))], now);
-        assert_eq!(
-            outcomes[1],
-            Outcome::Unavailable(Unavailable::AdmissionRejected)
-        );
-        assert_eq!(full.len(), 0);
+        assert!(outcomes.iter().all(|o| allowed(*o)), "{outcomes:?}");
+        assert_eq!((full.len(), full.evictions()), (2, 0));
+        assert!(allowed(ask(&full, &fresh, &subject(3), now)));
+        assert_eq!((full.len(), full.evictions()), (2, 1));
     }
 
     #[test]
@@ -588,17 +796,14 @@ mod tests {
     }
 
     #[test]
-    fn peeking_a_newcomer_at_a_full_store_says_it_would_be_refused() {
+    fn peeking_a_newcomer_at_a_full_store_says_it_would_be_admitted_and_evicts_nothing() {
         let store = MemoryStore::new(1, Duration::ZERO);
         let p = policy("p", "r1", 3);
         let now = 3_600 * SECOND;
         assert!(allowed(ask(&store, &p, &subject(1), now)));
-        assert_eq!(
-            peek(&store, &p, &subject(2), now),
-            Outcome::Unavailable(Unavailable::AdmissionRejected)
-        );
+        assert!(allowed(peek(&store, &p, &subject(2), now)));
         assert!(allowed(peek(&store, &p, &subject(1), now)));
-        assert_eq!(store.len(), 1);
+        assert_eq!((store.len(), store.evictions()), (1, 0));
     }
 
     #[test]

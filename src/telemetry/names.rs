@@ -81,6 +81,7 @@ pub const STORE_FALLBACK: &str = "sluice_store_fallback";
 pub const STORE_FALLBACK_SECONDS: &str = "sluice_store_fallback_seconds_total";
 pub const STORE_FALLBACKS: &str = "sluice_store_fallbacks_total";
 pub const MEMORY_SUBJECTS: &str = "sluice_memory_store_subjects";
+pub const MEMORY_EVICTIONS: &str = "sluice_memory_store_evictions_total";
 pub const IN_FLIGHT: &str = "sluice_in_flight_requests";
 pub const CONFIG_RELOADS: &str = "sluice_config_reloads_total";
 pub const CONFIG_REVISION: &str = "sluice_config_revision";
@@ -158,6 +159,10 @@ pub const ALL: &[Metric] = &[
         "Times this sidecar started deciding alone (on_failure: local).",
     ),
     Metric::gauge(MEMORY_SUBJECTS, "Subjects tracked by the embedded store."),
+    Metric::counter(
+        MEMORY_EVICTIONS,
+        "Entries the full embedded store evicted to admit new subjects.",
+    ),
     Metric::gauge(
         IN_FLIGHT,
         "Requests in flight to the upstream under each concurrency policy, every subject together.",

@@ -341,7 +341,7 @@ fn state(outcome: &Outcome, policy: &Policy, cost: u32, store: &Store) -> Value 
 fn unavailable(reason: Unavailable) -> &'static str {
     match reason {
         Unavailable::AdmissionRejected => {
-            "not asked: the breaker is open, the budget was spent, or the memory store is full"
+            "not asked: the breaker is open, the budget was spent, or the memory store has no room"
         }
         Unavailable::BeforeSend => "the store could not be reached",
         Unavailable::ClockUnsafe => {

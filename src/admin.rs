@@ -1,5 +1,11 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics`, and `POST
 //! /explain` (`proxy::explain`). Its own port, never the traffic port.
+//!
+//! `/metrics` and the probes say nothing about any one client. `POST
+//! /explain` does: submit an API key or an address and read whether it is
+//! active. It is off unless `server.explain.token` is set, and then
+//! answers only a request bearing that token, so reaching the admin port
+//! (which scrapers and probes must) is not enough.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -118,6 +124,24 @@ async fn respond(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes
                 .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
             return response;
         }
+        let token = health.runtime.load().live.server.explain_token.clone();
+        let Some(token) = token else {
+            return error_json(
+                StatusCode::NOT_FOUND,
+                "POST /explain is off; set server.explain.token to turn it on",
+            );
+        };
+        if !bears(&req, token.expose()) {
+            let mut response = error_json(
+                StatusCode::UNAUTHORIZED,
+                "POST /explain needs Authorization: Bearer and the configured token",
+            );
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"sluice explain\""),
+            );
+            return response;
+        }
         return explain(health, req).await;
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -185,6 +209,27 @@ async fn explain(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes
     )
     .await;
     json(StatusCode::OK, explained.to_string())
+}
+
+/// Whether `req` carries `Authorization: Bearer <token>`, the scheme in any
+/// case. Compared in time that depends only on the lengths: an explanation
+/// tells whether a key or an address is active, so the token is guarded
+/// like one.
+fn bears(req: &Request<Incoming>, token: &str) -> bool {
+    let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return false;
+    };
+    let value = crate::subject::resolve::credentials(value.as_bytes().trim_ascii());
+    let Some(sent) = value.strip_prefix(b"Bearer ") else {
+        return false;
+    };
+    sent.len() == token.len()
+        && sent
+            .iter()
+            .zip(token.as_bytes())
+            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
+            == 0
 }
 
 /// Long enough for any operator's client on any network; short enough

@@ -23,6 +23,15 @@ const KEY: &str = "0123456789abcdef0123456789abcdef";
 /// A client address and an API key no output may contain.
 const PEER: &str = "10.0.0.7";
 const API_KEY: &str = "k-7f3a9c-secret";
+/// `server.explain.token` of every sidecar here: explain is off without one.
+const TOKEN: &str = "explain-token-5b1e0c9d2a";
+
+/// `yaml` (with an admin listener) with `POST /explain` turned on.
+fn with_explain(yaml: &str) -> String {
+    let on = format!("  admin: 127.0.0.1:0\n  explain: {{ token: {TOKEN} }}\n");
+    assert!(yaml.contains("  admin: 127.0.0.1:0\n"), "{yaml}");
+    yaml.replacen("  admin: 127.0.0.1:0\n", &on, 1)
+}
 
 const POLICIES: &str = "  login: { algorithm: fixed-window, limit: 5, window: 1h }
   keyed: { algorithm: token-bucket, capacity: 10, refill_tokens: 1, refill_every: 1s }
@@ -35,6 +44,11 @@ const ROUTES: &str =
 ";
 
 fn memory_yaml(upstream: &Upstream) -> String {
+    with_explain(&memory_off_yaml(upstream))
+}
+
+/// [`memory_yaml`] without `server.explain`.
+fn memory_off_yaml(upstream: &Upstream) -> String {
     format!(
         "version: 1
 server:
@@ -59,8 +73,15 @@ fn admin(sluice: &Sidecar) -> SocketAddr {
 
 /// `POST /explain` with `body`: the status and the JSON answer.
 async fn explain_raw(sluice: &Sidecar, body: impl Into<Bytes>) -> (StatusCode, Value) {
-    let (status, _, body) =
-        request(admin(sluice), Method::POST, "/explain", &[], body.into()).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, _, body) = request(
+        admin(sluice),
+        Method::POST,
+        "/explain",
+        &[("Authorization", &bearer)],
+        body.into(),
+    )
+    .await;
     let json = serde_json::from_slice(&body)
         .unwrap_or_else(|e| panic!("/explain answered no JSON ({e}): {body:?}"));
     (status, json)
@@ -158,7 +179,7 @@ async fn explaining_on_redis_reads_the_state_without_charging_or_writing() {
     let upstream = Upstream::start().await;
     let yaml =
         redis_yaml(&upstream, &redis.url(), POLICIES, ROUTES).replace("budget: 50ms", "budget: 1s");
-    let sluice = start_ready(&yaml).await;
+    let sluice = start_ready(&with_explain(&yaml)).await;
     explain_consumes_nothing(&sluice, "redis").await;
     // The unknown client's explanation wrote nothing: only the loopback
     // client's state key exists (beside the evaluation records).
@@ -410,7 +431,7 @@ async fn every_algorithm_is_explained_on_redis_by_a_user_that_may_not_eval() {
         &every_algorithm_routes(),
     )
     .replace("budget: 50ms", "budget: 1s");
-    let sluice = start_ready(&yaml).await;
+    let sluice = start_ready(&with_explain(&yaml)).await;
     every_algorithm_reads_without_charging(&sluice).await;
 }
 
@@ -424,7 +445,7 @@ async fn with_redis_down_and_on_failure_local_the_local_answer_is_explained_with
         "  - { name: login, match: { path_prefix: /login }, subject: client_ip, policy: login }\n";
     let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
         .replace("on_failure: deny", "on_failure: local\n  local_share: 2");
-    let sluice = start_ready(&yaml).await;
+    let sluice = start_ready(&with_explain(&yaml)).await;
     clear_of_window_edge(HOUR, EDGE_MARGIN).await;
     drop(redis);
 
@@ -459,4 +480,81 @@ async fn with_redis_down_and_on_failure_local_the_local_answer_is_explained_with
     assert_eq!(over["answer"]["outcome"], "local_denied", "{over}");
     let status = get(sluice.addr(), "/login", &[]).await.0;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn explain_is_off_by_default_and_answers_only_the_configured_token() {
+    let upstream = Upstream::start().await;
+    let described = login().to_string();
+    let ask = |sluice: &Sidecar, authorization: Option<String>| {
+        let admin = admin(sluice);
+        let body = Bytes::from(described.clone());
+        async move {
+            let headers: Vec<(&str, &str)> = authorization
+                .as_deref()
+                .map(|a| vec![("Authorization", a)])
+                .unwrap_or_default();
+            request(admin, Method::POST, "/explain", &headers, body).await
+        }
+    };
+
+    // Off: whoever asks, whatever they bear, learns nothing.
+    let off = Sidecar::start(&memory_off_yaml(&upstream));
+    for authorization in [None, Some(format!("Bearer {TOKEN}"))] {
+        let (status, _, body) = ask(&off, authorization).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            !text.contains("pseudonym") && !text.contains("remaining"),
+            "{text}"
+        );
+        assert!(text.contains("server.explain.token"), "{text}");
+    }
+
+    let on = Sidecar::start(&memory_yaml(&upstream));
+    for authorization in [
+        None,
+        Some("Bearer wrong-token-of-some-length".to_owned()),
+        Some(format!("Bearer {TOKEN}x")),
+        Some(format!("Basic {TOKEN}")),
+        Some(TOKEN.to_owned()),
+    ] {
+        let (status, headers, body) = ask(&on, authorization.clone()).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{authorization:?}");
+        assert!(headers.contains_key("www-authenticate"), "{headers:?}");
+        let text = String::from_utf8_lossy(&body);
+        assert!(!text.contains("pseudonym"), "{text}");
+    }
+    for authorization in [format!("Bearer {TOKEN}"), format!("bearer  {TOKEN}")] {
+        let (status, _, body) = ask(&on, Some(authorization.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{authorization}");
+        let explained: Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(explained["routes"][0]["route"], "login", "{explained}");
+    }
+    // The probes and metrics need no token.
+    assert_eq!(get(admin(&on), "/readyz", &[]).await.0, StatusCode::OK);
+    assert_eq!(get(admin(&off), "/metrics", &[]).await.0, StatusCode::OK);
+}
+
+#[test]
+fn a_short_explain_token_is_a_configuration_error() {
+    let yaml = "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+  explain: { token: tok3n-z }
+upstream:
+  url: http://127.0.0.1:9
+";
+    let (dir, config) = write_config(yaml);
+    let (code, _, stderr) =
+        run_binary(&["check", "--config", config.to_str().expect("UTF-8")], &[]);
+    drop(dir);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("server.explain.token"), "{stderr}");
+    assert!(stderr.contains("at least 16 bytes"), "{stderr}");
+    assert!(
+        !stderr.contains(": short"),
+        "the token is never printed: {stderr}"
+    );
 }

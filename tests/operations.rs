@@ -699,7 +699,11 @@ async fn a_full_memory_store_evicts_the_cheapest_entry_and_keeps_the_refusing_on
         (metric(&text, "sluice_memory_store_evictions_total", &[]) >= Some(1.0)).then_some(text)
     })
     .await;
-    assert_eq!(requests(&text, "api", "p", "unavailable"), Some(0.0), "{text}");
+    assert_eq!(
+        requests(&text, "api", "p", "unavailable"),
+        Some(0.0),
+        "{text}"
+    );
     assert_eq!(
         metric(&text, "sluice_forwarded_without_decision_total", &[]),
         Some(0.0),
@@ -766,8 +770,16 @@ async fn a_flood_of_one_request_subjects_locks_nobody_out() {
         StatusCode::TOO_MANY_REQUESTS
     );
     let text = scrape(admin(&sluice)).await;
-    assert_eq!(requests(&text, "api", "p", "unavailable"), Some(0.0), "{text}");
-    assert_eq!(requests(&text, "ip", "p", "unavailable"), Some(0.0), "{text}");
+    assert_eq!(
+        requests(&text, "api", "p", "unavailable"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        requests(&text, "ip", "p", "unavailable"),
+        Some(0.0),
+        "{text}"
+    );
 }
 
 #[tokio::test]

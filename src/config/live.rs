@@ -44,6 +44,9 @@ pub struct ServerLive {
     pub paths: PathRules,
     /// What is done with request headers whose names contain `_`.
     pub underscores: Underscores,
+    /// `POST /explain` answers only when this is set, and only to a
+    /// request bearing it (`Authorization: Bearer <token>`).
+    pub explain_token: Option<Secret>,
 }
 
 /// `server.headers_with_underscores`: CGI-style servers (Puma, gunicorn

@@ -145,10 +145,17 @@ pub struct Server {
     pub workers: Option<Scalar>,
     pub paths: Option<Paths>,
     pub headers_with_underscores: Option<Scalar>,
+    pub explain: Option<Explain>,
     pub idle_timeout: Option<Scalar>,
     pub send_timeout: Option<Scalar>,
     pub max_connections: Option<Scalar>,
     pub http2: Option<Http2>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Explain {
+    pub token: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

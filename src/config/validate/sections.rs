@@ -116,6 +116,16 @@ pub fn server(
             )),
         },
     );
+    let explain_token = match raw.explain {
+        None => Some(None),
+        Some(explain) => cx
+            .required(
+                &path.key("explain").key("token"),
+                explain.token.as_ref(),
+                explain_token,
+            )
+            .map(Some),
+    };
     let boot = ServerBoot {
         listen: listen?,
         admin: admin?,
@@ -133,6 +143,7 @@ pub fn server(
         body_idle_timeout: body_idle_timeout?,
         paths: paths?,
         underscores: underscores?,
+        explain_token: explain_token?,
     };
     Some((boot, live))
 }
@@ -206,6 +217,21 @@ fn paths(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Paths) -> Option<PathRu
         escaped_slashes: escaped_slashes?,
         path_parameters: path_parameters?,
     })
+}
+
+/// Anyone who holds it can read whether a given key or address is active:
+/// as long as a pseudonym key, and never printed.
+fn explain_token(s: &str) -> Result<Secret, String> {
+    if s.len() < 16 {
+        return Err(format!(
+            "must be at least 16 bytes long (it is {}); generate one with `openssl rand -hex 32`",
+            s.len()
+        ));
+    }
+    if !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("may hold only visible ASCII characters (it is sent in a header)".to_owned());
+    }
+    Ok(Secret(s.to_owned()))
 }
 
 fn socket_addr(s: &str) -> Result<SocketAddr, String> {

@@ -321,7 +321,7 @@ async fn beyond_max_connections_new_ones_are_closed_and_open_ones_are_served() {
     let upstream = Upstream::start().await;
     let yaml = admin_config(&upstream, "30s").replace(
         "  admin: 127.0.0.1:0\n",
-        "  admin: 127.0.0.1:0\n  max_connections: 3\n",
+        "  admin: 127.0.0.1:0\n  max_connections: 3\n  max_connections_per_ip: 3\n",
     );
     let sluice = Sidecar::start(&yaml);
     let admin = sluice.admin_addr().expect("admin address");
@@ -347,7 +347,81 @@ async fn beyond_max_connections_new_ones_are_closed_and_open_ones_are_served() {
     let served = until_closed(&mut open[0]).await;
     assert_eq!(statuses(&served), [200], "{served}");
     let text = support::ops::scrape(admin).await;
-    let refused =
-        support::ops::metric(&text, "sluice_connections_refused_total", &[]).unwrap_or(0.0);
+    let refused = support::ops::metric(
+        &text,
+        "sluice_connections_refused_total",
+        &[("limit", "max_connections")],
+    )
+    .unwrap_or(0.0);
     assert!(refused >= 1.0, "refused connections not counted:\n{text}");
+}
+
+/// A connection from `ip` (a loopback address) to `to`.
+async fn connect_from(ip: &str, to: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{ip}:0").parse().expect("an address"))
+        .expect("bind a loopback address");
+    socket.connect(to).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_connection() {
+    let upstream = Upstream::start().await;
+    let yaml = admin_config(&upstream, "30s").replace(
+        "  admin: 127.0.0.1:0\n",
+        "  admin: 127.0.0.1:0\n  max_connections: 20\n  max_connections_per_ip: 3\n",
+    );
+    let sluice = Sidecar::start(&yaml);
+    let admin = sluice.admin_addr().expect("admin address");
+    // One client holds three connections open and says nothing.
+    let mut hog = Vec::new();
+    for _ in 0..3 {
+        hog.push(connect_from("127.0.0.2", sluice.addr()).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut fourth = connect_from("127.0.0.2", sluice.addr()).await;
+    let _ = fourth
+        .write_all(b"GET /x HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .await;
+    let answer = until_closed(&mut fourth).await;
+    assert!(
+        answer.is_empty(),
+        "a fourth connection from one address: {answer}"
+    );
+
+    // Everyone else is served.
+    for ip in ["127.0.0.3", "127.0.0.4"] {
+        let mut other = connect_from(ip, sluice.addr()).await;
+        other
+            .write_all(b"GET /x HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let served = until_closed(&mut other).await;
+        assert_eq!(statuses(&served), [200], "{ip}: {served}");
+    }
+    // A place given back is the address's again.
+    drop(hog.pop());
+    let text = support::eventually(Duration::from_secs(5), || async {
+        let mut again = connect_from("127.0.0.2", sluice.addr()).await;
+        again
+            .write_all(b"GET /x HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let served = until_closed(&mut again).await;
+        (statuses(&served) == [200]).then_some(served)
+    })
+    .await;
+    assert!(!text.is_empty());
+
+    let text = support::ops::scrape(admin).await;
+    let per_ip = |limit: &str| {
+        support::ops::metric(
+            &text,
+            "sluice_connections_refused_total",
+            &[("limit", limit)],
+        )
+    };
+    assert!(per_ip("max_connections_per_ip") >= Some(1.0), "{text}");
+    assert_eq!(per_ip("max_connections"), Some(0.0), "{text}");
 }

@@ -44,6 +44,8 @@ pub struct ServerBoot {
     /// Traffic connections open at once; beyond it new ones are closed at
     /// once (the admin port does not count).
     pub max_connections: usize,
+    /// Of those, at most this many from one address (an IPv6 /64).
+    pub max_connections_per_ip: usize,
     pub http2: Http2,
 }
 
@@ -197,6 +199,7 @@ impl ServerBoot {
             idle_timeout,
             send_timeout,
             max_connections,
+            max_connections_per_ip,
             http2,
         } = self;
         differ(listen, &next.listen, "server.listen", changes);
@@ -237,6 +240,12 @@ impl ServerBoot {
             max_connections,
             &next.max_connections,
             "server.max_connections",
+            changes,
+        );
+        differ(
+            max_connections_per_ip,
+            &next.max_connections_per_ip,
+            "server.max_connections_per_ip",
             changes,
         );
         differ(http2, &next.http2, "server.http2", changes);

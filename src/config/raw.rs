@@ -149,6 +149,7 @@ pub struct Server {
     pub idle_timeout: Option<Scalar>,
     pub send_timeout: Option<Scalar>,
     pub max_connections: Option<Scalar>,
+    pub max_connections_per_ip: Option<Scalar>,
     pub http2: Option<Http2>,
 }
 

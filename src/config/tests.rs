@@ -1201,3 +1201,23 @@ fn headers_with_underscores_and_format_suffixes_are_read() {
         "{errors:#?}"
     );
 }
+
+#[test]
+fn connections_per_ip_default_to_a_quarter_of_the_pool_and_stay_inside_it() {
+    let c = parse_ok(BASE);
+    assert_eq!(c.boot.server.max_connections, 10_000);
+    assert_eq!(c.boot.server.max_connections_per_ip, 2_500);
+    let small = BASE.replace(
+        "  listen: 127.0.0.1:8080\n",
+        "  listen: 127.0.0.1:8080\n  max_connections: 3\n",
+    );
+    assert_eq!(parse_ok(&small).boot.server.max_connections_per_ip, 1);
+    let above = BASE.replace(
+        "  listen: 127.0.0.1:8080\n",
+        "  listen: 127.0.0.1:8080\n  max_connections: 100\n  max_connections_per_ip: 101\n",
+    );
+    let errors = parse_err(&above);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(errors[0].contains("server.max_connections_per_ip"), "{}", errors[0]);
+    assert!(errors[0].contains("above max_connections (100)"), "{}", errors[0]);
+}

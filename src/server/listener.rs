@@ -36,6 +36,7 @@ use crate::telemetry;
 use super::accept::AcceptErrors;
 use super::beside::{beside, First};
 use super::framing::Watched;
+use super::per_peer::PerPeer;
 use super::send_timeout::SendTimeout;
 use super::stream_watchdog::{self, StreamExecutor};
 use super::Settings;
@@ -59,7 +60,12 @@ pub async fn serve(
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut accept_errors = AcceptErrors::new("traffic");
-    let refused = metrics::counter!(telemetry::CONNECTIONS_REFUSED);
+    let refused = metrics::counter!(telemetry::CONNECTIONS_REFUSED, "limit" => "max_connections");
+    let refused_per_ip = metrics::counter!(
+        telemetry::CONNECTIONS_REFUSED,
+        "limit" => "max_connections_per_ip"
+    );
+    let per_peer = PerPeer::new(settings.max_connections_per_ip);
 
     loop {
         tokio::select! {
@@ -79,6 +85,11 @@ pub async fn serve(
                     drop(stream);
                 }
                 Ok((stream, peer)) => {
+                    let Some(held) = per_peer.try_hold(peer.ip()) else {
+                        refused_per_ip.increment(1);
+                        drop(stream);
+                        continue;
+                    };
                     let connection = Connection {
                         peer,
                         tls: tls.clone(),
@@ -91,7 +102,10 @@ pub async fn serve(
                         idle_timeout: settings.idle_timeout,
                         send_timeout: settings.send_timeout,
                     };
-                    connections.spawn(connection.run(stream));
+                    connections.spawn(async move {
+                        connection.run(stream).await;
+                        drop(held);
+                    });
                 }
                 Err(error) => accept_errors.failed(&error).await,
             },

@@ -15,6 +15,7 @@ pub mod accept;
 mod beside;
 mod framing;
 mod listener;
+mod per_peer;
 mod send_timeout;
 mod stream_watchdog;
 pub mod tls;
@@ -45,6 +46,8 @@ pub struct Settings {
     /// A write blocked on the client for this long fails the connection.
     pub send_timeout: Duration,
     pub max_connections: usize,
+    /// Of those, at most this many from one address (an IPv6 /64).
+    pub max_connections_per_ip: usize,
     pub http2: config::Http2,
 }
 
@@ -57,6 +60,7 @@ impl From<&config::ServerBoot> for Settings {
             idle_timeout: server.idle_timeout,
             send_timeout: server.send_timeout,
             max_connections: server.max_connections,
+            max_connections_per_ip: server.max_connections_per_ip,
             http2: server.http2,
         }
     }

@@ -173,7 +173,7 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(
         CONNECTIONS_REFUSED,
-        "Traffic connections closed at once because server.max_connections were open.",
+        "Traffic connections closed at once: server.max_connections were open, or max_connections_per_ip from the peer's address (label limit).",
     ),
     Metric::counter(
         DENY_CACHE_HITS,

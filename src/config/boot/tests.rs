@@ -18,6 +18,7 @@ server:
   idle_timeout: 60s
   send_timeout: 60s
   max_connections: 10000
+  max_connections_per_ip: 10
   http2: { max_concurrent_streams: 128 }
   paths: { merge_slashes: true }
 upstream:
@@ -134,8 +135,13 @@ fn each_boot_key_changed_alone_is_named() {
         ),
         (
             "max_connections: 10000",
-            "max_connections: 10",
+            "max_connections: 20",
             "server.max_connections",
+        ),
+        (
+            "max_connections_per_ip: 10",
+            "max_connections_per_ip: 9",
+            "server.max_connections_per_ip",
         ),
         (
             "max_concurrent_streams: 128",

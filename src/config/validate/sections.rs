@@ -98,6 +98,25 @@ pub fn server(
         10_000,
         check::number(1, 1_000_000),
     );
+    // A quarter of the pool by default: one address can no longer refuse
+    // everyone, and a client behind a shared NAT (or a proxy that is not
+    // trusted) still gets many connections.
+    let per_ip_default = max_connections.map_or(1, |n| (n / 4).max(1));
+    let ceiling = max_connections.unwrap_or(1_000_000);
+    let max_connections_per_ip = cx.optional(
+        &path.key("max_connections_per_ip"),
+        raw.max_connections_per_ip.as_ref(),
+        per_ip_default,
+        |s| {
+            check::number(1, 1_000_000)(s).and_then(|n| {
+                if n > ceiling {
+                    Err(format!("{n} is above max_connections ({ceiling})"))
+                } else {
+                    Ok(n)
+                }
+            })
+        },
+    );
     let http2 = http2(cx, &path.key("http2"), raw.http2.unwrap_or_default());
     let paths = match raw.paths {
         None => Some(PathRules::default()),
@@ -137,6 +156,7 @@ pub fn server(
         idle_timeout: idle_timeout?,
         send_timeout: send_timeout?,
         max_connections: usize::try_from(max_connections?).ok()?,
+        max_connections_per_ip: usize::try_from(max_connections_per_ip?).ok()?,
         http2: http2?,
     };
     let live = ServerLive {

@@ -142,3 +142,120 @@ async fn a_resent_request_is_held_to_the_same_1xx_limit() {
     assert_eq!(upstream.requests(), vec![1, 1, 2]);
     assert_eq!(resends(&sluice).await, 1.0);
 }
+
+/// Two requests on one client connection to sluice, in front of
+/// `sidecar`: the two response heads, and whatever body followed each.
+async fn two_on_one_connection(sluice: &Sidecar) -> Vec<(String, Vec<u8>)> {
+    let mut stream = tokio::net::TcpStream::connect(sluice.addr())
+        .await
+        .expect("connect");
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        use tokio::io::AsyncWriteExt as _;
+        stream
+            .write_all(b"GET /index.html HTTP/1.1\r\nHost: app.test\r\n\r\n")
+            .await
+            .expect("the connection is still open");
+        let (head, mut body) = support::client::read_head(&mut stream).await;
+        // Read the rest of this response by its framing.
+        let framed = |body: &[u8]| {
+            if head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked")
+            {
+                body.ends_with(b"0\r\n\r\n")
+            } else {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_owned())
+                    })
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .expect("a length or chunked");
+                body.len() >= length
+            }
+        };
+        while !framed(&body) {
+            use tokio::io::AsyncReadExt as _;
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+                .await
+                .expect("the body in time")
+                .expect("read");
+            assert!(n > 0, "closed mid-body after {head}");
+            body.extend_from_slice(&buf[..n]);
+        }
+        out.push((head, body));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_keep_http11_and_their_connection_behind_an_http10_app() {
+    // Python's http.server speaks HTTP/1.0, as many legacy apps do.
+    let dir = tempfile::tempdir().expect("a directory");
+    std::fs::write(dir.path().join("index.html"), "hello from 1.0\n").expect("write");
+    let port = support::free_port();
+    let mut app = std::process::Command::new("python3")
+        .args([
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            &port.to_string(),
+        ])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 -m http.server");
+    support::eventually(Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    let yaml = format!(
+        "version: 1\nserver:\n  listen: 127.0.0.1:0\nupstream:\n  url: http://127.0.0.1:{port}\n"
+    );
+    let sluice = Sidecar::start(&yaml);
+    let answers = two_on_one_connection(&sluice).await;
+    let _ = app.kill();
+    let _ = app.wait();
+    for (head, body) in &answers {
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            String::from_utf8_lossy(body).contains("hello from 1.0"),
+            "{head}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_delimited_http10_answer_reaches_the_client_framed_on_a_kept_connection() {
+    let upstream = Scripted::start(Answer::Close(
+        b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the app closes".to_vec(),
+    ))
+    .await;
+    let sluice = Sidecar::start(&upstream.sidecar_config());
+    let answers = two_on_one_connection(&sluice).await;
+    for (head, body) in &answers {
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("transfer-encoding: chunked"),
+            "{head}"
+        );
+        assert!(
+            String::from_utf8_lossy(body).contains("until the app closes"),
+            "{head}"
+        );
+    }
+    assert_eq!(
+        upstream.connections(),
+        2,
+        "each 1.0 answer closed its app connection"
+    );
+}

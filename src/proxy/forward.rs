@@ -154,6 +154,11 @@ pub(super) async fn forward(
         tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
     }
     headers::prepare_response(response.headers_mut(), upgraded);
+    // An intermediary answers in its own version (RFC 9110 §6.2): an app
+    // that speaks HTTP/1.0 must not cost every client its keep-alive.
+    // hyper frames the body for the client's connection (a length, or
+    // chunked), whatever framing the app used.
+    *response.version_mut() = Version::HTTP_11;
     // A switched connection belongs to the tunnel: its handle is dropped.
     if upgraded {
         drop(lease);

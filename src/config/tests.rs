@@ -1149,6 +1149,35 @@ fn a_dedupe_window_shorter_than_the_budget_is_refused() {
     parse_ok(&format!(
         "{REDIS_BASE}  url: redis://r:6379\n  budget: 1s\n  dedupe_window: 1s\n"
     ));
+    // Unwritten, it follows the budget.
+    let c = parse_ok(&format!("{REDIS_BASE}  url: redis://r:6379\n  budget: 2s\n"));
+    let StoreKind::Redis(redis) = &c.boot.store.kind else {
+        panic!("a Redis store");
+    };
+    assert_eq!(redis.dedupe_window, Duration::from_secs(2));
+}
+
+#[test]
+fn glob_and_regex_syntax_in_a_route_path_is_an_error_that_says_what_to_write() {
+    for (key, path, bad) in [
+        ("path", "\"/api/*\"", '*'),
+        ("path_prefix", "\"/api/*\"", '*'),
+        ("path", "\"/v[0-9]+/x\"", '['),
+        ("path", "\"/a]\"", ']'),
+    ] {
+        let errors = parse_err(&format!(
+            "{BASE}routes:\n  - {{ name: r, match: {{ {key}: {path} }}, policy: none }}\n"
+        ));
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        let e = &errors[0];
+        assert!(e.contains(&format!("routes[0].match.{key}")), "{e}");
+        assert!(e.contains(&format!("contains `{bad}`")), "{e}");
+        assert!(e.contains("path_prefix: /api") && e.contains("/users/{id}"), "{e}");
+    }
+    // The percent-encoded form is the literal character.
+    parse_ok(&format!(
+        "{BASE}routes:\n  - {{ name: r, match: {{ path: /a%2A }}, policy: none }}\n"
+    ));
 }
 
 #[test]
@@ -1218,6 +1247,14 @@ fn connections_per_ip_default_to_a_quarter_of_the_pool_and_stay_inside_it() {
     );
     let errors = parse_err(&above);
     assert_eq!(errors.len(), 1, "{errors:#?}");
-    assert!(errors[0].contains("server.max_connections_per_ip"), "{}", errors[0]);
-    assert!(errors[0].contains("above max_connections (100)"), "{}", errors[0]);
+    assert!(
+        errors[0].contains("server.max_connections_per_ip"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[0].contains("above max_connections (100)"),
+        "{}",
+        errors[0]
+    );
 }

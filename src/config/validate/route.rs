@@ -361,6 +361,18 @@ fn check_path(s: &str) -> Result<(), String> {
             "`{s}` contains `;`; path parameters are left out of matching (server.paths.path_parameters)"
         ));
     }
+    // Glob and regex syntax would be taken literally, and the route would
+    // never match: requests would fall to `default` without a word.
+    if let Some(bad) = s.chars().find(|c| matches!(c, '*' | '[' | ']')) {
+        return Err(format!(
+            "`{s}` contains `{bad}`, which is matched literally: paths are not globs or patterns; write `path_prefix: /api` for everything under /api, or a template such as `/users/{{id}}` for one segment (a path that really holds `{bad}` is written percent-encoded: {})",
+            match bad {
+                '*' => "`%2A`",
+                '[' => "`%5B`",
+                _ => "`%5D`",
+            }
+        ));
+    }
     Ok(())
 }
 

@@ -410,9 +410,13 @@ pub fn store(
         }
         Kind::Redis => {
             refuse_other_kind(cx, path, &raw, &MEMORY_ONLY, "memory");
-            let redis = redis(cx, path, &raw);
-            if let (Some(redis), Some(budget)) = (&redis, budget) {
-                if redis.dedupe_window < budget {
+            let mut redis = redis(cx, path, &raw);
+            if let (Some(redis), Some(budget)) = (&mut redis, budget) {
+                // Unwritten, it follows a long budget: `budget: 2s` alone
+                // is a valid configuration.
+                if raw.dedupe_window.is_none() {
+                    redis.dedupe_window = redis.dedupe_window.max(budget);
+                } else if redis.dedupe_window < budget {
                     cx.error(
                         &path.key("dedupe_window"),
                         At::Value,

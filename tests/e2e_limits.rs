@@ -346,3 +346,39 @@ default: {{ policy: tiny, subject: client_ip }}
     assert_eq!(get(addr, "/api/x", &[]).await.0, StatusCode::OK);
     assert_eq!(upstream.count(), 3);
 }
+
+/// For every algorithm, a 429's `Retry-After` and its `RateLimit` `t` say
+/// the same wait: a token bucket refills one token long before it is full,
+/// and `t` once said the full time (10 s against 50 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_and_the_ratelimit_reset_agree_for_every_algorithm() {
+    let policies = [
+        "    algorithm: token-bucket\n    capacity: 5\n    refill_tokens: 1\n    refill_every: 10s",
+        "    algorithm: fixed-window\n    limit: 5\n    window: 1h",
+        "    algorithm: sliding-log\n    limit: 5\n    window: 50s",
+        "    algorithm: sliding-counter\n    limit: 5\n    window: 50s",
+        "    algorithm: gcra\n    limit: 5\n    window: 50s",
+    ];
+    let mut failures = Vec::new();
+    for policy in policies {
+        let upstream = Upstream::start().await;
+        let sluice = Sidecar::start(&one_policy(&upstream, policy));
+        let mut denial = None;
+        for _ in 0..20 {
+            let (status, headers, _) = get(sluice.addr(), "/limited", &[]).await;
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                denial = Some(headers);
+                break;
+            }
+        }
+        let headers = denial.unwrap_or_else(|| panic!("never denied under {policy}"));
+        let retry_after: Option<u64> = header(&headers, "retry-after").and_then(|v| v.parse().ok());
+        let t = header(&headers, "ratelimit")
+            .and_then(parse_ratelimit)
+            .and_then(|item| item.param("t"));
+        if retry_after.is_none() || retry_after != t {
+            failures.push(format!("{policy:?}: Retry-After {retry_after:?}, t={t:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

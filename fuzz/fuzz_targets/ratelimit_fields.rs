@@ -177,7 +177,15 @@ fuzz_target!(|input: Input| {
         member(&input.name, decision.band, count),
         vec![
             ("r", decision.remaining),
-            ("t", ceil_secs(decision.reset_after)),
+            // A denial's `t` is its `Retry-After` (at least 1).
+            (
+                "t",
+                if decision.allowed {
+                    ceil_secs(decision.reset_after)
+                } else {
+                    ceil_secs(decision.retry_after).max(1)
+                },
+            ),
         ],
     )];
     check_list("RateLimit", limit_field.as_bytes(), &expected);

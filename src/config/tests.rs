@@ -1150,7 +1150,9 @@ fn a_dedupe_window_shorter_than_the_budget_is_refused() {
         "{REDIS_BASE}  url: redis://r:6379\n  budget: 1s\n  dedupe_window: 1s\n"
     ));
     // Unwritten, it follows the budget.
-    let c = parse_ok(&format!("{REDIS_BASE}  url: redis://r:6379\n  budget: 2s\n"));
+    let c = parse_ok(&format!(
+        "{REDIS_BASE}  url: redis://r:6379\n  budget: 2s\n"
+    ));
     let StoreKind::Redis(redis) = &c.boot.store.kind else {
         panic!("a Redis store");
     };
@@ -1172,7 +1174,10 @@ fn glob_and_regex_syntax_in_a_route_path_is_an_error_that_says_what_to_write() {
         let e = &errors[0];
         assert!(e.contains(&format!("routes[0].match.{key}")), "{e}");
         assert!(e.contains(&format!("contains `{bad}`")), "{e}");
-        assert!(e.contains("path_prefix: /api") && e.contains("/users/{id}"), "{e}");
+        assert!(
+            e.contains("path_prefix: /api") && e.contains("/users/{id}"),
+            "{e}"
+        );
     }
     // The percent-encoded form is the literal character.
     parse_ok(&format!(

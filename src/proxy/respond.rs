@@ -8,7 +8,7 @@
 //!
 //! Rate-limit fields follow draft-ietf-httpapi-ratelimit-headers-10:
 //! `RateLimit-Policy: "api";q=100;w=60` lists every band of every limit of
-//! the route, in order, and `RateLimit: "api";r=0;t=17` describes the
+//! the route, in order, and `RateLimit: "api";r=0;t=2` describes the
 //! binding one. A one-band policy names its member after the policy; with
 //! several bands the members are `"<policy>-<i>"`, `i` being the band's
 //! index in the configuration (`bands[i]`). A concurrency limit is
@@ -94,8 +94,18 @@ impl Prepared {
         }
     }
 
-    /// `"<name>";r=<remaining>;t=<seconds until full>` for the binding band.
+    /// `"<name>";r=<remaining>;t=<seconds>` for the binding band. `t` is
+    /// when the quota next admits: on a denial, exactly the `Retry-After`
+    /// beside it (a client reading either waits the same); on an admitted
+    /// request, when the band is back to full. A token bucket or a sliding
+    /// log refills long before it is full again, and a 429 saying
+    /// `Retry-After: 10` with `t=50` had clients wait five times too long.
     fn limit_value(&self, decision: &Decision) -> Option<HeaderValue> {
+        let seconds = if decision.allowed {
+            ceil_secs(decision.reset_after)
+        } else {
+            retry_after_secs(decision.retry_after)
+        };
         let mut band = itoa::Buffer::new();
         let mut remaining = itoa::Buffer::new();
         let mut reset = itoa::Buffer::new();
@@ -112,9 +122,7 @@ impl Prepared {
             b"\";r=",
             remaining.format(sf_integer(decision.remaining)).as_bytes(),
             b";t=",
-            reset
-                .format(sf_integer(ceil_secs(decision.reset_after)))
-                .as_bytes(),
+            reset.format(sf_integer(seconds)).as_bytes(),
         ]);
         HeaderValue::from_maybe_shared(value).ok()
     }

@@ -81,7 +81,8 @@ async fn too_many_requests_carries_fields_and_problem_body() {
     let h = response.headers();
     assert_eq!(h["retry-after"], "2");
     assert_eq!(h["ratelimit-policy"], r#""api";q=100;w=60"#);
-    assert_eq!(h["ratelimit"], r#""api";r=0;t=17"#);
+    // `t` agrees with `Retry-After`, not with when the window is full again.
+    assert_eq!(h["ratelimit"], r#""api";r=0;t=2"#);
     assert_eq!(h["content-type"], "application/problem+json");
     assert_eq!(h["cache-control"], "no-store");
 
@@ -111,8 +112,8 @@ async fn several_bands_are_listed_and_the_binding_one_is_named() {
         h["ratelimit-policy"],
         r#""export-0";q=10;w=1, "export-1";q=1000;w=3600"#
     );
-    assert_eq!(h["ratelimit"], r#""export-1";r=3;t=1800"#);
-    // Never `Retry-After: 0`.
+    // Never `Retry-After: 0`, nor a `t` that disagrees with it.
+    assert_eq!(h["ratelimit"], r#""export-1";r=3;t=1"#);
     assert_eq!(h["retry-after"], "1");
 }
 
@@ -154,12 +155,15 @@ fn integers_stay_within_fifteen_digits() {
     assert_eq!(value(&long), r#""long";q=1;w=999999999999999"#);
     let prepared = answers("r", &long);
     let mut headers = HeaderMap::new();
-    let d = denied(
-        0,
-        3_834_876_866_653_073_456,
-        Duration::from_secs(10_u64.pow(15)),
-        Duration::from_secs(1),
-    );
+    let d = Decision {
+        allowed: true,
+        ..denied(
+            0,
+            3_834_876_866_653_073_456,
+            Duration::from_secs(10_u64.pow(15)),
+            Duration::ZERO,
+        )
+    };
     add_ratelimit_headers(&mut headers, &prepared, &d);
     assert_eq!(
         headers["ratelimit"],
@@ -286,7 +290,12 @@ fn ratelimit_fields_name_the_binding_band() {
     );
     let prepared = answers("r", &one);
     let mut headers = HeaderMap::new();
-    let d = denied(0, 0, Duration::from_millis(9_001), Duration::ZERO);
+    let d = denied(
+        0,
+        0,
+        Duration::from_millis(9_001),
+        Duration::from_millis(9_001),
+    );
     add_ratelimit_headers(&mut headers, &prepared, &d);
     assert_eq!(headers["ratelimit-policy"], r#""a\"b_";q=5;w=10"#);
     assert_eq!(headers["ratelimit"], r#""a\"b_";r=0;t=10"#);

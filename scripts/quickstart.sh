@@ -10,6 +10,17 @@ need cargo "install Rust from https://rustup.rs"
 need python3 "apt-get install python3"
 need curl "apt-get install curl"
 
+# Another process on one of the ports would answer in sluice's place:
+# refuse to start rather than show its answers.
+for port in 3000 8080 9901; do
+  if ! python3 -c 'import socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+    echo "quickstart needs 127.0.0.1:$port, but another process holds it; stop it and try again" >&2
+    exit 1
+  fi
+done
+
 echo "== building sluice (release)"
 cargo build --release --quiet
 
@@ -19,15 +30,24 @@ trap cleanup EXIT INT TERM
 
 # The app sluice protects: any HTTP server on 127.0.0.1:3000.
 python3 -m http.server 3000 --bind 127.0.0.1 --directory config >/dev/null 2>&1 &
-pids+=($!)
+app=$!
+pids+=("$app")
 
 log=target/quickstart.log
 ./target/release/sluice run --config config/quickstart.yaml --log-format text >"$log" 2>&1 &
-pids+=($!)
+sluice=$!
+pids+=("$sluice")
 
-# Wait until both the app and sluice answer.
+# Wait until both the app and sluice answer, as long as both still run.
 ready=0
 for _ in $(seq 1 100); do
+  for pid in "$app" "$sluice"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "quickstart: a process it started exited; sluice's log ($log):" >&2
+      tail -n 20 "$log" >&2 || true
+      exit 1
+    fi
+  done
   if curl -fsS -o /dev/null http://127.0.0.1:3000/ 2>/dev/null &&
      curl -fsS -o /dev/null http://127.0.0.1:9901/readyz 2>/dev/null; then
     ready=1; break
@@ -41,10 +61,16 @@ fi
 echo "== sluice is up (logs: $log)"
 
 echo "== 8 requests to http://127.0.0.1:8080/ (the policy admits 5 per 10s)"
+codes=()
 for i in $(seq 1 8); do
   code=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8080/)
   echo "request $i -> $code"
+  codes+=("$code")
 done
+if [ "${codes[0]}" != 200 ] || [ "${codes[7]}" != 429 ] || ! kill -0 "$sluice" 2>/dev/null; then
+  echo "quickstart failed: expected 200s turning into 429s from its own sluice; see $log" >&2
+  exit 1
+fi
 echo "== the 429 in full:"
 curl -s -i http://127.0.0.1:8080/ || true
 echo

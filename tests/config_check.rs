@@ -337,3 +337,37 @@ routes:
     );
     assert!(accepted.is_empty(), "connections accepted on {accepted:?}");
 }
+
+#[test]
+fn the_shipped_redis_configuration_checks_with_its_secrets_set() {
+    let path = repo_file("config/redis.yaml");
+    let mut cmd = sluice();
+    cmd.arg("check")
+        .arg("--config")
+        .arg(&path)
+        .env("REDIS_URL", "redis://sluice:pw@redis.limiter:6379/0")
+        .env("SLUICE_PSEUDONYM_KEY", "0123456789abcdef0123456789abcdef");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for route in ["login ", "api ", "health ", "default "] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(route)),
+            "{route}missing from:\n{stdout}"
+        );
+    }
+    // Without the secrets it names what is missing.
+    let mut cmd = sluice();
+    cmd.arg("check")
+        .arg("--config")
+        .arg(&path)
+        .env_remove("REDIS_URL")
+        .env_remove("SLUICE_PSEUDONYM_KEY");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("REDIS_URL"),
+        "{}",
+        text(&out.stderr)
+    );
+}

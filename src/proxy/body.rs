@@ -170,8 +170,6 @@ struct Floor {
     bytes: u64,
     /// Over the waits before the current one.
     waited: Duration,
-    /// When the current wait began.
-    since: Instant,
     /// The current wait ends at the floor, before the idle timeout.
     binding: bool,
 }
@@ -182,15 +180,14 @@ impl Floor {
             rate,
             bytes: 0,
             waited: Duration::ZERO,
-            since: Instant::now(),
             binding: false,
         }
     }
 
     /// The waiting the body may have had in all: the grace, or the time
     /// its bytes would take at the rate if longer. Bytes only grow, so
-    /// each wait's deadline is no earlier than the last one's, and the one
-    /// sleep moves forward (no timer lock, see `sleeps`).
+    /// each wait's deadline is no earlier than the last one's: the sleep is
+    /// only ever moved later, which tokio does most cheaply (`sleeps`).
     fn allowance(&self) -> Duration {
         let rate = u64::from(self.rate.bytes_per_second.get());
         let earned = Duration::from_secs(self.bytes / rate)
@@ -215,7 +212,9 @@ pin_project! {
         #[pin]
         sleep: Option<Sleep>,
         timeout: Duration,
-        waiting: bool,
+        // When the current wait for the inner body began; `None` while
+        // it is not being waited for.
+        waiting: Option<Instant>,
         side: Side,
         floor: Option<Floor>,
         // An upstream body's error, held for one poll (see `poll_frame`).
@@ -241,7 +240,7 @@ impl<B> IdleTimeout<B> {
             inner,
             sleep: None,
             timeout,
-            waiting: false,
+            waiting: None,
             side,
             floor: None,
             held: None,
@@ -282,15 +281,15 @@ where
                 Poll::Pending
             }
             Poll::Ready(frame) => {
+                let since = this.waiting.take();
                 if let Some(floor) = this.floor.as_mut() {
-                    if *this.waiting {
-                        floor.waited += floor.since.elapsed();
+                    if let Some(since) = since {
+                        floor.waited += since.elapsed();
                     }
                     if let Some(data) = frame.as_ref().and_then(|f| f.as_ref().ok()?.data_ref()) {
                         floor.bytes += data.remaining() as u64;
                     }
                 }
-                *this.waiting = false;
                 let side = *this.side;
                 Poll::Ready(frame.map(|f| {
                     f.map_err(|e| match side {
@@ -300,13 +299,13 @@ where
                 }))
             }
             Poll::Pending => {
-                if !*this.waiting {
-                    *this.waiting = true;
+                if this.waiting.is_none() {
                     let now = Instant::now();
+                    *this.waiting = Some(now);
                     let mut deadline = now + *this.timeout;
                     if let Some(floor) = this.floor.as_mut() {
-                        floor.since = now;
-                        let slow_at = now + floor.allowance().saturating_sub(floor.waited);
+                        let left = floor.allowance().saturating_sub(floor.waited);
+                        let slow_at = now.checked_add(left).unwrap_or(deadline);
                         floor.binding = slow_at < deadline;
                         deadline = deadline.min(slow_at);
                     }

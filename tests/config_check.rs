@@ -18,7 +18,7 @@ const INVALID_CONFIG: i32 = 2;
 const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Each error fixture with where its (first) error is, and its key path.
-const ERROR_FIXTURES: [(&str, &str, &str); 21] = [
+const ERROR_FIXTURES: [(&str, &str, &str); 22] = [
     ("unknown_key.yaml", "4:3", "server.shutdown_grase"),
     ("missing_policy.yaml", "17:13", "routes[1].policy"),
     ("unset_variable.yaml", "9:8", "store.url"),
@@ -60,6 +60,11 @@ const ERROR_FIXTURES: [(&str, &str, &str); 21] = [
     ),
     ("local_on_memory.yaml", "8:15", "store.on_failure"),
     ("local_share_unused.yaml", "10:3", "store.local_share"),
+    (
+        "bad_min_upload_rate.yaml",
+        "7:12",
+        "server.min_upload_rate.grace",
+    ),
 ];
 
 /// Variables the fixtures name, removed so the host cannot set them.

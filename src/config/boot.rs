@@ -21,8 +21,8 @@ pub struct Boot {
     pub store: StoreBoot,
 }
 
-/// `server.*` except `paths` and `body_idle_timeout`: the listeners and
-/// the bounds every connection is served with.
+/// `server.*` except `paths`, `body_idle_timeout` and `min_upload_rate`:
+/// the listeners and the bounds every connection is served with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerBoot {
     pub listen: SocketAddr,

@@ -35,11 +35,14 @@ pub struct Live {
     pub default: Route,
 }
 
-/// `server.paths` and `server.body_idle_timeout`: read per request.
+/// `server.paths`, `server.body_idle_timeout` and
+/// `server.min_upload_rate`: read per request.
 #[derive(Debug, Clone)]
 pub struct ServerLive {
     /// Longest silence allowed between two pieces of a request body.
     pub body_idle_timeout: Duration,
+    /// The slowest a request body may arrive; `None` when switched off.
+    pub min_upload_rate: Option<MinUploadRate>,
     /// How request paths are normalized before matching and forwarding.
     pub paths: PathRules,
     /// What is done with request headers whose names contain `_`.
@@ -47,6 +50,18 @@ pub struct ServerLive {
     /// `POST /explain` answers only when this is set, and only to a
     /// request bearing it (`Authorization: Bearer <token>`).
     pub explain_token: Option<Secret>,
+}
+
+/// `server.min_upload_rate`: a request body must average at least
+/// `bytes_per_second` over the time sluice waits on the client for it,
+/// once that time passes `grace` (Kestrel's `MinRequestBodyDataRate`).
+/// A client trickling a body holds its in-flight place and an upstream
+/// connection; the idle timeout alone lets one byte in each interval do
+/// that for as long as the body lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinUploadRate {
+    pub bytes_per_second: NonZeroU32,
+    pub grace: Duration,
 }
 
 /// `server.headers_with_underscores`: CGI-style servers (Puma, gunicorn

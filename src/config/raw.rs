@@ -141,6 +141,7 @@ pub struct Server {
     pub shutdown_grace: Option<Scalar>,
     pub header_read_timeout: Option<Scalar>,
     pub body_idle_timeout: Option<Scalar>,
+    pub min_upload_rate: Option<MinUploadRate>,
     pub max_header_bytes: Option<Scalar>,
     pub workers: Option<Scalar>,
     pub paths: Option<Paths>,
@@ -151,6 +152,75 @@ pub struct Server {
     pub max_connections: Option<Scalar>,
     pub max_connections_per_ip: Option<Scalar>,
     pub http2: Option<Http2>,
+}
+
+/// `server.min_upload_rate`: one value (`off`, or a rate) or the mapping.
+#[derive(Debug)]
+pub enum MinUploadRate {
+    One(Scalar),
+    Table(MinUploadRateTable),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct MinUploadRateTable {
+    pub bytes_per_second: Option<Scalar>,
+    pub grace: Option<Scalar>,
+}
+
+impl<'de> Deserialize<'de> for MinUploadRate {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(MinUploadRateVisitor)
+    }
+}
+
+struct MinUploadRateVisitor;
+
+impl<'de> Visitor<'de> for MinUploadRateVisitor {
+    type Value = MinUploadRate;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("`off`, a number of bytes per second, or a mapping")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<MinUploadRate, A::Error> {
+        MinUploadRateTable::deserialize(de::value::MapAccessDeserializer::new(map))
+            .map(MinUploadRate::Table)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<MinUploadRate, E> {
+        ScalarVisitor
+            .visit_str(v)
+            .map(|s| MinUploadRate::One(Scalar(s)))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<MinUploadRate, E> {
+        Ok(MinUploadRate::One(Scalar(v)))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<MinUploadRate, E> {
+        ScalarVisitor
+            .visit_bool(v)
+            .map(|s| MinUploadRate::One(Scalar(s)))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<MinUploadRate, E> {
+        ScalarVisitor
+            .visit_i64(v)
+            .map(|s| MinUploadRate::One(Scalar(s)))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<MinUploadRate, E> {
+        ScalarVisitor
+            .visit_u64(v)
+            .map(|s| MinUploadRate::One(Scalar(s)))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<MinUploadRate, E> {
+        ScalarVisitor
+            .visit_f64(v)
+            .map(|s| MinUploadRate::One(Scalar(s)))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

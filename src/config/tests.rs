@@ -263,6 +263,69 @@ fn an_unset_variable_is_named_and_comments_are_not_substituted() {
 }
 
 #[test]
+fn a_min_upload_rate_grace_under_a_second_is_refused() {
+    assert_single(
+        "bad_min_upload_rate.yaml",
+        7,
+        12,
+        "server.min_upload_rate.grace",
+        "`500ms` is shorter than the minimum of 1s",
+    );
+}
+
+#[test]
+fn min_upload_rate_is_off_a_rate_or_both_parts() {
+    let rate = |value: &str| {
+        let text = BASE.replace(
+            "  listen: 127.0.0.1:8080\n",
+            &format!("  listen: 127.0.0.1:8080\n  min_upload_rate: {value}\n"),
+        );
+        parse_ok(&text).live.server.min_upload_rate
+    };
+    let of = |bytes: u32, grace: u64| {
+        Some(MinUploadRate {
+            bytes_per_second: nz(bytes),
+            grace: Duration::from_secs(grace),
+        })
+    };
+    assert_eq!(rate("off"), None);
+    assert_eq!(rate("0"), None);
+    assert_eq!(rate("{ bytes_per_second: 0, grace: 9s }"), None);
+    assert_eq!(rate("1000"), of(1000, 5));
+    assert_eq!(rate("{ bytes_per_second: 1000, grace: 1s }"), of(1000, 1));
+    assert_eq!(rate("{ grace: 10s }"), of(240, 10));
+    assert_eq!(rate("{}"), of(240, 5));
+}
+
+#[test]
+fn a_bad_min_upload_rate_is_named_where_it_is_written() {
+    let errors = |value: &str| {
+        parse_err(&BASE.replace(
+            "  listen: 127.0.0.1:8080\n",
+            &format!("  listen: 127.0.0.1:8080\n  min_upload_rate: {value}\n"),
+        ))
+    };
+    assert_eq!(
+        errors("fast"),
+        ["test.yaml:4:20: server.min_upload_rate: `fast` is not a whole number; write `off` or a number of bytes per second"]
+    );
+    assert_eq!(
+        errors("{ bytes_per_second: -5 }"),
+        ["test.yaml:4:40: server.min_upload_rate.bytes_per_second: must be at least 0, not -5; write `off` or a number of bytes per second"]
+    );
+    assert_eq!(
+        errors("{ bytes_per_second: 240, grace: 5 }"),
+        ["test.yaml:4:52: server.min_upload_rate.grace: `5` has no unit; write a duration such as `5s` or `5ms`"]
+    );
+    let unknown = errors("{ rate: 240 }");
+    assert_eq!(unknown.len(), 1, "{unknown:?}");
+    assert!(
+        unknown[0].starts_with("test.yaml:4:22: server.min_upload_rate.rate: unknown key `rate`"),
+        "{unknown:?}"
+    );
+}
+
+#[test]
 fn a_bad_duration_is_refused() {
     assert_single(
         "bad_duration.yaml",
@@ -478,6 +541,13 @@ fn omitted_keys_take_their_documented_defaults() {
     assert_eq!(c.boot.server.shutdown_grace, Duration::from_secs(20));
     assert_eq!(c.boot.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.live.server.body_idle_timeout, Duration::from_secs(30));
+    assert_eq!(
+        c.live.server.min_upload_rate,
+        Some(MinUploadRate {
+            bytes_per_second: nz(240),
+            grace: Duration::from_secs(5)
+        })
+    );
     assert_eq!(c.boot.server.send_timeout, Duration::from_secs(60));
     assert_eq!(c.boot.server.max_header_bytes, 65_536);
     assert_eq!(c.boot.server.workers, 0);

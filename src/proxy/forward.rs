@@ -1,7 +1,8 @@
 //! Forwarding a decided request to the upstream, and its response back.
 //!
 //! Bodies stream both ways without buffering; the request body is cut when
-//! the client goes quiet for `server.body_idle_timeout`, and
+//! the client goes quiet for `server.body_idle_timeout` or sends it slower
+//! than `server.min_upload_rate`, and
 //! `upstream.timeout` counts only the upstream's turns (`upstream_timer`). Requests to the
 //! upstream are always HTTP/1.1, whatever the client spoke. The upstream's
 //! address and timeout are read from the runtime of each request, so a
@@ -22,7 +23,7 @@ use crate::config::{self, Live};
 use crate::sleeps::Spares;
 use crate::subject;
 
-use super::body::{self, Body, BodyIdleTimeout, ClientBodyError, IdleTimeout};
+use super::body::{self, Body, ClientBodyError, IdleTimeout};
 use super::headers::{self, Forwarded};
 use super::pool::{self, Failure, Pool, Returning};
 use super::respond;
@@ -111,7 +112,8 @@ pub(super) async fn forward(
         let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
         (body::boxed(incoming), timer)
     } else {
-        let idle = IdleTimeout::new(incoming, live.server.body_idle_timeout);
+        let idle = IdleTimeout::new(incoming, live.server.body_idle_timeout)
+            .with_floor(live.server.min_upload_rate);
         let (tracked, timer) = UpstreamTimer::tracking(idle, live.upstream.timeout);
         (body::boxed(tracked), timer)
     };
@@ -121,7 +123,7 @@ pub(super) async fn forward(
     let (mut response, lease) = tokio::select! {
         sent = upstream.pool.send(&live.upstream.url, request, |again| informational.count(again)) => match sent {
             Ok(sent) => sent,
-            Err(error) => return failed(&error),
+            Err(error) => return failed(&error, &upstream.pool),
         },
         () = informational.until_flooded() => {
             return refuse(Refused::InformationalFlood);
@@ -204,7 +206,7 @@ fn refuse(refused: Refused) -> Response<Body> {
 }
 
 /// The upstream exchange failed before a response head arrived.
-fn failed(failure: &Failure) -> Response<Body> {
+fn failed(failure: &Failure, pool: &Pool) -> Response<Body> {
     let error = match failure {
         Failure::Connect(error) => {
             tracing::debug!(error = %chain(error.as_ref()), "upstream unreachable");
@@ -212,9 +214,9 @@ fn failed(failure: &Failure) -> Response<Body> {
         }
         Failure::Exchange(error) => error,
     };
-    if caused_by::<BodyIdleTimeout>(error) {
-        tracing::debug!("request body stalled");
-        return respond::request_timeout();
+    if let Some(cut) = pool.cuts().count(error) {
+        tracing::debug!(reason = cut.label(), "request body cut");
+        return respond::request_timeout(cut);
     }
     if caused_by::<ClientBodyError>(error) {
         tracing::debug!(error = %chain(error), "request body broken");
@@ -251,6 +253,7 @@ fn chain(error: &(dyn StdError + 'static)) -> String {
 mod tests {
     use std::time::Duration;
 
+    use super::body::Cut;
     use super::*;
 
     fn uri(s: &str) -> Uri {
@@ -278,9 +281,12 @@ mod tests {
     fn causes_are_found_through_the_chain() {
         #[derive(Debug, thiserror::Error)]
         #[error("outer")]
-        struct Outer(#[source] BodyIdleTimeout);
-        let e = Outer(BodyIdleTimeout(Duration::from_secs(1)));
-        assert!(caused_by::<BodyIdleTimeout>(&e));
+        struct Outer(#[source] body::BodyIdleTimeout);
+        let e = Outer(body::BodyIdleTimeout(Duration::from_secs(1)));
+        assert!(caused_by::<body::BodyIdleTimeout>(&e));
+        assert_eq!(Cut::of(&e), Some(Cut::Idle));
+        assert_eq!(Cut::of(&body::BodyTooSlow(240)), Some(Cut::TooSlow));
+        assert_eq!(Cut::of(&ClientBodyError("short".into())), None);
         assert!(!caused_by::<std::io::Error>(&e));
         assert_eq!(chain(&e), "outer: no request body data for 1s");
     }

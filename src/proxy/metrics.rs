@@ -14,9 +14,10 @@ use crate::route::Route;
 
 use crate::telemetry::{
     DECISION_DURATION, FORWARDED_WITHOUT_DECISION, IN_FLIGHT, REQUESTS, REQUESTS_REFUSED,
-    UPSTREAM_DURATION, UPSTREAM_RESPONSES,
+    REQUEST_BODIES_CUT, UPSTREAM_DURATION, UPSTREAM_RESPONSES,
 };
 
+use super::body::Cut;
 use super::verdict::{OutcomeLabel, Verdict};
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -126,4 +127,28 @@ impl ProxyMetrics {
 /// Rare by nature, so the registry lookup is acceptable here.
 pub fn request_refused(reason: &'static str) {
     metrics::counter!(REQUESTS_REFUSED, "reason" => reason).increment(1);
+}
+
+/// `sluice_request_bodies_cut_total`, one series per [`Cut`], each at 0
+/// from the start.
+#[derive(Clone)]
+pub struct BodyCuts([Counter; Cut::ALL.len()]);
+
+impl BodyCuts {
+    pub fn new() -> BodyCuts {
+        BodyCuts(Cut::ALL.map(|cut| metrics::counter!(REQUEST_BODIES_CUT, "reason" => cut.label())))
+    }
+
+    /// Counts `error` when it is a cut request body; says whether it was.
+    pub fn count(&self, error: &(dyn std::error::Error + 'static)) -> Option<Cut> {
+        let cut = Cut::of(error)?;
+        self.0[cut as usize].increment(1);
+        Some(cut)
+    }
+}
+
+impl std::fmt::Debug for BodyCuts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BodyCuts").finish_non_exhaustive()
+    }
 }

@@ -36,6 +36,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service as _;
 
 use super::body::{self, Body};
+use super::metrics::BodyCuts;
 use crate::telemetry;
 
 /// How long an idle connection to the upstream is kept.
@@ -49,6 +50,7 @@ pub(super) struct Pool {
     builder: http1::Builder,
     idle: Mutex<VecDeque<Idle>>,
     resends: metrics::Counter,
+    cuts: BodyCuts,
 }
 
 struct Idle {
@@ -84,6 +86,7 @@ impl Pool {
             builder,
             idle: Mutex::new(VecDeque::new()),
             resends: metrics::counter!(telemetry::UPSTREAM_RESENDS),
+            cuts: BodyCuts::new(),
         });
         let weak = Arc::downgrade(&pool);
         tokio::spawn(async move {
@@ -186,7 +189,7 @@ impl Pool {
             .handshake::<_, Body>(io)
             .await
             .map_err(Failure::Exchange)?;
-        tokio::spawn(run(connection));
+        tokio::spawn(run(connection, self.cuts.clone()));
         Ok(sender)
     }
 
@@ -214,6 +217,11 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Counts the request bodies cut short.
+    pub(super) fn cuts(&self) -> &BodyCuts {
+        &self.cuts
+    }
+
     /// Idle connections held now.
     #[cfg(test)]
     fn idle_count(&self) -> usize {
@@ -231,10 +239,19 @@ impl Lease {
     }
 }
 
-/// Drives one connection until it closes or is upgraded.
-async fn run(connection: http1::Connection<TokioIo<tokio::net::TcpStream>, Body>) {
+/// Drives one connection until it closes or is upgraded. A request body
+/// cut once the response had begun ends the connection, not the exchange
+/// (hyper hands the error to the exchange while it still waits for a
+/// head): it is counted here, and only here.
+async fn run(connection: http1::Connection<TokioIo<tokio::net::TcpStream>, Body>, cuts: BodyCuts) {
     if let Err(error) = connection.with_upgrades().await {
-        tracing::debug!(%error, "upstream connection ended");
+        match cuts.count(&error) {
+            Some(cut) => tracing::debug!(
+                reason = cut.label(),
+                "request body cut after the response began"
+            ),
+            None => tracing::debug!(%error, "upstream connection ended"),
+        }
     }
 }
 

@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::limit::{Decision, Incompatible, LimitPolicy, Policy};
 use crate::route::Route;
 
-use super::body::{self, Body};
+use super::body::{self, Body, Cut};
 
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -307,14 +307,14 @@ pub fn broken_request_body() -> Response<Body> {
     ))
 }
 
-/// 408: the client stopped sending its request body.
-pub fn request_timeout() -> Response<Body> {
-    let mut response = problem(
-        StatusCode::REQUEST_TIMEOUT,
-        "the request body stalled",
-        None,
-        None,
-    );
+/// 408: the client stopped sending its request body, or sent it too
+/// slowly.
+pub fn request_timeout(cut: Cut) -> Response<Body> {
+    let detail = match cut {
+        Cut::Idle => "the request body stalled",
+        Cut::TooSlow => "the request body arrived too slowly",
+    };
+    let mut response = problem(StatusCode::REQUEST_TIMEOUT, detail, None, None);
     // The connection's framing is in an unknown state after a cut body.
     response
         .headers_mut()

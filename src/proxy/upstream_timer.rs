@@ -3,10 +3,11 @@
 //!
 //! While the request body is uploading, the turn passes back and forth:
 //! when hyper asks for the next piece and the client has not sent it, the
-//! client is the slow one and `server.body_idle_timeout` bounds it; once a
-//! piece has been handed over, the upstream has until `upstream.timeout`
-//! to take the next (nginx's `proxy_send_timeout`, between two writes) or,
-//! after the last, to send its response head (`proxy_read_timeout`). So a
+//! client is the slow one and `server.body_idle_timeout` and
+//! `server.min_upload_rate` bound it; once a piece has been handed over,
+//! the upstream has until `upstream.timeout` to take the next (nginx's
+//! `proxy_send_timeout`, between two writes) or, after the last, to send
+//! its response head (`proxy_read_timeout`). So a
 //! slow but steady upload to an app that reads the whole body first is
 //! never a 504, and an app that stalls is one `upstream.timeout` after the
 //! last byte it was given.

@@ -68,6 +68,7 @@ pub const FORWARDED_WITHOUT_DECISION: &str = "sluice_forwarded_without_decision_
 pub const UPSTREAM_RESPONSES: &str = "sluice_upstream_responses_total";
 pub const UPSTREAM_DURATION: &str = "sluice_upstream_duration_seconds";
 pub const UPSTREAM_RESENDS: &str = "sluice_upstream_resends_total";
+pub const REQUEST_BODIES_CUT: &str = "sluice_request_bodies_cut_total";
 pub const STORE_ERRORS: &str = "sluice_store_errors_total";
 pub const STORE_RETRIES: &str = "sluice_store_retries_total";
 pub const STORE_EVENTS: &str = "sluice_store_events_total";
@@ -132,6 +133,10 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         UPSTREAM_RESENDS,
         "Requests sent again on a new connection: the reused one was closed by the app.",
+    ),
+    Metric::counter(
+        REQUEST_BODIES_CUT,
+        "Request bodies sluice cut short because the client sent them too slowly, by reason (body_idle_timeout, min_upload_rate).",
     ),
     Metric::counter(CONFIG_RELOADS, "Configuration reloads by result."),
     Metric::gauge(

@@ -13,6 +13,7 @@ server:
   shutdown_grace: 20s
   header_read_timeout: 10s
   body_idle_timeout: 30s
+  min_upload_rate: { bytes_per_second: 240, grace: 5s }
   max_header_bytes: 65536
   workers: 0
   idle_timeout: 60s
@@ -275,6 +276,14 @@ fn several_boot_changes_are_all_named_in_file_order() {
 fn a_change_to_the_live_part_names_nothing() {
     let cases: &[(&str, &str)] = &[
         ("body_idle_timeout: 30s", "body_idle_timeout: 5s"),
+        (
+            "bytes_per_second: 240, grace: 5s",
+            "bytes_per_second: 1000, grace: 1s",
+        ),
+        (
+            "min_upload_rate: { bytes_per_second: 240, grace: 5s }",
+            "min_upload_rate: off",
+        ),
         ("merge_slashes: true", "merge_slashes: false"),
         (
             "url: http://127.0.0.1:3000",

@@ -14,8 +14,9 @@ use super::check::{self, Checker};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{
-    Http2, Identity, MemoryStore, OnFailure, RedisStore, Responses, Secret, ServerBoot, ServerLive,
-    StoreBoot, StoreKind, StoreLive, Tls, Topology, Underscores, UpstreamBoot, UpstreamLive,
+    Http2, Identity, MemoryStore, MinUploadRate, OnFailure, RedisStore, Responses, Secret,
+    ServerBoot, ServerLive, StoreBoot, StoreKind, StoreLive, Tls, Topology, Underscores,
+    UpstreamBoot, UpstreamLive,
 };
 
 pub fn server(
@@ -62,6 +63,11 @@ pub fn server(
         raw.body_idle_timeout.as_ref(),
         Duration::from_secs(30),
         check::positive_duration,
+    );
+    let min_upload_rate = min_upload_rate(
+        cx,
+        &path.key("min_upload_rate"),
+        raw.min_upload_rate.as_ref(),
     );
     // hyper refuses an HTTP/1 read buffer below 8 KiB.
     let max_header_bytes = cx.optional(
@@ -161,11 +167,72 @@ pub fn server(
     };
     let live = ServerLive {
         body_idle_timeout: body_idle_timeout?,
+        min_upload_rate: min_upload_rate?,
         paths: paths?,
         underscores: underscores?,
         explain_token: explain_token?,
     };
     Some((boot, live))
+}
+
+/// Kestrel's `MinRequestBodyDataRate` default: 240 bytes a second, far
+/// below any working network, after 5 s.
+const MIN_UPLOAD_RATE: MinUploadRate = MinUploadRate {
+    bytes_per_second: NonZeroU32::new(240).expect("not zero"),
+    grace: Duration::from_secs(5),
+};
+
+/// `server.min_upload_rate`: `off` (or `0`), a rate in bytes a second
+/// with the default grace, or `{ bytes_per_second, grace }`, each
+/// defaulted. A grace under a second would judge a body by its first
+/// moments, before TCP has opened its window (Kestrel refuses one too).
+fn min_upload_rate(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<&raw::MinUploadRate>,
+) -> Option<Option<MinUploadRate>> {
+    let rate = |s: &str| {
+        if s.trim() == "off" {
+            return Ok(None);
+        }
+        let n = check::number_u32(0)(s)
+            .map_err(|e| format!("{e}; write `off` or a number of bytes per second"))?;
+        Ok(NonZeroU32::new(n))
+    };
+    match raw {
+        None => Some(Some(MIN_UPLOAD_RATE)),
+        Some(raw::MinUploadRate::One(s)) => cx.value(path, s, rate).map(|bytes_per_second| {
+            bytes_per_second.map(|bytes_per_second| MinUploadRate {
+                bytes_per_second,
+                ..MIN_UPLOAD_RATE
+            })
+        }),
+        Some(raw::MinUploadRate::Table(table)) => {
+            let bytes_per_second = cx.optional(
+                &path.key("bytes_per_second"),
+                table.bytes_per_second.as_ref(),
+                Some(MIN_UPLOAD_RATE.bytes_per_second),
+                rate,
+            );
+            let grace = cx.optional(
+                &path.key("grace"),
+                table.grace.as_ref(),
+                MIN_UPLOAD_RATE.grace,
+                |s| {
+                    let d = check::duration(s)?;
+                    if d < Duration::from_secs(1) {
+                        return Err(format!("`{s}` is shorter than the minimum of 1s"));
+                    }
+                    Ok(d)
+                },
+            );
+            let (bytes_per_second, grace) = (bytes_per_second?, grace?);
+            Some(bytes_per_second.map(|bytes_per_second| MinUploadRate {
+                bytes_per_second,
+                grace,
+            }))
+        }
+    }
 }
 
 /// `server.http2`: nginx's `http2_max_concurrent_streams` (128) and h2's

@@ -362,7 +362,9 @@ fn used_memory(conn: &mut redis::Connection) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_out_of_memory_fails_closed_and_is_counted_as_oom() {
-    const REQUESTS: usize = 10;
+    /// With the one decided before, fewer calls than the breaker's
+    /// default minimum (10): each of them reaches Redis.
+    const REQUESTS: usize = 8;
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::builder()
         .config("maxmemory-policy noeviction")
@@ -402,7 +404,6 @@ async fn redis_out_of_memory_fails_closed_and_is_counted_as_oom() {
         "{refused:?}"
     );
 
-    // Fewer calls than the breaker's minimum: each of them is asked.
     for _ in 0..REQUESTS {
         let (status, headers, _) = get(sluice.addr(), "/api", &[]).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);

@@ -41,7 +41,7 @@ fn redis_config(url: String) -> config::RedisStore {
         dedupe_max: 256,
         breaker_failures: 5,
         breaker_window: Duration::from_secs(10),
-        breaker_min_calls: 20,
+        breaker_min_calls: 10,
         breaker_failure_rate: 50,
         breaker_cooldown: Duration::from_secs(1),
         deny_cache_entries: 0,

@@ -135,7 +135,7 @@ fn the_product_example_parses_into_domain_values() {
     assert_eq!(redis.dedupe_max, 256);
     assert_eq!(redis.breaker_failures, 5);
     assert_eq!(redis.breaker_window, Duration::from_secs(10));
-    assert_eq!(redis.breaker_min_calls, 20);
+    assert_eq!(redis.breaker_min_calls, 10);
     assert_eq!(redis.breaker_failure_rate, 50);
     assert_eq!(redis.breaker_cooldown, Duration::from_secs(1));
     assert!(

@@ -325,7 +325,7 @@ mod tests {
         // The defaults, and the shape that used to open the breaker: a
         // stall failing every call in flight at once, amid thousands of
         // answers.
-        let b = breaker(20, 5, 50);
+        let b = breaker(10, 5, 50);
         let t = Instant::now();
         for i in 0..3000 {
             answer(&b, t + Duration::from_millis(i));

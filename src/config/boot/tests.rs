@@ -38,7 +38,7 @@ store:
   dedupe_max: 256
   breaker_failures: 5
   breaker_window: 10s
-  breaker_min_calls: 20
+  breaker_min_calls: 10
   breaker_failure_rate: 50%
   breaker_cooldown: 1s
   deny_cache_entries: 100000
@@ -186,7 +186,7 @@ fn each_boot_key_changed_alone_is_named() {
             "store.breaker_window",
         ),
         (
-            "breaker_min_calls: 20",
+            "breaker_min_calls: 10",
             "breaker_min_calls: 30",
             "store.breaker_min_calls",
         ),

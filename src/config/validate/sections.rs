@@ -540,10 +540,13 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         Duration::from_secs(10),
         check::positive_duration,
     );
+    // 10 calls at 50% is 5 failures, the default `breaker_failures`: a
+    // quiet store opens the breaker after a handful of failures, about as
+    // the old streak did, and a busy one is judged by the rate.
     let breaker_min_calls = cx.optional(
         &path.key("breaker_min_calls"),
         raw.breaker_min_calls.as_ref(),
-        20,
+        10,
         check::number_u32(1),
     );
     let breaker_failure_rate = cx.optional(

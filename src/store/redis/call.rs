@@ -260,16 +260,17 @@ impl Inner {
                 }
                 Attempt::NotApplied(Unavailable::Refused, Health::Failed)
             }
-            // Redis is at `maxmemory` under `noeviction`: it refuses every
-            // command that may write, a function without `no-writes` whole,
-            // before running any of it. Counted apart, as the one refusal
-            // an operator fixes in Redis's memory settings.
+            // Redis is at `maxmemory` with nothing its policy lets it evict
+            // (always so under `noeviction`): it refuses every command that
+            // may write, a function without `no-writes` whole, before
+            // running any of it. Counted apart: it is fixed in Redis's
+            // memory settings, not in sluice or the network.
             Some("OOM") => {
                 self.stats.out_of_memory.count();
                 if self.stats.may_warn() {
                     tracing::warn!(
                         error = %error,
-                        "redis: out of memory (maxmemory reached under noeviction), refused the evaluation"
+                        "redis: out of memory (maxmemory reached, nothing to evict), refused the evaluation"
                     );
                 }
                 Attempt::NotApplied(Unavailable::Refused, Health::Failed)

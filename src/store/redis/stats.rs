@@ -61,8 +61,8 @@ pub struct RedisStats {
     /// Unavailable(Refused): Redis refused to run the script (BUSY,
     /// LOADING, READONLY, ...).
     pub refused: Stat,
-    /// Unavailable(Refused): Redis is out of memory (`maxmemory` reached
-    /// under `noeviction`) and refused the script, or its library's load.
+    /// Unavailable(Refused): Redis is out of memory (`maxmemory` reached,
+    /// nothing it may evict) and refused the script, or its library's load.
     pub out_of_memory: Stat,
     /// Unavailable(AdmissionRejected): the budget ran out before sending.
     pub budget_spent: Stat,

@@ -347,3 +347,94 @@ async fn a_sidecar_started_before_its_redis_is_not_ready_until_redis_answers() {
     assert_eq!(get(sluice.addr(), "/api", &[]).await.0, StatusCode::OK);
     assert_eq!(upstream.count(), 1);
 }
+
+/// `INFO memory`'s `used_memory`.
+fn used_memory(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query(conn)
+        .expect("INFO memory");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("used_memory in INFO memory")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_fails_closed_and_is_counted_as_oom() {
+    /// With the one decided before, fewer calls than the breaker's
+    /// default minimum (10): each of them reaches Redis.
+    const REQUESTS: usize = 8;
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::builder()
+        .config("maxmemory-policy noeviction")
+        .start();
+    let upstream = Upstream::start().await;
+    let sluice = start_ready(&config(&upstream, &redis.url())).await;
+    assert_eq!(get(sluice.addr(), "/api", &[]).await.0, StatusCode::OK);
+
+    // Full: a MiB of junk, then a limit half a MiB below what Redis holds
+    // (transient buffers, a client's query buffer among them, count in
+    // `used_memory`: a limit just reached comes and goes with them). Set
+    // once sluice has loaded its libraries: a Redis full from the start
+    // refuses those too, and sluice is never ready.
+    let mut conn = redis.connection();
+    let junk = vec![b'x'; 16 * 1024];
+    for i in 0..64 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("junk:{i}"))
+            .arg(&junk)
+            .query(&mut conn)
+            .expect("SET junk");
+    }
+    let limit = used_memory(&mut conn) - 512 * 1024;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(limit)
+        .query(&mut conn)
+        .expect("CONFIG SET maxmemory");
+    let refused: redis::RedisResult<()> = redis::cmd("SET")
+        .arg("junk:more")
+        .arg(&junk)
+        .query(&mut conn);
+    assert_eq!(
+        refused.as_ref().err().and_then(|e| e.code()),
+        Some("OOM"),
+        "{refused:?}"
+    );
+
+    for _ in 0..REQUESTS {
+        let (status, headers, _) = get(sluice.addr(), "/api", &[]).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&headers, "retry-after"), Some("1"));
+    }
+    assert_eq!(upstream.count(), 1, "forwarded while Redis was full");
+    let text = scrape(admin(&sluice)).await;
+    let kind = |kind: &str| {
+        support::ops::metric(&text, "sluice_store_errors_total", &[("kind", kind)]).unwrap_or(0.0)
+    };
+    assert_eq!(kind("oom"), REQUESTS as f64, "{text}");
+    assert_eq!(kind("refused"), 0.0, "{text}");
+    // Nothing ran, so nothing is indeterminate.
+    assert_eq!(requests(&text, "unavailable"), REQUESTS as f64, "{text}");
+    assert_eq!(requests(&text, "indeterminate"), 0.0, "{text}");
+    let logs = sluice.logs().join("\n");
+    assert!(
+        logs.contains("redis: out of memory")
+            && logs.contains("command not allowed when used memory"),
+        "no log line says Redis is out of memory:\n{logs}"
+    );
+
+    // Room again: decided again.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut conn)
+        .expect("CONFIG SET maxmemory");
+    eventually(RECOVERY, || async {
+        (get(sluice.addr(), "/api", &[]).await.0 == StatusCode::OK).then_some(())
+    })
+    .await;
+}

@@ -46,6 +46,9 @@ async fn connect_to(topology: Topology) -> RedisStore {
         dedupe_window: Duration::from_secs(5),
         dedupe_max: 256,
         breaker_failures: 5,
+        breaker_window: Duration::from_secs(10),
+        breaker_min_calls: 10,
+        breaker_failure_rate: 50,
         breaker_cooldown: Duration::from_secs(1),
         deny_cache_entries: 0,
     };

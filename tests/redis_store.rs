@@ -40,6 +40,9 @@ fn redis_config(url: String) -> config::RedisStore {
         dedupe_window: Duration::from_secs(5),
         dedupe_max: 256,
         breaker_failures: 5,
+        breaker_window: Duration::from_secs(10),
+        breaker_min_calls: 10,
+        breaker_failure_rate: 50,
         breaker_cooldown: Duration::from_secs(1),
         deny_cache_entries: 0,
     }
@@ -691,7 +694,9 @@ async fn killed_redis_fails_fast_and_a_fresh_one_recovers() {
     let mut server = RedisServer::start();
     let budget = ms(100);
     let mut config = redis_config(server.url());
+    // Three calls, all failed: every threshold met at the third.
     config.breaker_failures = 3;
+    config.breaker_min_calls = 3;
     config.breaker_cooldown = ms(300);
     let store = connect_with(config, budget).await;
     let policy = policy("kill", Bands::FixedWindow(vec![window(1000, 3_600_000)]));

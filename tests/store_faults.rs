@@ -657,8 +657,8 @@ async fn redis_out_of_memory_refuses_the_scripts_whole_and_service_resumes_when_
     println!("oom: {keys} junk keys of 64 KiB, {during} answers while full, service back {back:?} after freeing");
     let text = nothing_forwarded_undecided(&sluice).await;
     assert!(
-        store_kind(&text, "refused") >= 1.0,
-        "no refusal counted:\n{text}"
+        store_kind(&text, "oom") >= 1.0,
+        "no out-of-memory refusal counted:\n{text}"
     );
     // Redis's own account: it refused with OOM, the scripts never ran.
     let errors: String = redis::cmd("INFO")
@@ -671,7 +671,7 @@ async fn redis_out_of_memory_refuses_the_scripts_whole_and_service_resumes_when_
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
     assert!(
-        refused_oom as f64 >= store_kind(&text, "refused"),
+        refused_oom as f64 >= store_kind(&text, "oom"),
         "Redis refused {refused_oom} with OOM:\n{errors}"
     );
     let charged = read_back(&mut conn, "capped");

@@ -140,7 +140,16 @@ pub struct RedisStore {
     pub max_clock_regression: Duration,
     pub dedupe_window: Duration,
     pub dedupe_max: u32,
+    /// Failures within `breaker_window` below which the breaker never
+    /// opens, whatever the rate.
     pub breaker_failures: u32,
+    /// How far back the breaker counts calls and failures.
+    pub breaker_window: Duration,
+    /// Calls within `breaker_window` below which the breaker never opens.
+    pub breaker_min_calls: u32,
+    /// The share of the window's calls that failed, in percent (1 to 100),
+    /// from which the breaker opens.
+    pub breaker_failure_rate: u8,
     pub breaker_cooldown: Duration,
     /// Subjects remembered as denied-until-T on this sidecar, answered
     /// without a store call until T; 0 turns the cache off.
@@ -278,6 +287,9 @@ impl RedisStore {
             dedupe_window,
             dedupe_max,
             breaker_failures,
+            breaker_window,
+            breaker_min_calls,
+            breaker_failure_rate,
             breaker_cooldown,
             deny_cache_entries,
         } = self;
@@ -302,6 +314,24 @@ impl RedisStore {
             breaker_failures,
             &next.breaker_failures,
             "store.breaker_failures",
+            changes,
+        );
+        differ(
+            breaker_window,
+            &next.breaker_window,
+            "store.breaker_window",
+            changes,
+        );
+        differ(
+            breaker_min_calls,
+            &next.breaker_min_calls,
+            "store.breaker_min_calls",
+            changes,
+        );
+        differ(
+            breaker_failure_rate,
+            &next.breaker_failure_rate,
+            "store.breaker_failure_rate",
             changes,
         );
         differ(

@@ -134,6 +134,9 @@ fn the_product_example_parses_into_domain_values() {
     assert_eq!(redis.dedupe_window, Duration::from_secs(1));
     assert_eq!(redis.dedupe_max, 256);
     assert_eq!(redis.breaker_failures, 5);
+    assert_eq!(redis.breaker_window, Duration::from_secs(10));
+    assert_eq!(redis.breaker_min_calls, 10);
+    assert_eq!(redis.breaker_failure_rate, 50);
     assert_eq!(redis.breaker_cooldown, Duration::from_secs(1));
     assert!(
         !format!("{c:?}").contains("hunter2"),
@@ -1202,6 +1205,111 @@ fn a_topology_refuses_the_keys_of_another_and_needs_its_own() {
             .iter()
             .any(|e| e.contains("store.nodes: `nodes` applies only to `kind: redis`")),
         "{errors:#?}"
+    );
+}
+
+fn redis_of(c: &Config) -> &RedisStore {
+    match &c.boot.store.kind {
+        StoreKind::Redis(redis) => redis,
+        StoreKind::Memory(_) => panic!("a redis store"),
+    }
+}
+
+#[test]
+fn the_breaker_reads_its_window_minimums_and_rate() {
+    let c = parse_ok(&format!(
+        "{REDIS_BASE}  url: redis://r:6379\n  breaker_failures: 7\n  breaker_window: 30s\n  \
+         breaker_min_calls: 100\n  breaker_failure_rate: 25%\n  breaker_cooldown: 2s\n"
+    ));
+    let redis = redis_of(&c);
+    assert_eq!(redis.breaker_failures, 7);
+    assert_eq!(redis.breaker_window, Duration::from_secs(30));
+    assert_eq!(redis.breaker_min_calls, 100);
+    assert_eq!(redis.breaker_failure_rate, 25);
+    assert_eq!(redis.breaker_cooldown, Duration::from_secs(2));
+    let c = parse_ok(&format!(
+        "{REDIS_BASE}  url: redis://r:6379\n  breaker_failure_rate: 100%\n"
+    ));
+    assert_eq!(redis_of(&c).breaker_failure_rate, 100);
+}
+
+#[test]
+fn bad_breaker_settings_are_refused_where_they_are_written() {
+    let cases = [
+        (
+            "breaker_failure_rate: 50",
+            "breaker_failure_rate",
+            "is not a percentage",
+        ),
+        (
+            "breaker_failure_rate: 0.5",
+            "breaker_failure_rate",
+            "is not a percentage",
+        ),
+        (
+            "breaker_failure_rate: 0%",
+            "breaker_failure_rate",
+            "must be at least 1",
+        ),
+        (
+            "breaker_failure_rate: 101%",
+            "breaker_failure_rate",
+            "must be at most 100",
+        ),
+        (
+            "breaker_min_calls: 0",
+            "breaker_min_calls",
+            "must be at least 1",
+        ),
+        (
+            "breaker_failures: 0",
+            "breaker_failures",
+            "must be at least 1",
+        ),
+        (
+            "breaker_window: 0s",
+            "breaker_window",
+            "must be longer than 0",
+        ),
+        ("breaker_window: 10", "breaker_window", "has no unit"),
+        // Misspelt: unknown, at the key, with the file and line.
+        (
+            "breaker_min_call: 5",
+            "breaker_min_call",
+            "unknown key `breaker_min_call`",
+        ),
+        (
+            "breaker_rate: 50%",
+            "breaker_rate",
+            "unknown key `breaker_rate`",
+        ),
+    ];
+    for (line, key, says) in cases {
+        let errors = parse_err(&format!("{REDIS_BASE}  url: redis://r:6379\n  {line}\n"));
+        assert_eq!(errors.len(), 1, "{line}: {errors:#?}");
+        // The line after `url`, the key at column 3.
+        let prefix = format!("test.yaml:11:3: store.{key}: ");
+        let at_value = format!("test.yaml:11:{}: store.{key}: ", key.len() + 5);
+        assert!(
+            errors[0].starts_with(&prefix) || errors[0].starts_with(&at_value),
+            "{line}: {} !~ {prefix}",
+            errors[0]
+        );
+        assert!(errors[0].contains(says), "{line}: {} !~ {says}", errors[0]);
+    }
+}
+
+#[test]
+fn breaker_keys_apply_only_to_redis() {
+    let errors = parse_err(&format!(
+        "{BASE}store:\n  kind: memory\n  breaker_min_calls: 5\n"
+    ));
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0]
+            .contains("store.breaker_min_calls: `breaker_min_calls` applies only to `kind: redis`"),
+        "{}",
+        errors[0]
     );
 }
 

@@ -30,6 +30,9 @@ pub enum Unavailable {
     AdmissionRejected,
     /// The store could not be reached; nothing was sent.
     BeforeSend,
+    /// The store received the command and refused to run it (Redis out of
+    /// memory, busy, read-only, ...): nothing was applied.
+    Refused,
     /// The store's clock went back further than the allowed bound.
     ClockUnsafe,
 }

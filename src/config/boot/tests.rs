@@ -39,6 +39,9 @@ store:
   dedupe_window: 1s
   dedupe_max: 256
   breaker_failures: 5
+  breaker_window: 10s
+  breaker_min_calls: 10
+  breaker_failure_rate: 50%
   breaker_cooldown: 1s
   deny_cache_entries: 100000
 identity:
@@ -183,6 +186,21 @@ fn each_boot_key_changed_alone_is_named() {
             "breaker_failures: 5",
             "breaker_failures: 6",
             "store.breaker_failures",
+        ),
+        (
+            "breaker_window: 10s",
+            "breaker_window: 20s",
+            "store.breaker_window",
+        ),
+        (
+            "breaker_min_calls: 10",
+            "breaker_min_calls: 30",
+            "store.breaker_min_calls",
+        ),
+        (
+            "breaker_failure_rate: 50%",
+            "breaker_failure_rate: 60%",
+            "store.breaker_failure_rate",
         ),
         (
             "breaker_cooldown: 1s",

@@ -185,6 +185,16 @@ pub fn number_u32(min: u32) -> impl Fn(&str) -> Result<u32, String> {
     }
 }
 
+/// A whole percentage from 1 to 100, written with its sign: `50%`.
+pub fn percent(s: &str) -> Result<u8, String> {
+    let Some(n) = s.trim().strip_suffix('%') else {
+        return Err(format!("`{s}` is not a percentage; write e.g. `50%`"));
+    };
+    let n = number(1, 100)(n.trim_end()).map_err(|e| format!("`{s}`: {e}"))?;
+    // At most 100 by the check above.
+    Ok(n as u8)
+}
+
 pub fn boolean(s: &str) -> Result<bool, String> {
     match s {
         "true" => Ok(true),

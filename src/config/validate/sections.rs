@@ -403,7 +403,7 @@ pub enum Kind {
 }
 
 const MEMORY_ONLY: [&str; 1] = ["max_entries"];
-const REDIS_ONLY: [&str; 11] = [
+const REDIS_ONLY: [&str; 14] = [
     "url",
     "topology",
     "pool_size",
@@ -413,6 +413,9 @@ const REDIS_ONLY: [&str; 11] = [
     "dedupe_window",
     "dedupe_max",
     "breaker_failures",
+    "breaker_window",
+    "breaker_min_calls",
+    "breaker_failure_rate",
     "breaker_cooldown",
     "deny_cache_entries",
 ];
@@ -528,6 +531,9 @@ fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {
         "dedupe_window" => raw.dedupe_window.as_ref(),
         "dedupe_max" => raw.dedupe_max.as_ref(),
         "breaker_failures" => raw.breaker_failures.as_ref(),
+        "breaker_window" => raw.breaker_window.as_ref(),
+        "breaker_min_calls" => raw.breaker_min_calls.as_ref(),
+        "breaker_failure_rate" => raw.breaker_failure_rate.as_ref(),
         "breaker_cooldown" => raw.breaker_cooldown.as_ref(),
         "deny_cache_entries" => raw.deny_cache_entries.as_ref(),
         "topology" => raw.topology.as_ref(),
@@ -635,11 +641,36 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         256,
         check::number_u32(1),
     );
+    // The breaker opens on a failure rate over a window, never on a
+    // streak (`store::breaker`). `breaker_failures` once counted a streak;
+    // it keeps its name and its plain meaning, failures needed to open,
+    // so files that set it still load and never open the breaker on fewer.
     let breaker_failures = cx.optional(
         &path.key("breaker_failures"),
         raw.breaker_failures.as_ref(),
         5,
         check::number_u32(1),
+    );
+    let breaker_window = cx.optional(
+        &path.key("breaker_window"),
+        raw.breaker_window.as_ref(),
+        Duration::from_secs(10),
+        check::positive_duration,
+    );
+    // 10 calls at 50% is 5 failures, the default `breaker_failures`: a
+    // quiet store opens the breaker after a handful of failures, about as
+    // the old streak did, and a busy one is judged by the rate.
+    let breaker_min_calls = cx.optional(
+        &path.key("breaker_min_calls"),
+        raw.breaker_min_calls.as_ref(),
+        10,
+        check::number_u32(1),
+    );
+    let breaker_failure_rate = cx.optional(
+        &path.key("breaker_failure_rate"),
+        raw.breaker_failure_rate.as_ref(),
+        50,
+        check::percent,
     );
     let breaker_cooldown = cx.optional(
         &path.key("breaker_cooldown"),
@@ -663,6 +694,9 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         dedupe_window: dedupe_window?,
         dedupe_max: dedupe_max?,
         breaker_failures: breaker_failures?,
+        breaker_window: breaker_window?,
+        breaker_min_calls: breaker_min_calls?,
+        breaker_failure_rate: breaker_failure_rate?,
         breaker_cooldown: breaker_cooldown?,
     })
 }

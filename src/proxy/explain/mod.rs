@@ -344,6 +344,9 @@ fn unavailable(reason: Unavailable) -> &'static str {
             "not asked: the breaker is open, the budget was spent, or the memory store has no room"
         }
         Unavailable::BeforeSend => "the store could not be reached",
+        Unavailable::Refused => {
+            "the store refused to run the evaluation (out of memory, busy, read-only, ...)"
+        }
         Unavailable::ClockUnsafe => {
             "the store's clock went back past store.redis.max_clock_regression"
         }

@@ -148,6 +148,10 @@ fn no_decision_follows_on_failure() {
             Outcome::Unavailable(Unavailable::ClockUnsafe),
             Failure::Unavailable(Unavailable::ClockUnsafe),
         ),
+        (
+            Outcome::Unavailable(Unavailable::Refused),
+            Failure::Unavailable(Unavailable::Refused),
+        ),
         (Outcome::Indeterminate, Failure::Indeterminate),
     ];
     for (outcome, failure) in failures {

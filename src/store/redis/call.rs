@@ -144,6 +144,11 @@ impl Inner {
                     self.lanes.retire(checkout);
                 }
             }
+            // `FUNCTION LOAD` may write too: a full Redis refuses it.
+            if e.code() == Some("OOM") {
+                self.stats.out_of_memory.count();
+                return Attempt::NotApplied(Unavailable::Refused, Health::Failed);
+            }
             self.stats.unreachable.count();
             return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
         }
@@ -233,6 +238,12 @@ impl Inner {
         }
     }
 
+    /// A reply with an error code is Redis refusing the command before
+    /// any of the script ran (`Unavailable(Refused)`: nothing was applied,
+    /// so `on_failure` applies and there is nothing to retry under the
+    /// same evaluation id or to refund), or the script failing
+    /// (Incompatible). Only a call without a reply is Indeterminate: it
+    /// may have run.
     fn failed_after_send(&self, error: RedisError, progress: &Progress) -> Attempt {
         match error.code() {
             // This node cannot take writes now: a demoted primary keeps its
@@ -247,18 +258,33 @@ impl Inner {
                 if let Some(checkout) = &progress.sent {
                     self.lanes.retire(checkout);
                 }
-                Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
+                Attempt::NotApplied(Unavailable::Refused, Health::Failed)
+            }
+            // Redis is at `maxmemory` with nothing its policy lets it evict
+            // (always so under `noeviction`): it refuses every command that
+            // may write, a function without `no-writes` whole, before
+            // running any of it. Counted apart: it is fixed in Redis's
+            // memory settings, not in sluice or the network.
+            Some("OOM") => {
+                self.stats.out_of_memory.count();
+                if self.stats.may_warn() {
+                    tracing::warn!(
+                        error = %error,
+                        "redis: out of memory (maxmemory reached, nothing to evict), refused the evaluation"
+                    );
+                }
+                Attempt::NotApplied(Unavailable::Refused, Health::Failed)
             }
             // Refused before the script ran: nothing was applied.
             Some(
-                "OOM" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK" | "MISCONF"
-                | "NOREPLICAS" | "NOAUTH",
+                "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK" | "MISCONF" | "NOREPLICAS"
+                | "NOAUTH",
             ) => {
                 self.stats.refused.count();
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: refused the evaluation");
                 }
-                Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
+                Attempt::NotApplied(Unavailable::Refused, Health::Failed)
             }
             // The script raised an error (its argument checks run before any
             // write), or Redis refused a command inside it (NOPERM): sluice

@@ -49,7 +49,7 @@ use crate::limit::{Bands, Incompatible, Outcome, Policy, Unavailable, WindowBand
 use crate::route::Route;
 use crate::subject::{Pseudonym, PseudonymKey};
 
-use super::breaker::Breaker;
+use super::breaker::{Breaker, Thresholds};
 use super::deny_cache::DenyCache;
 use super::{Evaluation, EvaluationId, Outcomes, Source};
 use call::Request;
@@ -126,7 +126,13 @@ impl RedisStore {
                 max_clock_regression: redis.max_clock_regression,
                 dedupe_window: redis.dedupe_window,
             }),
-            breaker: Breaker::new(redis.breaker_failures, redis.breaker_cooldown),
+            breaker: Breaker::new(Thresholds {
+                window: redis.breaker_window,
+                min_calls: redis.breaker_min_calls,
+                min_failures: redis.breaker_failures,
+                failure_rate: redis.breaker_failure_rate,
+                cooldown: redis.breaker_cooldown,
+            }),
             prepared: AtomicBool::new(false),
             one_call: !matches!(redis.topology, config::Topology::Cluster { .. }),
             stats: RedisStats::new(),

@@ -58,9 +58,12 @@ pub struct RedisStats {
     // Failures (`sluice_store_errors_total`).
     /// Unavailable(BeforeSend): connecting failed or timed out.
     pub unreachable: Stat,
-    /// Unavailable(BeforeSend): Redis refused to run the script (OOM, BUSY,
+    /// Unavailable(Refused): Redis refused to run the script (BUSY,
     /// LOADING, READONLY, ...).
     pub refused: Stat,
+    /// Unavailable(Refused): Redis is out of memory (`maxmemory` reached,
+    /// nothing it may evict) and refused the script, or its library's load.
+    pub out_of_memory: Stat,
     /// Unavailable(AdmissionRejected): the budget ran out before sending.
     pub budget_spent: Stat,
     /// Unavailable(AdmissionRejected): the breaker was open.
@@ -102,6 +105,7 @@ impl RedisStats {
             probes: event("probes"),
             unreachable: error("unreachable"),
             refused: error("refused"),
+            out_of_memory: error("oom"),
             budget_spent: error("budget_spent"),
             breaker_rejected: error("breaker_rejected"),
             clock_unsafe: error("clock_unsafe"),

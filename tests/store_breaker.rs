@@ -161,4 +161,29 @@ async fn moments_of_calls_over_the_budget_do_not_refuse_everybody_but_a_slow_sto
     })
     .await;
     readyz_becomes(&sluice, StatusCode::OK, Duration::from_secs(10)).await;
+
+    // The outage is in the logs: a warning when the store stopped
+    // answering, a line when it answered again; once per opening, never
+    // once per request (hundreds were refused).
+    let said = |start: &'static str, level: &'static str| {
+        let logs = sluice.logs();
+        logs.iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|v| {
+                v["level"] == level && v["message"].as_str().is_some_and(|m| m.starts_with(start))
+            })
+            .count()
+    };
+    let ended = eventually(Duration::from_secs(5), || async {
+        let n = said("store: answering again", "INFO");
+        (n > 0).then_some(n)
+    })
+    .await;
+    let began = said("store: stopped answering", "WARN");
+    let openings = opened(&sluice).await;
+    assert!(
+        began >= 1 && began as f64 <= openings,
+        "{began} warnings, {openings} openings"
+    );
+    assert!(ended <= began, "{ended} recoveries after {began} outages");
 }

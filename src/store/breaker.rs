@@ -57,6 +57,9 @@ pub struct Breaker {
 struct Guarded {
     state: State,
     window: Window,
+    /// When the breaker last opened from closed: the outage's start, for
+    /// the line that says the store answers again.
+    outage_since: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +100,7 @@ impl Breaker {
             guarded: Mutex::new(Guarded {
                 state: State::Closed,
                 window: Window::new(thresholds.window, Instant::now()),
+                outage_since: None,
             }),
             opened: AtomicU64::new(0),
         }
@@ -161,6 +165,14 @@ impl Breaker {
                 // again would reopen on the first failure after recovery.
                 guarded.window.clear();
                 guarded.state = State::Closed;
+                // One line per outage, whatever the traffic: the operator
+                // reads when it ended and how long it lasted.
+                if let Some(since) = guarded.outage_since.take() {
+                    tracing::info!(
+                        outage_seconds = now.saturating_duration_since(since).as_secs_f64(),
+                        "store: answering again; the breaker is closed"
+                    );
+                }
             }
             (State::Probing, true, Health::Failed) => guarded.state = self.open(now),
             (State::Closed, false, Health::Answered) => guarded.window.record(now, false),
@@ -169,6 +181,16 @@ impl Breaker {
                 let (calls, failures) = guarded.window.totals(now);
                 if self.trips(calls, failures) {
                     guarded.state = self.open(now);
+                    guarded.outage_since = Some(now);
+                    // Once per opening from closed (a failed probe reopens
+                    // silently): never a line per request.
+                    tracing::warn!(
+                        calls,
+                        failures,
+                        window_seconds = self.thresholds.window.as_secs_f64(),
+                        cooldown_seconds = self.thresholds.cooldown.as_secs_f64(),
+                        "store: stopped answering; the breaker is open and requests get the on_failure answer at once (why: sluice_store_errors_total by kind, and the store's own log lines)"
+                    );
                 }
             }
             // Requests admitted before the breaker opened report late; the

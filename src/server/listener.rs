@@ -37,6 +37,7 @@ use super::accept::AcceptErrors;
 use super::beside::{beside, First};
 use super::framing::Watched;
 use super::per_peer::PerPeer;
+use super::trim::{self, Trim};
 use super::send_timeout::SendTimeout;
 use super::stream_watchdog::{self, StreamExecutor};
 use super::Settings;
@@ -66,12 +67,16 @@ pub async fn serve(
         "limit" => "max_connections_per_ip"
     );
     let per_peer = PerPeer::new(settings.max_connections_per_ip);
+    let mut trim = Trim::default();
 
     loop {
         tokio::select! {
             biased;
             () = &mut shutdown => break,
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                if trim.open(connections.len(), Instant::now()) {
+                    trim::release_freed_memory();
+                }
                 if let Err(error) = joined {
                     if error.is_panic() {
                         tracing::error!(%error, "connection task panicked");
@@ -106,6 +111,9 @@ pub async fn serve(
                         connection.run(stream).await;
                         drop(held);
                     });
+                    if trim.open(connections.len(), Instant::now()) {
+                        trim::release_freed_memory();
+                    }
                 }
                 Err(error) => accept_errors.failed(&error).await,
             },

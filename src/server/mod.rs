@@ -16,6 +16,7 @@ mod beside;
 mod framing;
 mod listener;
 mod per_peer;
+mod trim;
 mod send_timeout;
 mod stream_watchdog;
 pub mod tls;

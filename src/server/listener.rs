@@ -37,9 +37,9 @@ use super::accept::AcceptErrors;
 use super::beside::{beside, First};
 use super::framing::Watched;
 use super::per_peer::PerPeer;
-use super::trim::{self, Trim};
 use super::send_timeout::SendTimeout;
 use super::stream_watchdog::{self, StreamExecutor};
+use super::trim::{self, Trim};
 use super::Settings;
 
 /// hyper refuses a smaller HTTP/1.1 buffer.

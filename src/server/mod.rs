@@ -16,10 +16,10 @@ mod beside;
 mod framing;
 mod listener;
 mod per_peer;
-mod trim;
 mod send_timeout;
 mod stream_watchdog;
 pub mod tls;
+mod trim;
 
 use std::time::Duration;
 

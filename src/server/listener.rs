@@ -73,6 +73,11 @@ pub async fn serve(
         tokio::select! {
             biased;
             () = &mut shutdown => break,
+            () = tokio::time::sleep_until(trim.due().unwrap_or_else(Instant::now)), if trim.due().is_some() => {
+                if trim.fire(Instant::now()) {
+                    trim::release_freed_memory();
+                }
+            }
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
                 if trim.open(connections.len(), Instant::now()) {
                     trim::release_freed_memory();

@@ -28,6 +28,8 @@ pub struct Trim {
     /// The most connections open since the last trim.
     high: usize,
     last: Option<Instant>,
+    /// A flood ended within [`SPACING`] of the last trim: trim then.
+    pending: bool,
 }
 
 impl Trim {
@@ -36,9 +38,26 @@ impl Trim {
     pub fn open(&mut self, open: usize, now: Instant) -> bool {
         self.high = self.high.max(open);
         let ended = self.high >= FLOOD && open <= self.high / 4;
-        let spaced = self.last.is_none_or(|last| now >= last + SPACING);
-        if ended && spaced {
+        if ended {
             self.high = open;
+            self.pending = true;
+        }
+        self.fire(now)
+    }
+
+    /// When a trim is waiting for its spacing: the accept loop wakes then
+    /// and calls [`Trim::fire`], so the last flood's memory comes back even
+    /// if no connection opens or closes after it.
+    pub fn due(&self) -> Option<Instant> {
+        self.pending
+            .then(|| self.last.map_or_else(Instant::now, |last| last + SPACING))
+    }
+
+    /// `true` when a pending trim may run now.
+    pub fn fire(&mut self, now: Instant) -> bool {
+        let spaced = self.last.is_none_or(|last| now >= last + SPACING);
+        if self.pending && spaced {
+            self.pending = false;
             self.last = Some(now);
             return true;
         }
@@ -83,10 +102,16 @@ mod tests {
         }
         assert!(!trim.open(1_000, start));
         assert!(trim.open(700, start), "down to a quarter of the high");
-        assert!(!trim.open(10, start), "the high starts again from here");
-        // A second flood within the spacing waits for it.
+        assert_eq!(trim.due(), None);
+        // The rest of it closing is worth another trim, once spaced; so is
+        // a second flood within the spacing, even with no connection event
+        // after it.
+        assert!(!trim.open(10, start));
         assert!(!trim.open(3_000, start + Duration::from_secs(1)));
         assert!(!trim.open(10, start + Duration::from_secs(2)));
-        assert!(trim.open(10, start + SPACING));
+        assert_eq!(trim.due(), Some(start + SPACING));
+        assert!(!trim.fire(start + Duration::from_secs(3)));
+        assert!(trim.fire(start + SPACING));
+        assert_eq!(trim.due(), None);
     }
 }

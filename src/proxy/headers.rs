@@ -1,6 +1,6 @@
 //! Request validation and the header rewriting of a forwarding proxy.
 //!
-//! hyper accepts several things a proxy must refuse (PITFALLS, HTTP): a
+//! hyper accepts several things a proxy must refuse: a
 //! request with no `Host` or two (hyper #3777), transfer-codings other than
 //! plain `chunked`, and a `Connection` header that names a header identity
 //! relies on, which would make any proxy in front drop it (CVE-2025-48865,

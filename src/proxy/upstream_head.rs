@@ -1,5 +1,5 @@
 //! What sluice refuses in an upstream's response that hyper's client lets
-//! through (PITFALLS: the client side of Content-Length +
+//! through (the client side of Content-Length +
 //! Transfer-Encoding is not fixed in hyper). Each is answered 502 and the
 //! upstream connection is poisoned, never reused: where the refused
 //! response ends, and so where the next one starts, is in doubt.

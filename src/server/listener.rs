@@ -3,7 +3,7 @@
 //! Every connection is served by hyper-util's auto builder: HTTP/1.1 with
 //! upgrades, and HTTP/2 (over TLS by ALPN, or in clear text with prior
 //! knowledge). hyper applies its header-read timeout only with a timer set
-//! (PITFALLS: without one it is silently off), and the auto builder's
+//! (without one it is silently off), and the auto builder's
 //! protocol sniffing has no timeout at all, so the first request head is
 //! also bounded here, from accept. hyper has no HTTP/2 idle timeout either
 //! (hyper #1628): each connection counts its requests in flight and closes

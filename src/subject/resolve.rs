@@ -2,7 +2,7 @@
 //!
 //! `X-Forwarded-For` is believed only from a trusted peer, and then only up
 //! to the right-most address that is not itself trusted: everything left of
-//! it was written by the client and proves nothing (PITFALLS: Traefik #7067).
+//! it was written by the client and proves nothing (the bypass of Traefik #7067).
 
 use std::borrow::Cow;
 use std::net::{IpAddr, Ipv6Addr};

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -143,6 +144,16 @@ async fn listen(what: &'static str, addr: SocketAddr) -> Result<TcpListener, App
         .map_err(|source| AppError::Bind { what, addr, source })
 }
 
+/// What asked the process to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGTERM, as Kubernetes sends: wait `server.shutdown_delay`, then
+    /// drain.
+    Terminate,
+    /// SIGINT (Ctrl-C at a terminal): drain at once.
+    Interrupt,
+}
+
 impl Bound {
     pub fn traffic_addr(&self) -> Option<SocketAddr> {
         self.traffic.local_addr().ok()
@@ -152,10 +163,13 @@ impl Bound {
         self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves until `shutdown` resolves, then fails readiness at once,
-    /// stops accepting and drains in-flight requests for up to
+    /// Serves until `shutdown` resolves, then fails readiness at once. On
+    /// SIGTERM it goes on accepting and serving for `server.shutdown_delay`
+    /// (HTTP/1 responses asking the client to close), the time the
+    /// endpoints take to drop the pod; then, and at once on SIGINT, it stops
+    /// accepting and drains in-flight requests for up to
     /// `server.shutdown_grace`.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+    pub async fn run(self, shutdown: impl Future<Output = Signal>) {
         let boot = self.boot;
         let fallback = Arc::new(Fallback::for_sidecar());
         let health = Arc::new(Health::new(
@@ -195,18 +209,32 @@ impl Bound {
         let fallback = spawn_fallback_upkeep(fallback);
         let settings = server::Settings::from(&boot.server);
         let mut stop = stop_rx.clone();
+        let winding_down = Arc::new(AtomicBool::new(false));
         let traffic = tokio::spawn(server::serve(
             self.traffic,
             self.tls,
             settings,
             proxy,
+            winding_down.clone(),
             async move {
                 let _ = stop.wait_for(|s| *s).await;
             },
         ));
 
-        shutdown.await;
+        let signal = shutdown.await;
         health.begin_shutdown();
+        let delay = match signal {
+            Signal::Terminate => boot.server.shutdown_delay,
+            Signal::Interrupt => Duration::ZERO,
+        };
+        if !delay.is_zero() {
+            winding_down.store(true, Ordering::Relaxed);
+            tracing::info!(
+                ?delay,
+                "shutting down: not ready, still serving while endpoints drop this instance"
+            );
+            tokio::time::sleep(delay).await;
+        }
         tracing::info!(grace = ?boot.server.shutdown_grace, "shutting down: draining");
         let _ = stop_tx.send(true);
         let _ = traffic.await;

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use sluice::app::Signal;
 use sluice::config::Config;
 use sluice::proxy::explain::{explain, Described, Source};
 use sluice::proxy::Runtime;
@@ -148,7 +149,7 @@ fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
-async fn shutdown_signal() {
+async fn shutdown_signal() -> Signal {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -156,12 +157,12 @@ async fn shutdown_signal() {
     ) else {
         // Without signal handlers there is nothing to wait for but Ctrl-C.
         let _ = tokio::signal::ctrl_c().await;
-        return;
+        return Signal::Interrupt;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let first = tokio::select! {
+        _ = term.recv() => Signal::Terminate,
+        _ = int.recv() => Signal::Interrupt,
+    };
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
@@ -170,4 +171,5 @@ async fn shutdown_signal() {
         tracing::warn!("second signal: exiting without draining");
         std::process::exit(i32::from(EXIT_RUNTIME));
     });
+    first
 }

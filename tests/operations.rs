@@ -274,7 +274,8 @@ async fn slow_request_in_flight(
     in_flight
 }
 
-const GRACEFUL: &str = "  shutdown_grace: 5s\n";
+/// Drains at once on SIGTERM (no shutdown delay), for up to 5 s.
+const GRACEFUL: &str = "  shutdown_delay: 0s\n  shutdown_grace: 5s\n";
 
 fn slow_route(upstream: &Upstream) -> String {
     config(
@@ -814,6 +815,128 @@ async fn malformed_requests_are_counted_by_reason_and_never_reach_the_upstream()
     assert_eq!(refused("transfer_coding"), Some(1.0), "{text}");
     assert_eq!(upstream.count(), 0);
     promtool_check(&text);
+}
+
+/// One request on an open connection, read whole; the response head.
+async fn request_on(stream: &mut tokio::net::TcpStream, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("GET {path} HTTP/1.1\r\nHost: sluice.test\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let (head, mut body) = support::read_head(stream).await;
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no Content-Length: {head}"));
+    let mut chunk = [0u8; 1024];
+    while body.len() < length {
+        let n = stream.read(&mut chunk).await.expect("read the body");
+        assert!(n > 0, "closed inside the body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    head
+}
+
+fn says_close(head: &str) -> bool {
+    head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(name, value)| {
+            name.eq_ignore_ascii_case("connection") && value.trim().eq_ignore_ascii_case("close")
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigterm_sluice_serves_for_the_shutdown_delay_asking_clients_to_close_then_drains() {
+    let upstream = Upstream::start().await;
+    let delay = Duration::from_secs(2);
+    let mut sluice = Sidecar::start(&config(
+        &upstream,
+        "  shutdown_delay: 2s\n  shutdown_grace: 5s\n",
+        "",
+        "  p: { algorithm: fixed-window, limit: 100, window: 1h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: p }\n",
+    ));
+    let admin = admin(&sluice);
+    let traffic = sluice.addr();
+    let mut kept = tokio::net::TcpStream::connect(traffic)
+        .await
+        .expect("connect");
+    let head = request_on(&mut kept, "/api/before").await;
+    assert_eq!(support::parse_status(&head), 200, "{head}");
+    assert!(!says_close(&head), "closed before any signal: {head}");
+
+    let signalled = Instant::now();
+    sluice.signal("TERM");
+    eventually(Duration::from_secs(1), || async {
+        matches!(
+            try_get(admin, "/readyz").await,
+            Ok((StatusCode::SERVICE_UNAVAILABLE, _, _))
+        )
+        .then_some(())
+    })
+    .await;
+    // Not ready, but still serving: the kept-alive connection gets its
+    // answer and is asked to close; a new connection is accepted and served.
+    let head = request_on(&mut kept, "/api/during").await;
+    assert_eq!(support::parse_status(&head), 200, "{head}");
+    assert!(
+        says_close(&head),
+        "no Connection: close during the delay: {head}"
+    );
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::io::AsyncReadExt::read_to_end(&mut kept, &mut rest),
+    )
+    .await;
+    assert!(
+        matches!(read, Ok(Ok(0))),
+        "the connection stayed open after Connection: close: {read:?}"
+    );
+    let (status, headers, _) = get(traffic, "/api/new", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header(&headers, "connection"), Some("close"));
+    assert!(
+        signalled.elapsed() < delay,
+        "the checks above outlasted the delay ({:?}); they prove nothing",
+        signalled.elapsed()
+    );
+
+    // Then the drain: new connections refused, exit 0, no sooner than the delay.
+    eventually(Duration::from_secs(4), || async {
+        refuses_connections(traffic).await.then_some(())
+    })
+    .await;
+    assert!(
+        signalled.elapsed() >= delay,
+        "refused after {:?}, before the {delay:?} delay",
+        signalled.elapsed()
+    );
+    let exit = tokio::task::block_in_place(|| sluice.wait_exit(Duration::from_secs(5)))
+        .expect("exited after the drain");
+    assert_eq!(exit.code(), Some(0), "{}", sluice.stderr());
+    assert_eq!(upstream.count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_drains_at_once_whatever_the_shutdown_delay() {
+    let upstream = Upstream::start().await;
+    let mut sluice = Sidecar::start(&config(
+        &upstream,
+        "  shutdown_delay: 30s\n",
+        "",
+        "  p: { algorithm: fixed-window, limit: 100, window: 1h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: p }\n",
+    ));
+    let signalled = Instant::now();
+    sluice.signal("INT");
+    let exit = tokio::task::block_in_place(|| sluice.wait_exit(Duration::from_secs(5)))
+        .expect("SIGINT waited for the shutdown delay");
+    assert_eq!(exit.code(), Some(0), "{}", sluice.stderr());
+    assert!(signalled.elapsed() < Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,6 +28,10 @@ pub struct ServerBoot {
     pub listen: SocketAddr,
     pub admin: Option<SocketAddr>,
     pub tls: Option<Tls>,
+    /// After SIGTERM, how long sluice keeps accepting and serving (readiness
+    /// already failing) before it drains: the time endpoints take to drop
+    /// the pod.
+    pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
     /// Time allowed to read a request's headers (slowloris bound).
     pub header_read_timeout: Duration,
@@ -201,6 +205,7 @@ impl ServerBoot {
             listen,
             admin,
             tls,
+            shutdown_delay,
             shutdown_grace,
             header_read_timeout,
             max_header_bytes,
@@ -214,6 +219,12 @@ impl ServerBoot {
         differ(listen, &next.listen, "server.listen", changes);
         differ(admin, &next.admin, "server.admin", changes);
         differ(tls, &next.tls, "server.tls", changes);
+        differ(
+            shutdown_delay,
+            &next.shutdown_delay,
+            "server.shutdown_delay",
+            changes,
+        );
         differ(
             shutdown_grace,
             &next.shutdown_grace,

@@ -138,6 +138,7 @@ pub struct Server {
     pub listen: Option<Scalar>,
     pub admin: Option<Scalar>,
     pub tls: Option<Tls>,
+    pub shutdown_delay: Option<Scalar>,
     pub shutdown_grace: Option<Scalar>,
     pub header_read_timeout: Option<Scalar>,
     pub body_idle_timeout: Option<Scalar>,

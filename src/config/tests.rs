@@ -542,6 +542,7 @@ fn omitted_keys_take_their_documented_defaults() {
     assert_eq!(c.boot.server.admin, None);
     assert!(c.boot.server.tls.is_none());
     assert_eq!(c.boot.server.shutdown_grace, Duration::from_secs(20));
+    assert_eq!(c.boot.server.shutdown_delay, Duration::from_secs(5));
     assert_eq!(c.boot.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.live.server.body_idle_timeout, Duration::from_secs(30));
     assert_eq!(

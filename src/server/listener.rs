@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hyper::header::{HeaderValue, CONNECTION};
 use hyper::service::service_fn;
+use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
@@ -49,11 +51,18 @@ const MIN_H1_BUFFER: usize = 8 * 1024;
 /// (the listener is closed, so new connections are refused), asks every
 /// connection to finish gracefully, and waits up to `shutdown_grace` for
 /// in-flight requests and upgraded connections before cutting the rest.
+///
+/// While `winding_down` is set (the shutdown delay, before `shutdown`
+/// resolves) everything is served as usual, but every HTTP/1 response says
+/// `Connection: close`: a client with a kept-alive connection opens its
+/// next one afresh, by then most likely to another pod, instead of meeting
+/// the drain's close with a request already on the wire.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     settings: Settings,
     proxy: Arc<Proxy>,
+    winding_down: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()>,
 ) {
     let builder = Arc::new(builder(&settings));
@@ -105,6 +114,7 @@ pub async fn serve(
                         tls: tls.clone(),
                         builder: builder.clone(),
                         proxy: proxy.clone(),
+                        winding_down: winding_down.clone(),
                         // Taken before the task starts, so a shutdown that
                         // begins meanwhile still reaches this connection.
                         draining: draining.clone(),
@@ -172,6 +182,8 @@ struct Connection {
     tls: Option<TlsAcceptor>,
     builder: Arc<Builder<StreamExecutor>>,
     proxy: Arc<Proxy>,
+    /// Set during the shutdown delay.
+    winding_down: Arc<AtomicBool>,
     /// Turns true when the server starts draining.
     draining: watch::Receiver<bool>,
     /// The TLS handshake and the first request head must be done by then.
@@ -275,6 +287,7 @@ impl Connection {
             let first_request = first_request.clone();
             let activity = activity.clone();
             let proxy = self.proxy;
+            let winding_down = self.winding_down;
             service_fn(move |request| {
                 if !started.swap(true, Ordering::Relaxed) {
                     // Stored as a permit if nobody waits yet.
@@ -282,6 +295,10 @@ impl Connection {
                 }
                 let in_flight = activity.begin();
                 let proxy = proxy.clone();
+                // Read as the request begins: one that began before the
+                // delay ends with the connection still kept alive, and
+                // the next one is told to close.
+                let closing = winding_down.load(Ordering::Relaxed);
                 async move {
                     let response = proxy.handle(request, &info).await;
                     let response = match stream_watchdog::current() {
@@ -297,6 +314,12 @@ impl Connection {
                         // client that stops reading (`SendTimeout`).
                         None => {
                             drop(in_flight);
+                            let mut response = response;
+                            if closing && response.status() != StatusCode::SWITCHING_PROTOCOLS {
+                                response
+                                    .headers_mut()
+                                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                            }
                             response
                         }
                     };

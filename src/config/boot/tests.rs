@@ -10,6 +10,7 @@ const REDIS: &str = "version: 1
 server:
   listen: 127.0.0.1:8080
   admin: 127.0.0.1:9901
+  shutdown_delay: 5s
   shutdown_grace: 20s
   header_read_timeout: 10s
   body_idle_timeout: 30s
@@ -110,6 +111,11 @@ fn each_boot_key_changed_alone_is_named() {
             "  admin: 127.0.0.1:9901\n",
             "  admin: 127.0.0.1:9901\n  tls: { cert: c.pem, key: k.pem }\n",
             "server.tls",
+        ),
+        (
+            "shutdown_delay: 5s",
+            "shutdown_delay: 0s",
+            "server.shutdown_delay",
         ),
         (
             "shutdown_grace: 20s",

@@ -46,6 +46,12 @@ pub fn server(
             }
         }
     };
+    let shutdown_delay = cx.optional(
+        &path.key("shutdown_delay"),
+        raw.shutdown_delay.as_ref(),
+        Duration::from_secs(5),
+        check::duration,
+    );
     let shutdown_grace = cx.optional(
         &path.key("shutdown_grace"),
         raw.shutdown_grace.as_ref(),
@@ -155,6 +161,7 @@ pub fn server(
         listen: listen?,
         admin: admin?,
         tls: tls?,
+        shutdown_delay: shutdown_delay?,
         shutdown_grace: shutdown_grace?,
         header_read_timeout: header_read_timeout?,
         max_header_bytes: usize::try_from(max_header_bytes?).ok()?,

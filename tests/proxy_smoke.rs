@@ -209,9 +209,17 @@ routes:
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(server::serve(listener, tls, settings, proxy, async {
-            let _ = stopped.await;
-        }));
+        let winding_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let served = tokio::spawn(server::serve(
+            listener,
+            tls,
+            settings,
+            proxy,
+            winding_down,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Sluice {
             addr,
             stop: Some(stop),

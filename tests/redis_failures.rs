@@ -426,6 +426,27 @@ async fn redis_out_of_memory_fails_closed_and_is_counted_as_oom() {
         "no log line says Redis is out of memory:\n{logs}"
     );
 
+    // More of them open the breaker, and its one warning says why.
+    for _ in 0..4 {
+        assert_eq!(
+            get(sluice.addr(), "/api", &[]).await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+    let opened: Vec<serde_json::Value> = sluice
+        .logs()
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| {
+            v["level"] == "WARN"
+                && v["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("store: stopped answering"))
+        })
+        .collect();
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    assert_eq!(opened[0]["cause"], "oom", "{:?}", opened[0]);
+
     // Room again: decided again.
     let _: () = redis::cmd("CONFIG")
         .arg("SET")

@@ -180,6 +180,26 @@ async fn moments_of_calls_over_the_budget_do_not_refuse_everybody_but_a_slow_sto
     })
     .await;
     let began = said("store: stopped answering", "WARN");
+    // It says why: Redis was slow, so calls timed out, or new connections
+    // (the ones that timed out are replaced) could not be set up in time.
+    let causes: Vec<String> = sluice
+        .logs()
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| {
+            v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("store: stopped answering"))
+        })
+        .map(|v| v["cause"].to_string())
+        .collect();
+    assert!(
+        !causes.is_empty()
+            && causes
+                .iter()
+                .all(|c| c == "\"timeouts\"" || c == "\"unreachable\""),
+        "causes named: {causes:?}"
+    );
     let openings = opened(&sluice).await;
     assert!(
         began >= 1 && began as f64 <= openings,

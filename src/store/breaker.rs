@@ -79,9 +79,48 @@ pub enum Health {
     /// The store answered (whatever the answer).
     Answered,
     /// The store could not be reached or did not answer in time.
-    Failed,
+    Failed(Cause),
     /// Nothing was learned (the request gave up before reaching the store).
     Unknown,
+}
+
+/// Why a call failed, as `sluice_store_errors_total` names its kind: the
+/// line that says the breaker opened names the cause of most of the
+/// window's failures, so the operator knows where to look first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// No connection (refused, DNS, TLS, authentication).
+    Unreachable,
+    /// Sent, and no reply within the budget.
+    Timeout,
+    /// Sent, and the connection broke before the reply.
+    ConnectionLost,
+    /// The store refused the command before running it (read-only replica,
+    /// cluster down, busy script, ...).
+    Refused,
+    /// At `maxmemory` with nothing it may evict.
+    OutOfMemory,
+}
+
+impl Cause {
+    const ALL: [Cause; 5] = [
+        Cause::Unreachable,
+        Cause::Timeout,
+        Cause::ConnectionLost,
+        Cause::Refused,
+        Cause::OutOfMemory,
+    ];
+
+    /// The `kind` label of `sluice_store_errors_total` counting it.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Cause::Unreachable => "unreachable",
+            Cause::Timeout => "timeouts",
+            Cause::ConnectionLost => "connection_lost",
+            Cause::Refused => "refused",
+            Cause::OutOfMemory => "oom",
+        }
+    }
 }
 
 /// Leave to ask the store once. Report what happened with
@@ -174,22 +213,25 @@ impl Breaker {
                     );
                 }
             }
-            (State::Probing, true, Health::Failed) => guarded.state = self.open(now),
-            (State::Closed, false, Health::Answered) => guarded.window.record(now, false),
-            (State::Closed, false, Health::Failed) => {
-                guarded.window.record(now, true);
+            (State::Probing, true, Health::Failed(_)) => guarded.state = self.open(now),
+            (State::Closed, false, Health::Answered) => guarded.window.record(now, None),
+            (State::Closed, false, Health::Failed(cause)) => {
+                guarded.window.record(now, Some(cause));
                 let (calls, failures) = guarded.window.totals(now);
                 if self.trips(calls, failures) {
                     guarded.state = self.open(now);
                     guarded.outage_since = Some(now);
                     // Once per opening from closed (a failed probe reopens
                     // silently): never a line per request.
+                    let (cause, of_failures) = guarded.window.main_cause(now).unwrap_or((cause, 1));
                     tracing::warn!(
+                        cause = cause.kind(),
+                        of_failures,
                         calls,
                         failures,
                         window_seconds = self.thresholds.window.as_secs_f64(),
                         cooldown_seconds = self.thresholds.cooldown.as_secs_f64(),
-                        "store: stopped answering; the breaker is open and requests get the on_failure answer at once (why: sluice_store_errors_total by kind, and the store's own log lines)"
+                        "store: stopped answering; the breaker is open and requests get the on_failure answer at once (cause: what most of the window's failures were; all of them: sluice_store_errors_total by kind)"
                     );
                 }
             }
@@ -255,6 +297,8 @@ struct Bucket {
     slot: u64,
     calls: u32,
     failures: u32,
+    /// The failures by [`Cause`], in [`Cause::ALL`] order.
+    causes: [u32; Cause::ALL.len()],
 }
 
 impl Window {
@@ -271,14 +315,13 @@ impl Window {
         u64::try_from(since / self.bucket_nanos).unwrap_or(u64::MAX)
     }
 
-    fn record(&mut self, now: Instant, failed: bool) {
+    fn record(&mut self, now: Instant, failed: Option<Cause>) {
         let slot = self.slot(now);
         let bucket = &mut self.buckets[(slot % BUCKETS as u64) as usize];
         if bucket.slot < slot {
             *bucket = Bucket {
                 slot,
-                calls: 0,
-                failures: 0,
+                ..Bucket::default()
             };
         } else if bucket.slot > slot {
             // A report a whole window late: its slice is already reused,
@@ -286,9 +329,35 @@ impl Window {
             return;
         }
         bucket.calls = bucket.calls.saturating_add(1);
-        if failed {
+        if let Some(cause) = failed {
             bucket.failures = bucket.failures.saturating_add(1);
+            let count = &mut bucket.causes[cause as usize];
+            *count = count.saturating_add(1);
         }
+    }
+
+    /// The cause of most failures inside the window ending at `now` (the
+    /// first of [`Cause::ALL`] on a tie), and how many it caused.
+    fn main_cause(&self, now: Instant) -> Option<(Cause, u64)> {
+        let slot = self.slot(now);
+        let mut counts = [0u64; Cause::ALL.len()];
+        for b in self
+            .buckets
+            .iter()
+            .filter(|b| b.slot <= slot && slot - b.slot < BUCKETS as u64)
+        {
+            for (total, n) in counts.iter_mut().zip(b.causes) {
+                *total += u64::from(n);
+            }
+        }
+        Cause::ALL
+            .into_iter()
+            .zip(counts)
+            .filter(|&(_, n)| n > 0)
+            .fold(None, |best: Option<(Cause, u64)>, (cause, n)| match best {
+                Some((_, most)) if most >= n => best,
+                _ => Some((cause, n)),
+            })
     }
 
     /// `(calls, failures)` of the buckets inside the window ending at `now`.
@@ -333,13 +402,43 @@ mod tests {
     fn fail(b: &Breaker, now: Instant) {
         b.try_acquire(now)
             .expect("admitted")
-            .report(Health::Failed, now);
+            .report(Health::Failed(Cause::Unreachable), now);
     }
 
     fn answer(b: &Breaker, now: Instant) {
         b.try_acquire(now)
             .expect("admitted")
             .report(Health::Answered, now);
+    }
+
+    #[test]
+    fn the_main_cause_is_what_most_failures_in_the_window_were() {
+        let t = Instant::now();
+        let mut w = Window::new(WINDOW, t);
+        assert_eq!(w.main_cause(t), None);
+        w.record(t, None);
+        assert_eq!(w.main_cause(t), None, "a success is no cause");
+        for _ in 0..3 {
+            w.record(t, Some(Cause::Timeout));
+        }
+        w.record(t + BUCKET, Some(Cause::Unreachable));
+        assert_eq!(w.main_cause(t + BUCKET), Some((Cause::Timeout, 3)));
+        for _ in 0..3 {
+            w.record(t + BUCKET * 2, Some(Cause::Unreachable));
+        }
+        assert_eq!(w.main_cause(t + BUCKET * 2), Some((Cause::Unreachable, 4)));
+        // The timeouts leave the window with their slice.
+        assert_eq!(w.main_cause(t + WINDOW), Some((Cause::Unreachable, 4)));
+        w.record(t + WINDOW, Some(Cause::OutOfMemory));
+        w.record(t + WINDOW, Some(Cause::OutOfMemory));
+        w.record(t + WINDOW, Some(Cause::OutOfMemory));
+        w.record(t + WINDOW, Some(Cause::OutOfMemory));
+        // A tie goes to the first in declaration order.
+        assert_eq!(w.main_cause(t + WINDOW), Some((Cause::Unreachable, 4)));
+        assert_eq!(
+            w.main_cause(t + WINDOW + BUCKET * 2),
+            Some((Cause::OutOfMemory, 4))
+        );
     }
 
     #[test]
@@ -475,7 +574,9 @@ mod tests {
             fail(&b, later);
         }
         // Same bucket of the ring, a window earlier.
-        b.try_acquire(t).unwrap().report(Health::Failed, t);
+        b.try_acquire(t)
+            .unwrap()
+            .report(Health::Failed(Cause::Unreachable), t);
         assert!(b.closed(), "a report older than the window counted");
         fail(&b, later);
         assert!(!b.closed(), "the old report wiped the current bucket");
@@ -546,7 +647,7 @@ mod tests {
         let probe_at = t + COOLDOWN;
         b.try_acquire(probe_at)
             .unwrap()
-            .report(Health::Failed, probe_at);
+            .report(Health::Failed(Cause::Unreachable), probe_at);
         assert_eq!(b.opened_total(), 2);
         assert!(b.try_acquire(probe_at + COOLDOWN / 2).is_none());
         assert!(b.try_acquire(probe_at + COOLDOWN).is_some());
@@ -572,7 +673,7 @@ mod tests {
         fail(&b, t);
         early.report(Health::Answered, t);
         assert!(b.try_acquire(t).is_none(), "a late success closed it");
-        also_early.report(Health::Failed, t);
+        also_early.report(Health::Failed(Cause::Unreachable), t);
         assert_eq!(b.opened_total(), 1, "a late failure opened it again");
     }
 }

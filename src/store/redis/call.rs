@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use tokio::time::{timeout_at, Instant};
 
 use crate::limit::{Incompatible, Outcome, Unavailable};
-use crate::store::breaker::Health;
+use crate::store::breaker::{Cause, Health};
 use crate::store::Outcomes;
 
 use super::connect::Conn;
@@ -43,7 +43,7 @@ enum Attempt {
     /// Nothing was applied: the script never ran.
     NotApplied(Unavailable, Health),
     /// Sent, then no confirmed reply: the script may have run.
-    Ambiguous,
+    Ambiguous(Cause),
 }
 
 /// How far one attempt got, read when its deadline cuts it short.
@@ -63,7 +63,7 @@ impl Inner {
             Attempt::NotApplied(unavailable, health) => {
                 (whole(Outcome::Unavailable(unavailable)), health)
             }
-            Attempt::Ambiguous if Instant::now() < request.deadline => {
+            Attempt::Ambiguous(_) if Instant::now() < request.deadline => {
                 // Safe to repeat: the same evaluation id makes the script
                 // return what it decided the first time, if it ran.
                 self.stats.retries.count();
@@ -75,10 +75,12 @@ impl Inner {
                     // been charged.
                     Attempt::Answered(_) => (whole(Outcome::Indeterminate), Health::Answered),
                     Attempt::NotApplied(_, health) => (whole(Outcome::Indeterminate), health),
-                    Attempt::Ambiguous => (whole(Outcome::Indeterminate), Health::Failed),
+                    Attempt::Ambiguous(cause) => {
+                        (whole(Outcome::Indeterminate), Health::Failed(cause))
+                    }
                 }
             }
-            Attempt::Ambiguous => (whole(Outcome::Indeterminate), Health::Failed),
+            Attempt::Ambiguous(cause) => (whole(Outcome::Indeterminate), Health::Failed(cause)),
         }
     }
 
@@ -99,11 +101,14 @@ impl Inner {
             // A connection that stopped answering may be dead without an
             // error (a partition): the lane reconnects on next use.
             self.lanes.retire(checkout);
-            return Attempt::Ambiguous;
+            return Attempt::Ambiguous(Cause::Timeout);
         }
         if progress.loading || progress.stage == Stage::Connecting {
             self.stats.unreachable.count();
-            return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
+            return Attempt::NotApplied(
+                Unavailable::BeforeSend,
+                Health::Failed(Cause::Unreachable),
+            );
         }
         self.stats.budget_spent.count();
         Attempt::NotApplied(Unavailable::AdmissionRejected, Health::Unknown)
@@ -115,7 +120,10 @@ impl Inner {
             Err(e) => {
                 self.stats.unreachable.count();
                 tracing::debug!(error = %e, "redis: connecting failed");
-                return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
+                return Attempt::NotApplied(
+                    Unavailable::BeforeSend,
+                    Health::Failed(Cause::Unreachable),
+                );
             }
         };
         if let Some(not_sent) = self.past_deadline(request) {
@@ -147,10 +155,16 @@ impl Inner {
             // `FUNCTION LOAD` may write too: a full Redis refuses it.
             if e.code() == Some("OOM") {
                 self.stats.out_of_memory.count();
-                return Attempt::NotApplied(Unavailable::Refused, Health::Failed);
+                return Attempt::NotApplied(
+                    Unavailable::Refused,
+                    Health::Failed(Cause::OutOfMemory),
+                );
             }
             self.stats.unreachable.count();
-            return Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed);
+            return Attempt::NotApplied(
+                Unavailable::BeforeSend,
+                Health::Failed(Cause::Unreachable),
+            );
         }
         progress.loading = false;
         if let Some(not_sent) = self.past_deadline(request) {
@@ -162,7 +176,7 @@ impl Inner {
             // Removed again between the load and the call: still nothing ran.
             Err(e) if function_missing(&e) => {
                 self.stats.noscript.count();
-                Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed)
+                Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed(Cause::Unreachable))
             }
             Err(e) => self.failed_after_send(e, progress),
         }
@@ -258,7 +272,7 @@ impl Inner {
                 if let Some(checkout) = &progress.sent {
                     self.lanes.retire(checkout);
                 }
-                Attempt::NotApplied(Unavailable::Refused, Health::Failed)
+                Attempt::NotApplied(Unavailable::Refused, Health::Failed(Cause::Refused))
             }
             // Redis is at `maxmemory` with nothing its policy lets it evict
             // (always so under `noeviction`): it refuses every command that
@@ -273,7 +287,7 @@ impl Inner {
                         "redis: out of memory (maxmemory reached, nothing to evict), refused the evaluation"
                     );
                 }
-                Attempt::NotApplied(Unavailable::Refused, Health::Failed)
+                Attempt::NotApplied(Unavailable::Refused, Health::Failed(Cause::OutOfMemory))
             }
             // Refused before the script ran: nothing was applied.
             Some(
@@ -284,7 +298,7 @@ impl Inner {
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: refused the evaluation");
                 }
-                Attempt::NotApplied(Unavailable::Refused, Health::Failed)
+                Attempt::NotApplied(Unavailable::Refused, Health::Failed(Cause::Refused))
             }
             // The script raised an error (its argument checks run before any
             // write), or Redis refused a command inside it (NOPERM): sluice
@@ -305,7 +319,7 @@ impl Inner {
                         self.lanes.retire(checkout);
                     }
                 }
-                Attempt::Ambiguous
+                Attempt::Ambiguous(Cause::ConnectionLost)
             }
         }
     }

@@ -48,7 +48,8 @@ local function decide(redis, KEYS, ARGV)
     local allowed = count + cost <= limit
     local after = allowed and count + cost or count
     local reset = ws + w - now
-    verdicts[b] = {allowed, limit - after, reset, allowed and 0 or reset}
+    -- A count above the limit is a limit lowered under a kept count.
+    verdicts[b] = {allowed, math.max(limit - after, 0), reset, allowed and 0 or reset}
     state[s] = ws
     state[c] = after
   end

@@ -59,6 +59,9 @@ fn main() -> ExitCode {
             Ok(config) => match explain {
                 None => {
                     print!("{}", config.route_table());
+                    if !config.live.policies.is_empty() {
+                        print!("\n{}", config.count_notes());
+                    }
                     ExitCode::SUCCESS
                 }
                 Some(request) => explain_offline(config, &request),

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{Boot, Config, StoreKind};
+use crate::config::{Boot, Config, Live, StoreKind};
 use crate::proxy::{Runtime, SharedRuntime};
 use crate::store::Store;
 use crate::subject::PseudonymKey;
@@ -133,10 +133,36 @@ pub fn reload(path: &std::path::Path, boot: &Boot, runtime: &SharedRuntime, trig
         // The key generated at start stays: a new one would reset everyone.
         None => current.key.clone(),
     };
+    say_what_happens_to_counts(&current.live, &live);
     runtime.store(Arc::new(Runtime::new(Arc::new(live), key)));
     revision::counted("success");
     tracing::info!(trigger, file = %path.display(), "configuration reloaded");
     true
+}
+
+/// One line per policy a reload changes: whether its subjects' counts are
+/// kept (its numbers changed, not what its state means) or start afresh
+/// (a new revision).
+fn say_what_happens_to_counts(old: &Live, new: &Live) {
+    for policy in &new.policies {
+        let Some(before) = old.policies.iter().find(|p| p.name == policy.name) else {
+            continue;
+        };
+        if before.revision != policy.revision {
+            tracing::info!(
+                policy = %policy.name,
+                revision = %policy.revision,
+                previous_revision = %before.revision,
+                "policy changed what its counts mean: its counts start afresh"
+            );
+        } else if before.numbers() != policy.numbers() {
+            tracing::info!(
+                policy = %policy.name,
+                revision = %policy.revision,
+                "policy's numbers changed: its counts are kept"
+            );
+        }
+    }
 }
 
 /// A live part that the boot part in effect cannot serve safely. The new

@@ -388,14 +388,14 @@ async fn reload_through_a_configmap_symlink_swap_applies_the_new_limit() {
 
     mount.update(&fixed_window(&upstream, 5));
 
-    // A changed policy counts afresh: the request that sees the new limit
-    // is the first of five.
+    // A raised limit keeps the count: the request that sees the new limit
+    // is the third of five.
     let headers = until_admitted(&sluice).await;
     let policy = header(&headers, "ratelimit-policy")
         .and_then(parse_ratelimit)
         .unwrap_or_else(|| panic!("no RateLimit-Policy: {headers:?}"));
     assert_eq!(policy.param("q"), Some(5));
-    assert_eq!(statuses(&sluice, 5).await, ok_then_429(4, 1));
+    assert_eq!(statuses(&sluice, 5).await, ok_then_429(2, 3));
 
     let text = scrape(admin).await;
     let reloads = |result| metric(&text, "sluice_config_reloads_total", &[("result", result)]);
@@ -410,6 +410,75 @@ async fn reload_through_a_configmap_symlink_swap_applies_the_new_limit() {
     assert_ne!(
         info_after, info_before,
         "sluice_config_info kept the old hash"
+    );
+}
+
+/// Policy `p` (a fixed window of `limit` per `window`) on route `api`.
+fn fixed(upstream: &Upstream, limit: u32, window: &str) -> String {
+    config(
+        upstream,
+        "",
+        "",
+        &format!("  p: {{ algorithm: fixed-window, limit: {limit}, window: {window} }}\n"),
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: p }\n",
+    )
+}
+
+/// The INFO lines a reload wrote about policy `p`'s counts.
+fn count_lines(sluice: &Sidecar) -> Vec<String> {
+    sluice
+        .logs()
+        .iter()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|v| v["target"] == "sluice::reload" && v["policy"] == "p")
+        .filter_map(|v| v["message"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_lowered_or_raised_by_a_reload_keeps_the_counts_and_a_new_window_starts_afresh() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&fixed(&upstream, 3, "1h"));
+    let mut mount = ConfigMapMount::adopt(sluice.config_path());
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    assert_eq!(statuses(&sluice, 3).await, ok_then_429(3, 0));
+
+    // Lowered under the count: denied at once, nothing left, never below.
+    mount.update(&fixed(&upstream, 2, "1h"));
+    let headers = eventually(RELOAD_DEADLINE, || async {
+        let (status, headers, _) = get(sluice.addr(), "/api", &[]).await;
+        assert_ne!(status, StatusCode::OK, "admitted past a lowered limit");
+        let policy = header(&headers, "ratelimit-policy").and_then(parse_ratelimit)?;
+        (policy.param("q") == Some(2)).then_some(headers)
+    })
+    .await;
+    let state = header(&headers, "ratelimit")
+        .and_then(parse_ratelimit)
+        .unwrap_or_else(|| panic!("no RateLimit: {headers:?}"));
+    assert_eq!(state.param("r"), Some(0), "{headers:?}");
+
+    // Raised again: the three already admitted still count.
+    mount.update(&fixed(&upstream, 5, "1h"));
+    until_admitted(&sluice).await;
+    assert_eq!(statuses(&sluice, 2).await, ok_then_429(1, 1));
+    assert_eq!(upstream.count(), 5);
+    assert_eq!(
+        count_lines(&sluice),
+        [
+            "policy's numbers changed: its counts are kept",
+            "policy's numbers changed: its counts are kept"
+        ],
+        "{}",
+        sluice.logs().join("\n")
+    );
+
+    // Another window means another count: the policy starts afresh.
+    mount.update(&fixed(&upstream, 5, "2h"));
+    until_admitted(&sluice).await;
+    assert_eq!(statuses(&sluice, 5).await, ok_then_429(4, 1));
+    assert_eq!(
+        count_lines(&sluice).last().map(String::as_str),
+        Some("policy changed what its counts mean: its counts start afresh")
     );
 }
 
@@ -461,8 +530,9 @@ async fn sighup_reloads_and_a_rewritten_file_applies() {
 
     std::fs::write(sluice.config_path(), fixed_window(&upstream, 5)).expect("rewrite the file");
     sluice.signal("HUP");
+    // The raised limit applies to the count the old one left (2).
     until_admitted(&sluice).await;
-    assert_eq!(statuses(&sluice, 5).await, ok_then_429(4, 1));
+    assert_eq!(statuses(&sluice, 5).await, ok_then_429(2, 3));
 }
 
 /// The `change` field of every "needs a restart" warning logged so far.
@@ -510,9 +580,9 @@ async fn a_reload_applies_the_live_part_and_names_each_boot_change_it_cannot_app
     let thawed = "  header_read_timeout: 3s\n  max_header_bytes: 65536\n  shutdown_grace: 5s\n";
     mount.update(&fixed_window_with_server(&upstream, 5, thawed));
 
-    // The new limit applies (a changed policy counts afresh)...
+    // The new limit applies (to the count the old one left)...
     until_admitted(&sluice).await;
-    assert_eq!(statuses(&sluice, 5).await, ok_then_429(4, 1));
+    assert_eq!(statuses(&sluice, 5).await, ok_then_429(2, 3));
     // ...and each frozen key is named, once, the unchanged one and the
     // live one not at all.
     let warned = eventually(RELOAD_DEADLINE, || async {

@@ -504,3 +504,88 @@ async fn a_policy_added_by_a_reload_is_loaded_before_its_first_request() {
         "the new policy's first request met function-not-found"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_only_numbers_keeps_the_counts_in_redis() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = |limit: u32| {
+        format!(
+            "  fw: {{ algorithm: fixed-window, limit: {limit}, window: 1h }}
+  tb: {{ algorithm: token-bucket, capacity: {limit}, refill_tokens: 1, refill_every: 1h }}
+"
+        )
+    };
+    let routes = "  - { name: fw, match: { path_prefix: /fw }, subject: client_ip, policy: fw }
+  - { name: tb, match: { path_prefix: /tb }, subject: client_ip, policy: tb }
+";
+    let sluice = start_ready(&yaml(&upstream, &redis.url(), &policies(2), routes)).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    let statuses = |path: &'static str, n: usize| {
+        let addr = sluice.addr();
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..n {
+                out.push(get(addr, path, &[]).await.0.as_u16());
+            }
+            out
+        }
+    };
+    for path in ["/fw", "/tb"] {
+        // The third is denied, and that denial is cached in the sidecar.
+        assert_eq!(statuses(path, 3).await, [200, 200, 429], "{path}");
+    }
+    let reload = |limit: u32| {
+        std::fs::write(
+            sluice.config_path(),
+            yaml(&upstream, &redis.url(), &policies(limit), routes),
+        )
+        .expect("rewrite the file");
+        sluice.signal("HUP");
+    };
+    let policy_q = |headers: &http::HeaderMap| {
+        support::header(headers, "ratelimit-policy")
+            .and_then(support::parse_ratelimit)
+            .and_then(|p| p.param("q"))
+    };
+
+    // Lowered under the count: Redis holds 2 against a limit of 1, and
+    // answers a denial with nothing left (not a reply out of range).
+    reload(1);
+    for path in ["/fw", "/tb"] {
+        let headers = support::eventually(Duration::from_secs(5), || async {
+            let (status, headers, _) = get(sluice.addr(), path, &[]).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{path}: {headers:?}");
+            (policy_q(&headers) == Some(1)).then_some(headers)
+        })
+        .await;
+        let state = support::header(&headers, "ratelimit")
+            .and_then(support::parse_ratelimit)
+            .unwrap_or_else(|| panic!("{path}: no RateLimit: {headers:?}"));
+        assert_eq!(state.param("r"), Some(0), "{path}: {headers:?}");
+    }
+
+    // Raised: the fixed window admits what the count leaves (4 - 2), at
+    // once, though a denial under the old numbers was cached; the bucket
+    // keeps its spent tokens and refills at its rate.
+    reload(4);
+    support::eventually(Duration::from_secs(5), || async {
+        let (status, headers, _) = get(sluice.addr(), "/tb", &[]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "/tb: {headers:?}");
+        (policy_q(&headers) == Some(4)).then_some(())
+    })
+    .await;
+    assert_eq!(statuses("/fw", 3).await, [200, 200, 429]);
+    assert_eq!(upstream.count(), 6);
+    let text = scrape(admin(&sluice)).await;
+    let outcome = |o: &str| {
+        metric(
+            &text,
+            REQUESTS,
+            &[("route", "fw"), ("policy", "fw"), ("outcome", o)],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(outcome("incompatible"), 0.0, "{text}");
+}

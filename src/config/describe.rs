@@ -61,6 +61,39 @@ pub fn route_table(config: &Config) -> String {
     out
 }
 
+/// For each policy that counts, which changes of it start its subjects'
+/// counts afresh on a reload (a new revision) and which keep them. A
+/// limit raised mid-incident should not forget who was over it; the
+/// operator reads before the change which it will be.
+pub fn count_notes(config: &Config) -> String {
+    let mut out = String::from(
+        "Counts survive a reload that changes a policy's other numbers; these start them afresh:\n",
+    );
+    let policies = &config.live.policies;
+    let width = policies.iter().map(|p| p.name.len()).max().unwrap_or(0);
+    for policy in policies {
+        let algorithm = policy.algorithm();
+        let resets = if *policy.revision != *super::validate::derived_revision(policy.bands()) {
+            "a change of its written `revision` only".to_owned()
+        } else {
+            let mut keys: Vec<String> = algorithm
+                .reset_by()
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect();
+            keys.push("the algorithm".to_owned());
+            keys.push("the number or order of bands".to_owned());
+            keys.join(", ")
+        };
+        out += &format!(
+            "  {name:width$}  {algorithm:15}  {resets}\n",
+            name = policy.name,
+            algorithm = algorithm.name(),
+        );
+    }
+    out
+}
+
 fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
     let methods = if route.matcher.methods.is_empty() {
         "*".to_owned()

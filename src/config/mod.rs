@@ -88,6 +88,12 @@ impl Config {
     pub fn route_table(&self) -> String {
         describe::route_table(self)
     }
+
+    /// What `sluice check` prints after the table: for each counting
+    /// policy, which changes start its counts afresh.
+    pub fn count_notes(&self) -> String {
+        describe::count_notes(self)
+    }
 }
 
 #[cfg(test)]

@@ -498,28 +498,110 @@ fn revision(params: &str) -> String {
 #[test]
 fn derived_revisions_follow_the_parameters_not_shadow() {
     let base = revision("    algorithm: fixed-window\n    limit: 10\n    window: 1s\n");
-    let other_limit = revision("    algorithm: fixed-window\n    limit: 11\n    window: 1s\n");
     let other_window = revision("    algorithm: fixed-window\n    limit: 10\n    window: 2s\n");
     let other_algorithm = revision("    algorithm: sliding-log\n    limit: 10\n    window: 1s\n");
     let shadowed =
         revision("    algorithm: fixed-window\n    limit: 10\n    window: 1s\n    shadow: true\n");
     let as_band =
         revision("    algorithm: fixed-window\n    bands: [{ limit: 10, window: 1000ms }]\n");
-    assert_ne!(base, other_limit);
+    let two_bands = revision(
+        "    algorithm: fixed-window\n    bands: [{ limit: 10, window: 1s }, { limit: 100, window: 1m }]\n",
+    );
+    let swapped = revision(
+        "    algorithm: fixed-window\n    bands: [{ limit: 100, window: 1m }, { limit: 10, window: 1s }]\n",
+    );
     assert_ne!(base, other_window);
     assert_ne!(base, other_algorithm);
+    assert_ne!(base, two_bands);
+    assert_ne!(
+        two_bands, swapped,
+        "each band keeps its own count, in order"
+    );
     assert_eq!(base, shadowed);
     assert_eq!(
         base, as_band,
         "one flat band and one listed band are the same policy"
     );
 
-    // Writing a default out changes nothing; changing it does.
+    // Writing a default out changes nothing.
     let gcra = revision("    algorithm: gcra\n    limit: 6\n    window: 1m\n");
     let gcra_burst = revision("    algorithm: gcra\n    limit: 6\n    window: 1m\n    burst: 6\n");
-    let gcra_other = revision("    algorithm: gcra\n    limit: 6\n    window: 1m\n    burst: 2\n");
     assert_eq!(gcra, gcra_burst);
-    assert_ne!(gcra, gcra_other);
+}
+
+/// Each parameter of each algorithm, changed alone, starts the counts
+/// afresh exactly when the algorithm names it in `RESET_BY`: a limit
+/// raised mid-incident keeps every subject's count.
+#[test]
+fn a_changed_number_keeps_the_revision_unless_it_changes_what_the_state_means() {
+    use crate::limit::algorithm::Algorithm;
+    /// A parameter, its value, and the value it is changed to.
+    type Change = (&'static str, &'static str, &'static str);
+    let cases: &[(&str, &[Change])] = &[
+        (
+            "fixed-window",
+            &[("limit", "10", "50"), ("window", "1m", "2m")],
+        ),
+        (
+            "sliding-counter",
+            &[("limit", "10", "50"), ("window", "1m", "2m")],
+        ),
+        (
+            "sliding-log",
+            &[("limit", "10", "50"), ("window", "1m", "2m")],
+        ),
+        (
+            "token-bucket",
+            &[
+                ("capacity", "10", "50"),
+                ("refill_tokens", "1", "5"),
+                ("refill_every", "1s", "2s"),
+            ],
+        ),
+        (
+            "gcra",
+            &[
+                ("limit", "10", "50"),
+                ("window", "1m", "2m"),
+                ("burst", "10", "3"),
+            ],
+        ),
+    ];
+    assert_eq!(
+        cases.len(),
+        Algorithm::ALL.len(),
+        "an algorithm is not covered"
+    );
+    for &(name, params) in cases {
+        let algorithm = *Algorithm::ALL
+            .iter()
+            .find(|a| a.name() == name)
+            .unwrap_or_else(|| panic!("no algorithm {name}"));
+        let written = |changed: Option<&str>| {
+            let mut text = format!("    algorithm: {name}\n");
+            for &(key, before, after) in params {
+                let value = if changed == Some(key) { after } else { before };
+                text += &format!("    {key}: {value}\n");
+            }
+            revision(&text)
+        };
+        let base = written(None);
+        let mut covered: Vec<&str> = Vec::new();
+        for &(key, _, _) in params {
+            covered.push(key);
+            let resets = algorithm.reset_by().contains(&key);
+            assert_eq!(
+                written(Some(key)) != base,
+                resets,
+                "{name}: changing {key} {} the counts",
+                if resets { "must reset" } else { "must keep" }
+            );
+        }
+        let mut parameters: Vec<&str> = algorithm.parameters().to_vec();
+        parameters.sort_unstable();
+        covered.sort_unstable();
+        assert_eq!(covered, parameters, "{name}: a parameter is not covered");
+    }
 }
 
 #[test]
@@ -1440,5 +1522,31 @@ fn connections_per_ip_default_to_a_quarter_of_the_pool_and_stay_inside_it() {
         errors[0].contains("above max_connections (100)"),
         "{}",
         errors[0]
+    );
+}
+
+#[test]
+fn check_says_what_starts_each_policys_counts_afresh() {
+    let c = parse_ok(&format!(
+        "{BASE}policies:
+  pinned: {{ algorithm: gcra, limit: 6, window: 1m, revision: v7 }}
+  paced: {{ algorithm: gcra, limit: 6, window: 1m }}
+"
+    ));
+    let notes = c.count_notes();
+    let line = |name: &str| {
+        notes
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{notes}"))
+            .to_owned()
+    };
+    assert!(
+        line("pinned").ends_with("a change of its written `revision` only"),
+        "{notes}"
+    );
+    assert!(
+        line("paced").ends_with("`limit`, `window`, the algorithm, the number or order of bands"),
+        "{notes}"
     );
 }

@@ -8,6 +8,7 @@
 
 pub(crate) mod check;
 mod policy;
+pub(crate) use policy::derived_revision;
 mod route;
 mod sections;
 

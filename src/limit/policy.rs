@@ -32,6 +32,9 @@ pub struct Policy {
     horizon: Duration,
     max_cost: u32,
     quotas: Box<[(u32, Duration)]>,
+    /// A digest of every band's numbers: two policies of one revision
+    /// (counts kept across a reload) that may still decide differently.
+    numbers: u64,
 }
 
 impl Policy {
@@ -49,8 +52,20 @@ impl Policy {
             horizon: bands.horizon(),
             max_cost: bands.max_cost(),
             quotas: bands.quotas().into(),
+            numbers: {
+                use std::hash::{Hash, Hasher};
+                let mut hasher = std::hash::DefaultHasher::new();
+                bands.hash(&mut hasher);
+                hasher.finish()
+            },
             bands,
         }
+    }
+
+    /// Equal for two policies with the same bands, numbers included (see
+    /// the field); what a cached decision must match to be reused.
+    pub fn numbers(&self) -> u64 {
+        self.numbers
     }
 
     /// The policy with its own `on_failure`.

@@ -37,6 +37,10 @@ struct Key {
 struct Entry {
     until: Instant,
     cost: u32,
+    /// The denying policy's [`Policy::numbers`]: a reload that raises a
+    /// limit keeps the revision (and the counts), and a denial under the
+    /// old numbers says nothing under the new ones.
+    numbers: u64,
     decision: Decision,
 }
 
@@ -70,7 +74,7 @@ impl DenyCache {
         let key = key(policy, subject);
         let mut shard = self.shard(&key);
         let entry = *shard.get(&key)?;
-        if entry.until <= now {
+        if entry.until <= now || entry.numbers != policy.numbers() {
             shard.remove(&key);
             return None;
         }
@@ -125,6 +129,7 @@ impl DenyCache {
             Entry {
                 until,
                 cost,
+                numbers: policy.numbers(),
                 decision: *decision,
             },
         );
@@ -164,11 +169,15 @@ mod tests {
     use std::num::NonZeroU32;
 
     fn policy() -> Policy {
+        limited(1)
+    }
+
+    fn limited(limit: u32) -> Policy {
         Policy::new(
             "p",
             "r1",
             Bands::FixedWindow(vec![WindowBand {
-                limit: NonZeroU32::new(1).unwrap(),
+                limit: NonZeroU32::new(limit).unwrap(),
                 window: Duration::from_secs(10),
             }]),
             false,
@@ -221,6 +230,14 @@ mod tests {
         assert!(
             cache.check(&changed, &subject("a"), 3, t0).is_none(),
             "a new revision starts over"
+        );
+        assert!(
+            cache.check(&limited(2), &subject("a"), 3, t0).is_none(),
+            "a raised limit under the same revision asks the store"
+        );
+        assert!(
+            cache.check(&p, &subject("a"), 3, t0).is_none(),
+            "the entry of the old numbers is gone"
         );
     }
 

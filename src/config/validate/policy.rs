@@ -224,11 +224,13 @@ fn concurrency(
 }
 
 /// A short digest of everything that changes what a counter means: the
-/// algorithm and each band's parameters in order (defaults resolved, so
-/// writing a default out changes nothing). `shadow` is left out on purpose:
-/// turning enforcement on must keep the counters shadow mode built up.
+/// algorithm and, band by band in order, the parameters its algorithm says
+/// give the state its meaning (`Spec::RESET_BY`; defaults resolved, so
+/// writing a default out changes nothing). A limit raised in an incident
+/// keeps every subject's count. `shadow` is left out on purpose: turning
+/// enforcement on must keep the counters shadow mode built up.
 pub fn derived_revision(bands: &Bands) -> String {
-    let mut canonical = format!("v1;{}", bands.algorithm().name());
+    let mut canonical = format!("v2;{}", bands.algorithm().name());
     for band in bands.profiles() {
         canonical += &band.revision;
     }

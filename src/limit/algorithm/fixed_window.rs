@@ -15,6 +15,7 @@ pub struct FixedWindow;
 impl Spec for FixedWindow {
     const NAME: &'static str = "fixed-window";
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
+    const RESET_BY: &'static [&'static str] = window::RESET_BY;
     const LUA: &'static str = include_str!("../../../lua/fixed_window.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/fixed_window.lua");
     const STATE_MARK: &'static str = "fw1";

@@ -41,6 +41,11 @@ pub struct Gcra;
 impl Spec for Gcra {
     const NAME: &'static str = "gcra";
     const PARAMETERS: &'static [&'static str] = &["limit", "window", "burst"];
+    /// The state is a theoretical arrival time, a debt measured in
+    /// emission intervals (`window / limit`): under another interval it
+    /// would stand for another number of requests. The burst only says how
+    /// much debt is tolerated.
+    const RESET_BY: &'static [&'static str] = &["limit", "window"];
     const LUA: &'static str = include_str!("../../../lua/gcra.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/gcra.lua");
     const STATE_MARK: &'static str = "gc1";
@@ -86,10 +91,9 @@ impl Spec for Gcra {
 
     fn revision(band: &GcraBand) -> String {
         format!(
-            ";limit={},window_ms={},burst={}",
+            ";limit={},window_ms={}",
             band.limit,
-            band.window.as_millis(),
-            band.burst
+            band.window.as_millis()
         )
     }
 

@@ -74,6 +74,12 @@ pub trait Spec {
     const NAME: &'static str;
     /// The keys one band takes, in the order the docs list them.
     const PARAMETERS: &'static [&'static str];
+    /// The parameters whose change makes a subject's state mean something
+    /// else, so the derived revision (and with it every count) starts
+    /// afresh; a change to any other parameter keeps the counts. The
+    /// algorithm itself and the number and order of bands always do.
+    /// [`Spec::revision`] is made of exactly these (a unit test checks).
+    const RESET_BY: &'static [&'static str];
     /// Whether it admits exactly its limit. Only the sliding counter
     /// estimates.
     const EXACT: bool = true;
@@ -113,8 +119,9 @@ pub trait Spec {
     fn max_cost(band: &Self::Band) -> u32;
     /// The band's numbers in `P_BAND_ARGS` (`lua/README.md`).
     fn lua_args(band: &Self::Band) -> Vec<u64>;
-    /// The band's part of the derived revision. Changing it for an existing
-    /// band changes every derived revision, and so resets every counter.
+    /// The band's part of the derived revision: its [`Spec::RESET_BY`]
+    /// parameters. Changing what it is made of for an existing band
+    /// changes every derived revision, and so resets every counter.
     fn revision(band: &Self::Band) -> String;
     /// The band in the `LIMITS` column of `sluice check`.
     fn describe(band: &Self::Band) -> String;

@@ -38,6 +38,21 @@ macro_rules! register {
                 }
             }
 
+            /// The keys one band takes ([`Spec::PARAMETERS`]).
+            pub fn parameters(self) -> &'static [&'static str] {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::PARAMETERS,)*
+                }
+            }
+
+            /// The parameters whose change starts its counts afresh
+            /// ([`Spec::RESET_BY`]).
+            pub fn reset_by(self) -> &'static [&'static str] {
+                match self {
+                    $(Algorithm::$variant => <$spec as Spec>::RESET_BY,)*
+                }
+            }
+
             /// Every algorithm but the sliding counter admits exactly its
             /// limit.
             pub fn is_exact(self) -> bool {

@@ -17,6 +17,7 @@ pub struct SlidingCounter;
 impl Spec for SlidingCounter {
     const NAME: &'static str = "sliding-counter";
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
+    const RESET_BY: &'static [&'static str] = window::RESET_BY;
     const EXACT: bool = false;
     const LUA: &'static str = include_str!("../../../lua/sliding_counter.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/sliding_counter.lua");

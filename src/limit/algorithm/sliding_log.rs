@@ -24,6 +24,7 @@ pub struct SlidingLog;
 impl Spec for SlidingLog {
     const NAME: &'static str = "sliding-log";
     const PARAMETERS: &'static [&'static str] = window::PARAMETERS;
+    const RESET_BY: &'static [&'static str] = window::RESET_BY;
     const LUA: &'static str = include_str!("../../../lua/sliding_log.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/sliding_log.lua");
     const STATE_MARK: &'static str = "";

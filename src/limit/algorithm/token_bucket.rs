@@ -34,6 +34,10 @@ pub struct TokenBucket;
 impl Spec for TokenBucket {
     const NAME: &'static str = "token-bucket";
     const PARAMETERS: &'static [&'static str] = &["capacity", "refill_tokens", "refill_every"];
+    /// Tokens in a bucket and the start of the refill period under way
+    /// mean the same under any capacity (a fuller bucket than the new
+    /// capacity is cut down to it) and any refill.
+    const RESET_BY: &'static [&'static str] = &[];
     const LUA: &'static str = include_str!("../../../lua/token_bucket.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/token_bucket.lua");
     const STATE_MARK: &'static str = "tb1";
@@ -90,13 +94,8 @@ impl Spec for TokenBucket {
         ]
     }
 
-    fn revision(band: &BucketBand) -> String {
-        format!(
-            ";capacity={},refill_tokens={},refill_every_ms={}",
-            band.capacity,
-            band.refill_tokens,
-            band.refill_every.as_millis()
-        )
+    fn revision(_: &BucketBand) -> String {
+        String::from(";bucket")
     }
 
     /// `5 (+1/10s)`.

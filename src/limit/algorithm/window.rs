@@ -20,6 +20,9 @@ pub struct WindowBand {
 }
 
 pub(super) const PARAMETERS: &[&str] = &["limit", "window"];
+/// A count (or a log of times) within a window: a new window would read
+/// it over the wrong stretch of time.
+pub(super) const RESET_BY: &[&str] = &["window"];
 
 impl WindowBand {
     pub(super) fn parse(cx: &mut Checker<'_>, path: &KeyPath, p: &Params) -> Option<WindowBand> {
@@ -48,12 +51,10 @@ impl WindowBand {
         vec![u64::from(self.limit.get()), micros(self.window)]
     }
 
+    /// A count in an aligned window: the window gives it its meaning, the
+    /// limit only says how far it may go.
     pub(super) fn revision(&self) -> String {
-        format!(
-            ";limit={},window_ms={}",
-            self.limit,
-            self.window.as_millis()
-        )
+        format!(";window_ms={}", self.window.as_millis())
     }
 
     /// `10/1s`.

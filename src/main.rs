@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use sluice::app::Signal;
-use sluice::config::Config;
+use sluice::config::{Config, StoreKind};
 use sluice::proxy::explain::{explain, Described, Source};
 use sluice::proxy::Runtime;
 use sluice::subject::PseudonymKey;
@@ -46,6 +46,15 @@ enum Command {
         /// route, subjects, policies. No store is asked.
         #[arg(long, value_name = "REQUEST.json")]
         explain: Option<PathBuf>,
+        /// Check with every unset `${NAME}` filled by a placeholder (for
+        /// CI without the secrets); the names filled are listed.
+        #[arg(long)]
+        allow_unset: bool,
+        /// Also try the store with the configuration's settings and
+        /// credentials: connection, server, function libraries, one
+        /// evaluation per policy. Exits 1 when a step fails.
+        #[arg(long, conflicts_with = "explain")]
+        connect: bool,
     },
 }
 
@@ -55,22 +64,28 @@ const EXIT_CONFIG: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config, explain } => match Config::load(&config) {
-            Ok(config) => match explain {
-                None => {
-                    print!("{}", config.route_table());
-                    if !config.live.policies.is_empty() {
-                        print!("\n{}", config.count_notes());
-                    }
-                    ExitCode::SUCCESS
+        Command::Check {
+            config,
+            explain,
+            allow_unset,
+            connect,
+        } => {
+            let loaded = if allow_unset {
+                Config::load_allowing_unset(&config)
+            } else {
+                Config::load(&config).map(|c| (c, Vec::new()))
+            };
+            match loaded {
+                Ok((config, filled)) => match explain {
+                    None => check(&config, &filled, connect),
+                    Some(request) => explain_offline(config, &request),
+                },
+                Err(errors) => {
+                    eprintln!("{errors}");
+                    ExitCode::from(EXIT_CONFIG)
                 }
-                Some(request) => explain_offline(config, &request),
-            },
-            Err(errors) => {
-                eprintln!("{errors}");
-                ExitCode::from(EXIT_CONFIG)
             }
-        },
+        }
         Command::Run { config } => {
             telemetry::init_logging(cli.log_format);
             // Validate fully before anything listens.
@@ -90,6 +105,80 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// `sluice check`: the route table, what resets each policy's counts, the
+/// variables filled with placeholders, and with `--connect` what the store
+/// said.
+fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCode {
+    print!("{}", config.route_table());
+    if !config.live.policies.is_empty() {
+        print!("\n{}", config.count_notes());
+    }
+    if !filled.is_empty() {
+        let names: Vec<&str> = filled.iter().map(|(n, _)| n.as_str()).collect();
+        println!(
+            "\nUnset, checked with a placeholder in their place: {}",
+            names.join(", ")
+        );
+    }
+    if !connect {
+        return ExitCode::SUCCESS;
+    }
+    println!();
+    let StoreKind::Redis(redis) = &config.boot.store.kind else {
+        println!("store: memory, inside the process: nothing to connect to");
+        return ExitCode::SUCCESS;
+    };
+    if !filled.is_empty() {
+        eprintln!(
+            "--connect needs the real settings, and {} unset",
+            if filled.len() == 1 {
+                "one variable is"
+            } else {
+                "some variables are"
+            }
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start a runtime: {error}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    let steps = runtime.block_on(sluice::store::redis::inspect::inspect(
+        redis,
+        config.boot.store.ttl_grace,
+        &config.live.policies,
+    ));
+    let steps = match steps {
+        Ok(steps) => steps,
+        Err(error) => {
+            eprintln!("store: {error}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    println!("Store (redis):");
+    let mut failed = false;
+    for step in &steps {
+        match &step.found {
+            Ok(found) => println!("  ok    {}: {found}", step.what),
+            Err(why) => {
+                failed = true;
+                println!("  FAIL  {}: {why}", step.what);
+            }
+        }
+    }
+    if failed {
+        ExitCode::from(EXIT_RUNTIME)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -381,3 +381,198 @@ fn the_shipped_redis_configuration_checks_with_its_secrets_set() {
         text(&out.stderr)
     );
 }
+
+// --- `sluice check --allow-unset` and `--connect` --------------------------
+
+mod support;
+
+use support::redis::RedisServer;
+
+fn check_with(path: &Path, flags: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = sluice();
+    cmd.arg("check").arg("--config").arg(path).args(flags);
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    cmd.env_remove("REDIS_URL")
+        .env_remove("SLUICE_PSEUDONYM_KEY");
+    for (name, value) in env {
+        cmd.env(name, value);
+    }
+    run(cmd)
+}
+
+#[test]
+fn allow_unset_checks_a_configuration_without_its_secrets_and_names_them() {
+    let out = check_with(&fixture("product.yaml"), &["--allow-unset"], &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(stdout.contains("login"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "Unset, checked with a placeholder in their place: REDIS_URL, SLUICE_PSEUDONYM_KEY"
+        ),
+        "{stdout}"
+    );
+    // A variable that is set is used, and not listed.
+    let out = check_with(
+        &fixture("product.yaml"),
+        &["--allow-unset"],
+        &[("REDIS_URL", "redis://127.0.0.1:6379")],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("in their place: SLUICE_PSEUDONYM_KEY\n"),
+        "{stdout}"
+    );
+
+    // Only the variables are forgiven: any other mistake still fails.
+    let out = check_with(&fixture("bad_duration.yaml"), &["--allow-unset"], &[]);
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG));
+    assert!(text(&out.stderr).contains("upstream.timeout"));
+    // A variable inside a value (a password in a URL) gets a placeholder
+    // that keeps the URL whole.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("inside.yaml");
+    std::fs::write(
+        &path,
+        "version: 1
+server: { listen: 127.0.0.1:8080 }
+upstream: { url: http://127.0.0.1:3000 }
+store: { kind: redis, url: \"redis://app:${CHECK_REDIS_PASSWORD}@redis:6379/0\" }
+identity: { pseudonym_key: \"${CHECK_PSEUDONYM_KEY}\" }
+",
+    )
+    .expect("write the file");
+    let out = check_with(&path, &["--allow-unset"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("CHECK_REDIS_PASSWORD, CHECK_PSEUDONYM_KEY"));
+}
+
+/// A Redis configuration for `--connect`, with a policy of each state shape.
+fn connect_config(dir: &Path, url: &str) -> PathBuf {
+    let path = dir.join("connect.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "version: 1
+server: {{ listen: 127.0.0.1:8080 }}
+upstream: {{ url: http://127.0.0.1:3000 }}
+store: {{ kind: redis, url: \"{url}\" }}
+identity: {{ pseudonym_key: \"0123456789abcdef0123456789abcdef\" }}
+policies:
+  fw: {{ algorithm: fixed-window, limit: 5, window: 1m }}
+  sl: {{ algorithm: sliding-log, limit: 5, window: 1m }}
+routes:
+  - {{ name: a, match: {{ path_prefix: /a }}, subject: client_ip, policy: fw }}
+  - {{ name: b, match: {{ path_prefix: /b }}, subject: client_ip, policy: sl }}
+"
+        ),
+    )
+    .expect("write the file");
+    path
+}
+
+/// The store report's lines: `(ok, what)` in order.
+fn steps(stdout: &str) -> Vec<(bool, String)> {
+    stdout
+        .lines()
+        .skip_while(|l| *l != "Store (redis):")
+        .skip(1)
+        .map(|l| {
+            let l = l.trim_start();
+            let ok = l.starts_with("ok ");
+            let rest = l
+                .trim_start_matches("ok")
+                .trim_start_matches("FAIL")
+                .trim_start();
+            (ok, rest.split(':').next().unwrap_or("").to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn connect_tries_the_store_step_by_step_and_exits_1_at_the_first_failure() {
+    let sluice_acl = "user sluice on >pw resetchannels ~sluice:* -@all \
+         +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+         +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
+    let no_load =
+        "user noload on >pw resetchannels ~sluice:* -@all +fcall +ping +time +get +set +pexpire";
+    let no_zadd = "user nozadd on >pw resetchannels ~sluice:* -@all \
+         +fcall +function|load +ping +time +get +set +pexpire +zcount +zrange +zrangebyscore";
+    let redis = RedisServer::builder()
+        .config("user default off")
+        .config("user admin on >admin-pw ~* &* +@all")
+        .config(sluice_acl)
+        .config(no_load)
+        .config(no_zadd)
+        .admin("admin", "admin-pw")
+        .start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let all = [
+        "standalone",
+        "PING",
+        "server",
+        "libraries",
+        "policy fw",
+        "policy sl",
+    ];
+
+    // The least-privilege user: every step passes (INFO it may not run).
+    let out = check_with(
+        &connect_config(dir.path(), &redis.url_as("sluice", "pw")),
+        &["--connect"],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert_eq!(
+        steps(&stdout),
+        all.iter()
+            .map(|s| (true, s.to_string()))
+            .collect::<Vec<_>>(),
+        "{stdout}"
+    );
+    assert!(stdout.contains("INFO not permitted"), "{stdout}");
+    // As an admin, the server is named.
+    let out = check_with(
+        &connect_config(dir.path(), &redis.url_as("admin", "admin-pw")),
+        &["--connect"],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("server: Redis 7."), "{stdout}");
+
+    let failing = |url: String, failed: &str| {
+        let out = check_with(&connect_config(dir.path(), &url), &["--connect"], &[]);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+        let found = steps(&stdout);
+        let (last, before) = found.split_last().expect("at least one step");
+        assert_eq!(last, &(false, failed.to_owned()), "{stdout}");
+        assert!(before.iter().all(|(ok, _)| *ok), "{stdout}");
+        stdout
+    };
+    // A user that may not load functions; one that may not run what the
+    // sliding log's function runs; a wrong password; nothing listening.
+    let stdout = failing(redis.url_as("noload", "pw"), "libraries");
+    assert!(stdout.contains("+function|load"), "{stdout}");
+    failing(redis.url_as("nozadd", "pw"), "policy sl");
+    failing(redis.url_as("sluice", "wrong"), "standalone");
+    let closed = {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    failing(format!("redis://127.0.0.1:{closed}"), "standalone");
+
+    // With placeholders there is nothing real to connect to.
+    let out = check_with(
+        &fixture("product.yaml"),
+        &["--allow-unset", "--connect"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(INVALID_CONFIG));
+    assert!(text(&out.stderr).contains("--connect needs the real settings"));
+}

@@ -115,6 +115,70 @@ fn walk(value: &mut Value, path: &KeyPath, lookup: Lookup<'_>, out: &mut Vec<(Ke
     }
 }
 
+/// What `sluice check --allow-unset` puts where a variable is unset: a
+/// Redis URL for a whole `url` or `nodes` value, and otherwise a word
+/// long enough for a pseudonym key and plain enough for a password inside
+/// a URL.
+pub const PLACEHOLDER_URL: &str = "redis://unset.placeholder.invalid:6379";
+pub const PLACEHOLDER_WORD: &str = "unset-variable-placeholder-value";
+
+/// For every variable under `value` that `lookup` does not know, the
+/// placeholder to check the configuration with (see [`PLACEHOLDER_URL`]),
+/// in the order first used. A variable used both as a whole URL and inside
+/// another value gets the URL.
+pub fn placeholders(value: &Value, path: &KeyPath, lookup: Lookup<'_>) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    collect_unset(value, path, lookup, &mut found);
+    found
+}
+
+fn collect_unset(
+    value: &Value,
+    path: &KeyPath,
+    lookup: Lookup<'_>,
+    found: &mut Vec<(String, String)>,
+) {
+    match value {
+        Value::String(s) if s.contains('$') => {
+            let text = path.to_string();
+            let url_key = text.ends_with("url") || text.contains("nodes");
+            let unset = std::cell::RefCell::new(Vec::new());
+            let _ = substitute(s, &|name| match lookup(name) {
+                Err(VarError::NotPresent) => {
+                    unset.borrow_mut().push(name.to_owned());
+                    Ok(String::new())
+                }
+                other => other,
+            });
+            for name in unset.into_inner() {
+                let whole = *s == format!("${{{name}}}");
+                let placeholder = if whole && url_key {
+                    PLACEHOLDER_URL
+                } else {
+                    PLACEHOLDER_WORD
+                };
+                match found.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, p)) if placeholder == PLACEHOLDER_URL => *p = placeholder.to_owned(),
+                    Some(_) => {}
+                    None => found.push((name, placeholder.to_owned())),
+                }
+            }
+        }
+        Value::Sequence(items) => {
+            for (i, item) in items.iter().enumerate() {
+                collect_unset(item, &path.index(i), lookup, found);
+            }
+        }
+        Value::Mapping(map) => {
+            for (k, v) in map {
+                collect_unset(v, &path.key(&key_text(k)), lookup, found);
+            }
+        }
+        Value::Tagged(tagged) => collect_unset(&tagged.value, path, lookup, found),
+        Value::String(_) | Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
 /// A mapping key as it reads in a key path.
 pub fn key_text(key: &Value) -> String {
     match key {

@@ -67,6 +67,32 @@ impl Config {
         Config::parse(path, &text)
     }
 
+    /// As [`Config::load`], with every variable the environment does not
+    /// set filled by a placeholder (`sluice check --allow-unset`: CI that
+    /// checks a configuration without its secrets). Returns each variable
+    /// filled, with its placeholder.
+    pub fn load_allowing_unset(
+        path: &Path,
+    ) -> Result<(Config, Vec<(String, String)>), ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors::single(ConfigError::io(path, &e)))?;
+        let from_process = |name: &str| std::env::var(name);
+        // A file that is not YAML fails in the parse below, with its position.
+        let filled = serde_yaml::from_str::<serde_yaml::Value>(&text)
+            .map(|root| env::placeholders(&root, &locate::KeyPath::root(), &from_process))
+            .unwrap_or_default();
+        let lookup = |name: &str| match std::env::var(name) {
+            Err(std::env::VarError::NotPresent) => filled
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, p)| p.clone())
+                .ok_or(std::env::VarError::NotPresent),
+            other => other,
+        };
+        let config = validate::parse_with_env(path, &text, &lookup)?;
+        Ok((config, filled))
+    }
+
     /// As [`Config::load`], from text already read (`path` names it in errors).
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         validate::parse(path, text)

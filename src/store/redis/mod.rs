@@ -24,6 +24,7 @@
 
 mod call;
 mod connect;
+pub mod inspect;
 mod libraries;
 mod pool;
 mod refund;
@@ -97,26 +98,14 @@ struct Inner {
     stats: RedisStats,
 }
 
-impl RedisStore {
-    /// Builds the pool and starts connecting in the background: Redis need
-    /// not be up yet. [`RedisStore::ready`] turns true once Redis answered
-    /// and every script is loaded.
-    /// `policies`' scripts are made now and loaded with the connection;
-    /// a policy first seen later gets its script on first use
-    /// ([`RedisStore::learn`] loads a reloaded configuration's ahead).
-    ///
-    /// `ttl_grace` is compiled into the scripts; `budget` (the one in
-    /// effect at start) bounds the store's own probe and the cluster
-    /// client's waits, while each request brings its deadline.
-    pub fn connect(
+impl Inner {
+    /// The pool (nothing connected yet), the scripts and the breaker.
+    fn new(
         redis: &config::RedisStore,
         ttl_grace: Duration,
         budget: Duration,
-        policies: &[Arc<Policy>],
-    ) -> Result<RedisStore, RedisSetupError> {
-        let runtime =
-            tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
-        let inner = Arc::new(Inner {
+    ) -> Result<Inner, RedisSetupError> {
+        Ok(Inner {
             probe: Probe::new(),
             budget,
             lanes: Lanes::new(redis, budget)?,
@@ -136,7 +125,30 @@ impl RedisStore {
             prepared: AtomicBool::new(false),
             one_call: !matches!(redis.topology, config::Topology::Cluster { .. }),
             stats: RedisStats::new(),
-        });
+        })
+    }
+}
+
+impl RedisStore {
+    /// Builds the pool and starts connecting in the background: Redis need
+    /// not be up yet. [`RedisStore::ready`] turns true once Redis answered
+    /// and every script is loaded.
+    /// `policies`' scripts are made now and loaded with the connection;
+    /// a policy first seen later gets its script on first use
+    /// ([`RedisStore::learn`] loads a reloaded configuration's ahead).
+    ///
+    /// `ttl_grace` is compiled into the scripts; `budget` (the one in
+    /// effect at start) bounds the store's own probe and the cluster
+    /// client's waits, while each request brings its deadline.
+    pub fn connect(
+        redis: &config::RedisStore,
+        ttl_grace: Duration,
+        budget: Duration,
+        policies: &[Arc<Policy>],
+    ) -> Result<RedisStore, RedisSetupError> {
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
+        let inner = Arc::new(Inner::new(redis, ttl_grace, budget)?);
         for policy in policies {
             inner.scripts.get(policy);
         }

@@ -893,14 +893,8 @@ async fn request_on(stream: &mut tokio::net::TcpStream, path: &str) -> String {
     let request = format!("GET {path} HTTP/1.1\r\nHost: sluice.test\r\n\r\n");
     stream.write_all(request.as_bytes()).await.expect("write");
     let (head, mut body) = support::read_head(stream).await;
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())?
-        })
-        .unwrap_or_else(|| panic!("no Content-Length: {head}"));
+    let length =
+        support::content_length(&head).unwrap_or_else(|| panic!("no Content-Length: {head}"));
     let mut chunk = [0u8; 1024];
     while body.len() < length {
         let n = stream.read(&mut chunk).await.expect("read the body");

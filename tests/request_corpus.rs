@@ -144,14 +144,7 @@ fn statuses(bytes: &[u8]) -> Vec<u16> {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("not a response head: {head:?}"));
         out.push(status);
-        let length: usize = head
-            .lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("content-length")
-                    .then(|| value.trim().parse().ok())?
-            })
-            .unwrap_or(0);
+        let length = support::content_length(&head).unwrap_or(0);
         rest = &rest[(end + 4 + length).min(rest.len())..];
     }
     out

@@ -225,6 +225,15 @@ pub async fn read_head(stream: &mut TcpStream) -> (String, Vec<u8>) {
     }
 }
 
+/// The `Content-Length` a response head declares.
+pub fn content_length(head: &str) -> Option<usize> {
+    head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
 pub fn parse_status(head: &str) -> u16 {
     head.split(' ')
         .nth(1)

@@ -26,8 +26,8 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 pub use client::{
-    burst, count, get, header, parse_status, raw_exchange, read_head, released_together,
-    replies_released_together, request, Reply,
+    burst, content_length, count, get, header, parse_status, raw_exchange, read_head,
+    released_together, replies_released_together, request, Reply,
 };
 pub use sidecar::Sidecar;
 pub use upstream::{Recorded, Upstream};

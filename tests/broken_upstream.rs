@@ -206,14 +206,29 @@ async fn run_table(h2: bool) {
             "{name}: the broken answer came on upstream connection {carried}, the next request on {next_carried}"
         );
     }
-    // Each 502 is counted as the upstream's 5xx, not as anything else.
+    // Each 502 is sluice's own answer, counted by kind; none of them is
+    // taken for an answer of the app's.
     let text = support::ops::scrape(admin).await;
-    let counted = support::ops::metric(
-        &text,
-        "sluice_upstream_responses_total",
-        &[("route", "all"), ("status_class", "5xx")],
-    );
-    assert_eq!(counted, Some(bad_gateways), "{text}");
+    let responses = |class: &str| {
+        support::ops::metric(
+            &text,
+            "sluice_upstream_responses_total",
+            &[("route", "all"), ("status_class", class)],
+        )
+    };
+    assert_eq!(responses("5xx"), Some(0.0), "{text}");
+    let errors = |kind: &str| {
+        support::ops::metric(
+            &text,
+            "sluice_upstream_errors_total",
+            &[("route", "all"), ("kind", kind)],
+        )
+        .unwrap_or_else(|| panic!("no sluice_upstream_errors_total{{kind={kind:?}}}:\n{text}"))
+    };
+    assert!(errors("refused") >= 1.0, "{text}");
+    assert!(errors("broken") >= 1.0, "{text}");
+    assert_eq!(errors("refused") + errors("broken"), bad_gateways, "{text}");
+    assert_eq!(errors("unreachable") + errors("timeout"), 0.0, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -181,21 +181,40 @@ async fn forwarded_headers_are_set_and_host_is_kept() {
 async fn unreachable_upstream_is_502() {
     // Nothing listens there.
     let url = format!("http://127.0.0.1:{}", free_port());
-    let sluice = Sidecar::start(&config(&url, ""));
+    let sluice = Sidecar::start(&config(&url, "").replace(
+        "  listen: 127.0.0.1:0\n",
+        "  listen: 127.0.0.1:0\n  admin: 127.0.0.1:0\n",
+    ));
 
     let (status, _, _) = get(sluice.addr(), "/x", &[]).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(upstream_errors(&sluice, "unreachable").await, 1.0);
+    assert_eq!(upstream_errors(&sluice, "timeout").await, 0.0);
+}
+
+/// `sluice_upstream_errors_total{route="open",kind}`.
+async fn upstream_errors(sluice: &Sidecar, kind: &str) -> f64 {
+    let admin = sluice.admin_addr().expect("an admin listener");
+    let text = support::ops::scrape(admin).await;
+    let labels = [("route", "open"), ("kind", kind)];
+    support::ops::metric(&text, "sluice_upstream_errors_total", &labels)
+        .unwrap_or_else(|| panic!("no {kind} count:\n{text}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_slower_than_the_timeout_is_504() {
     let upstream = Upstream::start().await;
     upstream.set_delay(Duration::from_secs(3));
-    let sluice = Sidecar::start(&config(&upstream.url(), "  timeout: 200ms"));
+    let sluice = Sidecar::start(&config(&upstream.url(), "  timeout: 200ms").replace(
+        "  listen: 127.0.0.1:0\n",
+        "  listen: 127.0.0.1:0\n  admin: 127.0.0.1:0\n",
+    ));
 
     let (status, _, _) = get(sluice.addr(), "/slow", &[]).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(upstream.count(), 1, "a 504 is for a request that was sent");
+    assert_eq!(upstream_errors(&sluice, "timeout").await, 1.0);
+    assert_eq!(upstream_errors(&sluice, "unreachable").await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

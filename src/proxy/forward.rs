@@ -23,7 +23,7 @@ use crate::config::{self, Live};
 use crate::sleeps::Spares;
 use crate::subject;
 
-use super::body::{self, Body, ClientBodyError, IdleTimeout};
+use super::body::{self, Body, ClientBodyError, Cut, IdleTimeout};
 use super::headers::{self, Forwarded};
 use super::pool::{self, Failure, Pool, Returning};
 use super::respond;
@@ -63,8 +63,75 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
-/// Sends `request` upstream and returns what the client should get: the
-/// upstream's response with hop-by-hop fields removed, or 502/504/408.
+/// Every way a forwarded request ends without the app's answer reaching
+/// the client. Each kind owns the response sluice gives instead and the
+/// `kind` label of `sluice_upstream_errors_total`, so sluice's own 502s
+/// and 504s are never counted as the app's answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamError {
+    /// The upstream URL's base and the request's path make no URI.
+    Target,
+    /// No connection to the app (refused, or `upstream.connect_timeout`).
+    Unreachable,
+    /// The app took longer than `upstream.timeout` for its turn.
+    Timeout,
+    /// The exchange broke before a response head came whole.
+    Broken,
+    /// A response head sluice does not pass on (`upstream_head`).
+    Refused,
+    /// The app switched protocols unasked, or to one the route does not
+    /// allow.
+    Upgrade,
+    /// The client's request body stalled or came too slowly (408).
+    BodyCut(Cut),
+    /// The client's request body was malformed or cut short (400).
+    BodyBroken,
+}
+
+impl UpstreamError {
+    pub const KINDS: [&'static str; 9] = [
+        "target",
+        "unreachable",
+        "timeout",
+        "broken",
+        "refused",
+        "upgrade",
+        "body_idle",
+        "body_too_slow",
+        "body_broken",
+    ];
+
+    /// Its place in [`UpstreamError::KINDS`]: its `kind` label.
+    pub fn index(self) -> usize {
+        match self {
+            UpstreamError::Target => 0,
+            UpstreamError::Unreachable => 1,
+            UpstreamError::Timeout => 2,
+            UpstreamError::Broken => 3,
+            UpstreamError::Refused => 4,
+            UpstreamError::Upgrade => 5,
+            UpstreamError::BodyCut(Cut::Idle) => 6,
+            UpstreamError::BodyCut(Cut::TooSlow) => 7,
+            UpstreamError::BodyBroken => 8,
+        }
+    }
+
+    /// What the client gets instead of the app's answer.
+    pub fn response(self) -> Response<Body> {
+        match self {
+            UpstreamError::Target | UpstreamError::Unreachable | UpstreamError::Upgrade => {
+                respond::bad_gateway()
+            }
+            UpstreamError::Timeout => respond::gateway_timeout(),
+            UpstreamError::Broken | UpstreamError::Refused => respond::broken_upstream_response(),
+            UpstreamError::BodyCut(cut) => respond::request_timeout(cut),
+            UpstreamError::BodyBroken => respond::broken_request_body(),
+        }
+    }
+}
+
+/// Sends `request` upstream and returns the upstream's response with
+/// hop-by-hop fields removed, or why there is none.
 pub(super) async fn forward(
     upstream: &Upstream,
     mut request: Request<Incoming>,
@@ -72,7 +139,7 @@ pub(super) async fn forward(
     live: &Live,
     upgrades: &[Box<str>],
     tunnels: &Tunnels,
-) -> Response<Body> {
+) -> Result<Response<Body>, UpstreamError> {
     // An upgrade the route does not allow goes as a plain request: an h2c
     // tunnel would carry requests no route ever sees.
     let upgrade = headers::allowed_upgrade(request.version(), request.headers(), upgrades);
@@ -83,7 +150,7 @@ pub(super) async fn forward(
         Ok(uri) => uri,
         Err(error) => {
             tracing::warn!(%error, "cannot build the upstream URI");
-            return respond::bad_gateway();
+            return Err(UpstreamError::Target);
         }
     };
     let host = headers::original_host(&parts.uri, &parts.headers);
@@ -123,14 +190,14 @@ pub(super) async fn forward(
     let (mut response, lease) = tokio::select! {
         sent = upstream.pool.send(&live.upstream.url, request, |again| informational.count(again)) => match sent {
             Ok(sent) => sent,
-            Err(error) => return failed(&error, &upstream.pool),
+            Err(error) => return Err(failed(&error, &upstream.pool)),
         },
         () = informational.until_flooded() => {
-            return refuse(Refused::InformationalFlood);
+            return Err(refuse(Refused::InformationalFlood));
         }
         () = timer.expired() => {
             tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
-            return respond::gateway_timeout();
+            return Err(UpstreamError::Timeout);
         }
     };
     let checked = if informational.flooded() {
@@ -139,19 +206,19 @@ pub(super) async fn forward(
         upstream_head::check(response.headers())
     };
     if let Err(refused) = checked {
-        return refuse(refused);
+        return Err(refuse(refused));
     }
 
     let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     if upgraded {
         let Some(client_upgrade) = client_upgrade else {
             tracing::debug!("upstream switched protocols unasked");
-            return respond::bad_gateway();
+            return Err(UpstreamError::Upgrade);
         };
         let chosen = response.headers().get(http::header::UPGRADE);
         if !chosen.is_some_and(|p| headers::upgrade_allowed(p.as_bytes(), upgrades)) {
             tracing::debug!("upstream switched to a protocol the route does not allow");
-            return respond::bad_gateway();
+            return Err(UpstreamError::Upgrade);
         }
         tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
     }
@@ -164,17 +231,17 @@ pub(super) async fn forward(
     // A switched connection belongs to the tunnel: its handle is dropped.
     if upgraded {
         drop(lease);
-        return response.map(body::boxed);
+        return Ok(response.map(body::boxed));
     }
     let response = response.map(|incoming| Returning::new(incoming, lease));
     // A body that stops part way is cut after `upstream.timeout` of
     // silence (nginx's `proxy_read_timeout` between two reads): the client
     // sees it truncated instead of waiting forever.
     if response.body().is_end_stream() {
-        response.map(body::boxed)
+        Ok(response.map(body::boxed))
     } else {
         let timeout = live.upstream.timeout;
-        response.map(|b| body::boxed(IdleTimeout::response(b, timeout)))
+        Ok(response.map(|b| body::boxed(IdleTimeout::response(b, timeout))))
     }
 }
 
@@ -197,33 +264,33 @@ fn target(base: &Uri, request: &Uri) -> Result<Uri, http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
-/// 502 for an upstream response sluice will not pass on; the upstream
-/// connection that carried it is never used again (its lease is dropped
-/// with the response, never released).
-fn refuse(refused: Refused) -> Response<Body> {
+/// An upstream response sluice will not pass on; the upstream connection
+/// that carried it is never used again (its lease is dropped with the
+/// response, never released).
+fn refuse(refused: Refused) -> UpstreamError {
     tracing::debug!(error = %refused, "upstream response refused");
-    respond::broken_upstream_response()
+    UpstreamError::Refused
 }
 
 /// The upstream exchange failed before a response head arrived.
-fn failed(failure: &Failure, pool: &Pool) -> Response<Body> {
+fn failed(failure: &Failure, pool: &Pool) -> UpstreamError {
     let error = match failure {
         Failure::Connect(error) => {
             tracing::debug!(error = %chain(error.as_ref()), "upstream unreachable");
-            return respond::bad_gateway();
+            return UpstreamError::Unreachable;
         }
         Failure::Exchange(error) => error,
     };
     if let Some(cut) = pool.cuts().count(error) {
         tracing::debug!(reason = cut.label(), "request body cut");
-        return respond::request_timeout(cut);
+        return UpstreamError::BodyCut(cut);
     }
     if caused_by::<ClientBodyError>(error) {
         tracing::debug!(error = %chain(error), "request body broken");
-        return respond::broken_request_body();
+        return UpstreamError::BodyBroken;
     }
     tracing::debug!(error = %chain(error), "upstream exchange failed");
-    respond::broken_upstream_response()
+    UpstreamError::Broken
 }
 
 fn caused_by<E: StdError + 'static>(error: &(dyn StdError + 'static)) -> bool {
@@ -253,7 +320,6 @@ fn chain(error: &(dyn StdError + 'static)) -> String {
 mod tests {
     use std::time::Duration;
 
-    use super::body::Cut;
     use super::*;
 
     fn uri(s: &str) -> Uri {
@@ -275,6 +341,36 @@ mod tests {
         assert_eq!(target(&based, &uri("/a?x=1")).unwrap(), "/base/a?x=1");
         assert_eq!(target(&based, &uri("/")).unwrap(), "/base/");
         assert_eq!(target(&based, &uri("*")).unwrap().path(), "*");
+    }
+
+    #[test]
+    fn every_upstream_error_has_a_label_of_its_own() {
+        let all = [
+            UpstreamError::Target,
+            UpstreamError::Unreachable,
+            UpstreamError::Timeout,
+            UpstreamError::Broken,
+            UpstreamError::Refused,
+            UpstreamError::Upgrade,
+            UpstreamError::BodyCut(Cut::Idle),
+            UpstreamError::BodyCut(Cut::TooSlow),
+            UpstreamError::BodyBroken,
+        ];
+        let mut labels: Vec<_> = all
+            .iter()
+            .map(|e| UpstreamError::KINDS[e.index()])
+            .collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), UpstreamError::KINDS.len());
+        // Sluice's own answers are never the app's 2xx.
+        for error in all {
+            let status = error.response().status();
+            assert!(
+                status.is_client_error() || status.is_server_error(),
+                "{error:?}: {status}"
+            );
+        }
     }
 
     #[test]

@@ -14,10 +14,11 @@ use crate::route::Route;
 
 use crate::telemetry::{
     DECISION_DURATION, FORWARDED_WITHOUT_DECISION, IN_FLIGHT, REQUESTS, REQUESTS_REFUSED,
-    REQUEST_BODIES_CUT, UPSTREAM_DURATION, UPSTREAM_RESPONSES,
+    REQUEST_BODIES_CUT, UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_RESPONSES,
 };
 
 use super::body::Cut;
+use super::forward::UpstreamError;
 use super::verdict::{OutcomeLabel, Verdict};
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -35,6 +36,8 @@ pub struct RouteMetrics {
     /// place back to the same gauge it rose.
     in_flight: Box<[Option<Gauge>]>,
     upstream_responses: [Counter; STATUS_CLASSES.len()],
+    /// Indexed as [`UpstreamError::KINDS`].
+    upstream_errors: [Counter; UpstreamError::KINDS.len()],
     upstream_duration: Histogram,
 }
 
@@ -73,6 +76,9 @@ impl RouteMetrics {
             upstream_responses: STATUS_CLASSES.map(|class| {
                 metrics::counter!(UPSTREAM_RESPONSES, "route" => route.clone(), "status_class" => class)
             }),
+            upstream_errors: UpstreamError::KINDS.map(|kind| {
+                metrics::counter!(UPSTREAM_ERRORS, "route" => route.clone(), "kind" => kind)
+            }),
             upstream_duration: metrics::histogram!(UPSTREAM_DURATION, "route" => route.clone()),
         }
     }
@@ -98,6 +104,11 @@ impl RouteMetrics {
         let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
         self.upstream_responses[class].increment(1);
         self.upstream_duration.record(elapsed.as_secs_f64());
+    }
+
+    /// A forwarded request that got sluice's answer instead of the app's.
+    pub fn upstream_error(&self, error: UpstreamError) {
+        self.upstream_errors[error.index()].increment(1);
     }
 }
 

@@ -386,8 +386,16 @@ impl Proxy {
             &self.tunnels,
         )
         .await;
-        entry.metrics.upstream(response.status(), sent.elapsed());
-        response
+        match response {
+            Ok(response) => {
+                entry.metrics.upstream(response.status(), sent.elapsed());
+                response
+            }
+            Err(error) => {
+                entry.metrics.upstream_error(error);
+                error.response()
+            }
+        }
     }
 
     /// The local fallback, for its upkeep (sweeping, metrics).

@@ -66,6 +66,7 @@ pub const REQUESTS_REFUSED: &str = "sluice_requests_refused_total";
 pub const DECISION_DURATION: &str = "sluice_decision_duration_seconds";
 pub const FORWARDED_WITHOUT_DECISION: &str = "sluice_forwarded_without_decision_total";
 pub const UPSTREAM_RESPONSES: &str = "sluice_upstream_responses_total";
+pub const UPSTREAM_ERRORS: &str = "sluice_upstream_errors_total";
 pub const UPSTREAM_DURATION: &str = "sluice_upstream_duration_seconds";
 pub const UPSTREAM_RESENDS: &str = "sluice_upstream_resends_total";
 pub const REQUEST_BODIES_CUT: &str = "sluice_request_bodies_cut_total";
@@ -124,7 +125,11 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(
         UPSTREAM_RESPONSES,
-        "Upstream responses by route and status class.",
+        "Responses of the app passed to the client, by route and status class.",
+    ),
+    Metric::counter(
+        UPSTREAM_ERRORS,
+        "Forwarded requests that got sluice's own answer instead of the app's (502, 504, 408, 400), by route and kind.",
     ),
     Metric::seconds(
         UPSTREAM_DURATION,

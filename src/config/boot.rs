@@ -51,6 +51,23 @@ pub struct ServerBoot {
     /// Of those, at most this many from one address (an IPv6 /64).
     pub max_connections_per_ip: usize,
     pub http2: Http2,
+    /// The PROXY protocol versions read from `identity.trusted_proxies`.
+    pub proxy_protocol: ProxyProtocol,
+}
+
+/// `server.proxy_protocol`: which versions of the PROXY protocol header a
+/// trusted peer may put before its connection's first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProxyProtocol {
+    pub v1: bool,
+    pub v2: bool,
+}
+
+impl ProxyProtocol {
+    /// Whether any header is read at all.
+    pub fn any(self) -> bool {
+        self.v1 || self.v2
+    }
 }
 
 /// HTTP/2 limits, set explicitly rather than left to hyper's defaults.
@@ -215,6 +232,7 @@ impl ServerBoot {
             max_connections,
             max_connections_per_ip,
             http2,
+            proxy_protocol,
         } = self;
         differ(listen, &next.listen, "server.listen", changes);
         differ(admin, &next.admin, "server.admin", changes);
@@ -269,6 +287,12 @@ impl ServerBoot {
             changes,
         );
         differ(http2, &next.http2, "server.http2", changes);
+        differ(
+            proxy_protocol,
+            &next.proxy_protocol,
+            "server.proxy_protocol",
+            changes,
+        );
     }
 }
 

@@ -19,8 +19,8 @@ pub(crate) mod raw;
 pub(crate) mod validate;
 
 pub use boot::{
-    Boot, Http2, MemoryStore, RedisStore, ServerBoot, StoreBoot, StoreKind, Tls, Topology,
-    UpstreamBoot,
+    Boot, Http2, MemoryStore, ProxyProtocol, RedisStore, ServerBoot, StoreBoot, StoreKind, Tls,
+    Topology, UpstreamBoot,
 };
 pub use error::{ConfigError, ConfigErrors};
 pub use live::{

@@ -153,6 +153,7 @@ pub struct Server {
     pub max_connections: Option<Scalar>,
     pub max_connections_per_ip: Option<Scalar>,
     pub http2: Option<Http2>,
+    pub proxy_protocol: Option<ScalarList>,
 }
 
 /// `server.min_upload_rate`: one value (`off`, or a rate) or the mapping.

@@ -1028,6 +1028,35 @@ fn trusted_proxies_take_networks_and_addresses() {
 }
 
 #[test]
+fn proxy_protocol_lists_versions_read_only_from_trusted_proxies() {
+    let trusted = "identity:\n  trusted_proxies: [10.0.0.0/8]\n";
+    let c = parse_ok(&format!("{BASE}{trusted}"));
+    assert!(!c.boot.server.proxy_protocol.any(), "off unless listed");
+    let with = |versions: &str| {
+        format!("{BASE}{trusted}").replace(
+            "  listen: 127.0.0.1:8080\n",
+            &format!("  listen: 127.0.0.1:8080\n  proxy_protocol: {versions}\n"),
+        )
+    };
+    let both = parse_ok(&with("[v1, v2]")).boot.server.proxy_protocol;
+    assert!(both.v1 && both.v2);
+    let one = parse_ok(&with("v2")).boot.server.proxy_protocol;
+    assert!(!one.v1 && one.v2);
+
+    let errors = parse_err(&with("[v2, v3, v2]"));
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors[0].contains("server.proxy_protocol[1]: unknown version `v3`; expected v1 or v2"));
+    assert!(errors[1].contains("server.proxy_protocol[2]: is listed twice"));
+    // Nothing trusted: no peer's header would ever be read.
+    let errors = parse_err(&with("[v1]").replace(trusted, ""));
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].contains("server.proxy_protocol: a PROXY protocol header is read only from `identity.trusted_proxies`, which is empty"),
+        "{errors:#?}"
+    );
+}
+
+#[test]
 fn the_shipped_configs_pass_without_any_environment() {
     for name in ["config/example.yaml", "config/quickstart.yaml"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);

@@ -200,6 +200,16 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         underscores,
     );
 
+    if let (Some((boot, _)), Some(identity)) = (&server, &identity) {
+        if boot.proxy_protocol.any() && identity.trusted_proxies.is_empty() {
+            cx.error(
+                &top.key("server").key("proxy_protocol"),
+                At::Key,
+                "a PROXY protocol header is read only from `identity.trusted_proxies`, which is empty; list the load balancer's addresses there",
+            );
+        }
+    }
+
     local_fallback(
         cx,
         &top,

@@ -26,6 +26,8 @@
 //! - `verdict`: what became of a request, the hook metrics attach to.
 //! - `metrics`: the proxy's metric handles (per route, verdict-indexed).
 //! - `log_budget`: how many decisions a route may log a second.
+//! - `untrusted_forwarder`: the WARN and the count when a proxy's
+//!   `X-Forwarded-For` is ignored because nothing is trusted.
 
 mod body;
 pub mod explain;
@@ -40,6 +42,7 @@ pub mod respond;
 mod runtime;
 mod service;
 mod underscores;
+mod untrusted_forwarder;
 mod upgrade;
 mod upstream_head;
 mod upstream_timer;

@@ -41,6 +41,7 @@ use super::overrides::{self, Methods, MAX_METHODS};
 use super::respond::{self, Prepared};
 use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
 use super::underscores;
+use super::untrusted_forwarder::UntrustedForwarder;
 use super::upgrade::Tunnels;
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
@@ -56,6 +57,7 @@ pub struct Proxy {
     upstream: Upstream,
     tunnels: Tunnels,
     metrics: ProxyMetrics,
+    untrusted_forwarder: UntrustedForwarder,
 }
 
 /// What deciding alone needs, should the store not decide.
@@ -123,6 +125,7 @@ impl Proxy {
             in_flight: InFlight::new(),
             upstream,
             tunnels: Tunnels::new(),
+            untrusted_forwarder: UntrustedForwarder::new(),
         }
     }
 
@@ -132,6 +135,10 @@ impl Proxy {
         // is judged by.
         let runtime = self.runtime.load_full();
         let live = &*runtime.live;
+        if live.identity.trusted_proxies.is_empty() {
+            self.untrusted_forwarder
+                .observe(conn.peer.ip(), request.headers());
+        }
         let routed = prepare(
             &runtime,
             request.method(),
@@ -396,6 +403,13 @@ impl Proxy {
                 error.response()
             }
         }
+    }
+
+    /// Whether `peer` is one of `identity.trusted_proxies` as configured
+    /// now (the listener asks it of each new connection).
+    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
+        let runtime = self.runtime.load();
+        crate::subject::resolve::trusted_peer(peer, &runtime.live.identity.trusted_proxies)
     }
 
     /// The local fallback, for its upkeep (sweeping, metrics).

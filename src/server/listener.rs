@@ -31,6 +31,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::config;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::sleeps::HyperTimer;
 use crate::telemetry;
@@ -38,7 +39,8 @@ use crate::telemetry;
 use super::accept::AcceptErrors;
 use super::beside::{beside, First};
 use super::framing::Watched;
-use super::per_peer::PerPeer;
+use super::per_peer::{Held, PerPeer};
+use super::proxied::{self, Prefixed};
 use super::send_timeout::SendTimeout;
 use super::stream_watchdog::{self, StreamExecutor};
 use super::trim::{self, Trim};
@@ -76,6 +78,7 @@ pub async fn serve(
         "limit" => "max_connections_per_ip"
     );
     let per_peer = PerPeer::new(settings.max_connections_per_ip);
+    let proxy_headers = Arc::new(proxied::Counters::new());
     let mut trim = Trim::default();
 
     loop {
@@ -104,13 +107,30 @@ pub async fn serve(
                     drop(stream);
                 }
                 Ok((stream, peer)) => {
-                    let Some(held) = per_peer.try_hold(peer.ip()) else {
-                        refused_per_ip.increment(1);
-                        drop(stream);
-                        continue;
+                    // A load balancer's connections carry many clients:
+                    // each is counted as the client its header names,
+                    // once that is read.
+                    let proxied = (settings.proxy_protocol.any() && proxy.trusts(peer.ip()))
+                        .then(|| Proxied {
+                            versions: settings.proxy_protocol,
+                            per_peer: per_peer.clone(),
+                            refused_per_ip: refused_per_ip.clone(),
+                            counters: proxy_headers.clone(),
+                        });
+                    let held = match proxied {
+                        Some(_) => None,
+                        None => match per_peer.try_hold(peer.ip()) {
+                            Some(held) => Some(held),
+                            None => {
+                                refused_per_ip.increment(1);
+                                drop(stream);
+                                continue;
+                            }
+                        },
                     };
                     let connection = Connection {
                         peer,
+                        proxied,
                         tls: tls.clone(),
                         builder: builder.clone(),
                         proxy: proxy.clone(),
@@ -122,10 +142,7 @@ pub async fn serve(
                         idle_timeout: settings.idle_timeout,
                         send_timeout: settings.send_timeout,
                     };
-                    connections.spawn(async move {
-                        connection.run(stream).await;
-                        drop(held);
-                    });
+                    connections.spawn(connection.run(stream, held));
                     if trim.open(connections.len(), Instant::now()) {
                         trim::release_freed_memory();
                     }
@@ -178,7 +195,10 @@ fn builder(settings: &Settings) -> Builder<StreamExecutor> {
 
 /// One accepted connection, before its protocol is known.
 struct Connection {
+    /// The TCP peer; with a PROXY protocol header, the client it carries.
     peer: SocketAddr,
+    /// Set for a trusted peer when `server.proxy_protocol` lists a version.
+    proxied: Option<Proxied>,
     tls: Option<TlsAcceptor>,
     builder: Arc<Builder<StreamExecutor>>,
     proxy: Arc<Proxy>,
@@ -190,6 +210,15 @@ struct Connection {
     first_head_by: Instant,
     idle_timeout: Duration,
     send_timeout: Duration,
+}
+
+/// What a connection from a trusted peer needs to read its PROXY protocol
+/// header and to count its client.
+struct Proxied {
+    versions: config::ProxyProtocol,
+    per_peer: Arc<PerPeer>,
+    refused_per_ip: metrics::Counter,
+    counters: Arc<proxied::Counters>,
 }
 
 /// A connection's requests in flight, and when it last had none.
@@ -237,7 +266,9 @@ impl Drop for InFlight {
 }
 
 impl Connection {
-    async fn run(self, stream: TcpStream) {
+    /// Serves the connection; `held` is its place among its peer's
+    /// connections (`None` for a trusted peer's until its header is read).
+    async fn run(mut self, mut stream: TcpStream, held: Option<Held>) {
         // Small writes (response heads, WebSocket frames) go out at once.
         let _ = stream.set_nodelay(true);
         let local = match stream.local_addr() {
@@ -247,13 +278,26 @@ impl Connection {
                 return;
             }
         };
+        let (rest, _held) = match self.proxied.take() {
+            None => (Vec::new(), held),
+            Some(proxied) => match self.read_proxy_header(&mut stream, &proxied).await {
+                Some(rest) => match proxied.per_peer.try_hold(self.peer.ip()) {
+                    Some(held) => (rest, Some(held)),
+                    None => {
+                        proxied.refused_per_ip.increment(1);
+                        return;
+                    }
+                },
+                None => return,
+            },
+        };
         let info = ConnInfo {
             peer: self.peer,
             local,
             tls: self.tls.is_some(),
         };
         // Under TLS too: a client that stops reading blocks the TCP writes.
-        let stream = SendTimeout::new(stream, self.send_timeout);
+        let stream = SendTimeout::new(Prefixed::new(stream, rest), self.send_timeout);
         match self.tls.clone() {
             None => self.serve(TokioIo::new(Watched::new(stream)), info).await,
             // Boxed: the TLS state is twice the size of a plain connection's,
@@ -262,10 +306,40 @@ impl Connection {
         }
     }
 
+    /// Reads a trusted peer's PROXY protocol header, if it sends one, and
+    /// takes the client it carries as the peer; the bytes read after it,
+    /// or `None` when the connection is closed for it.
+    async fn read_proxy_header(
+        &mut self,
+        stream: &mut TcpStream,
+        proxied: &Proxied,
+    ) -> Option<Vec<u8>> {
+        let read = proxied::read_opening(
+            stream,
+            proxied.versions,
+            self.first_head_by,
+            &proxied.counters,
+        );
+        match read.await {
+            Ok(Some(opening)) => {
+                if let Some(source) = opening.source {
+                    self.peer = source;
+                }
+                Some(opening.rest)
+            }
+            Ok(None) => None,
+            Err(rejected) => {
+                tracing::debug!(peer = %self.peer, reason = ?rejected, "PROXY protocol header refused; connection closed");
+                proxied.counters.rejected(rejected);
+                None
+            }
+        }
+    }
+
     async fn serve_tls(
         self,
         acceptor: TlsAcceptor,
-        stream: SendTimeout<TcpStream>,
+        stream: SendTimeout<Prefixed<TcpStream>>,
         info: ConnInfo,
     ) {
         match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {

@@ -10,12 +10,16 @@
 //!   reading.
 //! - `stream_watchdog`: the same for one HTTP/2 stream, which flow control
 //!   stops before any socket write blocks.
+//! - [`proxy_protocol`]: the PROXY protocol header, parsed; `proxied`
+//!   reads it from a trusted peer and hands on the bytes after it.
 
 pub mod accept;
 mod beside;
 mod framing;
 mod listener;
 mod per_peer;
+mod proxied;
+pub mod proxy_protocol;
 mod send_timeout;
 mod stream_watchdog;
 pub mod tls;
@@ -50,6 +54,8 @@ pub struct Settings {
     /// Of those, at most this many from one address (an IPv6 /64).
     pub max_connections_per_ip: usize,
     pub http2: config::Http2,
+    /// Read from `identity.trusted_proxies` only.
+    pub proxy_protocol: config::ProxyProtocol,
 }
 
 impl From<&config::ServerBoot> for Settings {
@@ -63,6 +69,7 @@ impl From<&config::ServerBoot> for Settings {
             max_connections: server.max_connections,
             max_connections_per_ip: server.max_connections_per_ip,
             http2: server.http2,
+            proxy_protocol: server.proxy_protocol,
         }
     }
 }

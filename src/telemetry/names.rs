@@ -90,6 +90,9 @@ pub const CONFIG_REVISION: &str = "sluice_config_revision";
 pub const CONFIG_INFO: &str = "sluice_config_info";
 pub const BUILD_INFO: &str = "sluice_build_info";
 pub const CONNECTIONS_REFUSED: &str = "sluice_connections_refused_total";
+pub const PROXY_PROTOCOL_HEADERS: &str = "sluice_proxy_protocol_headers_total";
+pub const PROXY_PROTOCOL_REJECTED: &str = "sluice_proxy_protocol_rejected_total";
+pub const FORWARDED_FOR_IGNORED: &str = "sluice_forwarded_for_ignored_total";
 pub const RUNTIME_ALIVE_TASKS: &str = "sluice_runtime_alive_tasks";
 
 pub const ALL: &[Metric] = &[
@@ -184,6 +187,18 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         CONNECTIONS_REFUSED,
         "Traffic connections closed at once: server.max_connections were open, or max_connections_per_ip from the peer's address (label limit).",
+    ),
+    Metric::counter(
+        PROXY_PROTOCOL_HEADERS,
+        "PROXY protocol headers read from trusted peers, by version.",
+    ),
+    Metric::counter(
+        PROXY_PROTOCOL_REJECTED,
+        "Connections from trusted peers closed for their PROXY protocol header, by reason (malformed, too_long, version, timeout).",
+    ),
+    Metric::counter(
+        FORWARDED_FOR_IGNORED,
+        "Requests with X-Forwarded-For from a private or loopback peer while identity.trusted_proxies is empty: the header was ignored and every client behind that proxy shares its address.",
     ),
     Metric::counter(
         DENY_CACHE_HITS,

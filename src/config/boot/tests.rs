@@ -22,6 +22,7 @@ server:
   max_connections: 10000
   max_connections_per_ip: 10
   http2: { max_concurrent_streams: 128 }
+  proxy_protocol: [v2]
   paths: { merge_slashes: true }
 upstream:
   url: http://127.0.0.1:3000
@@ -157,6 +158,11 @@ fn each_boot_key_changed_alone_is_named() {
             "max_concurrent_streams: 128",
             "max_concurrent_streams: 64",
             "server.http2",
+        ),
+        (
+            "proxy_protocol: [v2]",
+            "proxy_protocol: [v1, v2]",
+            "server.proxy_protocol",
         ),
         (
             "connect_timeout: 1s",
@@ -317,7 +323,10 @@ fn a_change_to_the_live_part_names_nothing() {
         ("budget: 25ms", "budget: 50ms"),
         ("on_failure: deny", "on_failure: allow"),
         ("failure_retry_after: 1s", "failure_retry_after: 3s"),
-        ("trusted_proxies: [10.0.0.0/8]", "trusted_proxies: []"),
+        (
+            "trusted_proxies: [10.0.0.0/8]",
+            "trusted_proxies: [10.0.0.0/8, 192.168.0.0/16]",
+        ),
         ("ipv6_prefix: 64", "ipv6_prefix: 56"),
         (
             "pseudonym_key: 0123456789abcdef0123",

@@ -14,8 +14,8 @@ use super::check::{self, Checker};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{
-    Http2, Identity, MemoryStore, MinUploadRate, OnFailure, RedisStore, Responses, Secret,
-    ServerBoot, ServerLive, StoreBoot, StoreKind, StoreLive, Tls, Topology, Underscores,
+    Http2, Identity, MemoryStore, MinUploadRate, OnFailure, ProxyProtocol, RedisStore, Responses,
+    Secret, ServerBoot, ServerLive, StoreBoot, StoreKind, StoreLive, Tls, Topology, Underscores,
     UpstreamBoot, UpstreamLive,
 };
 
@@ -130,6 +130,7 @@ pub fn server(
         },
     );
     let http2 = http2(cx, &path.key("http2"), raw.http2.unwrap_or_default());
+    let proxy_protocol = proxy_protocol(cx, &path.key("proxy_protocol"), raw.proxy_protocol);
     let paths = match raw.paths {
         None => Some(PathRules::default()),
         Some(raw) => paths(cx, &path.key("paths"), raw),
@@ -171,6 +172,7 @@ pub fn server(
         max_connections: usize::try_from(max_connections?).ok()?,
         max_connections_per_ip: usize::try_from(max_connections_per_ip?).ok()?,
         http2: http2?,
+        proxy_protocol: proxy_protocol?,
     };
     let live = ServerLive {
         body_idle_timeout: body_idle_timeout?,
@@ -180,6 +182,50 @@ pub fn server(
         explain_token: explain_token?,
     };
     Some((boot, live))
+}
+
+/// `server.proxy_protocol`: `v1`, `v2`, or a list of them.
+fn proxy_protocol(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<ScalarList>,
+) -> Option<ProxyProtocol> {
+    let items = list_items(path, raw);
+    let mut versions = ProxyProtocol::default();
+    let mut ok = true;
+    for (p, s) in &items {
+        let version = cx.value(p, s, |s| match s {
+            "v1" => Ok(1),
+            "v2" => Ok(2),
+            _ => Err(format!("unknown version `{s}`; expected v1 or v2")),
+        });
+        let seen = match version {
+            Some(1) => std::mem::replace(&mut versions.v1, true),
+            Some(_) => std::mem::replace(&mut versions.v2, true),
+            None => {
+                ok = false;
+                continue;
+            }
+        };
+        if seen {
+            cx.error(p, At::Value, "is listed twice");
+            ok = false;
+        }
+    }
+    ok.then_some(versions)
+}
+
+/// A list's items with their paths; one value stands for a list of one.
+fn list_items(path: &KeyPath, raw: Option<ScalarList>) -> Vec<(KeyPath, Scalar)> {
+    match raw {
+        None => Vec::new(),
+        Some(ScalarList::One(s)) => vec![(path.clone(), s)],
+        Some(ScalarList::Many(v)) => v
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (path.index(i), s))
+            .collect(),
+    }
 }
 
 /// Kestrel's `MinRequestBodyDataRate` default: 240 bytes a second, far
@@ -924,15 +970,7 @@ fn trusted_proxies(
     path: &KeyPath,
     raw: Option<ScalarList>,
 ) -> Option<Vec<IpNet>> {
-    let items: Vec<(KeyPath, Scalar)> = match raw {
-        None => Vec::new(),
-        Some(ScalarList::One(s)) => vec![(path.clone(), s)],
-        Some(ScalarList::Many(v)) => v
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| (path.index(i), s))
-            .collect(),
-    };
+    let items = list_items(path, raw);
     let mut nets = Vec::with_capacity(items.len());
     let mut ok = true;
     for (p, s) in &items {

@@ -1,0 +1,281 @@
+//! The PROXY protocol from a trusted load balancer, through the binary: the
+//! client its header carries is the client, for limits, for
+//! `X-Forwarded-For` and for `max_connections_per_ip`; a header from any
+//! other peer is never believed; a broken or unlisted one closes the
+//! connection before anything reaches the app. And the lockout a proxy
+//! causes while nothing is trusted is named in the logs.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use support::client::{parse_status, read_head};
+use support::ops::{metric, scrape};
+use support::{Recorded, Sidecar, Upstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One request per client an hour; 127.0.0.1 (the test) is the balancer.
+fn config(upstream: &str, versions: &str, trusted: &str, server_extra: &str) -> String {
+    format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+  proxy_protocol: {versions}
+{server_extra}
+upstream:
+  url: {upstream}
+identity:
+  trusted_proxies: {trusted}
+policies:
+  one: {{ algorithm: fixed-window, limit: 1, window: 1h }}
+routes: []
+default: {{ policy: one, subject: client_ip }}
+"
+    )
+}
+
+fn v1(client: &str, port: u16) -> Vec<u8> {
+    format!("PROXY TCP4 {client} 10.0.0.5 {port} 8080\r\n").into_bytes()
+}
+
+/// A version 2 PROXY command for an IPv4 client, with one TLV after the
+/// addresses (as AWS NLB sends).
+fn v2(client: [u8; 4], port: u16) -> Vec<u8> {
+    let mut body = client.to_vec();
+    body.extend_from_slice(&[10, 0, 0, 5]);
+    body.extend_from_slice(&port.to_be_bytes());
+    body.extend_from_slice(&8080u16.to_be_bytes());
+    body.extend_from_slice(&[0xEA, 0x00, 0x03, 0x01, b'v', b'p']);
+    v2_raw(0x21, 0x11, &body)
+}
+
+fn v2_raw(version_command: u8, family: u8, body: &[u8]) -> Vec<u8> {
+    let mut bytes = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    bytes.push(version_command);
+    bytes.push(family);
+    bytes.extend_from_slice(&u16::try_from(body.len()).unwrap().to_be_bytes());
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n";
+
+/// Writes `opening` and a GET on a new connection; the status, or `None`
+/// when sluice closed the connection without answering.
+async fn exchange(addr: SocketAddr, opening: &[u8]) -> Option<u16> {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let mut bytes = opening.to_vec();
+    bytes.extend_from_slice(GET);
+    stream.write_all(&bytes).await.expect("write");
+    answer(&mut stream).await
+}
+
+async fn answer(stream: &mut TcpStream) -> Option<u16> {
+    let mut first = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.peek(&mut first))
+        .await
+        .expect("an answer or a close in time");
+    match read {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(parse_status(&read_head(stream).await.0)),
+    }
+}
+
+/// The client `X-Forwarded-For` names last, as the app saw it.
+fn forwarded_for(seen: &Recorded) -> String {
+    let value = seen.header("x-forwarded-for").expect("X-Forwarded-For");
+    value.rsplit(',').next().unwrap().trim().to_owned()
+}
+
+async fn rejected(sluice: &Sidecar, reason: &str) -> f64 {
+    let text = scrape(sluice.admin_addr().unwrap()).await;
+    metric(
+        &text,
+        "sluice_proxy_protocol_rejected_total",
+        &[("reason", reason)],
+    )
+    .unwrap_or_else(|| panic!("no {reason} count:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_a_trusted_balancer_names_is_the_client() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(&upstream.url(), "[v1, v2]", "[127.0.0.1]", ""));
+    let addr = sluice.addr();
+
+    assert_eq!(exchange(addr, &v1("203.0.113.7", 51000)).await, Some(200));
+    assert_eq!(forwarded_for(&upstream.last().unwrap()), "203.0.113.7");
+    // The same client again, by the other version: its limit is spent.
+    assert_eq!(
+        exchange(addr, &v2([203, 0, 113, 7], 51001)).await,
+        Some(429)
+    );
+    // Another client behind the same balancer has a limit of its own.
+    assert_eq!(
+        exchange(addr, &v2([198, 51, 100, 9], 51002)).await,
+        Some(200)
+    );
+    assert_eq!(forwarded_for(&upstream.last().unwrap()), "198.51.100.9");
+    // IPv6 in version 1.
+    let six = b"PROXY TCP6 2001:db8::7 2001:db8::1 443 8080\r\n";
+    assert_eq!(exchange(addr, six).await, Some(200));
+    assert_eq!(forwarded_for(&upstream.last().unwrap()), "2001:db8::7");
+
+    // LOCAL (a health check) and UNKNOWN carry no client: the balancer's
+    // own address stands, and it is one client of its own.
+    assert_eq!(exchange(addr, &v2_raw(0x20, 0x00, &[])).await, Some(200));
+    assert_eq!(forwarded_for(&upstream.last().unwrap()), "127.0.0.1");
+    assert_eq!(exchange(addr, b"PROXY UNKNOWN\r\n").await, Some(429));
+    // A trusted peer may also speak plain HTTP (an ingress controller
+    // beside the balancer): it is the peer, as before.
+    assert_eq!(exchange(addr, b"").await, Some(429));
+    assert_eq!(upstream.count(), 4);
+
+    let text = scrape(sluice.admin_addr().unwrap()).await;
+    let headers = |v| {
+        metric(
+            &text,
+            "sluice_proxy_protocol_headers_total",
+            &[("version", v)],
+        )
+    };
+    assert_eq!(headers("v1"), Some(3.0), "{text}");
+    assert_eq!(headers("v2"), Some(3.0), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_from_an_untrusted_peer_is_never_believed() {
+    let upstream = Upstream::start().await;
+    // 127.0.0.1 is not the balancer here.
+    let sluice = Sidecar::start(&config(&upstream.url(), "[v1, v2]", "[10.0.0.0/8]", ""));
+    let addr = sluice.addr();
+
+    // Not read as a header: as HTTP it is no request at all.
+    assert_eq!(exchange(addr, &v1("203.0.113.7", 51000)).await, Some(400));
+    let status = exchange(addr, &v2([203, 0, 113, 7], 51000)).await;
+    assert!(matches!(status, Some(400) | None), "{status:?}");
+    assert_eq!(upstream.count(), 0);
+    // The peer's own limit was never touched by a spoofed one.
+    assert_eq!(exchange(addr, b"").await, Some(200));
+    assert_eq!(forwarded_for(&upstream.last().unwrap()), "127.0.0.1");
+    assert_eq!(exchange(addr, b"").await, Some(429));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_or_unlisted_header_closes_the_connection_before_the_app() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(
+        &upstream.url(),
+        "[v2]",
+        "[127.0.0.1]",
+        "  header_read_timeout: 1s",
+    ));
+    let addr = sluice.addr();
+
+    // Version 1 is not listed.
+    assert_eq!(exchange(addr, &v1("203.0.113.7", 51000)).await, None);
+    assert_eq!(rejected(&sluice, "version").await, 1.0);
+    // A datagram family, a truncated address block.
+    assert_eq!(exchange(addr, &v2_raw(0x21, 0x12, &[1; 12])).await, None);
+    assert_eq!(exchange(addr, &v2_raw(0x21, 0x11, &[1; 4])).await, None);
+    assert_eq!(rejected(&sluice, "malformed").await, 2.0);
+    // A length beyond the bound, refused from the fixed part alone.
+    let mut long = v2_raw(0x21, 0x11, &[]);
+    long[14..16].copy_from_slice(&60_000u16.to_be_bytes());
+    assert_eq!(exchange(addr, &long).await, None);
+    assert_eq!(rejected(&sluice, "too_long").await, 1.0);
+    // Half a signature, then nothing: closed at the head deadline.
+    let mut stalled = TcpStream::connect(addr).await.unwrap();
+    stalled.write_all(b"\r\n\r\n\0\r").await.unwrap();
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), stalled.read(&mut byte)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    assert_eq!(rejected(&sluice, "timeout").await, 1.0);
+    assert_eq!(upstream.count(), 0);
+
+    // The listener serves on.
+    assert_eq!(
+        exchange(addr, &v2([203, 0, 113, 7], 51000)).await,
+        Some(200)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_ip_count_the_client_the_header_names() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(
+        &upstream.url(),
+        "[v1]",
+        "[127.0.0.1]",
+        "  max_connections_per_ip: 1",
+    ));
+    let addr = sluice.addr();
+
+    // Two clients through one balancer, each holding a connection.
+    let mut first = TcpStream::connect(addr).await.unwrap();
+    first.write_all(&v1("203.0.113.7", 51000)).await.unwrap();
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    second.write_all(&v1("198.51.100.9", 51001)).await.unwrap();
+    let keep_alive = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: app\r\n\r\n").into_bytes();
+    second.write_all(&keep_alive("/a")).await.unwrap();
+    assert_eq!(answer(&mut second).await, Some(200));
+    first.write_all(&keep_alive("/b")).await.unwrap();
+    assert_eq!(answer(&mut first).await, Some(200));
+    // The first client's second connection is one too many.
+    assert_eq!(exchange(addr, &v1("203.0.113.7", 51002)).await, None);
+    let text = scrape(sluice.admin_addr().unwrap()).await;
+    assert_eq!(
+        metric(
+            &text,
+            "sluice_connections_refused_total",
+            &[("limit", "max_connections_per_ip")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_ignored_for_want_of_trusted_proxies_is_named_in_a_warning() {
+    let upstream = Upstream::start().await;
+    let yaml = config(&upstream.url(), "[]", "[]", "").replace(
+        "policies:\n  one: { algorithm: fixed-window, limit: 1, window: 1h }",
+        "policies:\n  one: { algorithm: fixed-window, limit: 100, window: 1h }",
+    );
+    let sluice = Sidecar::start(&yaml);
+    let addr = sluice.addr();
+    let forwarded = b"GET /x HTTP/1.1\r\nHost: app\r\nX-Forwarded-For: 203.0.113.7\r\n\r\n";
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(forwarded).await.unwrap();
+        assert_eq!(answer(&mut stream).await, Some(200));
+    }
+    // Without the header: nothing to warn about.
+    assert_eq!(exchange(addr, b"").await, Some(200));
+
+    let text = scrape(sluice.admin_addr().unwrap()).await;
+    assert_eq!(
+        metric(&text, "sluice_forwarded_for_ignored_total", &[]),
+        Some(3.0),
+        "{text}"
+    );
+    let warnings: Vec<serde_json::Value> = sluice
+        .logs()
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["level"] == "WARN" && line["peer"] == "127.0.0.1")
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one WARN, not one a request: {warnings:#?}"
+    );
+    let message = warnings[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("identity.trusted_proxies is empty"),
+        "{message}"
+    );
+}

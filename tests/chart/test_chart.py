@@ -74,14 +74,8 @@ CASES = {
     "all-options": yaml.safe_load(ALL_OPTIONS.read_text()),
 }
 
-# sluice added to the legacy Deployment: its pods' labels, its port, and a
-# grace period that keeps the application's own (60s).
-SIDECAR_ONLY = {
-    "mode": "sidecar-only",
-    "sidecarOnly": {"selector": {"app": "shop"}},
-    "app": {"port": 3000},
-    "terminationGracePeriodSeconds": 60,
-}
+# sluice added to the legacy Deployment of the Kustomize example.
+SIDECAR_ONLY = yaml.safe_load((CHART / "ci" / "sidecar-only-values.yaml").read_text())
 
 
 @dataclass

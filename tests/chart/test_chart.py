@@ -1,9 +1,11 @@
-"""The Helm chart in charts/sluice: lint, render, Kubernetes schema validation,
-the properties a sidecar deployment must keep, and `sluice check` on the
-configuration the chart renders.
+"""The Helm chart in charts/sluice and the Kustomize component in
+deploy/kustomize: lint, render, `kubectl kustomize`, Kubernetes schema
+validation, the properties a sidecar deployment must keep, and `sluice check`
+on every configuration rendered.
 
 Run through scripts/test-chart.sh, which installs the tools and builds the
-binary. SLUICE_BIN names the sluice binary (default: target/debug/sluice).
+binary. SLUICE_BIN names the sluice binary (default: target/debug/sluice);
+KUBECTL the kubectl binary (scripts/test-chart.sh installs a pinned one).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,13 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sluice"
 ALL_OPTIONS = CHART / "ci" / "all-options-values.yaml"
 DASHBOARD = CHART / "dashboards" / "sluice.json"
+HELPERS = CHART / "templates" / "_helpers.tpl"
+README = ROOT / "README.md"
+KUSTOMIZE = ROOT / "deploy" / "kustomize"
+EXAMPLE = KUSTOMIZE / "example"
+# The application as its team deploys it, without sluice.
+LEGACY_DEPLOYMENT = EXAMPLE / "legacy" / "deployment.yaml"
+LEGACY_SERVICE = EXAMPLE / "legacy" / "service.yaml"
 
 # The oldest Kubernetes with native sidecars on by default, and the newest
 # kubernetes-validate knows.
@@ -64,6 +74,9 @@ CASES = {
     "all-options": yaml.safe_load(ALL_OPTIONS.read_text()),
 }
 
+# sluice added to the legacy Deployment of the Kustomize example.
+SIDECAR_ONLY = yaml.safe_load((CHART / "ci" / "sidecar-only-values.yaml").read_text())
+
 
 @dataclass
 class Render:
@@ -75,7 +88,9 @@ class Render:
     fullname: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.fullname = self.one("Deployment")["metadata"]["name"]
+        # The Service clients use (the metrics one is a component).
+        [main] = [s for s in self.all("Service") if "app.kubernetes.io/component" not in s["metadata"]["labels"]]
+        self.fullname = main["metadata"]["name"]
 
     def all(self, kind: str) -> list[dict[str, Any]]:
         return [d for d in self.docs if d["kind"] == kind]
@@ -169,9 +184,12 @@ def sluice_check(config_text: str, tmp_path: Path) -> subprocess.CompletedProces
 # --- lint and schema validation -------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(CASES))
+LINT_CASES = {**CASES, "sidecar-only": SIDECAR_ONLY}
+
+
+@pytest.mark.parametrize("name", list(LINT_CASES))
 def test_lint_is_clean(name: str) -> None:
-    report = helm.lint(CHART, CASES[name], strict=True, kube_version="v1.29.0")
+    report = helm.lint(CHART, LINT_CASES[name], strict=True, kube_version="v1.29.0")
     assert report["errors"] == []
     # Severity 2 is a warning, 3 an error; the only info is "icon is recommended".
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
@@ -207,6 +225,11 @@ def test_values_schema_rejects_mistakes() -> None:
         {"sluice": {"config": {"store": {"kind": "memcached"}}}},
         {"app": {"name": "sluice"}},
         {"service": {"type": "ExternalName"}},
+        {"mode": "sidecar"},
+        {"sidecarOnly": {"selector": {"app": 1}}},
+        {"sluice": {"secretsChecksum": 1}},
+        {"sluice": {"config": {"server": {"shutdown_delay": "5 seconds"}}}},
+        {"sluice": {"config": {"server": {"shutdown_grace": 20}}}},
     ]
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema({})
@@ -228,6 +251,7 @@ def test_values_schema_rejects_mistakes() -> None:
             {"podDisruptionBudget": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}},
             "not both",
         ),
+        ({"mode": "sidecar-only"}, "needs sidecarOnly.selector"),
     ],
 )
 def test_render_refuses_inconsistent_values(values: dict[str, Any], message: str) -> None:
@@ -277,19 +301,37 @@ def test_sluice_runs_restricted(case: tuple[str, Render]) -> None:
     assert r.pod["spec"]["automountServiceAccountToken"] is False
 
 
-def test_default_pod_meets_restricted_pod_security_standard() -> None:
-    r = render({})
-    spec = r.pod["spec"]
-    pod_sc = spec.get("securityContext", {})
-    for c in spec.get("initContainers", []) + spec["containers"]:
-        sc = c.get("securityContext", {})
-        assert sc.get("allowPrivilegeEscalation") is False, c["name"]
-        assert sc.get("capabilities", {}).get("drop") == ["ALL"], c["name"]
-        assert sc.get("privileged", False) is False, c["name"]
-        assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, c["name"]
-        assert sc.get("runAsUser", pod_sc.get("runAsUser", 1)) != 0, c["name"]
-        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
-        assert seccomp.get("type") in {"RuntimeDefault", "Localhost"}, c["name"]
+def assert_restricted(container: dict[str, Any], pod_sc: dict[str, Any]) -> None:
+    """The restricted Pod Security Standard's container rules."""
+    sc = container.get("securityContext", {})
+    name = container["name"]
+    assert sc.get("allowPrivilegeEscalation") is False, name
+    assert sc.get("capabilities", {}).get("drop") == ["ALL"], name
+    assert not sc.get("capabilities", {}).get("add"), name
+    assert sc.get("privileged", False) is False, name
+    assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, name
+    assert sc.get("runAsUser", pod_sc.get("runAsUser", 1)) != 0, name
+    seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+    assert seccomp.get("type") in {"RuntimeDefault", "Localhost"}, name
+
+
+def test_sluice_container_meets_restricted_pod_security_standard(case: tuple[str, Render]) -> None:
+    """sluice's own container is restricted; the application's security
+    context is its team's (see the next test)."""
+    _, r = case
+    assert_restricted(r.sluice, r.pod["spec"].get("securityContext", {}))
+
+
+def test_app_security_context_is_the_teams() -> None:
+    # Nothing by default: the application runs as its image says.
+    assert "securityContext" not in render({}).app
+    # What the values say, as written.
+    written = CASES["all-options"]["app"]["securityContext"]
+    assert render(CASES["all-options"]).app["securityContext"] == written
+    # Even root, while sluice beside it stays restricted.
+    root = render({"app": {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}})
+    assert root.app["securityContext"] == {"runAsUser": 0, "runAsNonRoot": False}
+    assert_restricted(root.sluice, root.pod["spec"].get("securityContext", {}))
 
 
 def test_sidecar_mode(case: tuple[str, Render]) -> None:
@@ -321,10 +363,11 @@ def test_config_is_mounted_as_a_directory_and_reloaded_not_rolled(case: tuple[st
     assert "sluice.yaml" in r.one("ConfigMap", config_map)["data"]
     args = r.sluice["args"]
     assert args[:3] == ["run", "--config", "/etc/sluice/sluice.yaml"]
-    # A checksum annotation would restart pods on every policy change that
-    # sluice applies by itself.
+    # A checksum of the whole configuration would restart pods on every
+    # policy change that sluice applies by itself: the only checksum covers
+    # what sluice reads at start (test_restart_checksum_* below).
     annotations = r.pod["metadata"].get("annotations", {})
-    assert not [k for k in annotations if k.startswith("checksum/")]
+    assert [k for k in annotations if k.startswith("checksum/")] == ["checksum/sluice-restart"]
 
 
 def test_chart_fills_addresses_and_upstream(case: tuple[str, Render]) -> None:
@@ -335,6 +378,7 @@ def test_chart_fills_addresses_and_upstream(case: tuple[str, Render]) -> None:
     assert cfg["server"]["listen"] == f"0.0.0.0:{ports['traffic']}"
     assert cfg["server"]["admin"] == f"0.0.0.0:{ports['admin']}"
     assert cfg["upstream"]["url"] == f"http://127.0.0.1:{r.values['app']['port']}"
+    assert cfg["server"]["shutdown_delay"] == "5s"
     declared = {p["name"]: p["containerPort"] for p in r.sluice["ports"]}
     assert declared == {"http": ports["traffic"], "admin": ports["admin"]}
     # The user's configuration passes through.
@@ -590,3 +634,418 @@ def test_image_agrees_with_chart() -> None:
     assert defaults.sluice["securityContext"]["runAsUser"] == int(runtime["USER"].split(":")[0])
     assert defaults.sluice["args"][:3] == json.loads(runtime["CMD"])
     assert "cargo build --release --locked" in stages[0]
+
+
+# --- rollout: the grace period covers sluice's shutdown ---------------------
+
+
+def duration_seconds(text: str) -> float:
+    """A duration as sluice.yaml writes it ("500ms", "5s", "1m30s")."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+)\s*(ms|s|m|h)", text)
+    assert parts and re.fullmatch(r"(\s*\d+\s*(ms|s|m|h)\s*)+", text), text
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+def shutdown_values(tgps: int, delay: str = "5s", grace: str = "20s", pre_stop: int = 0) -> dict[str, Any]:
+    return {
+        "terminationGracePeriodSeconds": tgps,
+        "sluice": {
+            "preStopSleepSeconds": pre_stop,
+            "config": {"server": {"shutdown_delay": delay, "shutdown_grace": grace}},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        shutdown_values(26),
+        shutdown_values(30, delay="500ms", grace="29s"),
+        shutdown_values(96, delay="1m30s", grace="5s"),
+        shutdown_values(30, pre_stop=4),
+        shutdown_values(2, delay="0s", grace="1s"),
+    ],
+)
+def test_grace_period_longer_than_shutdown_renders(values: dict[str, Any]) -> None:
+    r = render(values)
+    server = r.config["server"]
+    assert r.pod["spec"]["terminationGracePeriodSeconds"] == values["terminationGracePeriodSeconds"]
+    needed = duration_seconds(server["shutdown_delay"]) + duration_seconds(server["shutdown_grace"])
+    assert values["terminationGracePeriodSeconds"] > needed + values["sluice"]["preStopSleepSeconds"]
+
+
+@pytest.mark.parametrize(
+    ("values", "total"),
+    [
+        (shutdown_values(25), "= 25s"),
+        (shutdown_values(20), "= 25s"),
+        (shutdown_values(30, delay="1m"), "= 80s"),
+        (shutdown_values(95, delay="1m30s", grace="5s"), "= 95s"),
+        (shutdown_values(30, delay="500ms", grace="29s", pre_stop=1), "= 30.5s"),
+        (shutdown_values(30, pre_stop=5), "= 30s"),
+        (shutdown_values(3600, grace="1h"), "= 3605s"),
+        ({**SIDECAR_ONLY, **shutdown_values(25)}, "= 25s"),
+    ],
+)
+def test_grace_period_not_longer_than_shutdown_is_refused(values: dict[str, Any], total: str) -> None:
+    refused = (helm.HelmRenderError, helm.HelmValuesError)
+    with helm.Chart.load(CHART) as chart, pytest.raises(refused) as err:
+        chart.render(values, name="rel")
+    message = str(err.value)
+    assert "terminationGracePeriodSeconds" in message
+    assert "shutdown_delay" in message and "shutdown_grace" in message
+    assert total in message
+
+
+# --- checksum/sluice-restart: restart-only keys roll the pods ----------------
+
+
+def pod_annotations(r: Render) -> dict[str, str]:
+    """The annotations sluice's pods get: the chart's Deployment, or the pod
+    patch for an existing one."""
+    if r.values["mode"] == "sidecar-only":
+        return pod_patch(r)["spec"]["template"]["metadata"]["annotations"]
+    return r.pod["metadata"]["annotations"]
+
+
+def restart_checksum(values: dict[str, Any]) -> tuple[str, str]:
+    """(checksum/sluice-restart, the rendered sluice.yaml)."""
+    r = render(values)
+    checksum = pod_annotations(r)["checksum/sluice-restart"]
+    assert re.fullmatch(r"[0-9a-f]{64}", checksum)
+    return checksum, r.config_text
+
+
+def with_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` merged into `base`, maps recursively (as Helm merges values)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = with_values(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def sluice_config(config: dict[str, Any]) -> dict[str, Any]:
+    return {"sluice": {"config": config}}
+
+
+REDIS = sluice_config({"store": {"kind": "redis", "url": "redis://redis:6379"}})
+
+# Changes sluice applies on reload: the pods must not roll.
+HOT_CHANGES = {
+    "policy limit": sluice_config({"policies": {"api": {"limit": 500}}}),
+    "new policy": sluice_config({"policies": {"burst": {"algorithm": "fixed-window", "limit": 5, "window": "1s"}}}),
+    "route": sluice_config({"routes": [{"name": "all", "match": {"path_prefix": "/"}, "policy": "api"}]}),
+    "default": sluice_config({"default": {"policy": "none"}}),
+    "identity": sluice_config({"identity": {"trusted_proxies": ["10.0.0.0/8"]}}),
+    "store.budget": sluice_config({"store": {"budget": "40ms"}}),
+    "store.on_failure": sluice_config({"store": {"on_failure": "allow"}}),
+    "upstream.timeout": sluice_config({"upstream": {"timeout": "10s"}}),
+    "server.paths": sluice_config({"server": {"paths": {"merge_slashes": False}}}),
+    "server.body_idle_timeout": sluice_config({"server": {"body_idle_timeout": "10s"}}),
+}
+
+# Changes sluice reads only at start: the pods must roll.
+RESTART_CHANGES = {
+    "store.kind": REDIS,
+    "store.max_entries": sluice_config({"store": {"max_entries": 1000}}),
+    "server.shutdown_grace": sluice_config({"server": {"shutdown_grace": "15s"}}),
+    "server.shutdown_delay": sluice_config({"server": {"shutdown_delay": "3s"}}),
+    "server.max_connections": sluice_config({"server": {"max_connections": 5000}}),
+    "server.http2": sluice_config({"server": {"http2": {"max_concurrent_streams": 64}}}),
+    "upstream.connect_timeout": sluice_config({"upstream": {"connect_timeout": "2s"}}),
+    "traffic port": {"sluice": {"ports": {"traffic": 8081}}},
+    "pseudonym key secret": {"sluice": {"secrets": {"pseudonymKey": {"secretName": "keys"}}}},
+    "secret key name": {"sluice": {"secrets": {"pseudonymKey": {"secretName": "keys", "key": "v2"}}}},
+    "extra secret": {"sluice": {"secrets": {"extra": [{"name": "TOKEN", "secretName": "s", "key": "k"}]}}},
+    "secretsChecksum": {"sluice": {"secretsChecksum": "sha256:1234"}},
+    "image": {"sluice": {"image": {"tag": "0.2.0"}}},
+}
+
+MODES = {"app": {}, "sidecar-only": SIDECAR_ONLY}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("change", list(HOT_CHANGES))
+def test_restart_checksum_ignores_hot_keys(mode: str, change: str) -> None:
+    before, config_before = restart_checksum(MODES[mode])
+    after, config_after = restart_checksum(with_values(MODES[mode], HOT_CHANGES[change]))
+    assert config_after != config_before, "the change must reach sluice.yaml"
+    assert after == before
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("change", list(RESTART_CHANGES))
+def test_restart_checksum_follows_restart_only_keys(mode: str, change: str) -> None:
+    before, _ = restart_checksum(MODES[mode])
+    after, _ = restart_checksum(with_values(MODES[mode], RESTART_CHANGES[change]))
+    assert after != before
+
+
+def test_restart_checksum_follows_redis_keys_not_hot_store_keys() -> None:
+    redis, _ = restart_checksum(REDIS)
+    pool, _ = restart_checksum(with_values(REDIS, sluice_config({"store": {"pool_size": 4}})))
+    retry, _ = restart_checksum(with_values(REDIS, sluice_config({"store": {"failure_retry_after": "3s"}})))
+    assert pool != redis
+    assert retry == redis
+
+
+def readme_hot_reload() -> str:
+    text = README.read_text()
+    start = text.index("- **Hot reload**")
+    return text[start : text.index("- **Shutdown**", start)]
+
+
+def test_restart_checksum_keys_are_the_documented_restart_only_keys() -> None:
+    """The template's key lists are those of the product's "Hot reload" list."""
+    doc = readme_hot_reload()
+    applied, restart = doc.split("need a\n  restart", 1)
+    helpers = HELPERS.read_text()
+
+    server_doc = re.search(r"- `server`: (.*?);", restart, re.DOTALL)
+    assert server_doc
+    server_tpl = re.search(r'"server" \(pick \$server ([^)]*)\)', helpers)
+    assert server_tpl
+    assert re.findall(r'"([a-z_0-9]+)"', server_tpl.group(1)) == re.findall(r"`([a-z_0-9]+)`", server_doc.group(1))
+
+    upstream_tpl = re.search(r'"upstream" \(pick \$upstream ([^)]*)\)', helpers)
+    assert upstream_tpl
+    upstream_doc = re.findall(r"`upstream\.([a-z_]+)`", restart)
+    assert re.findall(r'"([a-z_]+)"', upstream_tpl.group(1)) == upstream_doc
+
+    # Every store key but the reloadable ones needs a restart.
+    store_tpl = re.search(r'"store" \(omit \$store ([^)]*)\)', helpers)
+    assert store_tpl
+    store_hot = re.findall(r"`store\.([a-z_]+)`", applied)
+    assert sorted(re.findall(r'"([a-z_]+)"', store_tpl.group(1))) == sorted(store_hot)
+
+
+# --- sidecar-only mode: sluice added to a Deployment the team has -----------
+
+
+def kubectl(*args: str) -> str:
+    binary = os.environ.get("KUBECTL")
+    assert binary, "KUBECTL must name the kubectl binary (scripts/test-chart.sh installs one)"
+    result = subprocess.run(
+        [binary, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
+
+
+def strategic_merge(base: dict[str, Any], patch: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """`patch` applied to `base` as `kubectl patch --type strategic` does."""
+    base_file = tmp_path / "base.json"
+    patch_file = tmp_path / "patch.json"
+    base_file.write_text(json.dumps(base))
+    patch_file.write_text(json.dumps(patch))
+    out = kubectl(
+        "patch", "--local", "-f", str(base_file), "--type", "strategic", "--patch-file", str(patch_file), "-o", "json"
+    )
+    return json.loads(out)
+
+
+def pod_patch(r: Render) -> dict[str, Any]:
+    return yaml.safe_load(r.one("ConfigMap", f"{r.fullname}-pod-patch")["data"]["patch.yaml"])
+
+
+def legacy_deployment() -> dict[str, Any]:
+    return yaml.safe_load(LEGACY_DEPLOYMENT.read_text())
+
+
+def legacy_service() -> dict[str, Any]:
+    return yaml.safe_load(LEGACY_SERVICE.read_text())
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def validate_all(docs: list[dict[str, Any]]) -> None:
+    problems = []
+    for doc in docs:
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                path = ".".join(str(p) for p in e.path)
+                problems.append(f"{doc['kind']}/{doc['metadata']['name']} against {version}: {path}: {e.message}")
+    assert problems == []
+
+
+def assert_sluice_added(
+    merged: dict[str, Any],
+    services: list[dict[str, Any]],
+    config_map: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """sluice is in the legacy Deployment's pods as a native sidecar in front
+    of the application, and nothing of the application changed."""
+    validate_all([merged, *services, config_map])
+    legacy = legacy_deployment()
+    before = legacy["spec"]["template"]["spec"]
+    spec = merged["spec"]["template"]["spec"]
+    config_text = config_map["data"]["sluice.yaml"]
+    config = yaml.safe_load(config_text)
+
+    # The application's own pod, as its team wrote it.
+    assert merged["spec"]["selector"] == legacy["spec"]["selector"]
+    assert merged["spec"]["template"]["metadata"]["labels"] == legacy["spec"]["template"]["metadata"]["labels"]
+    assert spec["containers"] == before["containers"]
+    assert [c for c in spec["initContainers"] if c["name"] != "sluice"] == before["initContainers"]
+    assert spec["securityContext"] == before["securityContext"]
+    assert [v for v in spec["volumes"] if v["name"] != "sluice-config"] == before["volumes"]
+    for key in before.keys() - {"initContainers", "volumes", "terminationGracePeriodSeconds"}:
+        assert spec[key] == before[key], key
+
+    # sluice: an init container that keeps running, started (and healthy)
+    # before the application.
+    [sluice] = [c for c in spec["initContainers"] if c["name"] == "sluice"]
+    assert sluice["restartPolicy"] == "Always"
+    assert not [c for c in spec["containers"] if c["name"] == "sluice"]
+    assert_restricted(sluice, spec["securityContext"])
+    traffic = port_of(config["server"]["listen"])
+    admin = port_of(config["server"]["admin"])
+    assert {p["containerPort"] for p in sluice["ports"]} == {traffic, admin}
+    app_ports = {p["containerPort"] for c in spec["containers"] + before["initContainers"] for p in c.get("ports", [])}
+    assert not app_ports & {traffic, admin}, "sluice's ports collide with the application's"
+    startup = sluice["startupProbe"]["httpGet"]
+    assert startup["path"] == "/healthz"
+    assert container_port(sluice, startup["port"]) == admin
+    assert sluice["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container_port(sluice, sluice["readinessProbe"]["httpGet"]["port"]) == admin
+
+    # Its configuration, mounted as a directory (reloads reach it).
+    [mount] = [m for m in sluice["volumeMounts"] if m["mountPath"] == "/etc/sluice"]
+    assert mount["readOnly"] is True and "subPath" not in mount
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert sluice["args"][:3] == ["run", "--config", "/etc/sluice/sluice.yaml"]
+    assert not [m for c in spec["containers"] for m in c.get("volumeMounts", []) if m["name"] == mount["name"]]
+
+    # sluice forwards to the application over loopback, and the Services
+    # reach sluice, never the application.
+    [web] = [p for c in before["containers"] for p in c["ports"] if p["name"] == "web"]
+    assert config["upstream"]["url"] == f"http://127.0.0.1:{web['containerPort']}"
+    assert services
+    for service in services:
+        assert service["spec"]["selector"].items() <= merged["spec"]["template"]["metadata"]["labels"].items()
+        for p in service["spec"]["ports"]:
+            assert container_port(sluice, p["targetPort"]) == traffic, service["metadata"]["name"]
+
+    # The kubelet waits long enough for sluice to drain.
+    server = config["server"]
+    needed = duration_seconds(server.get("shutdown_delay", "5s")) + duration_seconds(server.get("shutdown_grace", "20s"))
+    needed += sluice.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    assert spec["terminationGracePeriodSeconds"] > needed
+
+    result = sluice_check(config_text, tmp_path)
+    assert result.returncode == 0, f"sluice check failed:\n{result.stdout}\n{result.stderr}"
+
+
+def test_sidecar_only_renders_no_deployment() -> None:
+    r = render(SIDECAR_ONLY)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in r.docs) == [
+        ("ConfigMap", "rel-sluice-config"),
+        ("ConfigMap", "rel-sluice-pod-patch"),
+        ("Service", "rel-sluice"),
+    ]
+    service = r.one("Service")
+    assert service["spec"]["selector"] == {"app": "shop"}
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [8080]
+    assert r.config["upstream"]["url"] == "http://127.0.0.1:3000"
+    validate_all(r.docs)
+    assert "patch deployment" in r.notes and f"{r.fullname}-pod-patch" in r.notes
+
+
+def test_sidecar_only_optional_resources_select_the_teams_pods() -> None:
+    all_options = CASES["all-options"]
+    r = render({**all_options, **SIDECAR_ONLY, "terminationGracePeriodSeconds": 60})
+    selector = SIDECAR_ONLY["sidecarOnly"]["selector"]
+    assert not r.all("Deployment") and not r.all("ServiceAccount")
+    assert r.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == selector
+    assert r.one("NetworkPolicy")["spec"]["podSelector"]["matchLabels"] == selector
+    assert r.one("Service", f"{r.fullname}-metrics")["spec"]["selector"] == selector
+    sluice = pod_patch(r)["spec"]["template"]["spec"]["initContainers"][0]
+    env = {e["name"] for e in sluice["env"]}
+    assert {"SLUICE_PSEUDONYM_KEY", "REDIS_URL", "REDIS_PASSWORD"} <= env
+    volumes = {v["name"] for v in pod_patch(r)["spec"]["template"]["spec"]["volumes"]}
+    assert {"sluice-config", "redis-ca"} <= volumes
+
+
+def test_sidecar_only_patch_adds_sluice_to_legacy_deployment(tmp_path: Path) -> None:
+    r = render(SIDECAR_ONLY)
+    patch = pod_patch(r)
+    merged = strategic_merge(legacy_deployment(), patch, tmp_path)
+    config_map = r.one("ConfigMap", f"{r.fullname}-config")
+    assert_sluice_added(merged, [r.one("Service")], config_map, tmp_path)
+    annotations = merged["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/sluice-restart"] == pod_annotations(r)["checksum/sluice-restart"]
+    assert annotations["prometheus.io/port"] == "9901"
+    assert merged["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
+
+
+# --- the Kustomize component ------------------------------------------------
+
+
+def test_kustomize_example_adds_sluice_to_legacy_deployment(tmp_path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(kubectl("kustomize", str(EXAMPLE))) if d]
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "Service"]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
+    services = [d for d in docs if d["kind"] == "Service"]
+    assert_sluice_added(deployment, services, config_map, tmp_path)
+    # The example's own configuration replaced the component's.
+    own = (EXAMPLE / "sluice-config" / "sluice.yaml").read_text()
+    assert config_map["data"]["sluice.yaml"] == own
+    # No hash suffix: a configuration change reaches the mounted file and is
+    # reloaded, instead of renaming the ConfigMap and rolling the pods.
+    assert config_map["metadata"]["name"] == "sluice-config"
+    [sluice] = deployment["spec"]["template"]["spec"]["initContainers"][:1]
+    assert sluice["image"] == "registry.example.com/platform/sluice:0.1.0"
+
+
+def test_kustomize_component_starting_config_is_valid(tmp_path: Path) -> None:
+    """The component's own sluice.yaml: what a team starts from."""
+    text = (KUSTOMIZE / "sluice-sidecar" / "sluice.yaml").read_text()
+    result = sluice_check(text, tmp_path)
+    assert result.returncode == 0, f"sluice check failed:\n{result.stdout}\n{result.stderr}"
+    config = yaml.safe_load(text)
+    patch = yaml.safe_load((KUSTOMIZE / "sluice-sidecar" / "sidecar.yaml").read_text())
+    [sluice] = patch["spec"]["template"]["spec"]["initContainers"]
+    ports = {p["name"]: p["containerPort"] for p in sluice["ports"]}
+    assert ports == {"http": port_of(config["server"]["listen"]), "admin": port_of(config["server"]["admin"])}
+    service_patch = yaml.safe_load((KUSTOMIZE / "sluice-sidecar" / "service.yaml").read_text())
+    assert service_patch == [{"op": "replace", "path": "/spec/ports/0/targetPort", "value": ports["http"]}]
+
+
+# --- the README's copy-paste snippet ----------------------------------------
+
+
+def readme_snippets() -> list[dict[str, Any]]:
+    text = README.read_text()
+    start = text.index("\n## Adding sluice to a Deployment you already have\n")
+    section = text[start : text.index("\n## ", start + 1)]
+    blocks = re.findall(r"```yaml\n(.*?)^ *```", section, re.DOTALL | re.MULTILINE)
+    return [yaml.safe_load(textwrap.dedent(block)) for block in blocks]
+
+
+def test_readme_snippet_adds_sluice_to_legacy_deployment(tmp_path: Path) -> None:
+    snippets = readme_snippets()
+    [config_map] = [s for s in snippets if s.get("kind") == "ConfigMap"]
+    [pod] = [s for s in snippets if "template" in s.get("spec", {})]
+    [service] = [s for s in snippets if "ports" in s.get("spec", {})]
+    assert len(snippets) == 3
+    merged = strategic_merge(legacy_deployment(), pod, tmp_path)
+    merged_service = strategic_merge(legacy_service(), service, tmp_path)
+    assert_sluice_added(merged, [merged_service], config_map, tmp_path)
+    # The snippet's container is the component's: one sidecar definition.
+    component = yaml.safe_load((KUSTOMIZE / "sluice-sidecar" / "sidecar.yaml").read_text())
+    assert pod["spec"]["template"]["spec"]["initContainers"] == component["spec"]["template"]["spec"]["initContainers"]

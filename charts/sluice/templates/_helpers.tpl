@@ -147,7 +147,7 @@ refuses a `local_share` nothing uses).
 - name: sluice
   image: {{ include "sluice.image" . | quote }}
   imagePullPolicy: {{ $s.image.pullPolicy }}
-  {{- if $s.nativeSidecar }}
+  {{- if or $s.nativeSidecar (eq $.Values.mode "sidecar-only") }}
   # An init container that keeps running: started before the application,
   # stopped after it.
   restartPolicy: Always
@@ -239,4 +239,122 @@ refuses a `local_share` nothing uses).
   securityContext:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
+
+{{/* Labels of the pods sluice runs in: the chart's own, or the team's. */}}
+{{- define "sluice.podSelector" -}}
+{{- if eq .Values.mode "sidecar-only" }}
+{{- if not .Values.sidecarOnly.selector }}
+{{- fail "mode sidecar-only needs sidecarOnly.selector: the labels of the existing pods sluice is added to (the Service selects them)" }}
+{{- end }}
+{{- toYaml .Values.sidecarOnly.selector }}
+{{- else }}
+{{- include "sluice.selectorLabels" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Milliseconds in a duration written Go-style: one or more <integer><unit>
+with unit ms, s, m or h ("500ms", "5s", "1m30s"). Called with (list KEY
+VALUE); anything else fails the render naming KEY.
+*/}}
+{{- define "sluice.durationMs" -}}
+{{- $key := index . 0 }}
+{{- $text := toString (index . 1) | trim }}
+{{- if not (regexMatch "^([0-9]+ *(ms|s|m|h) *)+$" $text) }}
+{{- fail (printf "%s: %q is not a duration the chart can add up; write it as e.g. 500ms, 5s, 1m or 1m30s" $key $text) }}
+{{- end }}
+{{- $ms := 0 }}
+{{- range regexFindAll "[0-9]+ *(ms|s|m|h)" $text -1 }}
+{{- $n := regexFind "^[0-9]+" . | atoi }}
+{{- $unit := regexFind "(ms|s|m|h)$" . }}
+{{- $scale := get (dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000) $unit }}
+{{- $ms = add $ms (mul $n $scale) }}
+{{- end }}
+{{- $ms }}
+{{- end }}
+
+{{/*
+The kubelet kills the pod terminationGracePeriodSeconds after deletion
+starts: the preStop sleep, sluice's shutdown_delay (serving while endpoints
+drop the pod) and shutdown_grace (draining) must all fit in it, or in-flight
+requests are cut.
+*/}}
+{{- define "sluice.checkShutdown" -}}
+{{- $server := default (dict) (index (default (dict) .Values.sluice.config) "server") }}
+{{- $delay := default "5s" (index $server "shutdown_delay") }}
+{{- $grace := default "20s" (index $server "shutdown_grace") }}
+{{- $preStop := int .Values.sluice.preStopSleepSeconds }}
+{{- $need := add (include "sluice.durationMs" (list "sluice.config.server.shutdown_delay" $delay) | atoi) (include "sluice.durationMs" (list "sluice.config.server.shutdown_grace" $grace) | atoi) (mul $preStop 1000) }}
+{{- $tgps := int .Values.terminationGracePeriodSeconds }}
+{{- if le (mul $tgps 1000) $need }}
+{{- $total := printf "%d" (div $need 1000) }}
+{{- if mod $need 1000 }}
+{{- $total = printf "%.3f" (divf $need 1000) | trimSuffix "0" | trimSuffix "0" }}
+{{- end }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than sluice.config.server.shutdown_delay (%s) + shutdown_grace (%s) + sluice.preStopSleepSeconds (%d) = %ss, or the kubelet kills sluice while requests still drain" $tgps $delay $grace $preStop $total) }}
+{{- end }}
+{{- end }}
+
+{{/*
+sha256 of what sluice reads only at start: the restart-only keys of the
+rendered configuration (the product documentation's "Hot reload" list),
+the Secret references and secretsChecksum (a reload does not re-read
+environment variables), and the image. Hot-reloadable keys (policies,
+routes, default, identity, responses, server.paths, ...) are left out, so
+changing them does not roll the pods: sluice reloads the mounted file.
+*/}}
+{{- define "sluice.restartChecksum" -}}
+{{- $cfg := include "sluice.config" . | fromYaml }}
+{{- $server := default (dict) (index $cfg "server") }}
+{{- $upstream := default (dict) (index $cfg "upstream") }}
+{{- $store := default (dict) (index $cfg "store") }}
+{{- $restart := dict
+  "server" (pick $server "listen" "admin" "tls" "shutdown_delay" "shutdown_grace" "header_read_timeout" "max_header_bytes" "workers" "idle_timeout" "send_timeout" "max_connections" "max_connections_per_ip" "http2")
+  "upstream" (pick $upstream "connect_timeout")
+  "store" (omit $store "budget" "on_failure" "local_share" "failure_retry_after")
+}}
+{{- $inputs := dict
+  "config" $restart
+  "secrets" .Values.sluice.secrets
+  "secretsChecksum" (toString .Values.sluice.secretsChecksum)
+  "image" (include "sluice.image" .)
+}}
+{{- toJson $inputs | sha256sum }}
+{{- end }}
+
+{{/* Annotations of every pod sluice runs in, whichever mode. */}}
+{{- define "sluice.podAnnotations" -}}
+checksum/sluice-restart: {{ include "sluice.restartChecksum" . }}
+{{- if .Values.metrics.podAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.sluice.ports.admin | int | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/*
+sidecar-only mode: a strategic-merge patch of an existing Deployment that
+adds sluice as a native sidecar (merged by name into initContainers, so the
+application's own init containers and containers stay as they are), the
+config volume, the pod annotations and the grace period sluice needs.
+*/}}
+{{- define "sluice.podPatch" -}}
+{{- include "sluice.checkShutdown" . -}}
+spec:
+  template:
+    metadata:
+      annotations:
+        {{- include "sluice.podAnnotations" . | nindent 8 }}
+    spec:
+      terminationGracePeriodSeconds: {{ int .Values.terminationGracePeriodSeconds }}
+      initContainers:
+        {{- include "sluice.container" . | nindent 8 }}
+      volumes:
+        - name: sluice-config
+          configMap:
+            name: {{ include "sluice.configMapName" . }}
+        {{- with .Values.extraVolumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
 {{- end }}

@@ -20,6 +20,7 @@ use http::HeaderMap;
 use metrics::Counter;
 use tokio::time::Instant;
 
+use crate::subject::resolve::X_FORWARDED_FOR;
 use crate::telemetry;
 
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -45,7 +46,7 @@ impl UntrustedForwarder {
 
     /// A request from `peer`, judged with no trusted proxy.
     pub fn observe(&self, peer: IpAddr, headers: &HeaderMap) {
-        if !headers.contains_key("x-forwarded-for") || !looks_like_a_proxy(peer) {
+        if !looks_like_a_proxy(peer) || !headers.contains_key(&X_FORWARDED_FOR) {
             return;
         }
         self.ignored.increment(1);

@@ -229,39 +229,58 @@ fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async move {
         telemetry::init_metrics();
+        // Caught from before "listening" is logged: a signal sent as soon
+        // as sluice says it listens drains as any other.
+        let signals = Signals::install();
         let bound = sluice::app::bind(config).await?;
         let traffic = bound.traffic_addr().map(|a| a.to_string()).unwrap_or_default();
         match bound.admin_addr() {
             Some(admin) => tracing::info!(traffic_addr = %traffic, admin_addr = %admin, version = env!("CARGO_PKG_VERSION"), "listening"),
             None => tracing::info!(traffic_addr = %traffic, version = env!("CARGO_PKG_VERSION"), "listening"),
         }
-        bound.run(shutdown_signal()).await;
+        bound.run(signals.first()).await;
         Ok(())
     })
 }
 
-/// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
-async fn shutdown_signal() -> Signal {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers there is nothing to wait for but Ctrl-C.
-        let _ = tokio::signal::ctrl_c().await;
-        return Signal::Interrupt;
-    };
-    let first = tokio::select! {
-        _ = term.recv() => Signal::Terminate,
-        _ = int.recv() => Signal::Interrupt,
-    };
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting without draining");
-        std::process::exit(i32::from(EXIT_RUNTIME));
-    });
-    first
+/// SIGTERM and SIGINT, caught once installed (until then the default
+/// action would end the process without draining).
+struct Signals {
+    streams: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{signal, SignalKind};
+        let streams = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Some((term, int)),
+            _ => None,
+        };
+        Signals { streams }
+    }
+
+    /// Resolves on the first SIGTERM or SIGINT; a second one exits at once.
+    async fn first(self) -> Signal {
+        let Some((mut term, mut int)) = self.streams else {
+            // Without signal handlers there is nothing to wait for but Ctrl-C.
+            let _ = tokio::signal::ctrl_c().await;
+            return Signal::Interrupt;
+        };
+        let first = tokio::select! {
+            _ = term.recv() => Signal::Terminate,
+            _ = int.recv() => Signal::Interrupt,
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::warn!("second signal: exiting without draining");
+            std::process::exit(i32::from(EXIT_RUNTIME));
+        });
+        first
+    }
 }

@@ -22,6 +22,8 @@
 //! - [`reload`]: file poll and SIGHUP → a validated swap of the live part.
 //! - [`telemetry`]: logging, the metrics recorder and the table of metric
 //!   names; each module holds the handles of what it measures.
+//! - [`sync`]: locks taken whatever a panic elsewhere left (one rule,
+//!   written once) and the made-once map the Redis scripts live in.
 //! - [`sleeps`]: tokio sleeps kept armed for reuse (hyper's HTTP/1 header
 //!   timer, `upstream.timeout`), so a request takes no timer-wheel lock.
 
@@ -37,6 +39,7 @@ pub mod server;
 pub mod sleeps;
 pub mod store;
 pub mod subject;
+pub mod sync;
 pub mod telemetry;
 
 /// Internals the fuzz targets (`fuzz/`) drive directly, re-exported so they

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::sync;
 use tokio::time::{Instant, Sleep};
 
 /// Most spares one list keeps; a sleep dropped beyond this is dropped.
@@ -38,7 +39,7 @@ impl Spares {
 
     /// A sleep until `deadline`: a spare moved on, or a new one.
     pub fn sleep_until(&self, deadline: Instant) -> Reused {
-        let spare = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let spare = sync::lock(&self.0).pop();
         let sleep = match spare {
             Some(mut sleep) => {
                 sleep.as_mut().reset(deadline);
@@ -89,7 +90,7 @@ impl Drop for Reused {
             // Out of the wheel already: nothing to save.
             return;
         }
-        let mut spares = self.spares.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spares = sync::lock(&self.spares.0);
         if spares.len() < MAX_SPARES {
             spares.push(sleep);
         }
@@ -111,6 +112,8 @@ impl HyperTimer {
     }
 }
 
+// hyper's timer speaks std's instants; each is turned into tokio's at once.
+#[allow(clippy::disallowed_types)]
 impl hyper::rt::Timer for HyperTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         self.sleep_until((Instant::now() + duration).into_std())
@@ -148,11 +151,11 @@ mod tests {
         // Armed, then given back unfired.
         assert!(poll_once(&mut first).await.is_pending());
         drop(first);
-        assert_eq!(spares.0.lock().unwrap().len(), 1);
+        assert_eq!(sync::lock(&spares.0).len(), 1);
 
         tokio::time::advance(Duration::from_secs(1)).await;
         let second = spares.sleep_until(Instant::now() + Duration::from_secs(5));
-        assert!(spares.0.lock().unwrap().is_empty());
+        assert!(sync::lock(&spares.0).is_empty());
         second.await;
         assert_eq!(start.elapsed(), Duration::from_secs(6));
     }

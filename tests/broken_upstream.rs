@@ -4,6 +4,10 @@
 //! HTTP/1.1 connection closed, the HTTP/2 stream reset), and the upstream
 //! connection that carried it is never used again.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::Duration;

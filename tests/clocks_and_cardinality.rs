@@ -8,6 +8,10 @@
 //! here use as many as fit in a few seconds ([`MANY`]); the million-subject
 //! figure is measured by the benchmark in `bench/`, on a release build.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::path::PathBuf;

@@ -1,6 +1,10 @@
 //! Limits enforced end to end: the built binary in front of a recording
 //! upstream, counting what really got through.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::Duration;

@@ -3,6 +3,10 @@
 //! without charging it, says what a request would be answered, explains
 //! refusals, and never shows a raw identity.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::net::SocketAddr;

@@ -3,6 +3,10 @@
 //! for requests without a subject, and the Connection-header trick that
 //! would make a proxy drop the header identity relies on.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::Duration;

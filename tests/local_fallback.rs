@@ -3,6 +3,10 @@
 //! within a third of the limit (429s, never 503s, nothing forwarded
 //! without a decision), and with Redis back they share the limit again.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::{Duration, Instant};

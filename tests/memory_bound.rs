@@ -4,6 +4,10 @@
 //! it by evicting (never growing past it), keeps the subjects that matter,
 //! and is never killed.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,10 @@
 //! Running sluice as a sidecar: metrics, readiness, hot reload, graceful
 //! shutdown, shadow policies and `on_failure`, against the built binary.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::{Duration, Instant};

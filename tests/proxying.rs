@@ -1,5 +1,9 @@
 //! sluice as a reverse proxy: what reaches the upstream and what comes back.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::Duration;

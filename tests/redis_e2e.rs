@@ -6,6 +6,10 @@
 //! Every test takes [`SERIAL`]: they start Redis and several sidecars, and
 //! on two cores their bursts would otherwise crowd each other's budgets.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::Duration;

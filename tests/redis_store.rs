@@ -3,6 +3,10 @@
 //! bands, and the failure classification (kill, restart, FUNCTION FLUSH,
 //! CLIENT PAUSE, a lost reply, ACL, TLS).
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::num::NonZeroU32;

@@ -3,6 +3,10 @@
 //! the others. And `algorithm: concurrency`: at most N requests in flight
 //! to the upstream, the places given back however a request ends.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::collections::HashMap;

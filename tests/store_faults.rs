@@ -14,6 +14,10 @@
 //! Every test takes [`SERIAL`]: the latency bounds are about sluice, not
 //! about two tests fighting over two cores.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::{Duration, Instant};

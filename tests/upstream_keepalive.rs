@@ -4,6 +4,10 @@
 //! its effect (an idempotent request with no body), and is a 502 otherwise;
 //! a connection the app closed is never handed a request.
 
+// Tests time real processes and lock their own fixtures plainly: the
+// lint policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
 mod support;
 
 use std::time::Duration;

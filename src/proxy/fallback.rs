@@ -12,7 +12,9 @@
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::HeaderValue;
 use metrics::{Counter, Gauge};
@@ -24,6 +26,7 @@ use crate::limit::{Incompatible, Outcome, Policy};
 use crate::store::memory::MemoryStore;
 use crate::store::memory_bound::Bound as MemoryBound;
 use crate::store::{Evaluation, Outcomes};
+use crate::sync;
 use crate::telemetry::{STORE_FALLBACK, STORE_FALLBACKS, STORE_FALLBACK_SECONDS};
 
 /// More distinct (policy, share) pairs than any configuration has; past
@@ -306,7 +309,7 @@ impl Fallback {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves its data whole: poison means nothing.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    sync::lock(m)
 }
 
 #[cfg(test)]

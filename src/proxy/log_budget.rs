@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// A per-second allowance packed in one atomic: high 32 bits the second,
 /// low 32 bits how many were taken in it.

@@ -22,7 +22,9 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::uri::Authority;
@@ -37,6 +39,7 @@ use tower_service::Service as _;
 
 use super::body::{self, Body};
 use super::metrics::BodyCuts;
+use crate::sync;
 use crate::telemetry;
 
 /// How long an idle connection to the upstream is kept.
@@ -214,7 +217,7 @@ impl Pool {
     }
 
     fn idle(&self) -> MutexGuard<'_, VecDeque<Idle>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.idle)
     }
 
     /// Counts the request bodies cut short.

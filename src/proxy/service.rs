@@ -360,7 +360,7 @@ impl Proxy {
             self.metrics.forwarded_without_decision.increment(1);
         }
         let plain = matches!(verdict, Verdict::Allowed | Verdict::Unlimited);
-        if !plain && entry.log_budget.take(arrival.into_std()) {
+        if !plain && entry.log_budget.take(arrival) {
             let policy = entry
                 .route
                 .limits

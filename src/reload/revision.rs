@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
+use crate::sync;
 use crate::telemetry::{CONFIG_INFO, CONFIG_RELOADS, CONFIG_REVISION};
 
 /// The hash labelling the info gauge now at 1.
@@ -18,7 +19,7 @@ static SERVING: Mutex<Option<String>> = Mutex::new(None);
 /// gauge to its hash.
 pub fn loaded(config: &Config) {
     let hash = digest(config);
-    let mut serving = SERVING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut serving = sync::lock(&SERVING);
     if let Some(old) = serving.replace(hash.clone()) {
         metrics::gauge!(CONFIG_INFO, "hash" => old).set(0.0);
     }

@@ -34,6 +34,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::config;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::sleeps::HyperTimer;
+use crate::sync;
 use crate::telemetry;
 
 use super::accept::AcceptErrors;
@@ -249,7 +250,7 @@ impl Activity {
         if self.in_flight.load(Ordering::SeqCst) > 0 {
             return None;
         }
-        let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+        let since = *sync::lock(&self.idle_since);
         Some(since + timeout)
     }
 }
@@ -260,7 +261,7 @@ struct InFlight(Arc<Activity>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            *sync::lock(&self.0.idle_since) = Instant::now();
         }
     }
 }

@@ -8,6 +8,7 @@
 //! peers are counted per /64. The peer is the TCP peer: behind a proxy,
 //! the proxy (whose own connections carry many clients).
 
+use crate::sync;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
@@ -58,7 +59,7 @@ impl PerPeer {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
         // Counts are whole at every step: a panic elsewhere leaves them
         // consistent.
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.open)
     }
 }
 

@@ -71,6 +71,7 @@ pub fn release_freed_memory() {
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // sluice's one unsafe block (Cargo.toml's lint policy)
 fn trim_now() {
     // SAFETY: `malloc_trim` takes no pointer and touches only glibc's own
     // heaps, under their locks; it may be called from any thread at any

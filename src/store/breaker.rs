@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::sync;
 use tokio::time::Instant;
 
 /// How many slices the window is cut into.
@@ -258,7 +259,7 @@ impl Breaker {
     fn lock(&self) -> std::sync::MutexGuard<'_, Guarded> {
         // Each field is written whole under the lock; a panic elsewhere
         // while holding it cannot leave either half-updated.
-        self.guarded.lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.guarded)
     }
 }
 

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::limit::{Decision, Policy};
 use crate::subject::Pseudonym;
+use crate::sync;
 use crate::telemetry::DENY_CACHE_HITS;
 
 const SHARDS: usize = 16;
@@ -136,10 +137,7 @@ impl DenyCache {
     }
 
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().map(|m| m.len()).unwrap_or(0))
-            .sum()
+        self.shards.iter().map(|s| sync::lock(s).len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -149,7 +147,7 @@ impl DenyCache {
     fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
         let i = (self.hasher.hash_one(key) as usize) % SHARDS;
         // A poisoned shard holds whole entries only; keep using it.
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.shards[i])
     }
 }
 

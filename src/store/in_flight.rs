@@ -21,6 +21,7 @@ use metrics::Gauge;
 
 use crate::limit::Concurrency;
 use crate::subject::Pseudonym;
+use crate::sync;
 
 /// Shards, as in the memory store: a lock is held for one counter update.
 const SHARDS: usize = 16;
@@ -103,7 +104,7 @@ impl InFlight {
     fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<Key, u32>> {
         // A poisoned shard only means a thread panicked between two whole
         // counter updates: the map is still consistent.
-        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.shards[shard])
     }
 }
 

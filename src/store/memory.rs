@@ -32,14 +32,16 @@
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use indexmap::IndexMap;
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use crate::limit::algorithm::{self, State};
 use crate::limit::{micros, Micros, Outcome, Unavailable};
 use crate::subject::Pseudonym;
+use crate::sync;
 
 use super::{Evaluation, Outcomes};
 
@@ -311,7 +313,7 @@ impl MemoryStore {
     fn lock(&self, shard: usize) -> MutexGuard<'_, Map> {
         // A poisoned shard only means another thread panicked mid-step; the
         // map itself is still consistent (steps write whole entries).
-        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.shards[shard])
     }
 
     /// One limit's step on its shard, already locked. `protect`: the
@@ -414,7 +416,7 @@ impl MemoryStore {
         let key = self.key(evaluation);
         let shard = &self.shards[self.shard_of(key.hash)];
         let mut state = {
-            let map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let map = sync::lock(shard);
             match map.get(&key) {
                 Some(entry) if entry.expires_at > now => entry.state.clone(),
                 Some(_) => State::new(policy.bands()),
@@ -435,7 +437,7 @@ impl MemoryStore {
     pub fn clear(&self) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = sync::lock(shard);
             removed += map.len();
             map.clear();
         }
@@ -453,7 +455,7 @@ impl MemoryStore {
     pub fn sweep_at(&self, now: Micros) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = sync::lock(shard);
             let before = map.len();
             map.retain(|_, e| e.expires_at > now);
             removed += before - map.len();
@@ -813,11 +815,7 @@ mod tests {
         for n in 0..4_096 {
             assert!(allowed(ask(&store, &p, &subject(n), SECOND)));
         }
-        let sizes: Vec<usize> = store
-            .shards
-            .iter()
-            .map(|s| s.lock().unwrap().len())
-            .collect();
+        let sizes: Vec<usize> = store.shards.iter().map(|s| sync::lock(s).len()).collect();
         assert_eq!(sizes.iter().sum::<usize>(), 4_096);
         // 64 expected per shard; a shard under a quarter of that would mean
         // the shard index is not drawn from the hash's spread bits.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use super::connect::{Conn, Connector};
 use super::RedisSetupError;
 use crate::config;
+use crate::sync;
 
 pub struct Lanes {
     connector: Connector,
@@ -121,7 +122,7 @@ impl Lane {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Held>>> {
         // Holds only an Option<Arc>, replaced whole: never half-written.
-        self.current.lock().unwrap_or_else(|e| e.into_inner())
+        sync::lock(&self.current)
     }
 }
 

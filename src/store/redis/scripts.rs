@@ -14,10 +14,9 @@
 //! distinct set of bands gets its own library, named after the SHA-1 of its
 //! code, made the first time the policy is seen.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Cmd, RedisWrite};
@@ -26,6 +25,7 @@ use crate::limit::{micros, Algorithm, Bands, Policy};
 use crate::subject::{Pseudonym, DISPLAY_MAX};
 
 use crate::store::Evaluation;
+use crate::sync::Memo;
 
 /// One policy's library, and the name of it and of its one function.
 pub struct Script {
@@ -245,78 +245,52 @@ fn limits_key(policies: &[&Policy]) -> LimitsKey {
 /// each must still run its own numbers.
 pub struct Scripts {
     common: Common,
-    by_bands: RwLock<HashMap<Bands, Arc<Script>>>,
+    by_bands: Memo<Bands, Arc<Script>>,
     /// The scripts of several limits, by each limit's bands and shadow.
-    by_limits: RwLock<HashMap<LimitsKey, Arc<Script>>>,
+    by_limits: Memo<LimitsKey, Arc<Script>>,
     /// The read-only scripts of `POST /explain`, made and loaded on first
     /// use only: most sidecars never explain anything.
-    peeks: RwLock<HashMap<Bands, Arc<Script>>>,
+    peeks: Memo<Bands, Arc<Script>>,
     /// The refund scripts, made for the policies of routes with several
     /// limits on Redis Cluster only.
-    refunds: RwLock<HashMap<Bands, Arc<Script>>>,
+    refunds: Memo<Bands, Arc<Script>>,
 }
 
 impl Scripts {
     pub fn new(common: Common) -> Scripts {
         Scripts {
             common,
-            by_bands: RwLock::new(HashMap::new()),
-            by_limits: RwLock::new(HashMap::new()),
-            peeks: RwLock::new(HashMap::new()),
-            refunds: RwLock::new(HashMap::new()),
+            by_bands: Memo::new(),
+            by_limits: Memo::new(),
+            peeks: Memo::new(),
+            refunds: Memo::new(),
         }
     }
 
     /// `policy`'s refund script, made on first use; `true` when this call
     /// made it.
     pub fn refund(&self, policy: &Policy) -> (Arc<Script>, bool) {
-        let read = self.refunds.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(script) = read.get(policy.bands()) {
-            return (script.clone(), false);
-        }
-        drop(read);
-        let mut map = self.refunds.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(script) = map.get(policy.bands()) {
-            return (script.clone(), false);
-        }
-        let script = Arc::new(Script::refund_for_policy(policy, &self.common));
-        map.insert(policy.bands().clone(), script.clone());
-        (script, true)
+        self.refunds.get_or_make(policy.bands(), || {
+            Arc::new(Script::refund_for_policy(policy, &self.common))
+        })
     }
 
     /// `policy`'s read-only script, made on first use; `true` when this
     /// call made it (so it is not loaded yet).
     pub fn peek(&self, policy: &Policy) -> (Arc<Script>, bool) {
-        let found = self
-            .peeks
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(policy.bands())
-            .cloned();
-        if let Some(script) = found {
-            return (script, false);
-        }
-        let mut map = self.peeks.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(script) = map.get(policy.bands()) {
-            return (script.clone(), false);
-        }
-        let script = Arc::new(Script::peek_for_policy(policy, &self.common));
-        map.insert(policy.bands().clone(), script.clone());
-        (script, true)
+        self.peeks.get_or_make(policy.bands(), || {
+            Arc::new(Script::peek_for_policy(policy, &self.common))
+        })
     }
 
     /// The script of `policies` together, made on first use. Looked up by
     /// a list built per call: a multi-limit request allocates that much.
     pub fn several(&self, policies: &[&Policy]) -> Arc<Script> {
         let key = limits_key(policies);
-        let read = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(script) = read.get(&key) {
-            return script.clone();
-        }
-        drop(read);
-        let script = Arc::new(Script::for_limits(policies, &self.common));
-        let mut map = self.by_limits.write().unwrap_or_else(|e| e.into_inner());
-        map.entry(key).or_insert(script).clone()
+        let (script, _) = self.by_limits.get_or_make(&key, || {
+            Arc::new(Script::for_limits(policies, &self.common))
+        });
+        script
     }
 
     pub fn common(&self) -> &Common {
@@ -325,30 +299,25 @@ impl Scripts {
 
     /// `policy`'s script, made on first use.
     pub fn get(&self, policy: &Policy) -> Arc<Script> {
-        if let Some(script) = self.read().get(policy.bands()) {
-            return script.clone();
-        }
-        let script = Arc::new(Script::for_policy(policy, &self.common));
-        let mut map = self.by_bands.write().unwrap_or_else(|e| e.into_inner());
-        map.entry(policy.bands().clone()).or_insert(script).clone()
+        let (script, _) = self.by_bands.get_or_make(policy.bands(), || {
+            Arc::new(Script::for_policy(policy, &self.common))
+        });
+        script
     }
 
     pub fn has_several(&self, policies: &[&Policy]) -> bool {
-        let key = limits_key(policies);
-        let map = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
-        map.contains_key(&key)
+        self.by_limits.contains(&limits_key(policies))
     }
 
     pub fn has(&self, policy: &Policy) -> bool {
-        self.read().contains_key(policy.bands())
+        self.by_bands.contains(policy.bands())
     }
 
     /// Every library made so far, the read-only ones included (to hold
     /// their leases).
     pub fn every(&self) -> Vec<Arc<Script>> {
-        let peeks = self.peeks.read().unwrap_or_else(|e| e.into_inner());
         let mut every = self.all();
-        every.extend(peeks.values().cloned());
+        every.extend(self.peeks.values());
         every
     }
 
@@ -359,20 +328,10 @@ impl Scripts {
 
     /// Every script made so far (to load them all).
     pub fn all(&self) -> Vec<Arc<Script>> {
-        let several = self.by_limits.read().unwrap_or_else(|e| e.into_inner());
-        let refunds = self.refunds.read().unwrap_or_else(|e| e.into_inner());
-        self.read()
-            .values()
-            .chain(several.values())
-            .chain(refunds.values())
-            .cloned()
-            .collect()
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Bands, Arc<Script>>> {
-        // Entries are inserted whole and never changed: a poisoned lock
-        // still holds a usable map.
-        self.by_bands.read().unwrap_or_else(|e| e.into_inner())
+        let mut all = self.by_bands.values();
+        all.extend(self.by_limits.values());
+        all.extend(self.refunds.values());
+        all
     }
 }
 

@@ -1,0 +1,142 @@
+//! Locks, and the one rule sluice keeps about a poisoned one.
+//!
+//! A std lock is poisoned when a thread panicked while holding it. Every
+//! lock here guards data that is whole between any two of its statements
+//! (a count moved in one step, an entry inserted or removed whole, a value
+//! swapped), so the data a poisoned lock holds is still right to use, and
+//! going on with it is better than failing every later request that needs
+//! it. So locks are taken through these functions, never with `unwrap`.
+//!
+//! [`Memo`] is the map of things made once on first use and shared after
+//! (the Redis store's scripts).
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// `mutex`, locked, poisoned or not.
+#[allow(clippy::disallowed_methods)] // the one place a lock is taken
+pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `lock`, for reading, poisoned or not.
+#[allow(clippy::disallowed_methods)]
+pub fn read<T: ?Sized>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `lock`, for writing, poisoned or not.
+#[allow(clippy::disallowed_methods)]
+pub fn write<T: ?Sized>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Values made on first use, one per key, and read under a shared lock
+/// from then on. A value is made under the write lock, so it is made once
+/// however many callers ask for it at the same moment, and exactly one of
+/// them is told it made it (to load what it made, say).
+pub struct Memo<K, V> {
+    map: RwLock<HashMap<K, V>>,
+}
+
+impl<K: Eq + Hash, V: Clone> Memo<K, V> {
+    pub fn new() -> Memo<K, V> {
+        Memo {
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The value for `key`, made by `make` when there is none yet; `true`
+    /// when this call made it.
+    pub fn get_or_make<Q>(&self, key: &Q, make: impl FnOnce() -> V) -> (V, bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(value) = read(&self.map).get(key) {
+            return (value.clone(), false);
+        }
+        let mut map = write(&self.map);
+        if let Some(value) = map.get(key) {
+            return (value.clone(), false);
+        }
+        let value = make();
+        map.insert(key.to_owned(), value.clone());
+        (value, true)
+    }
+
+    pub fn contains<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        read(&self.map).contains_key(key)
+    }
+
+    /// Every value made so far.
+    pub fn values(&self) -> Vec<V> {
+        read(&self.map).values().cloned().collect()
+    }
+}
+
+impl<K: Eq + Hash, V: Clone> Default for Memo<K, V> {
+    fn default() -> Memo<K, V> {
+        Memo::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_value_is_made_once_and_its_maker_is_told() {
+        let memo: Memo<String, Arc<u32>> = Memo::new();
+        let mut made = 0;
+        let (first, new) = memo.get_or_make("a", || {
+            made += 1;
+            Arc::new(1)
+        });
+        assert!(new);
+        let (again, new) = memo.get_or_make("a", || unreachable!("made twice"));
+        assert!(!new);
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(made, 1);
+        assert!(memo.contains("a") && !memo.contains("b"));
+        assert_eq!(memo.values().len(), 1);
+    }
+
+    #[test]
+    fn a_poisoned_lock_still_gives_its_data() {
+        let mutex = Arc::new(Mutex::new(7));
+        let held = mutex.clone();
+        let panicked = std::thread::spawn(move || {
+            let _guard = lock(&held);
+            panic!("poisoning the lock on purpose");
+        })
+        .join();
+        assert!(panicked.is_err() && mutex.is_poisoned());
+        assert_eq!(*lock(&mutex), 7);
+    }
+
+    #[test]
+    fn racing_makers_make_one_value() {
+        let memo: Arc<Memo<u8, Arc<u8>>> = Arc::new(Memo::new());
+        let makers: Vec<_> = (0..8)
+            .map(|_| {
+                let memo = memo.clone();
+                std::thread::spawn(move || memo.get_or_make(&1, || Arc::new(1)))
+            })
+            .collect();
+        let results: Vec<_> = makers.into_iter().map(|m| m.join().unwrap()).collect();
+        assert_eq!(results.iter().filter(|(_, made)| *made).count(), 1);
+        assert!(results.windows(2).all(|w| Arc::ptr_eq(&w[0].0, &w[1].0)));
+    }
+}

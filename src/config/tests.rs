@@ -1,7 +1,7 @@
 //! The whole loader, from YAML text to a `Config` or to every error in it.
 //!
 //! Error fixtures live in `tests/fixtures/config/`, one per class of
-//! mistake; `tests/config_check.rs` runs the same files through the binary.
+//! mistake; `tests/it/config_check.rs` runs the same files through the binary.
 
 use std::env::VarError;
 use std::net::SocketAddr;

@@ -7,7 +7,7 @@
 //! hyper already refuses, and closes the connection on: two different
 //! `Content-Length`s, a status line that is not HTTP, more than 100 header
 //! fields (hyper's default, and Envoy's; tested with 150 in
-//! `tests/broken_upstream.rs`), a head that does not fit its read buffer, and
+//! `tests/it/broken_upstream.rs`), a head that does not fit its read buffer, and
 //! (once the head is sent) a body shorter than its length or a malformed
 //! chunk.
 

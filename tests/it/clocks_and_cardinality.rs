@@ -8,24 +8,19 @@
 //! here use as many as fit in a few seconds ([`MANY`]); the million-subject
 //! figure is measured by the benchmark in `bench/`, on a release build.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::support::client::{build, http1_client, send};
+use crate::support::ops::{metric, scrape};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{admin, redis_yaml, start_ready, window_count};
+use crate::support::{clear_of_window_edge, eventually, get, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use support::client::{build, http1_client, send};
-use support::ops::{metric, scrape};
-use support::redis::RedisServer;
-use support::redis_sidecar::{admin, redis_yaml, start_ready, window_count};
-use support::{clear_of_window_edge, eventually, get, Sidecar, Upstream};
 use tempfile::TempDir;
 use tokio::task::JoinSet;
 

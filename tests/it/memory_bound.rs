@@ -4,21 +4,16 @@
 //! it by evicting (never growing past it), keeps the subjects that matter,
 //! and is never killed.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::client::{build, http1_client, send};
+use crate::support::{clear_of_window_edge, get, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::Value;
-use support::client::{build, http1_client, send};
-use support::{clear_of_window_edge, get, Sidecar, Upstream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 

@@ -4,12 +4,6 @@
 //! Redis Cluster, where they are evaluated in order, one call each, and
 //! what a later limit refused is given back.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::Ordering;
@@ -19,16 +13,18 @@ use http::StatusCode;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::support::ops::{metric, scrape};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{
+    commandstats, redis_yaml, reset_stats, start_ready, window_count,
+};
+use crate::support::topology::RedisCluster;
+use crate::support::{get, header, Upstream};
 use sluice::config::{self, Secret, Topology};
 use sluice::limit::{Bands, BucketBand, GcraBand, Outcome, Policy, WindowBand};
 use sluice::store::redis::RedisStore;
 use sluice::store::{Evaluation, EvaluationId, Outcomes};
 use sluice::subject::{Pseudonym, PseudonymKey};
-use support::ops::{metric, scrape};
-use support::redis::RedisServer;
-use support::redis_sidecar::{commandstats, redis_yaml, reset_stats, start_ready, window_count};
-use support::topology::RedisCluster;
-use support::{get, header, Upstream};
 
 const BUDGET: Duration = Duration::from_millis(500);
 const HOUR_MS: u64 = 3_600_000;

@@ -4,20 +4,15 @@
 //! HTTP/1.1 connection closed, the HTTP/2 stream reset), and the upstream
 //! connection that carried it is never used again.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::Duration;
 
+use crate::support::client::{build, http1_client, http2_client, REQUEST_DEADLINE};
+use crate::support::scripted::{Answer, Scripted};
+use crate::support::Sidecar;
 use bytes::Bytes;
 use http::{Method, Version};
 use http_body_util::BodyExt;
-use support::client::{build, http1_client, http2_client, REQUEST_DEADLINE};
-use support::scripted::{Answer, Scripted};
-use support::Sidecar;
 
 /// What the client must see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,10 +3,6 @@
 //! binary (streaming, 502/504/408, upgrades, slow clients, graceful
 //! shutdown, TLS with ALPN).
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;

@@ -10,17 +10,12 @@
 //! cut once its grace is over, on HTTP/1 and per HTTP/2 stream, and gives
 //! back its in-flight place; one above the floor is not cut.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::{Duration, Instant};
 
-use support::client::{read_head, REQUEST_DEADLINE};
-use support::scripted::{Answer, Scripted};
-use support::{Sidecar, Upstream};
+use crate::support::client::{read_head, REQUEST_DEADLINE};
+use crate::support::scripted::{Answer, Scripted};
+use crate::support::{Sidecar, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -3,12 +3,7 @@
 //! bands, and the failure classification (kill, restart, FUNCTION FLUSH,
 //! CLIENT PAUSE, a lost reply, ACL, TLS).
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,6 +14,7 @@ use redis::Commands;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::support::redis::RedisServer;
 use sluice::config::{self, Secret, Topology};
 use sluice::limit::{
     Algorithm, Bands, BucketBand, Decision, GcraBand, Incompatible, Micros, Outcome, Policy,
@@ -28,7 +24,6 @@ use sluice::store::memory::MemoryStore;
 use sluice::store::redis::RedisStore;
 use sluice::store::{Evaluation, EvaluationId};
 use sluice::subject::{Pseudonym, PseudonymKey};
-use support::redis::RedisServer;
 
 const BUDGET: Duration = Duration::from_millis(500);
 /// Scheduling slack on a loaded two-core machine.

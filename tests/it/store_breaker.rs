@@ -5,20 +5,15 @@
 //! it. Redis sits behind a relay that holds its replies back (a slow link,
 //! or a slow Redis), switched on and off by the test.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::{Duration, Instant};
 
+use crate::support::faults::DelayRelay;
+use crate::support::ops::scrape;
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{admin, readyz_becomes, redis_yaml, start_ready, Load, Shot};
+use crate::support::{eventually, get, Sidecar, Upstream};
 use http::StatusCode;
-use support::faults::DelayRelay;
-use support::ops::scrape;
-use support::redis::RedisServer;
-use support::redis_sidecar::{admin, readyz_becomes, redis_yaml, start_ready, Load, Shot};
-use support::{eventually, get, Sidecar, Upstream};
 
 /// Wide enough that a loaded two-core machine does not miss it by itself:
 /// what misses it below is the relay.

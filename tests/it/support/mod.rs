@@ -9,7 +9,6 @@
 //! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
 //!
 //! Each test file compiles this module on its own and uses only part of it.
-#![allow(dead_code, unused_imports)]
 
 pub mod client;
 pub mod faults;

@@ -6,21 +6,16 @@
 //! Every test takes [`SERIAL`]: the latency bounds below are about sluice,
 //! not about two tests fighting over two cores.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
-use support::ops::{samples, scrape};
-use support::redis::RedisServer;
-use support::redis_sidecar::{
+use crate::support::ops::{samples, scrape};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{
     admin, readyz, readyz_becomes, redis_yaml, sample, start_ready, Load, Shot,
 };
-use support::{eventually, get, header, Upstream};
+use crate::support::{eventually, get, header, Upstream};
+use http::StatusCode;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

@@ -11,16 +11,11 @@
 //! whose body broke). The request follows, with `\r`, `\n`, `\t`, `\0`,
 //! `\\` and `\xNN` escapes; the file's own line breaks are not part of it.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::{Sidecar, Upstream};
+use crate::support::{Sidecar, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -10,12 +10,7 @@
 //! several sidecars, and on two cores they would crowd each other's
 //! budgets.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,11 +20,11 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use tokio::task::JoinSet;
 
-use support::client::{build, http1_client, send};
-use support::redis::{tls_files, RedisServer};
-use support::redis_sidecar::{readyz, readyz_becomes, redis_yaml, start_ready, Load, Shot};
-use support::topology::{sentinel_tls_builder, RedisCluster, Relay, SentinelSet};
-use support::{clear_of_window_edge, Sidecar, Upstream};
+use crate::support::client::{build, http1_client, send};
+use crate::support::redis::{tls_files, RedisServer};
+use crate::support::redis_sidecar::{readyz, readyz_becomes, redis_yaml, start_ready, Load, Shot};
+use crate::support::topology::{sentinel_tls_builder, RedisCluster, Relay, SentinelSet};
+use crate::support::{clear_of_window_edge, Sidecar, Upstream};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

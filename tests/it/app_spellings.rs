@@ -7,16 +7,11 @@
 //! it; each spelling below reached the app unlimited before sluice read it
 //! the app's way.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::Duration;
 
-use support::client::RawResponse;
-use support::{raw_exchange, Sidecar, Upstream};
+use crate::support::client::RawResponse;
+use crate::support::{raw_exchange, Sidecar, Upstream};
 
 /// `extra_server` goes under `server:`, `identity` is the whole section
 /// (or empty); every route spends after `limit` requests an hour.

@@ -4,16 +4,10 @@
 //! matched. Requests are written as raw bytes, so each is sent exactly as
 //! the table says.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support::client::{request_h2, RawResponse};
+use crate::support::{raw_exchange, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use support::client::{request_h2, RawResponse};
-use support::{raw_exchange, Sidecar, Upstream};
 
 /// The values of `name` in a raw response head.
 fn raw_header(head: &str, name: &str) -> Vec<String> {

@@ -1,20 +1,17 @@
 //! Running sluice as a sidecar: metrics, readiness, hot reload, graceful
 //! shutdown, shadow policies and `on_failure`, against the built binary.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
-use serde_json::Value;
-use support::ops::{
+use crate::support::ops::{
     label_values, metric, promtool_check, refuses_connections, scrape, try_get, ConfigMapMount,
 };
-use support::{clear_of_window_edge, eventually, get, header, parse_ratelimit, Sidecar, Upstream};
+use crate::support::{
+    clear_of_window_edge, eventually, get, header, parse_ratelimit, Sidecar, Upstream,
+};
+use http::StatusCode;
+use serde_json::Value;
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// Enough for any of these tests to finish inside one aligned window.

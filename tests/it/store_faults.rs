@@ -14,22 +14,16 @@
 //! Every test takes [`SERIAL`]: the latency bounds are about sluice, not
 //! about two tests fighting over two cores.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
-use support::faults::{DelayRelay, Netns};
-use support::ops::{metric, scrape};
-use support::redis::RedisServer;
-use support::redis_sidecar::{
+use crate::support::faults::{DelayRelay, Netns};
+use crate::support::ops::{metric, scrape};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{
     admin, readyz_becomes, redis_yaml, start_ready, window_count, Load, Shot,
 };
-use support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
+use crate::support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
+use http::StatusCode;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

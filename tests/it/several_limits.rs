@@ -3,22 +3,17 @@
 //! the others. And `algorithm: concurrency`: at most N requests in flight
 //! to the upstream, the places given back however a request ends.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::StatusCode;
-use serde_json::Value;
-use support::ops::{metric, requests_counted, scrape};
-use support::{
+use crate::support::ops::{metric, requests_counted, scrape};
+use crate::support::{
     clear_of_window_edge, count, get, header, parse_ratelimit, replies_released_together, Sidecar,
     Upstream,
 };
+use http::StatusCode;
+use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
 /// The global limit's window: short, so a test can wait for the next one.

@@ -267,12 +267,30 @@ impl RedisServer {
     }
 
     /// Pauses the process (SIGSTOP) or resumes it (SIGCONT).
+    /// Sends `signal` to the server; for `STOP`, returns once the kernel
+    /// shows it stopped (a signal is delivered a moment after `kill`
+    /// returns, and a server still running then would answer).
     pub fn signal(&self, signal: &str) {
         if let Some(child) = &self.child {
             let _ = Command::new("kill")
                 .arg(format!("-{signal}"))
                 .arg(child.id().to_string())
                 .status();
+            if signal == "STOP" {
+                let stat = format!("/proc/{}/stat", child.id());
+                let stopped = || {
+                    std::fs::read_to_string(&stat).is_ok_and(|s| {
+                        // The state follows the parenthesised command name.
+                        s.rsplit_once(") ")
+                            .is_some_and(|(_, rest)| rest.starts_with('T'))
+                    })
+                };
+                let by = Instant::now() + Duration::from_secs(2);
+                while !stopped() {
+                    assert!(Instant::now() < by, "redis-server did not stop");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
         }
     }
 

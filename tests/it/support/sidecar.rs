@@ -112,20 +112,6 @@ impl Sidecar {
         }
     }
 
-    /// Runs the binary on `yaml` expecting it to refuse to start; returns
-    /// its exit code and stderr. Panics if it is still running after
-    /// [`START_DEADLINE`] or was ended by a signal.
-    pub fn start_expect_failure(yaml: &str) -> (i32, String) {
-        Sidecar::start_expect_failure_with_env(yaml, &[])
-    }
-
-    /// As [`Sidecar::start_expect_failure`], with extra environment variables.
-    pub fn start_expect_failure_with_env(yaml: &str, env: &[(&str, &str)]) -> (i32, String) {
-        let (_dir, path) = write_config(yaml);
-        let (code, _stdout, stderr) = run_to_exit(command(&path, env));
-        (code, stderr)
-    }
-
     /// `127.0.0.1:PORT` of the traffic listener.
     pub fn addr(&self) -> SocketAddr {
         self.traffic

@@ -4,19 +4,14 @@
 //! its effect (an idempotent request with no body), and is a 502 otherwise;
 //! a connection the app closed is never handed a request.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::Duration;
 
+use crate::support::client::{build, http1_client, request, send};
+use crate::support::scripted::{Answer, Scripted};
+use crate::support::Sidecar;
 use bytes::Bytes;
 use http::Method;
-use support::client::{build, http1_client, request, send};
-use support::scripted::{Answer, Scripted};
-use support::Sidecar;
 
 const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
 

@@ -4,18 +4,13 @@
 //! served), a broken request body is the client's 400 and never the app's
 //! 502, and HTTP/2 cookie fields reach an HTTP/1.1 app as one line.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::Duration;
 
+use crate::support::client::{build, http2_client, send};
+use crate::support::{raw_exchange, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, Version};
-use support::client::{build, http2_client, send};
-use support::{raw_exchange, Sidecar, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

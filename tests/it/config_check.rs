@@ -2,10 +2,6 @@
 //! built binary: a bad file exits 2 with `FILE:LINE:COL: KEY: message` on
 //! stderr and never opens a port; a good one prints the route table.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -388,9 +384,7 @@ fn the_shipped_redis_configuration_checks_with_its_secrets_set() {
 
 // --- `sluice check --allow-unset` and `--connect` --------------------------
 
-mod support;
-
-use support::redis::RedisServer;
+use crate::support::redis::RedisServer;
 
 fn check_with(path: &Path, flags: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = sluice();

@@ -3,16 +3,10 @@
 //! for requests without a subject, and the Connection-header trick that
 //! would make a proxy drop the header identity relies on.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{get, raw_exchange, Sidecar, Upstream};
 use http::StatusCode;
-use support::{get, raw_exchange, Sidecar, Upstream};
 
 const OK: StatusCode = StatusCode::OK;
 const LIMITED: StatusCode = StatusCode::TOO_MANY_REQUESTS;

@@ -3,20 +3,14 @@
 //! within a third of the limit (429s, never 503s, nothing forwarded
 //! without a decision), and with Redis back they share the limit again.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::ops::{metric, requests_counted, scrape};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{admin, readyz, redis_yaml, window_count, READY_DEADLINE};
+use crate::support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
 use http::StatusCode;
 use serde_json::json;
-use support::ops::{metric, requests_counted, scrape};
-use support::redis::RedisServer;
-use support::redis_sidecar::{admin, readyz, redis_yaml, window_count, READY_DEADLINE};
-use support::{clear_of_window_edge, eventually, get, header, Sidecar, Upstream};
 
 /// The shared limit, per day so no run straddles a window edge
 /// ([`clear_of_window_edge`] waits out the last minute of one).

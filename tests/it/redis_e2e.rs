@@ -6,22 +6,17 @@
 //! Every test takes [`SERIAL`]: they start Redis and several sidecars, and
 //! on two cores their bursts would otherwise crowd each other's budgets.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::Duration;
 
-use http::StatusCode;
-use redis::Commands;
-use support::ops::{metric, promtool_check, scrape};
-use support::redis::RedisServer;
-use support::redis_sidecar::{
+use crate::support::ops::{metric, promtool_check, scrape};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{
     admin, commandstats, redis_yaml, reset_stats, sample, sent_by_clients, spread, start_ready,
 };
-use support::{burst, clear_of_window_edge, count, get, released_together, Upstream};
+use crate::support::{burst, clear_of_window_edge, count, get, released_together, Upstream};
+use http::StatusCode;
+use redis::Commands;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

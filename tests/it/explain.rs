@@ -3,22 +3,17 @@
 //! without charging it, says what a request would be answered, explains
 //! refusals, and never shows a raw identity.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{redis_yaml, start_ready};
+use crate::support::sidecar::{run_binary, write_config};
+use crate::support::{clear_of_window_edge, get, request, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
-use support::redis::RedisServer;
-use support::redis_sidecar::{redis_yaml, start_ready};
-use support::sidecar::{run_binary, write_config};
-use support::{clear_of_window_edge, get, request, Sidecar, Upstream};
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// Enough for any of these tests to finish inside one aligned window.

@@ -5,18 +5,12 @@
 //! connection before anything reaches the app. And the lockout a proxy
 //! causes while nothing is trusted is named in the logs.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::client::{parse_status, read_head};
-use support::ops::{metric, scrape};
-use support::{Recorded, Sidecar, Upstream};
+use crate::support::client::{parse_status, read_head};
+use crate::support::ops::{metric, scrape};
+use crate::support::{Recorded, Sidecar, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -1,20 +1,14 @@
 //! Limits enforced end to end: the built binary in front of a recording
 //! upstream, counting what really got through.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
 use std::time::Duration;
 
-use http::StatusCode;
-use serde_json::Value;
-use support::{
+use crate::support::{
     burst, clear_of_window_edge, count, eventually, get, header, parse_ratelimit,
     released_together, Sidecar, Upstream,
 };
+use http::StatusCode;
+use serde_json::Value;
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// Enough for any of these tests to finish inside one aligned window.

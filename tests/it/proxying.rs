@@ -1,17 +1,12 @@
 //! sluice as a reverse proxy: what reaches the upstream and what comes back.
 
-// Tests time real processes and lock their own fixtures plainly: the
-// lint policy's clock and lock rules are for sluice's own code.
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
-
-mod support;
-
+use crate::support;
 use std::time::Duration;
 
+use crate::support::client::{read_head, request_h2};
+use crate::support::{free_port, get, pattern, raw_exchange, request, Recorded, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use support::client::{read_head, request_h2};
-use support::{free_port, get, pattern, raw_exchange, request, Recorded, Sidecar, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -313,6 +308,8 @@ async fn http2_prior_knowledge_request_is_served() {
         seen.header("host"),
         Some(sluice.addr().to_string().as_str())
     );
+    // The app is spoken to in HTTP/1.1 whatever the client spoke.
+    assert_eq!(seen.version, http::Version::HTTP_11);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,36 @@
+//! The integration tests, in one binary: real `redis-server` processes,
+//! a real upstream, and the built `sluice` binary. One module a concern;
+//! `support` is what they share.
+
+// Tests time real processes and lock their own fixtures plainly: the lint
+// policy's clock and lock rules are for sluice's own code.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod support;
+
+mod app_spellings;
+mod broken_upstream;
+mod clocks_and_cardinality;
+mod config_check;
+mod e2e_limits;
+mod explain;
+mod hostile_requests;
+mod identity;
+mod local_fallback;
+mod memory_bound;
+mod operations;
+mod proxy_protocol;
+mod proxy_smoke;
+mod proxying;
+mod redis_e2e;
+mod redis_failures;
+mod redis_several;
+mod redis_store;
+mod redis_topologies;
+mod request_corpus;
+mod several_limits;
+mod slow_clients;
+mod store_breaker;
+mod store_faults;
+mod upstream_keepalive;
+mod what_the_app_sees;

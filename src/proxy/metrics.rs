@@ -18,7 +18,7 @@ use crate::telemetry::{
 };
 
 use super::body::Cut;
-use super::forward::UpstreamError;
+use super::upstream::UpstreamError;
 use super::verdict::{OutcomeLabel, Verdict};
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

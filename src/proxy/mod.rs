@@ -6,14 +6,9 @@
 //! - `headers`: request validation and hop-by-hop / `X-Forwarded-*` rewriting.
 //! - `overrides`: the methods a request may run as (method-override headers,
 //!   `_method`), each matched.
-//! - `forward`: the streaming exchange with the upstream.
-//! - `pool`: the upstream's kept-alive connections, and the one resend of
-//!   a request that met a connection the app had just closed.
-//! - `upstream_head`: what sluice refuses in an upstream response that
-//!   hyper's client lets through, and the client's explicit head limits.
-//! - `upstream_timer`: `upstream.timeout`, counting the upstream's turns
-//!   only, from the end of the request body.
-//! - `upgrade`: WebSocket and other HTTP/1.1 upgrades, tracked for shutdown.
+//! - `upstream`: everything between sluice and the app (the exchange, the
+//!   pooled connections, the response head limits, the upstream timer,
+//!   upgrades) and the one map of upstream failures.
 //! - `respond`: every synthetic response (400, 408, 429, 501, 502, 503, 504).
 //! - `runtime`: what one request runs under (live configuration, route
 //!   table, per-route metric handles and prepared answers), swapped whole
@@ -32,26 +27,22 @@
 mod body;
 pub mod explain;
 pub mod fallback;
-mod forward;
 pub(crate) mod headers;
 mod log_budget;
 pub(crate) mod metrics;
 pub(crate) mod overrides;
-mod pool;
 pub mod respond;
 mod runtime;
 mod service;
 mod underscores;
 mod untrusted_forwarder;
-mod upgrade;
-mod upstream_head;
-mod upstream_timer;
+mod upstream;
 mod verdict;
 
 use std::net::SocketAddr;
 
 pub use body::{Body, BodyIdleTimeout, BoxError};
-pub use forward::Upstream;
+pub use upstream::Upstream;
 pub use runtime::{Runtime, SharedRuntime};
 pub use service::Proxy;
 pub use verdict::{Failure, Verdict};

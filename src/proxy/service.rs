@@ -34,7 +34,7 @@ use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::{Body, Holding};
 use super::fallback::{Fallback, LocalPolicy};
-use super::forward::{self, Upstream};
+use super::upstream::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
@@ -42,7 +42,7 @@ use super::respond::{self, Prepared};
 use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
 use super::underscores;
 use super::untrusted_forwarder::UntrustedForwarder;
-use super::upgrade::Tunnels;
+use super::upstream::Tunnels;
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
 
@@ -384,7 +384,7 @@ impl Proxy {
         entry: Entry<'_>,
     ) -> Response<Body> {
         let sent = Instant::now();
-        let response = forward::forward(
+        let response = upstream::forward(
             &self.upstream,
             request,
             conn,

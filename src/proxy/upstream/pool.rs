@@ -37,8 +37,8 @@ use hyper_util::rt::TokioIo;
 use pin_project_lite::pin_project;
 use tower_service::Service as _;
 
-use super::body::{self, Body};
-use super::metrics::BodyCuts;
+use crate::proxy::body::{self, Body};
+use crate::proxy::metrics::BodyCuts;
 use crate::sync;
 use crate::telemetry;
 

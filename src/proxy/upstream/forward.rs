@@ -23,14 +23,14 @@ use crate::config::{self, Live};
 use crate::sleeps::Spares;
 use crate::subject;
 
-use super::body::{self, Body, ClientBodyError, Cut, IdleTimeout};
-use super::headers::{self, Forwarded};
+use crate::proxy::body::{self, Body, ClientBodyError, Cut, IdleTimeout};
+use crate::proxy::headers::{self, Forwarded};
 use super::pool::{self, Failure, Pool, Returning};
-use super::respond;
+use crate::proxy::respond;
 use super::upgrade::Tunnels;
-use super::upstream_head::{self, Informational, Refused};
-use super::upstream_timer::UpstreamTimer;
-use super::ConnInfo;
+use super::head::{self as upstream_head, Informational, Refused};
+use super::timer::UpstreamTimer;
+use crate::proxy::ConnInfo;
 
 /// The pooled HTTP/1.1 client to the upstream.
 #[derive(Clone)]
@@ -132,7 +132,7 @@ impl UpstreamError {
 
 /// Sends `request` upstream and returns the upstream's response with
 /// hop-by-hop fields removed, or why there is none.
-pub(super) async fn forward(
+pub(crate) async fn forward(
     upstream: &Upstream,
     mut request: Request<Incoming>,
     conn: &ConnInfo,

@@ -42,9 +42,9 @@ mod verdict;
 use std::net::SocketAddr;
 
 pub use body::{Body, BodyIdleTimeout, BoxError};
-pub use upstream::Upstream;
 pub use runtime::{Runtime, SharedRuntime};
 pub use service::Proxy;
+pub use upstream::Upstream;
 pub use verdict::{Failure, Verdict};
 
 /// The connection a request arrived on.

@@ -34,7 +34,6 @@ use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::{Body, Holding};
 use super::fallback::{Fallback, LocalPolicy};
-use super::upstream::{self, Upstream};
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
@@ -43,6 +42,7 @@ use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
 use super::underscores;
 use super::untrusted_forwarder::UntrustedForwarder;
 use super::upstream::Tunnels;
+use super::upstream::{self, Upstream};
 use super::verdict::{Failure, Verdict};
 use super::ConnInfo;
 

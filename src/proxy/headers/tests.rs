@@ -1,3 +1,12 @@
+use std::net::IpAddr;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri, Version};
+
+use crate::route::SubjectSource;
+use crate::subject::resolve::X_FORWARDED_FOR;
+
+use super::rewrite::{ip_text, IP_TEXT_MAX};
 use super::*;
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -23,13 +23,13 @@ use crate::config::{self, Live};
 use crate::sleeps::Spares;
 use crate::subject;
 
+use super::head::{self as upstream_head, Informational, Refused};
+use super::pool::{self, Failure, Pool, Returning};
+use super::timer::UpstreamTimer;
+use super::upgrade::Tunnels;
 use crate::proxy::body::{self, Body, ClientBodyError, Cut, IdleTimeout};
 use crate::proxy::headers::{self, Forwarded};
-use super::pool::{self, Failure, Pool, Returning};
 use crate::proxy::respond;
-use super::upgrade::Tunnels;
-use super::head::{self as upstream_head, Informational, Refused};
-use super::timer::UpstreamTimer;
 use crate::proxy::ConnInfo;
 
 /// The pooled HTTP/1.1 client to the upstream.

@@ -1,0 +1,297 @@
+//! Request validation. hyper accepts several things a proxy must refuse:
+//! a request with no `Host` or two (hyper #3777), transfer-codings other
+//! than plain `chunked`, and a `Connection` header that names a header
+//! identity relies on, which would make any proxy in front drop it
+//! (CVE-2025-48865, CVE-2025-64484).
+
+use http::header::{HeaderMap, HeaderName, HOST, TRANSFER_ENCODING};
+use http::{Method, Uri, Version};
+
+use crate::path::PathError;
+use crate::route::SubjectSource;
+use crate::subject::relied_on;
+use crate::subject::resolve::X_FORWARDED_FOR;
+
+use super::{connection_tokens, list};
+
+/// Why a request is refused before any decision. Each maps to one response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalid {
+    /// HTTP/1.1 without `Host`, or HTTP/2 with neither `:authority` nor `Host`.
+    MissingHost,
+    DuplicateHost,
+    /// HTTP/2 whose `Host` names another authority than `:authority`
+    /// (RFC 9113 §8.3.1).
+    HostMismatch,
+    /// A transfer-coding other than exactly one `chunked` (answered 501: RFC
+    /// 9112 §6.1 asks for 501 on a coding the server does not implement).
+    TransferCoding,
+    /// `Connection` names a header the subject relies on, or
+    /// `X-Forwarded-For`.
+    ConnectionNamesIdentity(HeaderName),
+    /// `CONNECT` asks for a tunnel to anywhere; a reverse proxy in front of
+    /// one application has none to offer (501, RFC 9110 §9.1).
+    Connect,
+    /// A `Host` that is no `host[:port]` (RFC 9110 §7.2): empty, with
+    /// spaces, a path, user info, an unclosed IPv6 bracket, a port above
+    /// 65535.
+    BadHost,
+    /// A request-target in authority form (`app:80`, only for CONNECT) or
+    /// otherwise neither origin form (`/path`), absolute form
+    /// (`http://host/path`) nor `*`.
+    RequestTarget,
+    /// A method with lower-case letters: methods are case-sensitive (RFC
+    /// 9110 §9.1), yet many apps upper-case them (nginx refuses them too).
+    MethodCase,
+    /// A path that cannot be normalized safely.
+    Path(PathError),
+    /// A header a route's subject is read from, sent more than once: the
+    /// app may read another copy than the one sluice counted.
+    DuplicateIdentity(HeaderName),
+    /// Behind a trusted proxy, an `X-Forwarded-For` entry that is no
+    /// address where sluice must find the client.
+    ForwardedFor,
+    /// A method-override header sent twice, or naming no method.
+    MethodOverride,
+    /// A request-target of `*` with another method than OPTIONS (RFC
+    /// 9112 §3.2.4).
+    AsteriskForm,
+    /// A header name with `_`, under `server.headers_with_underscores:
+    /// reject`.
+    UnderscoreHeader,
+    /// A header name with `_` that CGI-style servers read as this header,
+    /// one sluice reads or writes.
+    UnderscoreStandsFor(HeaderName),
+}
+
+impl Invalid {
+    /// A short, bounded reason for the response body and logs.
+    /// A short, bounded label for `sluice_requests_refused_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Invalid::MissingHost => "missing_host",
+            Invalid::DuplicateHost => "duplicate_host",
+            Invalid::HostMismatch => "host_mismatch",
+            Invalid::TransferCoding => "transfer_coding",
+            Invalid::ConnectionNamesIdentity(_) => "connection_names_identity",
+            Invalid::Connect => "connect",
+            Invalid::MethodCase => "method_case",
+            Invalid::BadHost => "bad_host",
+            Invalid::RequestTarget => "request_target",
+            Invalid::Path(error) => error.label(),
+            Invalid::DuplicateIdentity(_) => "duplicate_identity",
+            Invalid::ForwardedFor => "forwarded_for",
+            Invalid::MethodOverride => "method_override",
+            Invalid::AsteriskForm => "asterisk_form",
+            Invalid::UnderscoreHeader => "underscore_header",
+            Invalid::UnderscoreStandsFor(_) => "underscore_stands_for",
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Invalid::MissingHost => "the request has no Host",
+            Invalid::DuplicateHost => "the request has more than one Host",
+            Invalid::HostMismatch => "Host and :authority name different hosts",
+            Invalid::TransferCoding => "only the chunked transfer-coding is accepted",
+            Invalid::ConnectionNamesIdentity(_) => {
+                "Connection names a header that identifies the client"
+            }
+            Invalid::Connect => "CONNECT is not supported",
+            Invalid::MethodCase => "the method has lower-case letters",
+            Invalid::BadHost => "Host is not a valid host[:port]",
+            Invalid::RequestTarget => "the request-target is neither a path nor an absolute URL",
+            Invalid::Path(error) => error.reason(),
+            Invalid::DuplicateIdentity(_) => {
+                "a header that identifies the client is sent more than once"
+            }
+            Invalid::ForwardedFor => "X-Forwarded-For holds an entry that is not an address",
+            Invalid::MethodOverride => "a method-override header is sent twice or names no method",
+            Invalid::AsteriskForm => "a request-target of * is for OPTIONS only",
+            Invalid::UnderscoreHeader => "header names with an underscore are refused",
+            Invalid::UnderscoreStandsFor(_) => {
+                "a header name with an underscore stands for a header that identifies the client or the method"
+            }
+        }
+    }
+}
+
+/// The rules that hold before the route is known: method, `Host` and
+/// framing.
+pub fn check_head(
+    method: &Method,
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(), Invalid> {
+    if method == Method::CONNECT {
+        return Err(Invalid::Connect);
+    }
+    if method.as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(Invalid::MethodCase);
+    }
+    let mut hosts = headers.get_all(HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(Invalid::DuplicateHost);
+    }
+    if let Some(host) = host {
+        if !valid_host(host.as_bytes()) {
+            return Err(Invalid::BadHost);
+        }
+    }
+    // Origin form, absolute form (with a valid host) or `*`; authority
+    // form is CONNECT's alone, refused above.
+    let origin = uri.scheme().is_none() && uri.authority().is_none();
+    let absolute = uri.scheme().is_some()
+        && uri
+            .authority()
+            .is_some_and(|a| valid_host(a.as_str().as_bytes()));
+    if !(origin || absolute) {
+        return Err(Invalid::RequestTarget);
+    }
+    // `*` names the server, not a resource: only OPTIONS may ask it. Any
+    // other method would reach a catch-all route of the app as `/*`
+    // (Werkzeug) while no sluice route matched it.
+    if origin && uri.path() == "*" && method != Method::OPTIONS {
+        return Err(Invalid::AsteriskForm);
+    }
+    match version {
+        Version::HTTP_09 | Version::HTTP_10 => {}
+        Version::HTTP_11 => {
+            if host.is_none() {
+                return Err(Invalid::MissingHost);
+            }
+        }
+        // HTTP/2 and later carry the authority as a pseudo-header.
+        _ => match (uri.authority(), host) {
+            (None, None) => return Err(Invalid::MissingHost),
+            (Some(authority), Some(host))
+                if !authority
+                    .as_str()
+                    .as_bytes()
+                    .eq_ignore_ascii_case(host.as_bytes()) =>
+            {
+                return Err(Invalid::HostMismatch)
+            }
+            _ => {}
+        },
+    }
+    check_transfer_coding(headers)
+}
+
+/// `host [ ":" port ]` as RFC 9110 §7.2 allows it: a reg-name of
+/// unreserved, sub-delimiter and percent characters, an IPv4 address, or an
+/// IPv6 literal in brackets; a port of at most 65535. Never empty, never
+/// user info.
+fn valid_host(value: &[u8]) -> bool {
+    let (host, port) = match value.strip_prefix(b"[") {
+        Some(rest) => {
+            let Some(end) = rest.iter().position(|b| *b == b']') else {
+                return false;
+            };
+            let literal = &rest[..end];
+            let valid_literal = std::str::from_utf8(literal)
+                .ok()
+                .is_some_and(|s| s.parse::<std::net::Ipv6Addr>().is_ok());
+            if !valid_literal {
+                return false;
+            }
+            match &rest[end + 1..] {
+                [] => (&b"v6"[..], None),
+                [b':', port @ ..] => (&b"v6"[..], Some(port)),
+                _ => return false,
+            }
+        }
+        None => match value.iter().rposition(|b| *b == b':') {
+            Some(i) => (&value[..i], Some(&value[i + 1..])),
+            None => (value, None),
+        },
+    };
+    let host_ok = !host.is_empty()
+        && host.iter().enumerate().all(|(i, &b)| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'.'
+                        | b'_'
+                        | b'~'
+                        | b'!'
+                        | b'$'
+                        | b'&'
+                        | b'\''
+                        | b'('
+                        | b')'
+                        | b'*'
+                        | b'+'
+                        | b','
+                        | b';'
+                        | b'='
+                )
+                // Only as `pct-encoded`, `%` and two hex digits: the two
+                // digits are then checked as alphanumerics. A bare `%` is
+                // no host an app can parse back.
+                || (b == b'%'
+                    && host
+                        .get(i + 1..i + 3)
+                        .is_some_and(|e| e.iter().all(u8::is_ascii_hexdigit)))
+        });
+    let port_ok = match port {
+        None => true,
+        // An empty port is allowed by the grammar (`host:`).
+        Some([]) => true,
+        Some(digits) => {
+            digits.len() <= 5
+                && digits.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| d.parse::<u32>().ok())
+                    .is_some_and(|p| p <= 65_535)
+        }
+    };
+    host_ok && port_ok
+}
+
+fn check_transfer_coding(headers: &HeaderMap) -> Result<(), Invalid> {
+    if !headers.contains_key(TRANSFER_ENCODING) {
+        return Ok(());
+    }
+    // Present, so exactly one `chunked`; an empty field is no framing at all.
+    let mut codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()));
+    match (codings.next(), codings.next()) {
+        (Some(coding), None) if coding.eq_ignore_ascii_case(b"chunked") => Ok(()),
+        _ => Err(Invalid::TransferCoding),
+    }
+}
+
+/// Refuses a request that carries one of `names` (the headers routes read
+/// subjects from) more than once.
+pub fn check_identity_headers(headers: &HeaderMap, names: &[HeaderName]) -> Result<(), Invalid> {
+    for name in names {
+        let mut values = headers.get_all(name).iter();
+        if values.next().is_some() && values.next().is_some() {
+            return Err(Invalid::DuplicateIdentity(name.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `Connection` that names `X-Forwarded-For` or any header the
+/// route's subjects (every limit's) are read from.
+pub fn check_connection<'s, I>(headers: &HeaderMap, subject: I) -> Result<(), Invalid>
+where
+    I: IntoIterator<Item = &'s SubjectSource> + Clone,
+{
+    for token in connection_tokens(headers) {
+        let Ok(name) = HeaderName::from_bytes(token) else {
+            continue;
+        };
+        if name == X_FORWARDED_FOR || relied_on(subject.clone()).any(|h| *h == name) {
+            return Err(Invalid::ConnectionNamesIdentity(name));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! The request's headers: what refuses a request before any decision
+//! (`checks`) and what a forwarding proxy rewrites on the way to the app
+//! and back (`rewrite`). The names both read, and the reading of a
+//! comma-separated list, are here.
+
+mod checks;
+mod rewrite;
+
+use http::header::{
+    HeaderMap, HeaderName, CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
+
+pub use checks::*;
+pub use rewrite::*;
+
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+/// Rewrite targets some frameworks (IIS URL Rewrite, Symfony, Zend) route
+/// by instead of the request line: a path sluice never matched.
+static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
+static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static TRUE_CLIENT_IP: HeaderName = HeaderName::from_static("true-client-ip");
+static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
+
+/// Fields that claim a client address, which many apps log or believe
+/// (nginx's `real_ip_header`, Akamai, Cloudflare). From a client that is
+/// no trusted proxy they are its own claim: see [`prepare_request`].
+pub static CLAIMS: [HeaderName; 3] = [
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("true-client-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+];
+
+/// RFC 9110 §7.6.1, plus the pre-standard `Keep-Alive` and
+/// `Proxy-Connection` that clients still send, and `HTTP2-Settings`, which
+/// only means something on an h2c upgrade (RFC 7540 §3.2.1; removed
+/// everywhere, as Envoy does).
+fn hop_by_hop() -> [&'static HeaderName; 10] {
+    [
+        &CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &PROXY_AUTHENTICATE,
+        &PROXY_AUTHORIZATION,
+        &TE,
+        &TRAILER,
+        &TRANSFER_ENCODING,
+        &UPGRADE,
+        &HTTP2_SETTINGS,
+    ]
+}
+
+pub(super) fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()))
+}
+
+/// The members of a comma-separated field value, trimmed, empties skipped
+/// (RFC 9110 §5.6.1).
+pub(super) fn list(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(|m| m.trim_ascii())
+        .filter(|m| !m.is_empty())
+}
+
+#[cfg(test)]
+mod tests;

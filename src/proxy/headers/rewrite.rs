@@ -1,0 +1,338 @@
+//! The header rewriting of a forwarding proxy: hop-by-hop fields removed
+//! both ways, `Host` kept as the client addressed it, `X-Forwarded-*` and
+//! `Forwarded` set, address claims of an untrusted client replaced.
+
+use std::io::Write as _;
+use std::net::IpAddr;
+
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST,
+    TRANSFER_ENCODING, UPGRADE,
+};
+use http::{Uri, Version};
+
+use crate::subject::resolve::X_FORWARDED_FOR;
+
+use super::*;
+
+/// HTTP/2 may split `Cookie` into one field per pair (RFC 9113 §8.2.3); an
+/// HTTP/1.1 app expects one line, the pairs joined with `; `.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    let mut values = headers.get_all(COOKIE).iter();
+    let (Some(_), Some(_)) = (values.next(), values.next()) else {
+        return;
+    };
+    let joined: Vec<&[u8]> = headers
+        .get_all(COOKIE)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if let Ok(value) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+        headers.insert(COOKIE, value);
+    }
+}
+
+/// The host the client addressed: the URI authority (HTTP/2 `:authority`,
+/// or an HTTP/1.1 absolute-form target, which RFC 9112 §3.2.2 says
+/// overrides `Host`), else the `Host` header.
+pub fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
+    match uri.authority() {
+        Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+        None => headers.get(HOST).cloned(),
+    }
+}
+
+/// An HTTP/1.1 upgrade (WebSocket and the like): `Connection: upgrade` and
+/// an `Upgrade` header. HTTP/2 has no such mechanism.
+pub fn is_upgrade(version: Version, headers: &HeaderMap) -> bool {
+    version == Version::HTTP_11
+        && headers.contains_key(UPGRADE)
+        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case(b"upgrade"))
+}
+
+/// The `Upgrade` value to forward: the protocols the client offers that
+/// `allowed` names (by name, any version), or `None` when it asks for no
+/// upgrade or for none of those. The request then goes as a plain one.
+pub fn allowed_upgrade(
+    version: Version,
+    headers: &HeaderMap,
+    allowed: &[Box<str>],
+) -> Option<HeaderValue> {
+    if !is_upgrade(version, headers) {
+        return None;
+    }
+    let mut kept: Vec<u8> = Vec::new();
+    for offer in headers
+        .get_all(UPGRADE)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()))
+    {
+        if upgrade_allowed(offer, allowed) {
+            if !kept.is_empty() {
+                kept.extend_from_slice(b", ");
+            }
+            kept.extend_from_slice(offer);
+        }
+    }
+    if kept.is_empty() {
+        return None;
+    }
+    HeaderValue::from_bytes(&kept).ok()
+}
+
+/// Whether `protocol` (`name` or `name/version`) is one `allowed` names.
+pub fn upgrade_allowed(protocol: &[u8], allowed: &[Box<str>]) -> bool {
+    let name = protocol
+        .split(|b| *b == b'/')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    allowed
+        .iter()
+        .any(|a| a.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// What the client's connection looked like, for the `X-Forwarded-*` fields.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarded {
+    pub peer: IpAddr,
+    pub tls: bool,
+    /// The peer is one of `identity.trusted_proxies`.
+    pub trusted: bool,
+}
+
+/// Rewrites a request's headers for the upstream: hop-by-hop removed,
+/// `Host` kept as the client addressed it, `X-Forwarded-*` set, rewrite
+/// targets removed, address claims of an untrusted client replaced
+/// ([`rewrite_claims`]). `upgrade`: the `Upgrade` value to pass on (see
+/// [`allowed_upgrade`]); without it no upgrade reaches the upstream.
+pub fn prepare_request(
+    headers: &mut HeaderMap,
+    host: Option<HeaderValue>,
+    forwarded: Forwarded,
+    upgrade: Option<HeaderValue>,
+) {
+    let upgrade_values = upgrade.map(|value| vec![value]);
+    // One pass over the names present instead of a lookup (a hash and a
+    // probe) for each field below: most requests carry none of them.
+    let mut rewrite_urls = false;
+    let mut forwarded_for = false;
+    let mut claims = false;
+    for name in headers.keys() {
+        if name == X_ORIGINAL_URL || name == X_REWRITE_URL {
+            rewrite_urls = true;
+        } else if name == X_FORWARDED_FOR {
+            forwarded_for = true;
+        } else if name == FORWARDED || CLAIMS.iter().any(|c| c == name) {
+            claims = true;
+        }
+    }
+    strip_hop_by_hop(headers);
+    if rewrite_urls {
+        headers.remove(&X_ORIGINAL_URL);
+        headers.remove(&X_REWRITE_URL);
+    }
+
+    // Set after stripping, so a `Connection: host` cannot remove it.
+    // `insert` replaces every earlier value.
+    match host {
+        Some(host) => {
+            headers.insert(&X_FORWARDED_HOST, host.clone());
+            headers.insert(HOST, host);
+        }
+        None => {
+            headers.remove(HOST);
+            headers.remove(&X_FORWARDED_HOST);
+        }
+    }
+    if claims {
+        rewrite_claims(headers, forwarded);
+    }
+    append_forwarded_for(headers, forwarded.peer, forwarded_for);
+    let proto = if forwarded.tls { "https" } else { "http" };
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+
+    if let Some(values) = upgrade_values {
+        restore_upgrade(headers, values);
+    }
+}
+
+/// Rewrites an upstream response's headers for the client. `upgraded`: a
+/// 101 answering an upgrade the client asked for, which keeps its
+/// `Connection: upgrade` and `Upgrade`.
+pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
+    // Framing came from Transfer-Encoding, which wins over Content-Length
+    // (RFC 9112 §6.3). Passing the stale length on would let the client
+    // misread where this response ends (hyper's client does not drop it).
+    if headers.contains_key(TRANSFER_ENCODING) {
+        headers.remove(CONTENT_LENGTH);
+    }
+    let upgrade_values = upgraded.then(|| take_all(headers, &UPGRADE));
+    strip_hop_by_hop(headers);
+    if let Some(values) = upgrade_values {
+        restore_upgrade(headers, values);
+    }
+}
+
+/// Removes the hop-by-hop fields and every field the `Connection` header
+/// names (RFC 9110 §7.6.1).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names present is cheaper than a removal (a hash
+    // and a probe) per hop-by-hop name, and most messages carry one or none.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = hop_by_hop().iter().position(|h| *h == name) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
+        return;
+    }
+    // `Connection` is the first hop-by-hop name.
+    if present & 1 != 0 {
+        // Values are reference-counted: holding them costs no copy, and
+        // frees the map to change while their tokens are read.
+        for value in take_all(headers, &CONNECTION) {
+            for token in list(value.as_bytes()) {
+                // Looked up by `&str`, a token needs no `HeaderName` of its
+                // own; one that is no valid name matches nothing.
+                if let Ok(token) = std::str::from_utf8(token) {
+                    headers.remove(token);
+                }
+            }
+        }
+    }
+    for (i, name) in hop_by_hop().into_iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Address claims: from a trusted proxy they are passed on as it wrote
+/// them, and `Forwarded` gets this hop's element appended (RFC 7239 §4).
+/// From anyone else they are the client's own word: `X-Real-IP` is
+/// overwritten with the peer's address (what nginx's `proxy_set_header
+/// X-Real-IP $remote_addr` sends), and `True-Client-IP`,
+/// `CF-Connecting-IP` and `Forwarded` are removed. Only requests that
+/// carry one pay for this.
+fn rewrite_claims(headers: &mut HeaderMap, forwarded: Forwarded) {
+    let mut text = [0u8; IP_TEXT_MAX];
+    let peer = ip_text(forwarded.peer.to_canonical(), &mut text);
+    if forwarded.trusted {
+        if headers.contains_key(FORWARDED) {
+            let mut joined = Vec::new();
+            for value in headers.get_all(FORWARDED) {
+                joined.extend_from_slice(value.as_bytes());
+                joined.extend_from_slice(b", ");
+            }
+            // RFC 7239 §6: an IPv6 node is bracketed and quoted.
+            if forwarded.peer.to_canonical().is_ipv6() {
+                joined.extend_from_slice(b"for=\"[");
+                joined.extend_from_slice(peer);
+                joined.extend_from_slice(b"]\"");
+            } else {
+                joined.extend_from_slice(b"for=");
+                joined.extend_from_slice(peer);
+            }
+            if let Ok(value) = HeaderValue::from_bytes(&joined) {
+                headers.insert(FORWARDED, value);
+            }
+        }
+        return;
+    }
+    if headers.contains_key(&X_REAL_IP) {
+        if let Ok(value) = HeaderValue::from_bytes(peer) {
+            headers.insert(&X_REAL_IP, value);
+        }
+    }
+    headers.remove(&TRUE_CLIENT_IP);
+    headers.remove(&CF_CONNECTING_IP);
+    headers.remove(FORWARDED);
+}
+
+/// The client's own `X-Forwarded-For` is its claim: forwarded, not
+/// believed (the subject resolver decides whom to believe). The peer is
+/// appended to it as one list so upstreams reading a single field see it.
+/// `present`: the request carried one (false: it has none now; true: it
+/// may, and joining none gives the peer alone).
+fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr, present: bool) {
+    let mut text = [0u8; IP_TEXT_MAX];
+    let peer = ip_text(peer.to_canonical(), &mut text);
+    if !present {
+        // The usual case: the peer alone, one allocation.
+        if let Ok(value) = HeaderValue::from_bytes(peer) {
+            headers.insert(&X_FORWARDED_FOR, value);
+        }
+        return;
+    }
+    let mut joined = Vec::new();
+    for member in headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .flat_map(|v| list(v.as_bytes()))
+    {
+        // Only visible ASCII survives: the joined value must stay valid.
+        if member.iter().all(|&b| b.is_ascii_graphic() || b == b' ') {
+            joined.extend_from_slice(member);
+            joined.extend_from_slice(b", ");
+        }
+    }
+    joined.extend_from_slice(peer);
+    match HeaderValue::from_bytes(&joined) {
+        Ok(value) => {
+            headers.insert(&X_FORWARDED_FOR, value);
+        }
+        Err(_) => {
+            // Unreachable in practice (both parts were valid header text);
+            // the peer alone is still the truth.
+            if let Ok(value) = HeaderValue::from_bytes(peer) {
+                headers.insert(&X_FORWARDED_FOR, value);
+            }
+        }
+    }
+}
+
+/// The longest address text: an IPv6 address ending in dotted IPv4
+/// (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`).
+pub(super) const IP_TEXT_MAX: usize = 45;
+
+/// `ip` as `Display` writes it, into `buf`. IPv4 digits are written
+/// directly: the formatting machinery costs more than the rest of the
+/// header work of a request.
+pub(super) fn ip_text(ip: IpAddr, buf: &mut [u8; IP_TEXT_MAX]) -> &[u8] {
+    let len = match ip {
+        IpAddr::V4(v4) => {
+            let mut len = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[len] = b'.';
+                    len += 1;
+                }
+                let mut digits = itoa::Buffer::new();
+                let digits = digits.format(octet).as_bytes();
+                buf[len..len + digits.len()].copy_from_slice(digits);
+                len += digits.len();
+            }
+            len
+        }
+        IpAddr::V6(v6) => {
+            let mut cursor = std::io::Cursor::new(&mut buf[..]);
+            // At most IP_TEXT_MAX bytes: the write cannot run out of room.
+            let _ = write!(cursor, "{v6}");
+            usize::try_from(cursor.position()).unwrap_or(0)
+        }
+    };
+    &buf[..len]
+}
+
+fn take_all(headers: &HeaderMap, name: &HeaderName) -> Vec<HeaderValue> {
+    headers.get_all(name).iter().cloned().collect()
+}
+
+fn restore_upgrade(headers: &mut HeaderMap, upgrade: Vec<HeaderValue>) {
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    for value in upgrade {
+        headers.append(UPGRADE, value);
+    }
+}

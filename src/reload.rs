@@ -169,6 +169,17 @@ fn say_what_happens_to_counts(old: &Live, new: &Live) {
 /// file was checked against its own boot part; a reload keeps the old one,
 /// so what ties the two must be checked again against that.
 fn unsafe_with(boot: &Boot, config: &Config) -> Option<String> {
+    // The listener reads PROXY headers as it started; with nothing trusted
+    // the balancer's headers would reach HTTP and every connection through
+    // it would fail.
+    if boot.server.proxy_protocol.any() && config.live.identity.trusted_proxies.is_empty() {
+        return Some(format!(
+            "{}: identity.trusted_proxies: empty, while the server.proxy_protocol in effect \
+             reads PROXY headers only from trusted peers, which a reload cannot change: \
+             restart without proxy_protocol, or keep the load balancer's addresses trusted",
+            config.source.display(),
+        ));
+    }
     let StoreKind::Redis(redis) = &boot.store.kind else {
         return None;
     };

@@ -80,6 +80,7 @@ pub async fn serve(
     );
     let per_peer = PerPeer::new(settings.max_connections_per_ip);
     let proxy_headers = Arc::new(proxied::Counters::new());
+    let pending_header = PerPeer::new(settings.max_connections_per_ip);
     let mut trim = Trim::default();
 
     loop {
@@ -111,23 +112,28 @@ pub async fn serve(
                     // A load balancer's connections carry many clients:
                     // each is counted as the client its header names,
                     // once that is read.
-                    let proxied = (settings.proxy_protocol.any() && proxy.trusts(peer.ip()))
-                        .then(|| Proxied {
+                    // Until then its place is held under the balancer's
+                    // own address, among the connections still sending
+                    // their header: a trusted host that connects and says
+                    // nothing is bounded as any client is.
+                    let reads_header = settings.proxy_protocol.any() && proxy.trusts(peer.ip());
+                    let table = if reads_header { &pending_header } else { &per_peer };
+                    let Some(held) = table.try_hold(peer.ip()) else {
+                        refused_per_ip.increment(1);
+                        drop(stream);
+                        continue;
+                    };
+                    let (proxied, held) = if reads_header {
+                        let proxied = Proxied {
                             versions: settings.proxy_protocol,
                             per_peer: per_peer.clone(),
                             refused_per_ip: refused_per_ip.clone(),
                             counters: proxy_headers.clone(),
-                        });
-                    let held = match proxied {
-                        Some(_) => None,
-                        None => match per_peer.try_hold(peer.ip()) {
-                            Some(held) => Some(held),
-                            None => {
-                                refused_per_ip.increment(1);
-                                drop(stream);
-                                continue;
-                            }
-                        },
+                            pending: held,
+                        };
+                        (Some(proxied), None)
+                    } else {
+                        (None, Some(held))
                     };
                     let connection = Connection {
                         peer,
@@ -220,6 +226,24 @@ struct Proxied {
     per_peer: Arc<PerPeer>,
     refused_per_ip: metrics::Counter,
     counters: Arc<proxied::Counters>,
+    /// Its place among the balancer's connections still sending their
+    /// header; given back once the header is read.
+    pending: Held,
+}
+
+impl Proxied {
+    /// The connection's place among its client's, its pending place given
+    /// back.
+    /// `None` (counted as refused) when the client holds
+    /// `max_connections_per_ip` already.
+    fn hold_client(self, client: SocketAddr) -> Option<Held> {
+        drop(self.pending);
+        let held = self.per_peer.try_hold(client.ip());
+        if held.is_none() {
+            self.refused_per_ip.increment(1);
+        }
+        held
+    }
 }
 
 /// A connection's requests in flight, and when it last had none.
@@ -282,12 +306,9 @@ impl Connection {
         let (rest, _held) = match self.proxied.take() {
             None => (Vec::new(), held),
             Some(proxied) => match self.read_proxy_header(&mut stream, &proxied).await {
-                Some(rest) => match proxied.per_peer.try_hold(self.peer.ip()) {
+                Some(rest) => match proxied.hold_client(self.peer) {
                     Some(held) => (rest, Some(held)),
-                    None => {
-                        proxied.refused_per_ip.increment(1);
-                        return;
-                    }
+                    None => return,
                 },
                 None => return,
             },

@@ -5,8 +5,11 @@
 //! `header_read_timeout`, then reconnects) refuses everyone else. So each
 //! address may hold at most `server.max_connections_per_ip` of them. An
 //! IPv6 client owns a whole /64 and may pick any address in it, so IPv6
-//! peers are counted per /64. The peer is the TCP peer: behind a proxy,
-//! the proxy (whose own connections carry many clients).
+//! peers are counted per /64. The peer is the TCP peer (behind a proxy,
+//! the proxy, whose own connections carry many clients), or the client a
+//! trusted peer's PROXY protocol header names, once it is read; until
+//! then such a connection is counted under the TCP peer in a table of its
+//! own, so a trusted host that connects and says nothing is bounded too.
 
 use crate::sync;
 use std::collections::HashMap;

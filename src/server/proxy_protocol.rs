@@ -172,7 +172,10 @@ fn v2(bytes: &[u8]) -> Parsed {
     let (family, protocol) = (bytes[13] >> 4, bytes[13] & 0x0F);
     let body = usize::from(u16::from_be_bytes([bytes[14], bytes[15]]));
     let len = V2_FIXED + body;
-    if version != 2 || command > 1 || family > 3 || protocol > 2 {
+    // LOCAL discards the address block, family byte included (any value);
+    // PROXY names one of the listed family and protocol pairs.
+    let listed = matches!(bytes[13], 0x00 | 0x11 | 0x12 | 0x21 | 0x22 | 0x31 | 0x32);
+    if version != 2 || command > 1 || (command == 1 && !listed) {
         return Parsed::Invalid(Invalid::Malformed);
     }
     if len > MAX_HEADER {
@@ -339,9 +342,11 @@ mod tests {
 
     #[test]
     fn version_two_without_an_address_keeps_the_peer() {
-        // LOCAL, with or without an address block: a health check.
+        // LOCAL, with or without an address block, whatever its family
+        // byte says: a health check.
         assert_eq!(header(&v2_header(0, 0x00, &[])).2, None);
         assert_eq!(header(&v2_header(0, 0x11, &[1; 12])).2, None);
+        assert_eq!(header(&v2_header(0, 0x45, &[])).2, None);
         // UNSPEC and UNIX families.
         assert_eq!(header(&v2_header(1, 0x00, &[])).2, None);
         assert_eq!(header(&v2_header(1, 0x31, &[0; 216])).2, None);
@@ -358,8 +363,16 @@ mod tests {
             parse(&v2_header(1, 0x21, &[1; 35])),
             Parsed::Invalid(Invalid::Malformed)
         ));
-        // Datagrams, unknown commands, families and versions.
-        for (byte, value) in [(13, 0x12), (12, 0x22), (13, 0x41), (12, 0x11)] {
+        // Datagrams, unknown commands, families, pairs and versions.
+        for (byte, value) in [
+            (13, 0x12),
+            (12, 0x22),
+            (13, 0x41),
+            (13, 0x10),
+            (13, 0x01),
+            (13, 0x30),
+            (12, 0x11),
+        ] {
             let mut bytes = v2_header(1, 0x11, &[1; 12]);
             bytes[byte] = value;
             assert_eq!(

@@ -212,16 +212,18 @@ async fn connections_per_ip_count_the_client_the_header_names() {
     ));
     let addr = sluice.addr();
 
-    // Two clients through one balancer, each holding a connection.
+    // Two clients through one balancer, each holding a connection (one
+    // after the other: a connection still sending its header holds the
+    // balancer's own place until it is read).
+    let keep_alive = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: app\r\n\r\n").into_bytes();
     let mut first = TcpStream::connect(addr).await.unwrap();
     first.write_all(&v1("203.0.113.7", 51000)).await.unwrap();
-    let mut second = TcpStream::connect(addr).await.unwrap();
-    second.write_all(&v1("198.51.100.9", 51001)).await.unwrap();
-    let keep_alive = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: app\r\n\r\n").into_bytes();
-    second.write_all(&keep_alive("/a")).await.unwrap();
-    assert_eq!(answer(&mut second).await, Some(200));
     first.write_all(&keep_alive("/b")).await.unwrap();
     assert_eq!(answer(&mut first).await, Some(200));
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    second.write_all(&v1("198.51.100.9", 51001)).await.unwrap();
+    second.write_all(&keep_alive("/a")).await.unwrap();
+    assert_eq!(answer(&mut second).await, Some(200));
     // The first client's second connection is one too many.
     assert_eq!(exchange(addr, &v1("203.0.113.7", 51002)).await, None);
     let text = scrape(sluice.admin_addr().unwrap()).await;
@@ -319,5 +321,77 @@ async fn under_tls_the_header_comes_before_the_handshake() {
         answer.extend_from_slice(&chunk[..n]);
     }
     assert_eq!(parse_status(&String::from_utf8_lossy(&answer)), 200);
+    assert_eq!(forwarded_for(&upstream.last().unwrap()), "203.0.113.7");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_sent_a_byte_at_a_time_is_read_whole() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(&upstream.url(), "[v1, v2]", "[127.0.0.1]", ""));
+    for opening in [v1("203.0.113.7", 51000), v2([198, 51, 100, 9], 51001)] {
+        let mut stream = TcpStream::connect(sluice.addr()).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        for byte in &opening {
+            stream.write_all(&[*byte]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        stream.write_all(GET).await.unwrap();
+        assert_eq!(answer(&mut stream).await, Some(200));
+    }
+    let seen: Vec<String> = upstream.requests().iter().map(forwarded_for).collect();
+    assert_eq!(seen, ["203.0.113.7", "198.51.100.9"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_peer_that_says_nothing_is_bounded_as_any_client() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(
+        &upstream.url(),
+        "[v1]",
+        "[127.0.0.1]",
+        "  max_connections_per_ip: 2",
+    ));
+    let addr = sluice.addr();
+    // Two silent connections from the balancer hold its two places while
+    // their headers are awaited; a third is closed at once.
+    let _first = TcpStream::connect(addr).await.unwrap();
+    let second = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(exchange(addr, &v1("203.0.113.7", 51000)).await, None);
+    // One gone: a header can be read again, and its client counted.
+    drop(second);
+    let served = crate::support::eventually(Duration::from_secs(5), || async {
+        exchange(addr, &v1("203.0.113.8", 51001)).await
+    })
+    .await;
+    assert_eq!(served, 200);
+    assert_eq!(forwarded_for(&upstream.last().unwrap()), "203.0.113.8");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_cannot_stop_trusting_the_balancer_the_listener_reads() {
+    let upstream = Upstream::start().await;
+    let yaml = config(&upstream.url(), "[v2]", "[127.0.0.1]", "");
+    let sluice = Sidecar::start(&yaml);
+    let untrusting = yaml
+        .replace("  proxy_protocol: [v2]\n", "")
+        .replace("trusted_proxies: [127.0.0.1]", "trusted_proxies: []");
+    std::fs::write(sluice.config_path(), untrusting).unwrap();
+    sluice.signal("HUP");
+    let admin = sluice.admin_addr().unwrap();
+    crate::support::eventually(Duration::from_secs(5), || async {
+        let text = scrape(admin).await;
+        let failed = metric(
+            &text,
+            "sluice_config_reloads_total",
+            &[("result", "failure")],
+        );
+        (failed >= Some(1.0)).then_some(())
+    })
+    .await;
+    // The balancer's headers are still read.
+    assert_eq!(
+        exchange(sluice.addr(), &v2([203, 0, 113, 7], 51000)).await,
+        Some(200)
+    );
     assert_eq!(forwarded_for(&upstream.last().unwrap()), "203.0.113.7");
 }

@@ -110,12 +110,11 @@ pub async fn serve(
                 }
                 Ok((stream, peer)) => {
                     // A load balancer's connections carry many clients:
-                    // each is counted as the client its header names,
-                    // once that is read.
-                    // Until then its place is held under the balancer's
-                    // own address, among the connections still sending
-                    // their header: a trusted host that connects and says
-                    // nothing is bounded as any client is.
+                    // each is counted as the client its header names, once
+                    // that is read. Until then its place is held under the
+                    // balancer's own address, among the connections still
+                    // sending their header: a trusted host that connects
+                    // and says nothing is bounded as any client is.
                     let reads_header = settings.proxy_protocol.any() && proxy.trusts(peer.ip());
                     let table = if reads_header { &pending_header } else { &per_peer };
                     let Some(held) = table.try_hold(peer.ip()) else {
@@ -123,18 +122,12 @@ pub async fn serve(
                         drop(stream);
                         continue;
                     };
-                    let (proxied, held) = if reads_header {
-                        let proxied = Proxied {
-                            versions: settings.proxy_protocol,
-                            per_peer: per_peer.clone(),
-                            refused_per_ip: refused_per_ip.clone(),
-                            counters: proxy_headers.clone(),
-                            pending: held,
-                        };
-                        (Some(proxied), None)
-                    } else {
-                        (None, Some(held))
-                    };
+                    let proxied = reads_header.then(|| Proxied {
+                        versions: settings.proxy_protocol,
+                        per_peer: per_peer.clone(),
+                        refused_per_ip: refused_per_ip.clone(),
+                        counters: proxy_headers.clone(),
+                    });
                     let connection = Connection {
                         peer,
                         proxied,
@@ -226,24 +219,6 @@ struct Proxied {
     per_peer: Arc<PerPeer>,
     refused_per_ip: metrics::Counter,
     counters: Arc<proxied::Counters>,
-    /// Its place among the balancer's connections still sending their
-    /// header; given back once the header is read.
-    pending: Held,
-}
-
-impl Proxied {
-    /// The connection's place among its client's, its pending place given
-    /// back.
-    /// `None` (counted as refused) when the client holds
-    /// `max_connections_per_ip` already.
-    fn hold_client(self, client: SocketAddr) -> Option<Held> {
-        drop(self.pending);
-        let held = self.per_peer.try_hold(client.ip());
-        if held.is_none() {
-            self.refused_per_ip.increment(1);
-        }
-        held
-    }
 }
 
 /// A connection's requests in flight, and when it last had none.
@@ -292,8 +267,9 @@ impl Drop for InFlight {
 
 impl Connection {
     /// Serves the connection; `held` is its place among its peer's
-    /// connections (`None` for a trusted peer's until its header is read).
-    async fn run(mut self, mut stream: TcpStream, held: Option<Held>) {
+    /// connections (for a trusted peer's, among those still sending a
+    /// header, traded for its client's once the header is read).
+    async fn run(mut self, mut stream: TcpStream, mut held: Held) {
         // Small writes (response heads, WebSocket frames) go out at once.
         let _ = stream.set_nodelay(true);
         let local = match stream.local_addr() {
@@ -303,16 +279,22 @@ impl Connection {
                 return;
             }
         };
-        let (rest, _held) = match self.proxied.take() {
-            None => (Vec::new(), held),
-            Some(proxied) => match self.read_proxy_header(&mut stream, &proxied).await {
-                Some(rest) => match proxied.hold_client(self.peer) {
-                    Some(held) => (rest, Some(held)),
-                    None => return,
-                },
-                None => return,
-            },
-        };
+        let mut rest = Vec::new();
+        if let Some(proxied) = self.proxied.take() {
+            let Some(read) = self.read_proxy_header(&mut stream, &proxied).await else {
+                return;
+            };
+            rest = read;
+            drop(held);
+            held = match proxied.per_peer.try_hold(self.peer.ip()) {
+                Some(client) => client,
+                None => {
+                    proxied.refused_per_ip.increment(1);
+                    return;
+                }
+            };
+        }
+        let _held = held;
         let info = ConnInfo {
             peer: self.peer,
             local,

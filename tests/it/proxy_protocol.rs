@@ -282,36 +282,19 @@ async fn a_proxy_ignored_for_want_of_trusted_proxies_is_named_in_a_warning() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_tls_the_header_comes_before_the_handshake() {
-    use std::io::Write;
-    use std::sync::Arc;
-
     let upstream = Upstream::start().await;
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let mut cert = tempfile::NamedTempFile::new().unwrap();
-    cert.write_all(certified.cert.pem().as_bytes()).unwrap();
-    let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(certified.key_pair.serialize_pem().as_bytes())
-        .unwrap();
+    let certified = crate::support::tls::self_signed(&[]);
     let tls = format!(
         "  tls: {{ cert: {}, key: {} }}",
-        cert.path().display(),
-        key.path().display()
+        certified.cert.path().display(),
+        certified.key.path().display()
     );
     let sluice = Sidecar::start(&config(&upstream.url(), "[v2]", "[127.0.0.1]", &tls));
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(certified.cert.der().clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let client = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
     let mut tcp = TcpStream::connect(sluice.addr()).await.unwrap();
     tcp.write_all(&v2([203, 0, 113, 7], 51000)).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let mut tls = certified.connector.connect(name, tcp).await.unwrap();
     tls.write_all(GET).await.unwrap();
     let mut answer = Vec::new();
     let mut chunk = [0u8; 1024];

@@ -4,7 +4,6 @@
 //! shutdown, TLS with ALPN).
 
 use std::convert::Infallible;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -469,32 +468,17 @@ async fn shutdown_cuts_upgraded_connections_at_the_grace() {
 #[tokio::test]
 async fn tls_offers_h2_and_forwards_as_https() {
     let app = App::start().await;
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let mut cert = tempfile::NamedTempFile::new().unwrap();
-    cert.write_all(certified.cert.pem().as_bytes()).unwrap();
-    let mut key = tempfile::NamedTempFile::new().unwrap();
-    key.write_all(certified.key_pair.serialize_pem().as_bytes())
-        .unwrap();
+    let tls = crate::support::tls::self_signed(&[b"h2", b"http/1.1"]);
     let acceptor = server::tls::acceptor(&sluice::config::Tls {
-        cert: cert.path().to_owned(),
-        key: key.path().to_owned(),
+        cert: tls.cert.path().to_owned(),
+        key: tls.key.path().to_owned(),
     })
     .unwrap();
     let sluice = Sluice::start_with_tls(&app.url(), &QUICK, Some(acceptor)).await;
 
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(certified.cert.der().clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = TcpStream::connect(sluice.addr).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = connector.connect(name, tcp).await.unwrap();
+    let tls = tls.connector.connect(name, tcp).await.unwrap();
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
 
     let (mut sender, connection) =

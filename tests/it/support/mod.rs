@@ -6,6 +6,7 @@
 //! - [`client`]: requests, bursts, raw bytes.
 //! - [`redis`]: `RedisServer`, a real redis-server on a free port (TLS, ACL).
 //! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
+//! - [`tls`]: a self-signed certificate and a client that trusts it.
 //! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
 //!
 //! Each test file compiles this module on its own and uses only part of it.
@@ -17,6 +18,7 @@ pub mod redis;
 pub mod redis_sidecar;
 pub mod scripted;
 pub mod sidecar;
+pub mod tls;
 pub mod topology;
 pub mod upstream;
 

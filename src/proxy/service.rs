@@ -24,8 +24,8 @@ use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use crate::config::{self, Live, OnFailure, Underscores};
-use crate::limit::{Decision, LimitPolicy, Outcome, Policy};
+use crate::config::{Live, Underscores};
+use crate::limit::{Decision, LimitPolicy};
 use crate::path;
 use crate::route::{Limit, Route};
 use crate::store::in_flight::{InFlight, Permit};
@@ -33,7 +33,7 @@ use crate::store::{Evaluation, EvaluationId, Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::{Body, Holding};
-use super::fallback::{Fallback, LocalPolicy};
+use super::fallback::Fallback;
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
@@ -43,8 +43,9 @@ use super::underscores;
 use super::untrusted_forwarder::UntrustedForwarder;
 use super::upstream::Tunnels;
 use super::upstream::{self, Upstream};
-use super::verdict::{Failure, Verdict};
+use super::verdict::Verdict;
 use super::ConnInfo;
+use plan::{Judgement, Passed, Rated, Refusal};
 
 pub struct Proxy {
     runtime: SharedRuntime,
@@ -58,24 +59,6 @@ pub struct Proxy {
     tunnels: Tunnels,
     metrics: ProxyMetrics,
     untrusted_forwarder: UntrustedForwarder,
-}
-
-/// What deciding alone needs, should the store not decide.
-pub(super) struct Local<'a> {
-    pub fallback: &'a Fallback,
-    pub evaluation: &'a Evaluation<'a>,
-    /// `false` for `POST /explain`: the local answer is read, not charged.
-    pub charge: bool,
-}
-
-/// What the outcome asks of the request.
-pub(super) enum Action {
-    /// To the upstream; with a decision when its `RateLimit` fields are to
-    /// be added to the response.
-    Forward {
-        ratelimit: Option<Decision>,
-    },
-    Respond(Response<Body>),
 }
 
 /// One limit of a route the request matched, and the subject it counts.
@@ -189,10 +172,6 @@ impl Proxy {
 
     /// Every limit of every matched route, together: `Ok` to forward (with
     /// what the response needs), or the answer that ends the request.
-    /// Counts the request: once, under the route and limit that refused
-    /// it; or, when it goes on, once per matched route, under the limit
-    /// whose verdict is not Allowed (a shadow denial, no decision under
-    /// `on_failure: allow`) or else the route's first.
     async fn admit<'r>(
         &self,
         matched: &Matched<'r>,
@@ -200,161 +179,140 @@ impl Proxy {
         live: &Live,
         arrival: Instant,
     ) -> Result<Admitted<'r>, Response<Body>> {
-        let mut admitted = Admitted {
-            ratelimit: None,
-            permits: SmallVec::new(),
+        let mut permits = SmallVec::new();
+        let judgement = match self.take_places(checks, &mut permits) {
+            Some(refusal) => Judgement::Refused(refusal),
+            None => self.judge(checks, live, arrival).await,
         };
-        // Places first: a local try, before any store is asked.
+        self.count(matched, &judgement, arrival);
+        match judgement {
+            // Its places go back as `permits` drops.
+            Judgement::Refused(refusal) => Err(refusal.response),
+            Judgement::Passed(passed) => Ok(Admitted {
+                ratelimit: passed.ratelimit,
+                permits,
+            }),
+        }
+    }
+
+    /// Takes a place of every concurrency limit, a local try before any
+    /// store is asked; the refusal of the first that has none free.
+    fn take_places<'a, 'r>(
+        &self,
+        checks: &'a [Check<'r>],
+        permits: &mut SmallVec<[Permit; 1]>,
+    ) -> Option<Refusal<'a, 'r>> {
         for check in checks {
             if let LimitPolicy::Concurrency(policy) = &check.limit().policy {
                 // Registered with the route: every concurrency limit has one.
                 let noop = metrics::Gauge::noop();
                 let gauge = check.entry.metrics.in_flight(check.limit).unwrap_or(&noop);
                 match self.in_flight.try_acquire(policy, &check.subject, gauge) {
-                    Some(permit) => admitted.permits.push(permit),
+                    Some(permit) => permits.push(permit),
                     None => {
-                        self.count(
-                            check.entry,
-                            check.limit,
-                            Verdict::ConcurrencyDenied,
-                            arrival,
-                        );
                         let responses = &check.state().responses;
-                        return Err(respond::over_concurrency(responses, policy.retry_after));
+                        return Some(Refusal {
+                            check,
+                            verdict: Verdict::ConcurrencyDenied,
+                            response: respond::over_concurrency(responses, policy.retry_after),
+                        });
                     }
                 }
             }
         }
+        None
+    }
 
-        // A route's verdict, when not Allowed, and the limit it came from.
-        let mut noted: [Option<(usize, Verdict)>; MAX_METHODS] = [None; MAX_METHODS];
-        let rated: SmallVec<[(&Check<'r>, &'r Arc<Policy>); 2]> = checks
+    /// Asks the store for every rate limit at once, the local fallback for
+    /// those it leaves to it, and judges the request by the answers
+    /// ([`plan`]). What the store charged a refused request goes back.
+    async fn judge<'a, 'r>(
+        &self,
+        checks: &'a [Check<'r>],
+        live: &Live,
+        arrival: Instant,
+    ) -> Judgement<'a, 'r> {
+        let deadline = arrival + live.store.budget;
+        let (limits, evaluations): (SmallVec<[_; 2]>, SmallVec<[_; 2]>) = checks
             .iter()
-            .filter_map(|c| c.limit().policy.as_rate().map(|p| (c, p)))
-            .collect();
-        if !rated.is_empty() {
-            let deadline = arrival + live.store.budget;
-            let evaluations: SmallVec<[Evaluation<'_>; 2]> = rated
-                .iter()
-                .map(|(check, policy)| Evaluation {
+            .filter_map(|check| {
+                let policy = check.limit().policy.as_rate()?;
+                let evaluation = Evaluation {
                     policy: policy.as_ref(),
                     subject: &check.subject,
                     cost: check.limit().cost,
                     deadline,
                     id: EvaluationId::random(),
-                })
-                .collect();
-            let outcomes = self.store.evaluate_all(&evaluations).await;
-            if outcomes.source == Source::Store && outcomes.list.iter().any(decided) {
-                self.fallback.store_decided();
-            }
-            self.metrics
-                .decision_duration
-                .record(arrival.elapsed().as_secs_f64());
-            // A limit the store could not decide leaves the ones after it
-            // undecided too: each then follows its own `on_failure`.
-            let undecided = outcomes.list.last().copied().filter(|o| !decided(o));
-            let after = outcomes.first + outcomes.list.len();
-            let rest = undecided
-                .into_iter()
-                .flat_map(|o| (after..rated.len()).map(move |i| (i, o)));
-            // Limits left to `on_failure: local` are decided after the
-            // others, all together, so that a request one of them (or any
-            // other limit) refuses charges none of them locally.
-            let mut alone: SmallVec<[(usize, Failure); 2]> = SmallVec::new();
-            let mut refused: Option<(&Check<'r>, Verdict, Response<Body>)> = None;
-            for (at, outcome) in outcomes.iter().chain(rest) {
-                let (Some(&(check, policy)), Some(evaluation)) =
-                    (rated.get(at), evaluations.get(at))
-                else {
-                    continue;
                 };
-                if let Some(failure) = local_failure(&outcome, policy, live) {
-                    alone.push((at, failure));
-                    continue;
-                }
-                let responses = &check.state().responses;
-                // Never reached for a local decision: those are taken out
-                // above.
-                let local = Local {
-                    fallback: &self.fallback,
-                    evaluation,
-                    charge: true,
-                };
-                let (verdict, action) =
-                    decide(outcome, check.entry.route, policy, responses, live, &local);
-                match action {
-                    // The first that refuses answers, unless a local limit
-                    // before it refuses first.
-                    Action::Respond(response) => {
-                        refused = Some((check, verdict, response));
-                        break;
-                    }
-                    Action::Forward { ratelimit } => {
-                        note(&mut noted, &mut admitted, check, verdict, ratelimit);
-                    }
-                }
-            }
-            if !alone.is_empty() {
-                let asked: SmallVec<[(&Evaluation<'_>, &Arc<Policy>); 2]> = alone
-                    .iter()
-                    .filter_map(|&(at, _)| Some((evaluations.get(at)?, rated.get(at)?.1)))
-                    .collect();
-                let share = live.store.local_share;
-                // Refused anyway: the local limits before the refusing one
-                // are only read, to find whether one of them refuses first.
-                let (decided_alone, locals) = if refused.is_some() {
-                    self.fallback.enter();
-                    self.fallback.peek_all(&asked, share)
-                } else {
-                    self.fallback.evaluate_all(&asked, share)
-                };
-                for (i, outcome) in decided_alone.iter() {
-                    let (Some(&(at, failure)), Some(shared)) = (alone.get(i), locals.get(i)) else {
-                        continue;
-                    };
-                    let Some(&(check, policy)) = rated.get(at) else {
-                        continue;
-                    };
-                    let responses = &check.state().responses;
-                    let (verdict, action) =
-                        local_verdict(failure, outcome, policy, shared, responses, &live.store);
-                    match action {
-                        Action::Respond(response) => {
-                            // Its places go back as `admitted` drops; what
-                            // the store charged goes back here.
-                            self.store.give_back(&evaluations, &outcomes).await;
-                            self.count(check.entry, check.limit, verdict, arrival);
-                            return Err(response);
-                        }
-                        Action::Forward { ratelimit } => {
-                            note(&mut noted, &mut admitted, check, verdict, ratelimit);
-                        }
-                    }
-                }
-            }
-            if let Some((check, verdict, response)) = refused {
-                self.store.give_back(&evaluations, &outcomes).await;
-                self.count(check.entry, check.limit, verdict, arrival);
-                return Err(response);
-            }
+                Some(((check, policy), evaluation))
+            })
+            .unzip();
+        if limits.is_empty() {
+            return Judgement::Passed(Passed::new());
         }
+        let outcomes = self.store.evaluate_all(&evaluations).await;
+        if outcomes.source == Source::Store && outcomes.list.iter().any(plan::decided) {
+            self.fallback.store_decided();
+        }
+        self.metrics
+            .decision_duration
+            .record(arrival.elapsed().as_secs_f64());
 
-        for (route_at, entry) in matched.iter().enumerate() {
-            let (limit, verdict) = match noted[route_at] {
-                Some(noted) => noted,
-                None if entry.route.limits.is_empty() => (0, Verdict::Unlimited),
-                None => (0, Verdict::Allowed),
+        let rated: SmallVec<[Rated<'_, 'a, 'r>; 2]> = limits
+            .iter()
+            .zip(&evaluations)
+            .map(|(&(check, policy), evaluation)| Rated {
+                check,
+                policy,
+                evaluation,
+            })
+            .collect();
+        let plan = plan::plan(&rated, &outcomes, live);
+        let judgement = if plan.locals().next().is_none() {
+            plan.settled(live)
+        } else {
+            let asked: SmallVec<[_; 2]> = plan.locals().collect();
+            let share = live.store.local_share;
+            let (local, shared) = if plan.refused() {
+                // Refused anyway: the local limits before the refusing
+                // one are only read, to find whether one of them refuses
+                // first.
+                self.fallback.enter();
+                self.fallback.peek_all(&asked, share)
+            } else {
+                self.fallback.evaluate_all(&asked, share)
             };
-            self.count(entry, limit, verdict, arrival);
+            plan.settle(&local, &shared, live)
+        };
+        if let Judgement::Refused(_) = judgement {
+            self.store.give_back(&evaluations, &outcomes).await;
         }
-        Ok(admitted)
+        judgement
+    }
+
+    /// Counts the request: once, under the route and limit that refused
+    /// it; or, when it goes on, once per matched route, under the limit
+    /// whose verdict is not Allowed (a shadow denial, no decision under
+    /// `on_failure: allow`) or else the route's first.
+    fn count(&self, matched: &Matched<'_>, judgement: &Judgement<'_, '_>, arrival: Instant) {
+        match judgement {
+            Judgement::Refused(refusal) => {
+                let check = refusal.check;
+                self.count_one(check.entry, check.limit, refusal.verdict, arrival);
+            }
+            Judgement::Passed(passed) => {
+                for (route_at, entry) in matched.iter().enumerate() {
+                    let (limit, verdict) = passed.counted(route_at, entry);
+                    self.count_one(entry, limit, verdict, arrival);
+                }
+            }
+        }
     }
 
     /// Counts one request under `entry`'s route and the policy of its limit
     /// `limit`, and logs what was not a plain pass (a few a second per
     /// route at most).
-    fn count(&self, entry: Entry<'_>, limit: usize, verdict: Verdict, arrival: Instant) {
+    fn count_one(&self, entry: Entry<'_>, limit: usize, verdict: Verdict, arrival: Instant) {
         entry.metrics.request(limit, &verdict);
         if verdict.forwarded_without_decision() {
             self.metrics.forwarded_without_decision.increment(1);
@@ -505,173 +463,6 @@ pub(super) fn prepare<'r>(
     })
 }
 
-/// A decision, rather than no decision at all.
-fn decided(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_))
-}
-
-/// The one place a store's [`Outcome`] becomes an action, for one rate
-/// limit (`policy`, answered with `responses`), a local fallback's outcome
-/// too, through [`decide_locally`]. No catch-all arm: a new outcome must be
-/// decided here before sluice builds.
-pub(super) fn decide(
-    outcome: Outcome,
-    route: &Route,
-    policy: &Arc<Policy>,
-    responses: &Prepared,
-    live: &Live,
-    local: &Local<'_>,
-) -> (Verdict, Action) {
-    let store = &live.store;
-    match outcome {
-        Outcome::Allowed(decision) => {
-            // A shadow policy is invisible to clients.
-            let show = live.responses.ratelimit_headers_on_allowed && !policy.shadow;
-            let ratelimit = show.then_some(decision);
-            (Verdict::Allowed, Action::Forward { ratelimit })
-        }
-        Outcome::Denied(decision) => {
-            if policy.shadow {
-                (Verdict::ShadowDenied, Action::Forward { ratelimit: None })
-            } else {
-                let response = respond::too_many_requests(responses, &decision);
-                (Verdict::Denied, Action::Respond(response))
-            }
-        }
-        Outcome::Unavailable(reason) => {
-            fail(Failure::Unavailable(reason), policy, responses, live, local)
-        }
-        Outcome::Indeterminate => fail(Failure::Indeterminate, policy, responses, live, local),
-        Outcome::Incompatible(reason) => {
-            let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
-            (Verdict::Incompatible(reason), Action::Respond(response))
-        }
-    }
-}
-
-/// No decision could be made: `on_failure` (the policy's, else the
-/// store's) says what happens.
-fn fail(
-    failure: Failure,
-    policy: &Arc<Policy>,
-    responses: &Prepared,
-    live: &Live,
-    local: &Local<'_>,
-) -> (Verdict, Action) {
-    let store = &live.store;
-    match policy.failure_mode(store.on_failure) {
-        OnFailure::Deny => fail_closed(failure, responses, store),
-        OnFailure::Allow => (
-            Verdict::FailedOpen(failure),
-            Action::Forward { ratelimit: None },
-        ),
-        OnFailure::Local => decide_locally(failure, policy, responses, live, local),
-    }
-}
-
-fn fail_closed(
-    failure: Failure,
-    responses: &Prepared,
-    store: &config::StoreLive,
-) -> (Verdict, Action) {
-    let response = respond::unavailable(responses, store.failure_retry_after);
-    (Verdict::FailedClosed(failure), Action::Respond(response))
-}
-
-/// `on_failure: local`: this sidecar's share of the policy, decided here
-/// for this limit alone (`POST /explain` reads it without charging). A
-/// request's several local limits are decided together instead
-/// ([`Fallback::evaluate_all`], from `admit`).
-fn decide_locally(
-    failure: Failure,
-    policy: &Arc<Policy>,
-    responses: &Prepared,
-    live: &Live,
-    local: &Local<'_>,
-) -> (Verdict, Action) {
-    let store = &live.store;
-    let (outcome, shared) = if local.charge {
-        local
-            .fallback
-            .evaluate(local.evaluation, policy, store.local_share)
-    } else {
-        local
-            .fallback
-            .peek(local.evaluation, policy, store.local_share)
-    };
-    local_verdict(failure, outcome, policy, &shared, responses, store)
-}
-
-/// The failure `outcome` is, when `policy` decides such alone
-/// (`on_failure: local`).
-fn local_failure(outcome: &Outcome, policy: &Policy, live: &Live) -> Option<Failure> {
-    if policy.failure_mode(live.store.on_failure) != OnFailure::Local {
-        return None;
-    }
-    match *outcome {
-        Outcome::Unavailable(reason) => Some(Failure::Unavailable(reason)),
-        Outcome::Indeterminate => Some(Failure::Indeterminate),
-        Outcome::Allowed(_) | Outcome::Denied(_) | Outcome::Incompatible(_) => None,
-    }
-}
-
-/// What the local fallback's `outcome` for `policy` (enforced as
-/// `shared`) asks of the request; `failure` is why the store did not
-/// decide.
-fn local_verdict(
-    failure: Failure,
-    outcome: Outcome,
-    policy: &Policy,
-    shared: &LocalPolicy,
-    responses: &Prepared,
-    store: &config::StoreLive,
-) -> (Verdict, Action) {
-    match outcome {
-        // No `RateLimit` fields: the response would pair the shared
-        // policy's `RateLimit-Policy` with a count kept here alone.
-        Outcome::Allowed(_) => (Verdict::LocalAllowed, Action::Forward { ratelimit: None }),
-        Outcome::Denied(_) if policy.shadow => (
-            Verdict::LocalShadowDenied,
-            Action::Forward { ratelimit: None },
-        ),
-        Outcome::Denied(decision) => {
-            let response = respond::too_many_requests_local(responses, &shared.field, &decision);
-            (Verdict::LocalDenied, Action::Respond(response))
-        }
-        // The local store has no room at all (`max_entries` 0: a full
-        // one evicts instead), or the request costs more than the local
-        // share could ever admit: no decision here either.
-        Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => {
-            fail_closed(failure, responses, store)
-        }
-    }
-}
-
-/// Notes what a limit that lets the request go on asks of it: the route's
-/// verdict, when not Allowed, from its earliest such limit (local limits
-/// are decided after the others), and the `RateLimit` fields of the rate
-/// limit with the least remaining.
-fn note<'r>(
-    noted: &mut [Option<(usize, Verdict)>],
-    admitted: &mut Admitted<'r>,
-    check: &Check<'r>,
-    verdict: Verdict,
-    ratelimit: Option<Decision>,
-) {
-    if let Some(slot) = noted.get_mut(check.route_at) {
-        let earlier = slot.is_none_or(|(limit, _)| check.limit < limit);
-        if verdict != Verdict::Allowed && earlier {
-            *slot = Some((check.limit, verdict));
-        }
-    }
-    if let Some(decision) = ratelimit {
-        let fewer = |(_, best): &(_, Decision)| decision.remaining < best.remaining;
-        if admitted.ratelimit.as_ref().is_none_or(fewer) {
-            admitted.ratelimit = Some((&check.state().responses, decision));
-        }
-    }
-}
-
 /// The routes a request matched: one per distinct route its methods
 /// found, the wire method's first. Nothing is allocated.
 pub(super) struct Matched<'r> {
@@ -685,7 +476,7 @@ impl<'r> Matched<'r> {
 
     /// The wire method's route: its metrics count the upstream's answer,
     /// and it says which upgrades pass.
-    fn primary(&self) -> Entry<'r> {
+    pub(super) fn primary(&self) -> Entry<'r> {
         self.iter()
             .next()
             .expect("the wire method always finds a route (the default at worst)")
@@ -771,5 +562,4 @@ pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
     }
 }
 
-#[cfg(test)]
-mod tests;
+pub(super) mod plan;

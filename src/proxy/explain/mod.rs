@@ -5,8 +5,8 @@
 //! Nothing here re-implements the request path: the routing half is the
 //! proxy's own [`service::prepare`], the state is read with
 //! [`Store::peek`] (the same algorithm step, its result not written), and
-//! the answer is the proxy's own [`service::decide`] applied to that
-//! outcome. Only the counting is left out: an explanation is not a request
+//! the answer is the proxy's own planner ([`plan::plan`]) applied to those
+//! outcomes, each limit's own by the same [`plan::decide`]. Only the counting is left out: an explanation is not a request
 //! and appears in no request metric.
 //!
 //! The output never holds a raw identity: no header value, no peer, no
@@ -27,13 +27,14 @@ use crate::config::Live;
 use crate::limit::{Decision, LimitPolicy, Outcome, Policy, Unavailable};
 use crate::path;
 use crate::route::SubjectSource;
-use crate::store::{Evaluation, EvaluationId, Store};
+use crate::store::{Evaluation, EvaluationId, Outcomes, Store};
 use crate::subject::{Pseudonym, Resolved};
 
 use super::fallback::Fallback;
 use super::headers::Invalid;
 use super::runtime::Runtime;
-use super::service::{self, Action, Check, Local};
+use super::service::plan::{self, Action, Judgement, Rated, Step};
+use super::service::{self, Check};
 use super::verdict::{Failure, Verdict};
 
 pub use request::{BadDescription, Described, DEFAULT_PEER, MAX_BODY};
@@ -115,21 +116,56 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         json!(methods.iter().map(|m| m.as_str()).collect::<Vec<_>>()),
     );
 
+    // Each rate limit as the store would answer it now, charging nothing.
+    let deadline = Instant::now() + live.store.budget;
+    let (limits, evaluations): (Vec<_>, Vec<_>) = routed
+        .checks
+        .iter()
+        .filter_map(|check| {
+            let policy = check.limit().policy.as_rate()?;
+            let evaluation = Evaluation {
+                policy,
+                subject: &check.subject,
+                cost: check.limit().cost,
+                deadline,
+                id: EvaluationId::random(),
+            };
+            Some(((check, policy), evaluation))
+        })
+        .collect();
+    let rated: Vec<Rated<'_, '_, '_>> = limits
+        .iter()
+        .zip(&evaluations)
+        .map(|(&(check, policy), evaluation)| Rated {
+            check,
+            policy,
+            evaluation,
+        })
+        .collect();
+    let read = match source {
+        Source::Store(store, fallback) => {
+            let mut outcomes = Outcomes::empty();
+            for evaluation in &evaluations {
+                outcomes.list.push(store.peek(evaluation).await);
+            }
+            Some((store, fallback, outcomes))
+        }
+        Source::Offline => None,
+    };
+
     let mut routes = Vec::new();
-    // Each limit's answer, in the order the proxy checks them.
-    let mut answers: Vec<(Answer, &str, Option<&str>)> = Vec::new();
     for (route_at, entry) in routed.matched.iter().enumerate() {
         let route = entry.route;
         let mut limits = Vec::new();
         for check in routed.checks.iter().filter(|c| c.route_at == route_at) {
-            let (json, said) = limit(check, live, source).await;
-            limits.push(json);
-            if let Some(said) = said {
-                answers.push((said, &route.name, Some(&**check.limit().policy.name())));
-            }
-        }
-        if route.limits.is_empty() {
-            answers.push((unlimited(), &route.name, None));
+            let peeked = read.as_ref().and_then(|(store, fallback, outcomes)| {
+                let (limit, outcome) = rated
+                    .iter()
+                    .zip(&outcomes.list)
+                    .find(|(limit, _)| std::ptr::eq(limit.check, check))?;
+                Some((*store, *fallback, limit, *outcome))
+            });
+            limits.push(limit(check, live, source, peeked));
         }
         let found_by: Vec<&str> = match &matching {
             Some(matching) => methods
@@ -149,40 +185,60 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
     }
     out.insert("routes".to_owned(), Value::Array(routes));
 
-    // As the proxy does: the first limit to refuse answers, and when none
-    // does, the request goes on (its first limit's answer says how).
-    let answer = match source {
-        Source::Offline => json!({
+    // The proxy's own rule, applied to what was read: concurrency limits
+    // answer as if a place were free.
+    let answer = match read {
+        None => json!({
             "why": "offline: no store was asked; a running sidecar's POST /explain gives the state and the answer",
         }),
-        Source::Store(..) => {
-            let chosen = answers
-                .iter()
-                .find(|(a, ..)| !a.forwarded)
-                .or_else(|| answers.first());
-            match chosen {
-                Some((answer, route, policy)) => {
-                    let mut json = answer.json();
-                    if let Value::Object(map) = &mut json {
-                        map.insert("route".to_owned(), json!(route));
-                        map.insert("policy".to_owned(), json!(policy));
-                    }
-                    json
+        Some((_, fallback, outcomes)) => {
+            let plan = service::plan::plan(&rated, &outcomes, live);
+            let asked: Vec<_> = plan.locals().collect();
+            let (local, shared) = fallback.peek_all(&asked, live.store.local_share);
+            let judged = match plan.settle(&local, &shared, live) {
+                Judgement::Refused(refusal) => {
+                    let status = refusal.response.status();
+                    let check = refusal.check;
+                    let route = &check.entry.route.name;
+                    let policy = Some(&**check.limit().policy.name());
+                    (answer(status, &refusal.verdict, live), route, policy)
                 }
-                None => unlimited().json(),
+                Judgement::Passed(passed) => {
+                    // As its first route counts it.
+                    let entry = routed.matched.primary();
+                    let (at, verdict) = passed.counted(0, entry);
+                    let policy = entry.route.limits.get(at).map(|l| &**l.policy.name());
+                    (
+                        answer(StatusCode::OK, &verdict, live),
+                        &entry.route.name,
+                        policy,
+                    )
+                }
+            };
+            let (answer, route, policy) = judged;
+            let mut json = answer.json();
+            if let Value::Object(map) = &mut json {
+                map.insert("route".to_owned(), json!(&**route));
+                map.insert("policy".to_owned(), json!(policy));
             }
+            json
         }
     };
     out.insert("answer".to_owned(), answer);
     Value::Object(out)
 }
 
-/// Explains one limit: the policy, the subject as it resolved, the state
-/// read without charging, and what it would answer (`None` offline). A
-/// concurrency limit's state is this process's, not the store's: it is
-/// shown without one, and answers as if a place were free.
-async fn limit(check: &Check<'_>, live: &Live, source: Source<'_>) -> (Value, Option<Answer>) {
-    let (limit, route) = (check.limit(), check.entry.route);
+/// Explains one limit: the policy, the subject as it resolved, and, from
+/// a running sidecar, the state `peeked` (read without charging) and what
+/// it would answer. A concurrency limit's state is this process's, not the
+/// store's: it is shown without one.
+fn limit(
+    check: &Check<'_>,
+    live: &Live,
+    source: Source<'_>,
+    peeked: Option<(&Store, &Fallback, &Rated<'_, '_, '_>, Outcome)>,
+) -> Value {
+    let limit = check.limit();
     let mut out = Map::new();
     out.insert("policy".to_owned(), json!(&**limit.policy.name()));
     out.insert("cost".to_owned(), json!(limit.cost));
@@ -195,7 +251,7 @@ async fn limit(check: &Check<'_>, live: &Live, source: Source<'_>) -> (Value, Op
                 "subject".to_owned(),
                 subject(&limit.subject, check.subject, check.resolved, live, source),
             );
-            return (Value::Object(out), None);
+            return Value::Object(out);
         }
     };
     out.insert("algorithm".to_owned(), json!(policy.algorithm().name()));
@@ -211,41 +267,40 @@ async fn limit(check: &Check<'_>, live: &Live, source: Source<'_>) -> (Value, Op
         "subject".to_owned(),
         subject(&limit.subject, check.subject, check.resolved, live, source),
     );
-    let Source::Store(store, fallback) = source else {
-        return (Value::Object(out), None);
+    let Some((store, fallback, rated, outcome)) = peeked else {
+        return Value::Object(out);
     };
 
-    let evaluation = Evaluation {
-        policy,
-        subject: &check.subject,
-        cost: limit.cost,
-        deadline: Instant::now() + live.store.budget,
-        id: EvaluationId::random(),
-    };
-    let outcome = store.peek(&evaluation).await;
     out.insert(
         "state".to_owned(),
         state(&outcome, policy, limit.cost, store),
     );
-    let local = Local {
-        fallback,
-        evaluation: &evaluation,
-        charge: false,
-    };
     let responses = &check.state().responses;
-    let (verdict, action) = service::decide(outcome, route, policy, responses, live, &local);
+    // This limit alone, by the proxy's own step.
+    let (verdict, action) = match plan::decide(outcome, check.entry.route, policy, responses, live)
+    {
+        Step::Decided(verdict, action) => (verdict, action),
+        Step::Local(failure) => {
+            let share = live.store.local_share;
+            let (outcome, shared) = fallback.peek(rated.evaluation, policy, share);
+            plan::local_verdict(failure, outcome, policy, &shared, responses, &live.store)
+        }
+    };
     let status = match &action {
         Action::Respond(response) => response.status(),
         Action::Forward { .. } => StatusCode::OK,
     };
-    let answer = Answer {
+    out.insert("answer".to_owned(), answer(status, &verdict, live).json());
+    Value::Object(out)
+}
+
+fn answer(status: StatusCode, verdict: &Verdict, live: &Live) -> Answer {
+    Answer {
         status,
         outcome: verdict.label(),
         forwarded: verdict.forwarded(),
-        why: why(&verdict, live),
-    };
-    out.insert("answer".to_owned(), answer.json());
-    (Value::Object(out), Some(answer))
+        why: why(verdict, live),
+    }
 }
 
 fn subject(
@@ -395,15 +450,6 @@ fn why(verdict: &Verdict, live: &Live) -> String {
         Verdict::ConcurrencyDenied => {
             "every place of a concurrency limit is taken: answered 503".to_owned()
         }
-    }
-}
-
-fn unlimited() -> Answer {
-    Answer {
-        status: StatusCode::OK,
-        outcome: Verdict::Unlimited.label(),
-        forwarded: true,
-        why: "no limit applies (policy: none): forwarded".to_owned(),
     }
 }
 

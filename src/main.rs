@@ -56,6 +56,14 @@ enum Command {
         #[arg(long, conflicts_with = "explain")]
         connect: bool,
     },
+    /// Print every key of the sections (server, upstream, store, identity,
+    /// responses): its default, whether a reload applies it or it needs a
+    /// restart, and what it means.
+    Keys {
+        /// As the Markdown table of the configuration reference.
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
 const EXIT_RUNTIME: u8 = 1;
@@ -64,6 +72,15 @@ const EXIT_CONFIG: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Keys { markdown } => {
+            let table = if markdown {
+                sluice::config::keys::markdown()
+            } else {
+                sluice::config::keys::text()
+            };
+            print!("{table}");
+            ExitCode::SUCCESS
+        }
         Command::Check {
             config,
             explain,

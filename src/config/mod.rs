@@ -13,6 +13,7 @@ mod boot;
 mod describe;
 mod env;
 mod error;
+pub mod keys;
 mod live;
 pub(crate) mod locate;
 pub(crate) mod raw;

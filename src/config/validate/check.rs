@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
+use crate::config::keys::Key;
 use crate::config::locate::{At, KeyPath, Locations};
 use crate::config::raw::Scalar;
 use crate::config::ConfigError;
@@ -117,6 +118,35 @@ impl<'a> Checker<'a> {
         match v {
             None => Some(default),
             Some(s) => self.value(path, s, parse),
+        }
+    }
+
+    /// `v`, the value of `key` in the section at `section`, parsed by
+    /// `parse`; when absent, the key's default from the table, parsed by
+    /// the same `parse`.
+    pub fn defaulted<T>(
+        &mut self,
+        section: &KeyPath,
+        key: &Key,
+        v: Option<&Scalar>,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let path = section.key(key.name());
+        debug_assert_eq!(
+            path.to_string(),
+            key.path,
+            "the table's key is the one read"
+        );
+        match v {
+            Some(s) => self.value(&path, s, parse),
+            None => match parse(key.value()) {
+                Ok(t) => Some(t),
+                Err(message) => {
+                    let message = format!("the default `{}` does not load: {message}", key.value());
+                    self.error(&path, At::Key, message);
+                    None
+                }
+            },
         }
     }
 

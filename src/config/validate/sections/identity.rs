@@ -10,6 +10,7 @@ use crate::config::validate::check::{self, Checker};
 use crate::config::{Identity, Secret};
 
 use super::*;
+use crate::config::keys;
 
 pub fn identity(
     cx: &mut Checker<'_>,
@@ -18,10 +19,10 @@ pub fn identity(
     kind: Option<Kind>,
 ) -> Option<Identity> {
     let trusted_proxies = trusted_proxies(cx, &path.key("trusted_proxies"), raw.trusted_proxies);
-    let ipv6_prefix = cx.optional(
-        &path.key("ipv6_prefix"),
+    let ipv6_prefix = cx.defaulted(
+        path,
+        &keys::IDENTITY_IPV6_PREFIX,
         raw.ipv6_prefix.as_ref(),
-        64,
         check::number(1, 128),
     );
     let pseudonym_key = match &raw.pseudonym_key {
@@ -41,10 +42,10 @@ pub fn identity(
             .value(&path.key("pseudonym_key"), s, pseudonym_key)
             .map(Some),
     };
-    let pseudonym_key_version = cx.optional(
-        &path.key("pseudonym_key_version"),
+    let pseudonym_key_version = cx.defaulted(
+        path,
+        &keys::IDENTITY_PSEUDONYM_KEY_VERSION,
         raw.pseudonym_key_version.as_ref(),
-        1,
         check::number_u32(1),
     );
     Some(Identity {

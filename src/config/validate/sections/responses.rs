@@ -1,15 +1,16 @@
 //! `responses`: what every answer carries.
 
+use crate::config::keys;
 use crate::config::locate::KeyPath;
 use crate::config::raw::{self};
 use crate::config::validate::check::{self, Checker};
 use crate::config::Responses;
 
 pub fn responses(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Responses) -> Option<Responses> {
-    let on_allowed = cx.optional(
-        &path.key("ratelimit_headers_on_allowed"),
+    let on_allowed = cx.defaulted(
+        path,
+        &keys::RESPONSES_RATELIMIT_HEADERS_ON_ALLOWED,
         raw.ratelimit_headers_on_allowed.as_ref(),
-        true,
         check::boolean,
     )?;
     Some(Responses {

@@ -14,6 +14,7 @@ use crate::config::{
 };
 
 use super::*;
+use crate::config::keys;
 
 pub fn server(
     cx: &mut Checker<'_>,
@@ -42,28 +43,28 @@ pub fn server(
             }
         }
     };
-    let shutdown_delay = cx.optional(
-        &path.key("shutdown_delay"),
+    let shutdown_delay = cx.defaulted(
+        path,
+        &keys::SERVER_SHUTDOWN_DELAY,
         raw.shutdown_delay.as_ref(),
-        Duration::from_secs(5),
         check::duration,
     );
-    let shutdown_grace = cx.optional(
-        &path.key("shutdown_grace"),
+    let shutdown_grace = cx.defaulted(
+        path,
+        &keys::SERVER_SHUTDOWN_GRACE,
         raw.shutdown_grace.as_ref(),
-        Duration::from_secs(20),
         check::duration,
     );
-    let header_read_timeout = cx.optional(
-        &path.key("header_read_timeout"),
+    let header_read_timeout = cx.defaulted(
+        path,
+        &keys::SERVER_HEADER_READ_TIMEOUT,
         raw.header_read_timeout.as_ref(),
-        Duration::from_secs(10),
         check::positive_duration,
     );
-    let body_idle_timeout = cx.optional(
-        &path.key("body_idle_timeout"),
+    let body_idle_timeout = cx.defaulted(
+        path,
+        &keys::SERVER_BODY_IDLE_TIMEOUT,
         raw.body_idle_timeout.as_ref(),
-        Duration::from_secs(30),
         check::positive_duration,
     );
     let min_upload_rate = min_upload_rate(
@@ -72,38 +73,38 @@ pub fn server(
         raw.min_upload_rate.as_ref(),
     );
     // hyper refuses an HTTP/1 read buffer below 8 KiB.
-    let max_header_bytes = cx.optional(
-        &path.key("max_header_bytes"),
+    let max_header_bytes = cx.defaulted(
+        path,
+        &keys::SERVER_MAX_HEADER_BYTES,
         raw.max_header_bytes.as_ref(),
-        65_536,
         check::number(8_192, 16 * 1024 * 1024),
     );
-    let workers = cx.optional(
-        &path.key("workers"),
+    let workers = cx.defaulted(
+        path,
+        &keys::SERVER_WORKERS,
         raw.workers.as_ref(),
-        0,
         check::number(0, 1024),
     );
     // nginx closes idle keep-alive connections after 75 s, HTTP/2 ones
     // included; a sidecar's clients are close by.
-    let idle_timeout = cx.optional(
-        &path.key("idle_timeout"),
+    let idle_timeout = cx.defaulted(
+        path,
+        &keys::SERVER_IDLE_TIMEOUT,
         raw.idle_timeout.as_ref(),
-        Duration::from_secs(60),
         check::positive_duration,
     );
     // nginx's send_timeout default.
-    let send_timeout = cx.optional(
-        &path.key("send_timeout"),
+    let send_timeout = cx.defaulted(
+        path,
+        &keys::SERVER_SEND_TIMEOUT,
         raw.send_timeout.as_ref(),
-        Duration::from_secs(60),
         check::positive_duration,
     );
     // nginx's worker_connections default; a sidecar fronts one app.
-    let max_connections = cx.optional(
-        &path.key("max_connections"),
+    let max_connections = cx.defaulted(
+        path,
+        &keys::SERVER_MAX_CONNECTIONS,
         raw.max_connections.as_ref(),
-        10_000,
         check::number(1, 1_000_000),
     );
     // A quarter of the pool by default: one address can no longer refuse
@@ -131,10 +132,10 @@ pub fn server(
         None => Some(PathRules::default()),
         Some(raw) => paths(cx, &path.key("paths"), raw),
     };
-    let underscores = cx.optional(
-        &path.key("headers_with_underscores"),
+    let underscores = cx.defaulted(
+        path,
+        &keys::SERVER_HEADERS_WITH_UNDERSCORES,
         raw.headers_with_underscores.as_ref(),
-        Underscores::Drop,
         |s| match s {
             "drop" => Ok(Underscores::Drop),
             "reject" => Ok(Underscores::Reject),
@@ -275,22 +276,22 @@ fn min_upload_rate(
 /// own reset bounds (20 pending, 1024 local), written down so they are
 /// known and can be changed.
 fn http2(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Http2) -> Option<Http2> {
-    let streams = cx.optional(
-        &path.key("max_concurrent_streams"),
+    let streams = cx.defaulted(
+        path,
+        &keys::SERVER_HTTP2_MAX_CONCURRENT_STREAMS,
         raw.max_concurrent_streams.as_ref(),
-        128,
         check::number(1, u64::from(u32::MAX)),
     );
-    let pending = cx.optional(
-        &path.key("max_pending_accept_reset_streams"),
+    let pending = cx.defaulted(
+        path,
+        &keys::SERVER_HTTP2_MAX_PENDING_ACCEPT_RESET_STREAMS,
         raw.max_pending_accept_reset_streams.as_ref(),
-        20,
         check::number(1, 1_000_000),
     );
-    let local = cx.optional(
-        &path.key("max_local_error_reset_streams"),
+    let local = cx.defaulted(
+        path,
+        &keys::SERVER_HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS,
         raw.max_local_error_reset_streams.as_ref(),
-        1024,
         check::number(1, 1_000_000),
     );
     Some(Http2 {
@@ -302,17 +303,16 @@ fn http2(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Http2) -> Option<Http2>
 
 /// `server.paths`: each default is the safe choice (see [`crate::path`]).
 fn paths(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Paths) -> Option<PathRules> {
-    let defaults = PathRules::default();
-    let merge_slashes = cx.optional(
-        &path.key("merge_slashes"),
+    let merge_slashes = cx.defaulted(
+        path,
+        &keys::SERVER_PATHS_MERGE_SLASHES,
         raw.merge_slashes.as_ref(),
-        defaults.merge_slashes,
         check::boolean,
     );
-    let escaped_slashes = cx.optional(
-        &path.key("escaped_slashes"),
+    let escaped_slashes = cx.defaulted(
+        path,
+        &keys::SERVER_PATHS_ESCAPED_SLASHES,
         raw.escaped_slashes.as_ref(),
-        defaults.escaped_slashes,
         |s| match s {
             "reject" => Ok(EscapedSlashes::Reject),
             "keep" => Ok(EscapedSlashes::Keep),
@@ -322,10 +322,10 @@ fn paths(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Paths) -> Option<PathRu
             )),
         },
     );
-    let path_parameters = cx.optional(
-        &path.key("path_parameters"),
+    let path_parameters = cx.defaulted(
+        path,
+        &keys::SERVER_PATHS_PATH_PARAMETERS,
         raw.path_parameters.as_ref(),
-        defaults.path_parameters,
         |s| match s {
             "ignore" => Ok(PathParameters::Ignore),
             "strip" => Ok(PathParameters::Strip),

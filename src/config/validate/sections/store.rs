@@ -1,6 +1,5 @@
 //! `store`: which store, its budget and failure answer, and every Redis key.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::config::locate::{At, KeyPath};
@@ -11,6 +10,7 @@ use crate::config::{
 };
 
 use super::*;
+use crate::config::keys;
 
 /// Which store the file asks for; `None` when `kind` is invalid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,18 +38,13 @@ const REDIS_ONLY: [&str; 14] = [
 ];
 
 pub fn store_kind(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Kind> {
-    cx.optional(
-        &path.key("kind"),
-        raw.kind.as_ref(),
-        Kind::Memory,
-        |s| match s {
-            "memory" => Ok(Kind::Memory),
-            "redis" => Ok(Kind::Redis),
-            _ => Err(format!(
-                "unknown store kind `{s}`; expected memory or redis"
-            )),
-        },
-    )
+    cx.defaulted(path, &keys::STORE_KIND, raw.kind.as_ref(), |s| match s {
+        "memory" => Ok(Kind::Memory),
+        "redis" => Ok(Kind::Redis),
+        _ => Err(format!(
+            "unknown store kind `{s}`; expected memory or redis"
+        )),
+    })
 }
 
 pub fn store(
@@ -58,36 +53,36 @@ pub fn store(
     raw: raw::Store,
     kind: Option<Kind>,
 ) -> Option<(StoreBoot, StoreLive)> {
-    let budget = cx.optional(
-        &path.key("budget"),
+    let budget = cx.defaulted(
+        path,
+        &keys::STORE_BUDGET,
         raw.budget.as_ref(),
-        Duration::from_millis(25),
         check::positive_duration,
     );
-    let on_failure = cx.optional(
-        &path.key("on_failure"),
+    let on_failure = cx.defaulted(
+        path,
+        &keys::STORE_ON_FAILURE,
         raw.on_failure.as_ref(),
-        OnFailure::Deny,
         on_failure,
     );
     // Whether anything uses it is only known once the policies are read
     // (`validate::local_fallback`).
-    let local_share = cx.optional(
-        &path.key("local_share"),
+    let local_share = cx.defaulted(
+        path,
+        &keys::STORE_LOCAL_SHARE,
         raw.local_share.as_ref(),
-        NonZeroU32::MIN,
         check::positive,
     );
-    let failure_retry_after = cx.optional(
-        &path.key("failure_retry_after"),
+    let failure_retry_after = cx.defaulted(
+        path,
+        &keys::STORE_FAILURE_RETRY_AFTER,
         raw.failure_retry_after.as_ref(),
-        Duration::from_secs(1),
         check::positive_duration,
     );
-    let ttl_grace = cx.optional(
-        &path.key("ttl_grace"),
+    let ttl_grace = cx.defaulted(
+        path,
+        &keys::STORE_TTL_GRACE,
         raw.ttl_grace.as_ref(),
-        Duration::from_secs(5),
         check::duration,
     );
     let kind = match kind? {
@@ -206,10 +201,10 @@ fn memory(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Memo
 
 fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<RedisStore> {
     let topology = topology(cx, path, raw);
-    let pool_size = cx.optional(
-        &path.key("pool_size"),
+    let pool_size = cx.defaulted(
+        path,
+        &keys::STORE_POOL_SIZE,
         raw.pool_size.as_ref(),
-        16,
         check::number(1, 1024),
     );
     let ca_file = match &raw.ca_file {
@@ -231,16 +226,16 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
             );
         }
     }
-    let key_prefix = cx.optional(
-        &path.key("key_prefix"),
+    let key_prefix = cx.defaulted(
+        path,
+        &keys::STORE_KEY_PREFIX,
         raw.key_prefix.as_ref(),
-        "sluice".to_owned(),
         key_prefix,
     );
-    let max_clock_regression = cx.optional(
-        &path.key("max_clock_regression"),
+    let max_clock_regression = cx.defaulted(
+        path,
+        &keys::STORE_MAX_CLOCK_REGRESSION,
         raw.max_clock_regression.as_ref(),
-        Duration::from_secs(1),
         check::duration,
     );
     // A record must outlive every retry of its evaluation, and retries
@@ -252,53 +247,53 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         Duration::from_secs(1),
         check::positive_duration,
     );
-    let dedupe_max = cx.optional(
-        &path.key("dedupe_max"),
+    let dedupe_max = cx.defaulted(
+        path,
+        &keys::STORE_DEDUPE_MAX,
         raw.dedupe_max.as_ref(),
-        256,
         check::number_u32(1),
     );
     // The breaker opens on a failure rate over a window, never on a
     // streak (`store::breaker`). `breaker_failures` once counted a streak;
     // it keeps its name and its plain meaning, failures needed to open,
     // so files that set it still load and never open the breaker on fewer.
-    let breaker_failures = cx.optional(
-        &path.key("breaker_failures"),
+    let breaker_failures = cx.defaulted(
+        path,
+        &keys::STORE_BREAKER_FAILURES,
         raw.breaker_failures.as_ref(),
-        5,
         check::number_u32(1),
     );
-    let breaker_window = cx.optional(
-        &path.key("breaker_window"),
+    let breaker_window = cx.defaulted(
+        path,
+        &keys::STORE_BREAKER_WINDOW,
         raw.breaker_window.as_ref(),
-        Duration::from_secs(10),
         check::positive_duration,
     );
     // 10 calls at 50% is 5 failures, the default `breaker_failures`: a
     // quiet store opens the breaker after a handful of failures, about as
     // the old streak did, and a busy one is judged by the rate.
-    let breaker_min_calls = cx.optional(
-        &path.key("breaker_min_calls"),
+    let breaker_min_calls = cx.defaulted(
+        path,
+        &keys::STORE_BREAKER_MIN_CALLS,
         raw.breaker_min_calls.as_ref(),
-        10,
         check::number_u32(1),
     );
-    let breaker_failure_rate = cx.optional(
-        &path.key("breaker_failure_rate"),
+    let breaker_failure_rate = cx.defaulted(
+        path,
+        &keys::STORE_BREAKER_FAILURE_RATE,
         raw.breaker_failure_rate.as_ref(),
-        50,
         check::percent,
     );
-    let breaker_cooldown = cx.optional(
-        &path.key("breaker_cooldown"),
+    let breaker_cooldown = cx.defaulted(
+        path,
+        &keys::STORE_BREAKER_COOLDOWN,
         raw.breaker_cooldown.as_ref(),
-        Duration::from_secs(1),
         check::positive_duration,
     );
-    let deny_cache_entries = cx.optional(
-        &path.key("deny_cache_entries"),
+    let deny_cache_entries = cx.defaulted(
+        path,
+        &keys::STORE_DENY_CACHE_ENTRIES,
         raw.deny_cache_entries.as_ref(),
-        100_000,
         check::number_u32(0),
     );
     Some(RedisStore {
@@ -322,10 +317,10 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
 /// standalone, `nodes` for cluster, `sentinel` for sentinel. A key of
 /// another topology is an error, not silently unused.
 fn topology(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Topology> {
-    let name = cx.optional(
-        &path.key("topology"),
+    let name = cx.defaulted(
+        path,
+        &keys::STORE_TOPOLOGY,
         raw.topology.as_ref(),
-        "standalone",
         |s| match s {
             "standalone" => Ok("standalone"),
             "cluster" => Ok("cluster"),

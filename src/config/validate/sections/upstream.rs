@@ -1,6 +1,6 @@
 //! `upstream`: the app's URL and its timeouts.
 
-use std::time::Duration;
+use crate::config::keys;
 
 use http::Uri;
 
@@ -15,16 +15,16 @@ pub fn upstream(
     raw: raw::Upstream,
 ) -> Option<(UpstreamBoot, UpstreamLive)> {
     let url = cx.required(&path.key("url"), raw.url.as_ref(), upstream_url);
-    let connect_timeout = cx.optional(
-        &path.key("connect_timeout"),
+    let connect_timeout = cx.defaulted(
+        path,
+        &keys::UPSTREAM_CONNECT_TIMEOUT,
         raw.connect_timeout.as_ref(),
-        Duration::from_secs(1),
         check::positive_duration,
     );
-    let timeout = cx.optional(
-        &path.key("timeout"),
+    let timeout = cx.defaulted(
+        path,
+        &keys::UPSTREAM_TIMEOUT,
         raw.timeout.as_ref(),
-        Duration::from_secs(60),
         check::positive_duration,
     );
     let boot = UpstreamBoot {

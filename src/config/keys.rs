@@ -1,0 +1,241 @@
+//! Every setting of the sections (`server`, `upstream`, `store`,
+//! `identity`, `responses`): its name, type, default, when a change takes
+//! effect and what it means, in one table. Validation takes each default
+//! from here (parsed by the key's own parser, so a default that would not
+//! load fails every test); `sluice keys` prints the table; the reference
+//! in `docs/CONFIGURATION.md` is generated from it, and tests hold the
+//! chart's `values.yaml` and the boot part's restart-only keys to it.
+//!
+//! `policies`, `routes` and `default` are maps and lists of the user's
+//! own names, described in the configuration reference by hand.
+
+use std::fmt::Write as _;
+
+/// When a changed value takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// On the next reload of the file.
+    Reload,
+    /// Only when sluice starts: a reload that changes it is refused.
+    Restart,
+}
+
+/// What an unwritten key means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Absent {
+    /// This value, as it would be written in the file.
+    Value(&'static str),
+    /// Worked out from other settings, as described.
+    Derived(&'static str),
+    /// The key must be written (where the section applies).
+    Required,
+    /// Off, or not set: described.
+    Unset(&'static str),
+}
+
+/// One key of a section.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    /// Dotted, from the top of the file: `server.shutdown_delay`.
+    pub path: &'static str,
+    pub kind: &'static str,
+    pub default: Absent,
+    pub applied: Applied,
+    pub meaning: &'static str,
+}
+
+impl Key {
+    /// The name within its section.
+    pub fn name(&self) -> &'static str {
+        self.path.rsplit('.').next().unwrap_or(self.path)
+    }
+
+    /// The literal default, for a key that has one.
+    pub fn value(&self) -> &'static str {
+        match self.default {
+            Absent::Value(value) => value,
+            // A key without a literal default is not read through
+            // `Checker::defaulted`; the table test checks which are.
+            Absent::Derived(_) | Absent::Required | Absent::Unset(_) => "",
+        }
+    }
+}
+
+macro_rules! keys {
+    ($($name:ident: $path:literal, $kind:literal, $default:expr, $applied:ident, $meaning:literal;)*) => {
+        $(pub const $name: Key = Key {
+            path: $path,
+            kind: $kind,
+            default: $default,
+            applied: Applied::$applied,
+            meaning: $meaning,
+        };)*
+        /// Every key, in the order of the reference.
+        pub const ALL: &[Key] = &[$($name),*];
+    };
+}
+
+use Absent::{Derived, Required, Unset, Value};
+
+keys! {
+    SERVER_LISTEN: "server.listen", "address", Required, Restart,
+        "where traffic comes in, `IP:PORT`";
+    SERVER_ADMIN: "server.admin", "address", Unset("no admin listener"), Restart,
+        "the admin listener: `/metrics`, `/healthz`, `/readyz`";
+    SERVER_TLS: "server.tls", "mapping", Unset("plain HTTP"), Restart,
+        "serve TLS on `listen`: `{ cert: FILE, key: FILE }`, PEM";
+    SERVER_SHUTDOWN_DELAY: "server.shutdown_delay", "duration", Value("5s"), Restart,
+        "after SIGTERM, how long sluice keeps serving with `/readyz` 503 before it drains";
+    SERVER_SHUTDOWN_GRACE: "server.shutdown_grace", "duration", Value("20s"), Restart,
+        "then, how long in-flight requests may take to finish";
+    SERVER_HEADER_READ_TIMEOUT: "server.header_read_timeout", "duration", Value("10s"), Restart,
+        "time allowed to read a request's headers (the slowloris bound); > 0";
+    SERVER_BODY_IDLE_TIMEOUT: "server.body_idle_timeout", "duration", Value("30s"), Reload,
+        "longest silence between two pieces of a request body, then 408; > 0";
+    SERVER_MIN_UPLOAD_RATE: "server.min_upload_rate", "mapping, number or `off`", Value("{ bytes_per_second: 240, grace: 5s }"), Reload,
+        "the slowest a request body may arrive, once `grace` has passed, then 408";
+    SERVER_MAX_HEADER_BYTES: "server.max_header_bytes", "number", Value("65536"), Restart,
+        "largest request head accepted; 8192 to 16777216";
+    SERVER_WORKERS: "server.workers", "number", Value("0"), Restart,
+        "worker threads; `0` is one per core; at most 1024";
+    SERVER_IDLE_TIMEOUT: "server.idle_timeout", "duration", Value("60s"), Restart,
+        "a connection with no request in flight this long is closed gracefully; > 0";
+    SERVER_SEND_TIMEOUT: "server.send_timeout", "duration", Value("60s"), Restart,
+        "a write to a client blocked this long closes the connection (HTTP/2: resets the stream); > 0";
+    SERVER_MAX_CONNECTIONS: "server.max_connections", "number", Value("10000"), Restart,
+        "traffic connections open at once; 1 to 1000000";
+    SERVER_MAX_CONNECTIONS_PER_IP: "server.max_connections_per_ip", "number", Derived("a quarter of `max_connections`"), Restart,
+        "of those, at most this many from one peer address (IPv6: one /64)";
+    SERVER_PROXY_PROTOCOL: "server.proxy_protocol", "`v1`, `v2` or a list", Value("[]"), Restart,
+        "read a PROXY protocol header from peers in `identity.trusted_proxies`";
+    SERVER_HTTP2_MAX_CONCURRENT_STREAMS: "server.http2.max_concurrent_streams", "number", Value("128"), Restart,
+        "streams a client may have open on one HTTP/2 connection";
+    SERVER_HTTP2_MAX_PENDING_ACCEPT_RESET_STREAMS: "server.http2.max_pending_accept_reset_streams", "number", Value("20"), Restart,
+        "streams a client reset before they were accepted (the rapid-reset bound)";
+    SERVER_HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS: "server.http2.max_local_error_reset_streams", "number", Value("1024"), Restart,
+        "streams reset for the client's protocol errors before the connection is closed";
+    SERVER_PATHS_MERGE_SLASHES: "server.paths.merge_slashes", "`true`, `false`", Value("true"), Reload,
+        "`//` becomes `/` before matching and forwarding";
+    SERVER_PATHS_ESCAPED_SLASHES: "server.paths.escaped_slashes", "`reject`, `keep`, `decode`", Value("reject"), Reload,
+        "`%2F` and `%5C` in a path: 400, kept encoded, or decoded to `/`";
+    SERVER_PATHS_PATH_PARAMETERS: "server.paths.path_parameters", "`ignore`, `strip`, `reject`", Value("ignore"), Reload,
+        "`;params` in a segment: left out of matching, left out of both, or 400";
+    SERVER_EXPLAIN: "server.explain", "mapping", Unset("`POST /explain` off"), Reload,
+        "`{ token: TEXT }` turns `POST /explain` on for `Authorization: Bearer TEXT`";
+    SERVER_HEADERS_WITH_UNDERSCORES: "server.headers_with_underscores", "`drop`, `reject`, `allow`", Value("drop"), Reload,
+        "request headers whose names contain `_`: removed, refused or passed on";
+    UPSTREAM_URL: "upstream.url", "URL", Required, Reload,
+        "the application: `http://host[:port][/base]`";
+    UPSTREAM_CONNECT_TIMEOUT: "upstream.connect_timeout", "duration", Value("1s"), Restart,
+        "connecting to the application; beyond it, 502; > 0";
+    UPSTREAM_TIMEOUT: "upstream.timeout", "duration", Value("60s"), Reload,
+        "how long the application may keep a request waiting on its own turn; beyond it, 504; > 0";
+    STORE_KIND: "store.kind", "`memory`, `redis`", Value("memory"), Restart,
+        "`memory`: in this process; `redis`: shared by every replica";
+    STORE_BUDGET: "store.budget", "duration", Value("25ms"), Reload,
+        "the whole decision, connecting and retries included; > 0";
+    STORE_ON_FAILURE: "store.on_failure", "`deny`, `allow`, `local`", Value("deny"), Reload,
+        "no decision in time: 503, forward, or decide in this sidecar (`local`, Redis only)";
+    STORE_LOCAL_SHARE: "store.local_share", "number", Value("1"), Reload,
+        "under `on_failure: local`, each quota is divided by this while the store cannot decide";
+    STORE_FAILURE_RETRY_AFTER: "store.failure_retry_after", "duration", Value("1s"), Reload,
+        "`Retry-After` of the 503s answered for no decision; > 0";
+    STORE_TTL_GRACE: "store.ttl_grace", "duration", Value("5s"), Restart,
+        "added to each key's lifetime before it expires";
+    STORE_MAX_ENTRIES: "store.max_entries", "number", Derived("from the memory limit"), Restart,
+        "memory store: most subjects tracked at once; beyond it the cheapest to forget is evicted";
+    STORE_TOPOLOGY: "store.topology", "`standalone`, `cluster`, `sentinel`", Value("standalone"), Restart,
+        "Redis: how the primary is found";
+    STORE_URL: "store.url", "URL", Required, Restart,
+        "Redis standalone: `redis://[user:password@]host:port[/db]` or `rediss://`";
+    STORE_NODES: "store.nodes", "list of URLs", Required, Restart,
+        "Redis Cluster: seed nodes; one is enough";
+    STORE_SENTINEL: "store.sentinel", "mapping", Required, Restart,
+        "Redis Sentinel: `master`, `nodes`, and the primary's `username`, `password`";
+    STORE_POOL_SIZE: "store.pool_size", "number", Value("16"), Restart,
+        "Redis: most connections per sluice, multiplexed; 1 to 1024";
+    STORE_CA_FILE: "store.ca_file", "path", Unset("the system's roots"), Restart,
+        "Redis: PEM roots for `rediss://` servers with a private CA";
+    STORE_KEY_PREFIX: "store.key_prefix", "text", Value("sluice"), Restart,
+        "Redis: prefix of every key";
+    STORE_MAX_CLOCK_REGRESSION: "store.max_clock_regression", "duration", Value("1s"), Restart,
+        "Redis: a clock going back by less counts as no time passing; beyond, no decision";
+    STORE_DEDUPE_WINDOW: "store.dedupe_window", "duration", Derived("`1s`, or `budget` when longer"), Restart,
+        "Redis: how long each evaluation's record lives, so a retry is not charged twice";
+    STORE_DEDUPE_MAX: "store.dedupe_max", "number", Value("256"), Restart,
+        "no longer used; accepted so older files load";
+    STORE_BREAKER_FAILURES: "store.breaker_failures", "number", Value("5"), Restart,
+        "Redis: failures within `breaker_window` below which the breaker never opens";
+    STORE_BREAKER_WINDOW: "store.breaker_window", "duration", Value("10s"), Restart,
+        "Redis: how far back the breaker counts calls and failures; > 0";
+    STORE_BREAKER_MIN_CALLS: "store.breaker_min_calls", "number", Value("10"), Restart,
+        "Redis: calls within the window below which the breaker never opens";
+    STORE_BREAKER_FAILURE_RATE: "store.breaker_failure_rate", "percentage", Value("50%"), Restart,
+        "Redis: the share of failed calls from which the breaker opens";
+    STORE_BREAKER_COOLDOWN: "store.breaker_cooldown", "duration", Value("1s"), Restart,
+        "Redis: how long an open breaker answers at once before one probe; > 0";
+    STORE_DENY_CACHE_ENTRIES: "store.deny_cache_entries", "number", Value("100000"), Restart,
+        "Redis: subjects remembered as denied until a known instant, answered 429 without a call";
+    IDENTITY_TRUSTED_PROXIES: "identity.trusted_proxies", "list of CIDRs or addresses", Value("[]"), Reload,
+        "peers allowed to speak through `X-Forwarded-For` and to send a PROXY header";
+    IDENTITY_IPV6_PREFIX: "identity.ipv6_prefix", "number", Value("64"), Reload,
+        "IPv6 clients are counted per prefix of this length; 1 to 128";
+    IDENTITY_PSEUDONYM_KEY: "identity.pseudonym_key", "text", Unset("drawn at random at start (memory only; required with Redis)"), Reload,
+        "HMAC key that turns subjects into pseudonyms; at least 16 bytes";
+    IDENTITY_PSEUDONYM_KEY_VERSION: "identity.pseudonym_key_version", "number", Value("1"), Reload,
+        "bump it with the key: old and new pseudonyms never mix";
+    RESPONSES_RATELIMIT_HEADERS_ON_ALLOWED: "responses.ratelimit_headers_on_allowed", "`true`, `false`", Value("true"), Reload,
+        "also send `RateLimit` fields on forwarded responses; 429 and 503 always carry them";
+}
+
+/// The key at `path`.
+pub fn find(path: &str) -> Option<&'static Key> {
+    ALL.iter().find(|k| k.path == path)
+}
+
+/// The table, as the configuration reference shows it.
+pub fn markdown() -> String {
+    let mut out =
+        String::from("| key | type | default | applied | meaning |\n|---|---|---|---|---|\n");
+    for key in ALL {
+        let default = match key.default {
+            Value(value) => format!("`{value}`"),
+            Derived(how) => how.to_owned(),
+            Required => "**required**".to_owned(),
+            Unset(what) => format!("unset: {what}"),
+        };
+        let applied = match key.applied {
+            Applied::Reload => "on reload",
+            Applied::Restart => "at start",
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {default} | {applied} | {} |",
+            key.path, key.kind, key.meaning
+        );
+    }
+    out
+}
+
+/// The table as `sluice keys` prints it: one key a line, its default as
+/// it would be written.
+pub fn text() -> String {
+    let mut out = String::new();
+    for key in ALL {
+        let default = match key.default {
+            Value(value) => value.to_owned(),
+            Derived(how) => format!("({how})"),
+            Required => "(required)".to_owned(),
+            Unset(what) => format!("(unset: {what})"),
+        };
+        let applied = match key.applied {
+            Applied::Reload => "reload",
+            Applied::Restart => "restart",
+        };
+        let _ = writeln!(out, "{}: {default}  # {applied}; {}", key.path, key.meaning);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,245 @@
+//! The table against what sluice does: its defaults are the ones a file
+//! that leaves a key out gets, its restart-only keys are the ones a reload
+//! refuses to change, and the chart's `values.yaml` writes the same
+//! defaults.
+
+use std::path::Path;
+
+use serde_yaml::Value as Yaml;
+
+use super::*;
+use crate::config::Config;
+
+/// Keys only `kind: redis` reads; `local_share` only with `local`.
+const REDIS_ONLY: &[&str] = &[
+    "store.topology",
+    "store.pool_size",
+    "store.key_prefix",
+    "store.max_clock_regression",
+    "store.dedupe_max",
+    "store.breaker_failures",
+    "store.breaker_window",
+    "store.breaker_min_calls",
+    "store.breaker_failure_rate",
+    "store.breaker_cooldown",
+    "store.deny_cache_entries",
+];
+const NEEDS_LOCAL: &[&str] = &["store.local_share"];
+
+const REQUIRED: &str = "server: { listen: 127.0.0.1:8080 }
+upstream: { url: http://127.0.0.1:3000 }
+policies:
+  p: { algorithm: fixed-window, limit: 5, window: 1s }
+routes:
+  - { name: r, match: { path_prefix: /api }, policy: p }
+";
+
+fn parse(text: &str) -> Config {
+    match Config::parse(Path::new("keys.yaml"), text) {
+        Ok(config) => config,
+        Err(errors) => panic!("{errors}\n{text}"),
+    }
+}
+
+/// `base` (YAML) with `path` set to `value` (YAML), sections created as
+/// needed.
+fn with(base: &Yaml, path: &str, value: &str) -> Yaml {
+    let mut doc = base.clone();
+    let value: Yaml = serde_yaml::from_str(value).expect("a YAML value");
+    let mut at = &mut doc;
+    let segments: Vec<&str> = path.split('.').collect();
+    for (i, segment) in segments.iter().enumerate() {
+        let map = at.as_mapping_mut().expect("a mapping");
+        let key = Yaml::from(*segment);
+        if i + 1 == segments.len() {
+            map.insert(key, value.clone());
+            break;
+        }
+        if !map.contains_key(&key) {
+            map.insert(key.clone(), Yaml::Mapping(Default::default()));
+        }
+        at = map.get_mut(&key).expect("just inserted");
+    }
+    doc
+}
+
+fn text(doc: &Yaml) -> String {
+    serde_yaml::to_string(doc).expect("YAML")
+}
+
+/// A file of `kind` with only what is required.
+fn minimal(store: &str) -> Yaml {
+    let mut text = format!("version: 1\n{REQUIRED}store: {store}\n");
+    if store.contains("redis") {
+        text.push_str("identity: { pseudonym_key: 0123456789abcdef0123 }\n");
+    }
+    serde_yaml::from_str(&text).expect("YAML")
+}
+
+fn applies(key: &Key, store: &str) -> bool {
+    (store.contains("redis") || !REDIS_ONLY.contains(&key.path))
+        && (store.contains("local") || !NEEDS_LOCAL.contains(&key.path))
+}
+
+#[test]
+fn writing_every_default_changes_nothing() {
+    for store in [
+        "{ kind: memory, max_entries: 1000 }",
+        "{ kind: redis, url: redis://127.0.0.1:6379 }",
+        "{ kind: redis, url: redis://127.0.0.1:6379, on_failure: local }",
+    ] {
+        let bare = minimal(store);
+        let mut written = bare.clone();
+        let mut count = 0;
+        for key in ALL.iter().filter(|k| applies(k, store)) {
+            // `kind` and `on_failure` are the store under test.
+            if let Absent::Value(value) = key.default {
+                let tested = key.path == "store.kind" && store.contains("redis")
+                    || key.path == "store.on_failure" && store.contains("local");
+                if !tested {
+                    written = with(&written, key.path, value);
+                    count += 1;
+                }
+            }
+        }
+        assert!(count > 25, "{count} keys written");
+        let (bare, written) = (parse(&text(&bare)), parse(&text(&written)));
+        assert_eq!(
+            bare.boot.changes(&written.boot),
+            Vec::<&str>::new(),
+            "{store}"
+        );
+        assert_eq!(
+            format!("{:?}", bare.live),
+            format!("{:?}", written.live),
+            "{store}"
+        );
+    }
+}
+
+/// A valid value other than `value`, for a key of `kind`.
+fn another(kind: &str, value: &str) -> Option<String> {
+    if let Some(number) = value.strip_suffix('%') {
+        return Some(format!("{}%", number.parse::<u32>().ok()? + 10));
+    }
+    if let Ok(n) = value.parse::<u64>() {
+        return Some((n + 1).to_string());
+    }
+    match value {
+        "true" => return Some("false".to_owned()),
+        "false" => return Some("true".to_owned()),
+        _ => {}
+    }
+    if kind == "duration" {
+        return Some("700ms".to_owned());
+    }
+    if kind == "text" {
+        return Some(format!("{value}2"));
+    }
+    // One of the listed values: `a`, `b`, `c`.
+    let choices: Vec<&str> = kind
+        .split(", ")
+        .filter_map(|c| c.strip_prefix('`')?.strip_suffix('`'))
+        .collect();
+    let other = choices.into_iter().find(|c| *c != value)?;
+    Some(other.to_owned())
+}
+
+#[test]
+fn a_reload_refuses_exactly_the_restart_only_keys() {
+    let store = "{ kind: redis, url: redis://127.0.0.1:6379, on_failure: local }";
+    let base = minimal(store);
+    let before = parse(&text(&base));
+    let mut checked = 0;
+    for key in ALL.iter().filter(|k| applies(k, store)) {
+        let Absent::Value(value) = key.default else {
+            continue;
+        };
+        // Keys whose other values need more of the file.
+        if [
+            "store.kind",
+            "store.topology",
+            "store.on_failure",
+            "server.proxy_protocol",
+        ]
+        .contains(&key.path)
+        {
+            continue;
+        }
+        let Some(other) = another(key.kind, value) else {
+            continue;
+        };
+        let after = parse(&text(&with(&base, key.path, &other)));
+        let changes = before.boot.changes(&after.boot);
+        match key.applied {
+            Applied::Restart => assert!(
+                changes.iter().any(|c| key.path.starts_with(c)),
+                "{} = {other}: {changes:?}",
+                key.path
+            ),
+            Applied::Reload => assert_eq!(changes, Vec::<&str>::new(), "{} = {other}", key.path),
+        }
+        checked += 1;
+    }
+    assert!(checked > 30, "{checked} keys changed");
+}
+
+/// Every scalar leaf of `value`, by dotted path.
+fn leaves(prefix: &str, value: &Yaml, out: &mut Vec<(String, Yaml)>) {
+    match value {
+        Yaml::Mapping(map) => {
+            for (k, v) in map {
+                let Some(k) = k.as_str() else { continue };
+                let path = if prefix.is_empty() {
+                    k.to_owned()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(&path, v, out);
+            }
+        }
+        other => out.push((prefix.to_owned(), other.clone())),
+    }
+}
+
+#[test]
+fn the_charts_values_write_the_same_defaults() {
+    let values = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/sluice/values.yaml"),
+    )
+    .expect("the chart's values.yaml");
+    let values: Yaml = serde_yaml::from_str(&values).expect("YAML");
+    let config = &values["sluice"]["config"];
+    let mut found = Vec::new();
+    leaves("", config, &mut found);
+    let mut compared = 0;
+    for (path, value) in found {
+        let Some(key) = find(&path) else { continue };
+        let Absent::Value(default) = key.default else {
+            continue;
+        };
+        let default: Yaml = serde_yaml::from_str(default).expect("a YAML default");
+        assert_eq!(
+            value, default,
+            "values.yaml sets {path} to {value:?}; its default is {default:?}"
+        );
+        compared += 1;
+    }
+    assert!(compared >= 8, "{compared} of the chart's values compared");
+}
+
+#[test]
+fn every_key_is_listed_once_with_a_meaning() {
+    let mut paths: Vec<&str> = ALL.iter().map(|k| k.path).collect();
+    paths.sort_unstable();
+    paths.dedup();
+    assert_eq!(paths.len(), ALL.len());
+    for key in ALL {
+        assert!(
+            !key.meaning.is_empty() && !key.meaning.contains('\n'),
+            "{}",
+            key.path
+        );
+    }
+    assert!(markdown().lines().count() == ALL.len() + 2);
+}

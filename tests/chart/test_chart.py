@@ -823,6 +823,41 @@ def test_restart_checksum_keys_are_the_documented_restart_only_keys() -> None:
     assert sorted(re.findall(r'"([a-z_]+)"', store_tpl.group(1))) == sorted(store_hot)
 
 
+def restart_only_keys() -> dict[str, list[str]]:
+    """`sluice keys`: the restart-only keys of each section, in order."""
+    binary = sluice_bin()
+    assert binary.is_file(), f"sluice binary not found at {binary} (build it or set SLUICE_BIN)"
+    out = subprocess.run([str(binary), "keys"], capture_output=True, text=True, timeout=60, check=True).stdout
+    keys: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        path, rest = line.split(": ", 1)
+        if "# restart;" in rest:
+            section, name = path.split(".", 2)[:2]
+            if name not in keys.setdefault(section, []):
+                keys[section].append(name)
+    return keys
+
+
+def test_restart_checksum_keys_are_the_tables_restart_only_keys() -> None:
+    """The template's key lists are those sluice's key table says a reload refuses."""
+    restart = restart_only_keys()
+    helpers = HELPERS.read_text()
+    server_tpl = re.search(r'"server" \(pick \$server ([^)]*)\)', helpers)
+    assert server_tpl
+    assert sorted(re.findall(r'"([a-z_0-9]+)"', server_tpl.group(1))) == sorted(restart["server"])
+    upstream_tpl = re.search(r'"upstream" \(pick \$upstream ([^)]*)\)', helpers)
+    assert upstream_tpl
+    assert re.findall(r'"([a-z_]+)"', upstream_tpl.group(1)) == restart["upstream"]
+    # The store's reloadable keys are omitted; every other one is restart-only.
+    out = subprocess.run([str(sluice_bin()), "keys"], capture_output=True, text=True, timeout=60, check=True).stdout
+    store_hot = [line.split(": ", 1)[0].split(".")[1] for line in out.splitlines()
+                 if line.startswith("store.") and "# reload;" in line]
+    store_tpl = re.search(r'"store" \(omit \$store ([^)]*)\)', helpers)
+    assert store_tpl
+    assert sorted(re.findall(r'"([a-z_]+)"', store_tpl.group(1))) == sorted(store_hot)
+    assert "store" not in restart or "budget" not in restart["store"]
+
+
 # --- sidecar-only mode: sluice added to a Deployment the team has -----------
 
 

@@ -2,7 +2,10 @@
 //!
 //! - `service`: [`Proxy::handle`], validate → route → subjects → every
 //!   limit of the request together (places in flight, then the rate
-//!   limits) → one exhaustive match on each outcome.
+//!   limits) → forward or answer, the request counted once. Its `plan`
+//!   is the pure rule that turns the stores' outcomes into a judgement
+//!   (one exhaustive match on each outcome), which `POST /explain` calls
+//!   too.
 //! - `headers`: request validation and hop-by-hop / `X-Forwarded-*` rewriting.
 //! - `overrides`: the methods a request may run as (method-override headers,
 //!   `_method`), each matched.

@@ -1,7 +1,7 @@
 //! The per-request service: validate → normalize the path → route (once
 //! per method the request may run as) → subjects (one per limit) →
-//! concurrency places → every rate limit at once → one exhaustive match on
-//! each outcome → forward or answer.
+//! concurrency places → every rate limit at once → the judgement
+//! ([`plan`]: pure, from the outcomes) → counted once → forward or answer.
 //!
 //! The decision is made before any byte of the request goes upstream.
 //!

@@ -6,8 +6,9 @@
 //! proxy's own [`service::prepare`], the state is read with
 //! [`Store::peek`] (the same algorithm step, its result not written), and
 //! the answer is the proxy's own planner ([`plan::plan`]) applied to those
-//! outcomes, each limit's own by the same [`plan::decide`]. Only the counting is left out: an explanation is not a request
-//! and appears in no request metric.
+//! outcomes, each limit's own by the same [`plan::decide`]; the local
+//! fallback is read, not charged. Only the counting is left out: an
+//! explanation is not a request and appears in no request metric.
 //!
 //! The output never holds a raw identity: no header value, no peer, no
 //! client address; subjects appear as the pseudonyms the stores key by.

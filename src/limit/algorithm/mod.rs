@@ -23,7 +23,7 @@
 //! name no algorithm used before also needs its field in `config/raw.rs`
 //! (`Params` and the flat `Policy`, serde having no other way to refuse
 //! unknown keys), and the docs (`lua/README.md`, `docs/ALGORITHMS.md`,
-//! docs/CONFIGURATION.md) describe it by hand.
+//! `docs/CONFIGURATION.md`) describe it by hand.
 //!
 //! The steps: `(state, now, bands, cost) → (state, decision)`. See
 //! `docs/ALGORITHMS.md` for the exact integer arithmetic, which the Lua

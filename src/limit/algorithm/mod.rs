@@ -128,7 +128,7 @@ pub trait Spec {
     /// The band one of `share` sidecars enforces alone while the shared
     /// store cannot decide (`on_failure: local`): its quota divided by
     /// `share`, rounded down, never below 1 (see [`divided`]). What
-    /// "quota" means is the algorithm's to say; README, "When the store is
+    /// "quota" means is the algorithm's to say; docs/REDIS.md, "When the store is
     /// down: local fallback", lists them.
     fn shared(band: &Self::Band, share: NonZeroU32) -> Self::Band;
 

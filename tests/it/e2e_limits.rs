@@ -105,7 +105,7 @@ async fn limit_5_admits_exactly_5_then_answers_429_with_headers_and_problem_body
     assert!(problem["detail"].as_str().is_some_and(|d| !d.is_empty()));
 }
 
-/// Seed 002: 100 requests at concurrency 20 against a limit of 10 must let
+/// Atomicity: 100 requests at concurrency 20 against a limit of 10 must let
 /// exactly 10 through, whatever the interleaving.
 async fn seed_002(policy: &str) {
     let upstream = Upstream::start().await;

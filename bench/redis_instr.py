@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""redis-server instructions per sluice decision, beside seed 002's script.
+"""redis-server instructions per sluice decision, beside the baseline INCR + EXPIRE script.
 
 The same calls as redis_cost.py (each algorithm's FCALL, or EVALSHA from a
 version before Redis Functions, captured from a
@@ -98,14 +98,14 @@ def main():
         procs.stop_all()
     heads = " | ".join(f"{s} | ÷ seed" for s in labels)
     lines = [
-        "# redis-server instructions per decision, beside seed 002's INCR + EXPIRE script",
+        "# redis-server instructions per decision, beside the baseline INCR + EXPIRE fixed-window script",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; callgrind, instrumentation on "
         f"only during each replay; redis-benchmark, {args.clients} connections, {args.calls} "
         "calls each, a fresh evaluation id per call. Everything redis-server ran per call: "
         "networking, the script and the commands inside it.",
         "",
-        f"| algorithm | subjects | seed 002 | {heads} |",
+        f"| algorithm | subjects | baseline | {heads} |",
         "|---|---|---|" + "---|---|" * len(labels),
     ]
     for a, label, per, seed in rows:

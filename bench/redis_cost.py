@@ -36,7 +36,7 @@ RESULTS = os.path.join(HERE, "results")
 CPU_REDIS = "1"
 CPU_CLIENT = "0"
 
-SEED_002 = """local count = redis.call('INCR', KEYS[1])
+BASELINE = """local count = redis.call('INCR', KEYS[1])
 if count == 1 then
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
@@ -231,7 +231,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="sluice-redis-cost-") as workdir:
             redis_proc, port = start_redis(procs, workdir)
             r = Redis(port)
-            seed_sha = r.cmd("SCRIPT", "LOAD", SEED_002)
+            baseline_sha = r.cmd("SCRIPT", "LOAD", BASELINE)
             log("capturing each algorithm's call from a running sluice")
             captured = capture(procs, workdir, args.sluice, port)
             rows = []
@@ -246,11 +246,11 @@ def main():
                                          "afresh (the rest replayed a record)")
                     key = "seed:__rand_int__" if many else "seed:hot"
                     seed = replay(redis_proc.pid, r, port,
-                                  ["EVALSHA", seed_sha, "1", key, "3600", "1000000000"],
+                                  ["EVALSHA", baseline_sha, "1", key, "3600", "1000000000"],
                                   args.calls, args.clients)
                     ratio = call["script_us_per_call"] / seed["script_us_per_call"]
                     cpu_ratio = call["cpu_us_per_call"] / seed["cpu_us_per_call"]
-                    rows.append({"algorithm": a, "subjects": label, "sluice": call, "seed_002": seed,
+                    rows.append({"algorithm": a, "subjects": label, "sluice": call, "baseline": seed,
                                  "ratio": ratio, "cpu_ratio": cpu_ratio})
                     log(f"{a:16} {label:16} script {call['script_us_per_call']:6.2f} µs vs baseline "
                         f"{seed['script_us_per_call']:5.2f} µs: {ratio:.2f}×; whole Redis CPU "
@@ -281,8 +281,8 @@ def main():
     for row in rows:
         target = "≤ 2.5" if row["algorithm"] == "sliding-log" else "≤ 1.5"
         lines.append(f"| {row['algorithm']} | {row['subjects']} | {row['sluice']['script_us_per_call']:.2f} | "
-                     f"{row['seed_002']['script_us_per_call']:.2f} | {row['ratio']:.2f} | {target} | "
-                     f"{row['sluice']['cpu_us_per_call']:.1f} / {row['seed_002']['cpu_us_per_call']:.1f} | "
+                     f"{row['baseline']['script_us_per_call']:.2f} | {row['ratio']:.2f} | {target} | "
+                     f"{row['sluice']['cpu_us_per_call']:.1f} / {row['baseline']['cpu_us_per_call']:.1f} | "
                      f"{row['cpu_ratio']:.2f} |")
     with open(os.path.join(RESULTS, "redis-cost.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -56,7 +56,7 @@ def main():
             if not tools.wait_tcp(port, redis, timeout=60):
                 raise SystemExit("redis-server did not start under valgrind")
             r = Redis(port)
-            seed_sha = r.cmd("SCRIPT", "LOAD", redis_cost.SEED_002)
+            baseline_sha = r.cmd("SCRIPT", "LOAD", redis_cost.BASELINE)
             captured = [redis_cost.capture(procs, workdir, s, port) for s in binaries]
 
             def control(*what):
@@ -89,7 +89,7 @@ def main():
                         per.append(instructions(redis_cost.fresh(calls[a], many)))
                     r.cmd("FLUSHALL")
                     key = "seed:__rand_int__" if many else "seed:hot"
-                    seed = instructions(["EVALSHA", seed_sha, "1", key, "3600", "1000000000"])
+                    seed = instructions(["EVALSHA", baseline_sha, "1", key, "3600", "1000000000"])
                     rows.append((a, label, per, seed))
                     print(f"[redis-instr] {a:16} {label:16} seed {seed:8.0f} " +
                           " ".join(f"{p:8.0f} ({p / seed:.2f}x)" for p in per), flush=True)

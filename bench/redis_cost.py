@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""What one sluice decision costs Redis, beside seed 002's one-line script.
+"""What one sluice decision costs Redis, beside the baseline INCR + EXPIRE fixed-window script.
 
 For each algorithm, sluice's real call is captured from a running sluice
 (MONITOR while it decides one request), then replayed with redis-benchmark
 at saturation (32 connections) against a Redis pinned alone on one CPU,
 with a fresh evaluation id per call: once on one hot subject, once on many
-subjects. Seed 002's INCR + EXPIRE script is replayed the same way, right
+subjects. The baseline INCR + EXPIRE fixed-window script is replayed the same way, right
 after, on the same Redis. Redis CPU per call comes from /proc (utime +
 stime of redis-server over the run), so the ratio compares what Redis
 spent, not what the client saw.
@@ -36,7 +36,7 @@ RESULTS = os.path.join(HERE, "results")
 CPU_REDIS = "1"
 CPU_CLIENT = "0"
 
-SEED_002 = """local count = redis.call('INCR', KEYS[1])
+BASELINE = """local count = redis.call('INCR', KEYS[1])
 if count == 1 then
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
@@ -231,7 +231,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="sluice-redis-cost-") as workdir:
             redis_proc, port = start_redis(procs, workdir)
             r = Redis(port)
-            seed_sha = r.cmd("SCRIPT", "LOAD", SEED_002)
+            baseline_sha = r.cmd("SCRIPT", "LOAD", BASELINE)
             log("capturing each algorithm's call from a running sluice")
             captured = capture(procs, workdir, args.sluice, port)
             rows = []
@@ -246,13 +246,13 @@ def main():
                                          "afresh (the rest replayed a record)")
                     key = "seed:__rand_int__" if many else "seed:hot"
                     seed = replay(redis_proc.pid, r, port,
-                                  ["EVALSHA", seed_sha, "1", key, "3600", "1000000000"],
+                                  ["EVALSHA", baseline_sha, "1", key, "3600", "1000000000"],
                                   args.calls, args.clients)
                     ratio = call["script_us_per_call"] / seed["script_us_per_call"]
                     cpu_ratio = call["cpu_us_per_call"] / seed["cpu_us_per_call"]
-                    rows.append({"algorithm": a, "subjects": label, "sluice": call, "seed_002": seed,
+                    rows.append({"algorithm": a, "subjects": label, "sluice": call, "baseline": seed,
                                  "ratio": ratio, "cpu_ratio": cpu_ratio})
-                    log(f"{a:16} {label:16} script {call['script_us_per_call']:6.2f} µs vs seed 002 "
+                    log(f"{a:16} {label:16} script {call['script_us_per_call']:6.2f} µs vs baseline "
                         f"{seed['script_us_per_call']:5.2f} µs: {ratio:.2f}×; whole Redis CPU "
                         f"{call['cpu_us_per_call']:.1f} vs {seed['cpu_us_per_call']:.1f} µs: {cpu_ratio:.2f}×")
                     r.cmd("FLUSHALL")
@@ -266,23 +266,23 @@ def main():
     with open(os.path.join(RESULTS, "redis-cost.json"), "w") as f:
         json.dump(result, f, indent=2)
     lines = [
-        "# Redis CPU per decision, beside seed 002's INCR + EXPIRE script",
+        "# Redis CPU per decision, beside the baseline INCR + EXPIRE fixed-window script",
         "",
         f"{result['generated_at']}; redis-benchmark, {args.clients} connections, {args.calls} calls "
         "each, a fresh evaluation id per call; Redis alone on one CPU. Script µs: INFO "
         "commandstats `usec_per_call` of FCALL (the function and the commands inside it; EVALSHA "
-        "for seed 002 and versions before Redis Functions), the "
+        "for the baseline script and versions before Redis Functions), the "
         "ratio's basis. Whole CPU: redis-server's utime + stime per call from /proc, networking "
         "included (the same for both, so it narrows the ratio).",
         "",
-        "| algorithm | subjects | sluice script µs | seed 002 script µs | ratio | target | whole CPU µs, sluice / seed | ratio |",
+        "| algorithm | subjects | sluice script µs | baseline script µs | ratio | target | whole CPU µs, sluice / baseline | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         target = "≤ 2.5" if row["algorithm"] == "sliding-log" else "≤ 1.5"
         lines.append(f"| {row['algorithm']} | {row['subjects']} | {row['sluice']['script_us_per_call']:.2f} | "
-                     f"{row['seed_002']['script_us_per_call']:.2f} | {row['ratio']:.2f} | {target} | "
-                     f"{row['sluice']['cpu_us_per_call']:.1f} / {row['seed_002']['cpu_us_per_call']:.1f} | "
+                     f"{row['baseline']['script_us_per_call']:.2f} | {row['ratio']:.2f} | {target} | "
+                     f"{row['sluice']['cpu_us_per_call']:.1f} / {row['baseline']['cpu_us_per_call']:.1f} | "
                      f"{row['cpu_ratio']:.2f} |")
     with open(os.path.join(RESULTS, "redis-cost.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

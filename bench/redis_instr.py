@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""redis-server instructions per sluice decision, beside seed 002's script.
+"""redis-server instructions per sluice decision, beside the baseline INCR + EXPIRE script.
 
 The same calls as redis_cost.py (each algorithm's FCALL, or EVALSHA from a
 version before Redis Functions, captured from a
@@ -56,7 +56,7 @@ def main():
             if not tools.wait_tcp(port, redis, timeout=60):
                 raise SystemExit("redis-server did not start under valgrind")
             r = Redis(port)
-            seed_sha = r.cmd("SCRIPT", "LOAD", redis_cost.SEED_002)
+            baseline_sha = r.cmd("SCRIPT", "LOAD", redis_cost.BASELINE)
             captured = [redis_cost.capture(procs, workdir, s, port) for s in binaries]
 
             def control(*what):
@@ -89,7 +89,7 @@ def main():
                         per.append(instructions(redis_cost.fresh(calls[a], many)))
                     r.cmd("FLUSHALL")
                     key = "seed:__rand_int__" if many else "seed:hot"
-                    seed = instructions(["EVALSHA", seed_sha, "1", key, "3600", "1000000000"])
+                    seed = instructions(["EVALSHA", baseline_sha, "1", key, "3600", "1000000000"])
                     rows.append((a, label, per, seed))
                     print(f"[redis-instr] {a:16} {label:16} seed {seed:8.0f} " +
                           " ".join(f"{p:8.0f} ({p / seed:.2f}x)" for p in per), flush=True)
@@ -98,14 +98,14 @@ def main():
         procs.stop_all()
     heads = " | ".join(f"{s} | ÷ seed" for s in labels)
     lines = [
-        "# redis-server instructions per decision, beside seed 002's INCR + EXPIRE script",
+        "# redis-server instructions per decision, beside the baseline INCR + EXPIRE fixed-window script",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; callgrind, instrumentation on "
         f"only during each replay; redis-benchmark, {args.clients} connections, {args.calls} "
         "calls each, a fresh evaluation id per call. Everything redis-server ran per call: "
         "networking, the script and the commands inside it.",
         "",
-        f"| algorithm | subjects | seed 002 | {heads} |",
+        f"| algorithm | subjects | baseline | {heads} |",
         "|---|---|---|" + "---|---|" * len(labels),
     ]
     for a, label, per, seed in rows:

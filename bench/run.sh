@@ -2,7 +2,7 @@
 # The benchmark, one command: installs what it needs, builds sluice in
 # release mode, runs every scenario interleaved and writes
 # bench/results/latest.md and latest.json, then replays each algorithm's
-# Redis call beside seed 002's script into bench/results/redis-cost.md.
+# Redis call beside the baseline INCR + EXPIRE script into bench/results/redis-cost.md.
 #
 #   bench/run.sh                 # full run: 3 rounds, a few minutes
 #   BENCH_QUICK=1 bench/run.sh   # 1 round of 1-2 s runs, to try it out
@@ -60,7 +60,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 python3 bench/harness.py --sluice target/release/sluice --oha "$OHA" "$@"
 
-# What one decision costs Redis beside seed 002's script (Redis alone on a
+# What one decision costs Redis beside the baseline INCR + EXPIRE script (Redis alone on a
 # CPU, redis-benchmark at saturation): bench/results/redis-cost.md.
 if [ -n "${BENCH_QUICK:-}" ]; then calls=20000; else calls=200000; fi
 python3 bench/redis_cost.py --sluice target/release/sluice --calls "$calls"

@@ -41,7 +41,7 @@ for target in "${targets[@]}"; do
 
   echo "== $target: fuzzing for ${seconds}s"
   # New inputs go to the scratch corpus (first directory); the committed
-  # seeds are only read.
+  # starting inputs are only read.
   mkdir -p "target/corpus/$target"
   if ! cargo fuzz run --sanitizer none "$target" "target/corpus/$target" "corpus/$target" -- \
     -max_total_time="$seconds" -seed="${FUZZ_SEED:-0}" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \

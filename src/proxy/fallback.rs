@@ -1,6 +1,6 @@
 //! `on_failure: local`: while the shared store cannot decide, this sidecar
 //! decides alone, in memory, each quota divided by `store.local_share`
-//! (seed 003's local fallback limiter).
+//! (the local fallback limiter).
 //!
 //! The fallback is entered by the first request of a `local` policy the
 //! store could not decide, and left at the first decision the store makes

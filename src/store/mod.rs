@@ -138,7 +138,7 @@ impl Store {
     /// Every rate limit of one request, checked together: all must pass,
     /// and when one blocks none is charged. The memory store checks them in
     /// one critical section; Redis in one call of one script (on Cluster,
-    /// in order, one call each: README, "Several limits on one route").
+    /// in order, one call each: docs/LIMITS.md, "Several limits on one route").
     pub async fn evaluate_all(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
         match self {
             Store::Memory(store) => store.evaluate_all(evaluations),

@@ -29,7 +29,8 @@ CHART = ROOT / "charts" / "sluice"
 ALL_OPTIONS = CHART / "ci" / "all-options-values.yaml"
 DASHBOARD = CHART / "dashboards" / "sluice.json"
 HELPERS = CHART / "templates" / "_helpers.tpl"
-README = ROOT / "README.md"
+OPERATIONS_DOC = ROOT / "docs" / "OPERATIONS.md"
+KUBERNETES_DOC = ROOT / "docs" / "KUBERNETES.md"
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
 EXAMPLE = KUSTOMIZE / "example"
 # The application as its team deploys it, without sluice.
@@ -794,7 +795,7 @@ def test_restart_checksum_follows_redis_keys_not_hot_store_keys() -> None:
 
 
 def readme_hot_reload() -> str:
-    text = README.read_text()
+    text = OPERATIONS_DOC.read_text()
     start = text.index("- **Hot reload**")
     return text[start : text.index("- **Shutdown**", start)]
 
@@ -1061,13 +1062,14 @@ def test_kustomize_component_starting_config_is_valid(tmp_path: Path) -> None:
     assert service_patch == [{"op": "replace", "path": "/spec/ports/0/targetPort", "value": ports["http"]}]
 
 
-# --- the README's copy-paste snippet ----------------------------------------
+# --- docs/KUBERNETES.md's copy-paste snippet- ----------------------------------------
 
 
 def readme_snippets() -> list[dict[str, Any]]:
-    text = README.read_text()
+    text = KUBERNETES_DOC.read_text()
     start = text.index("\n## Adding sluice to a Deployment you already have\n")
-    section = text[start : text.index("\n## ", start + 1)]
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else len(text)]
     blocks = re.findall(r"```yaml\n(.*?)^ *```", section, re.DOTALL | re.MULTILINE)
     return [yaml.safe_load(textwrap.dedent(block)) for block in blocks]
 

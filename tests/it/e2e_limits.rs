@@ -105,9 +105,9 @@ async fn limit_5_admits_exactly_5_then_answers_429_with_headers_and_problem_body
     assert!(problem["detail"].as_str().is_some_and(|d| !d.is_empty()));
 }
 
-/// Seed 002: 100 requests at concurrency 20 against a limit of 10 must let
+/// Atomicity: 100 requests at concurrency 20 against a limit of 10 must let
 /// exactly 10 through, whatever the interleaving.
-async fn seed_002(policy: &str) {
+async fn concurrent_admissions(policy: &str) {
     let upstream = Upstream::start().await;
     let sluice = Sidecar::start(&one_policy(&upstream, policy));
     clear_of_window_edge(HOUR, EDGE_MARGIN).await;
@@ -120,26 +120,26 @@ async fn seed_002(policy: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_002_fixed_window_admits_exactly_the_limit_under_concurrency() {
-    seed_002("    algorithm: fixed-window\n    limit: 10\n    window: 1h").await;
+async fn concurrent_fixed_window_admits_exactly_the_limit_under_concurrency() {
+    concurrent_admissions("    algorithm: fixed-window\n    limit: 10\n    window: 1h").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_002_sliding_log_admits_exactly_the_limit_under_concurrency() {
-    seed_002("    algorithm: sliding-log\n    limit: 10\n    window: 1h").await;
+async fn concurrent_sliding_log_admits_exactly_the_limit_under_concurrency() {
+    concurrent_admissions("    algorithm: sliding-log\n    limit: 10\n    window: 1h").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_002_token_bucket_admits_exactly_the_capacity_under_concurrency() {
-    seed_002(
+async fn concurrent_token_bucket_admits_exactly_the_capacity_under_concurrency() {
+    concurrent_admissions(
         "    algorithm: token-bucket\n    capacity: 10\n    refill_tokens: 1\n    refill_every: 1h",
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_002_gcra_with_burst_equal_to_limit_admits_exactly_the_limit_under_concurrency() {
-    seed_002("    algorithm: gcra\n    limit: 10\n    window: 1h\n    burst: 10").await;
+async fn concurrent_gcra_with_burst_equal_to_limit_admits_exactly_the_limit_under_concurrency() {
+    concurrent_admissions("    algorithm: gcra\n    limit: 10\n    window: 1h\n    burst: 10").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@
 //! name no algorithm used before also needs its field in `config/raw.rs`
 //! (`Params` and the flat `Policy`, serde having no other way to refuse
 //! unknown keys), and the docs (`lua/README.md`, `docs/ALGORITHMS.md`,
-//! the README's configuration reference) describe it by hand.
+//! `docs/CONFIGURATION.md`) describe it by hand.
 //!
 //! The steps: `(state, now, bands, cost) → (state, decision)`. See
 //! `docs/ALGORITHMS.md` for the exact integer arithmetic, which the Lua
@@ -128,7 +128,7 @@ pub trait Spec {
     /// The band one of `share` sidecars enforces alone while the shared
     /// store cannot decide (`on_failure: local`): its quota divided by
     /// `share`, rounded down, never below 1 (see [`divided`]). What
-    /// "quota" means is the algorithm's to say; README, "When the store is
+    /// "quota" means is the algorithm's to say; docs/REDIS.md, "When the store is
     /// down: local fallback", lists them.
     fn shared(band: &Self::Band, share: NonZeroU32) -> Self::Band;
 

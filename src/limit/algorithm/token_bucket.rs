@@ -1,4 +1,4 @@
-//! Token bucket refilled by whole periods (seed 000): `refill_tokens` are
+//! Token bucket refilled by whole periods: `refill_tokens` are
 //! added per elapsed `refill_every`, never a fraction, so every value is an
 //! integer and the Lua side agrees to the unit.
 
@@ -12,7 +12,7 @@ use crate::config::validate::check::{self, Checker};
 use crate::limit::{micros, Decision, Micros};
 
 /// Holds up to `capacity`; `refill_tokens` are added per whole
-/// `refill_every` period (seed 000's whole-period refill, integer-exact).
+/// `refill_every` period (whole-period refill, integer-exact).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BucketBand {
     pub capacity: NonZeroU32,

@@ -166,7 +166,7 @@ impl RedisStore {
     /// behind `cache`, the over-limit cache. On standalone and Sentinel: one
     /// call, all or nothing. On Cluster: one call per limit, in order,
     /// stopping at the first that blocks; the limits before it stay
-    /// charged (not atomic: README, "Several limits on one route").
+    /// charged (not atomic: docs/LIMITS.md, "Several limits on one route").
     pub async fn evaluate_all(
         &self,
         evaluations: &[Evaluation<'_>],
@@ -235,7 +235,7 @@ impl RedisStore {
     }
 
     /// Gives back what `evaluations` were charged, the request having been
-    /// refused (README, "Several limits on one route"): every limit the
+    /// refused (docs/LIMITS.md, "Several limits on one route"): every limit the
     /// store admitted, and every limit whose call got no confirmed reply
     /// (Indeterminate: its record says whether it ran). Only limits decided
     /// one call each, in order, can have been charged for a request that

@@ -8,7 +8,7 @@
 //! own evaluation id: the script gives back only what that evaluation's
 //! record says it took, once, so the call may be sent again without giving
 //! back twice. Not atomic: between the charge and its refund another
-//! request may find the limit spent (README, "Several limits on one
+//! request may find the limit spent (docs/LIMITS.md, "Several limits on one
 //! route").
 
 use redis::{RedisError, Value};

@@ -105,26 +105,8 @@ pub struct StoreLive {
     pub failure_retry_after: Duration,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnFailure {
-    /// 503 with `Retry-After: failure_retry_after` (the default).
-    Deny,
-    /// Forward without a decision (counted).
-    Allow,
-    /// Decide in this sidecar's memory, each quota divided by
-    /// `local_share`, until the store decides again.
-    Local,
-}
-
-impl OnFailure {
-    pub fn name(self) -> &'static str {
-        match self {
-            OnFailure::Deny => "deny",
-            OnFailure::Allow => "allow",
-            OnFailure::Local => "local",
-        }
-    }
-}
+/// Re-exported: policies (`limit`) carry their own failure mode.
+pub use crate::limit::OnFailure;
 
 #[derive(Debug, Clone)]
 pub struct Identity {

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Algorithm, Bands};
-use crate::config::OnFailure;
 
 /// A named, validated policy. Shared by reference between routes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +113,29 @@ impl Policy {
     /// See [`Bands::quotas`].
     pub fn quotas(&self) -> &[(u32, Duration)] {
         &self.quotas
+    }
+}
+
+/// What happens to a request when the store cannot decide: the store's
+/// `on_failure`, or a policy's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// 503 with `Retry-After: failure_retry_after` (the default).
+    Deny,
+    /// Forward without a decision (counted).
+    Allow,
+    /// Decide in this sidecar's memory, each quota divided by
+    /// `local_share`, until the store decides again.
+    Local,
+}
+
+impl OnFailure {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnFailure::Deny => "deny",
+            OnFailure::Allow => "allow",
+            OnFailure::Local => "local",
+        }
     }
 }
 

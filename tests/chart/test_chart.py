@@ -31,6 +31,7 @@ DASHBOARD = CHART / "dashboards" / "sluice.json"
 HELPERS = CHART / "templates" / "_helpers.tpl"
 OPERATIONS_DOC = ROOT / "docs" / "OPERATIONS.md"
 KUBERNETES_DOC = ROOT / "docs" / "KUBERNETES.md"
+README = ROOT / "README.md"
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
 EXAMPLE = KUSTOMIZE / "example"
 # The application as its team deploys it, without sluice.
@@ -1086,3 +1087,19 @@ def test_readme_snippet_adds_sluice_to_legacy_deployment(tmp_path: Path) -> None
     # The snippet's container is the component's: one sidecar definition.
     component = yaml.safe_load((KUSTOMIZE / "sluice-sidecar" / "sidecar.yaml").read_text())
     assert pod["spec"]["template"]["spec"]["initContainers"] == component["spec"]["template"]["spec"]["initContainers"]
+
+
+# --- the README's first configurations ---------------------------------------
+
+
+def test_the_readmes_first_configurations_load(tmp_path: Path) -> None:
+    """Both files of "A first configuration" pass `sluice check`."""
+    text = README.read_text()
+    start = text.index("## A first configuration")
+    section = text[start : text.index("\n## ", start + 1)]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) == 2
+    for block in blocks:
+        result = sluice_check(block, tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "everything" in result.stdout

@@ -139,7 +139,8 @@ async fn concurrent_token_bucket_admits_exactly_the_capacity_under_concurrency()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_gcra_with_burst_equal_to_limit_admits_exactly_the_limit_under_concurrency() {
-    concurrent_admissions("    algorithm: gcra\n    limit: 10\n    window: 1h\n    burst: 10").await;
+    concurrent_admissions("    algorithm: gcra\n    limit: 10\n    window: 1h\n    burst: 10")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -220,6 +220,23 @@ fn all_bands() -> Vec<(&'static str, Bands)> {
     ]
 }
 
+/// Every registered algorithm is in both conformance tables: one added to
+/// the registry and not here fails, rather than going unchecked.
+#[test]
+fn the_conformance_tables_hold_every_algorithm() {
+    for (name, table) in [("all_bands", all_bands()), ("slow_bands", slow_bands())] {
+        let covered: Vec<sluice::limit::Algorithm> =
+            table.iter().map(|(_, bands)| bands.algorithm()).collect();
+        for algorithm in sluice::limit::Algorithm::ALL {
+            assert!(
+                covered.contains(algorithm),
+                "{} is registered but not in {name}",
+                algorithm.name()
+            );
+        }
+    }
+}
+
 /// [`all_bands`]' limits over hours: a burst that counts its admissions
 /// cannot straddle a fixed window's edge or earn a refill, however slow
 /// the machine (a fixed window is aligned to the clock, so even a fast

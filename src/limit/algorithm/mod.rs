@@ -14,7 +14,7 @@
 //! 1. its module here, implementing [`Spec`], and its `mod` line below
 //!    (its vector table goes beside the others in `tests/`);
 //! 2. its script, `lua/<name>.lua`, marking where `lua/common.lua` goes
-//!    with `-- @common`;
+//!    with `-- @common`, and its refund, `lua/refund/<name>.lua`;
 //! 3. one line in the `register!` list in `registry.rs`.
 //!
 //! Everything else follows: the YAML name and its error messages, the
@@ -23,7 +23,8 @@
 //! name no algorithm used before also needs its field in `config/raw.rs`
 //! (`Params` and the flat `Policy`, serde having no other way to refuse
 //! unknown keys), and the docs (`lua/README.md`, `docs/ALGORITHMS.md`,
-//! `docs/CONFIGURATION.md`) describe it by hand.
+//! `docs/CONFIGURATION.md`) describe it by hand. The whole checklist,
+//! tests included, is in `docs/ALGORITHMS.md`, "Adding an algorithm".
 //!
 //! The steps: `(state, now, bands, cost) → (state, decision)`. See
 //! `docs/ALGORITHMS.md` for the exact integer arithmetic, which the Lua

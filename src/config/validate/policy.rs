@@ -1,7 +1,9 @@
 //! `policies:`: algorithm, bands, shadow and revision of each named policy;
 //! `limit` and `retry_after` of a concurrency policy.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_yaml::Value;
 use sha2::{Digest, Sha256};
@@ -9,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::check::{self, Checker};
 use crate::config::env::key_text;
 use crate::config::locate::{At, KeyPath};
-use crate::config::raw::{self, Params};
+use crate::config::raw::{self, Params, Scalar};
 use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
 use crate::limit::{Algorithm, Bands, Concurrency, LimitPolicy, Policy};
 
@@ -149,7 +151,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
     let flat = raw.flat();
     let bands = match (&raw.bands, algorithm) {
         (_, None) => None,
-        (None, Some(a)) => a.bands(cx, &[(path.clone(), &flat)]),
+        (None, Some(a)) => a.bands(&mut Written::new(cx, &[(path.clone(), &flat)])),
         (Some(list), Some(a)) => {
             let bands_path = path.key("bands");
             for (key, _) in flat.written() {
@@ -167,7 +169,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
                 .enumerate()
                 .map(|(i, params)| (bands_path.index(i), params))
                 .collect();
-            a.bands(cx, &list)
+            a.bands(&mut Written::new(cx, &list))
         }
     };
     let bands = bands?;
@@ -236,4 +238,70 @@ pub fn derived_revision(bands: &Bands) -> String {
     }
     let digest = Sha256::digest(canonical.as_bytes());
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A policy's bands as written, read by its algorithm
+/// ([`crate::limit::algorithm::Params`]): every error placed at the key of
+/// the band it concerns (the policy's own, for flat parameters).
+struct Written<'c, 'a, 'l, 'p> {
+    cx: &'c mut Checker<'a>,
+    list: &'l [(KeyPath, &'p Params)],
+    at: usize,
+}
+
+impl<'c, 'a, 'l, 'p> Written<'c, 'a, 'l, 'p> {
+    fn new(cx: &'c mut Checker<'a>, list: &'l [(KeyPath, &'p Params)]) -> Self {
+        Written { cx, list, at: 0 }
+    }
+
+    /// The selected band's path, and the value written for `name`.
+    fn read(&self, name: &str) -> (KeyPath, Option<&'p Scalar>) {
+        match self.list.get(self.at) {
+            Some((path, params)) => {
+                let value = params.written().into_iter().find(|(k, _)| *k == name);
+                (path.key(name), value.map(|(_, v)| v))
+            }
+            None => (KeyPath::root().key(name), None),
+        }
+    }
+}
+
+impl crate::limit::algorithm::Params for Written<'_, '_, '_, '_> {
+    fn bands(&self) -> usize {
+        self.list.len()
+    }
+
+    fn select(&mut self, band: usize) {
+        self.at = band;
+    }
+
+    fn written(&self) -> Vec<&'static str> {
+        self.list
+            .get(self.at)
+            .map(|(_, params)| params.written().into_iter().map(|(k, _)| k).collect())
+            .unwrap_or_default()
+    }
+
+    fn count(&mut self, name: &'static str, default: Option<NonZeroU32>) -> Option<NonZeroU32> {
+        let (path, value) = self.read(name);
+        match default {
+            Some(default) => self.cx.optional(&path, value, default, check::positive),
+            None => self.cx.required(&path, value, check::positive),
+        }
+    }
+
+    fn window(&mut self, name: &'static str) -> Option<Duration> {
+        let (path, value) = self.read(name);
+        self.cx.required(&path, value, check::window)
+    }
+
+    fn refuse(&mut self, name: &'static str, message: &str) {
+        let (path, _) = self.read(name);
+        self.cx.error(&path, At::Value, message);
+    }
+
+    fn foreign(&mut self, name: &'static str, message: &str) {
+        let (path, _) = self.read(name);
+        self.cx.error(&path, At::Key, message);
+    }
 }

@@ -4,10 +4,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::{per_band, window, BandVerdict, Spec, WindowBand};
-use crate::config::locate::KeyPath;
-use crate::config::raw::Params;
-use crate::config::validate::check::Checker;
+use super::{per_band, window, BandVerdict, Params, Spec, WindowBand};
 use crate::limit::{micros, Decision, Micros};
 
 pub struct FixedWindow;
@@ -23,8 +20,8 @@ impl Spec for FixedWindow {
     type Band = WindowBand;
     type State = Vec<BandState>;
 
-    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<WindowBand> {
-        WindowBand::parse(cx, path, params)
+    fn band(params: &mut dyn Params) -> Option<WindowBand> {
+        WindowBand::parse(params)
     }
 
     fn quota(band: &WindowBand) -> (u32, Duration) {

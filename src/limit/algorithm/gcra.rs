@@ -5,10 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::{exact_in_lua, per_band, short, BandVerdict, Spec};
-use crate::config::locate::KeyPath;
-use crate::config::raw::Params;
-use crate::config::validate::check::{self, Checker};
+use super::{exact_in_lua, per_band, short, BandVerdict, Params, Spec};
 use crate::limit::{micros, Decision, Micros};
 
 /// A smooth rate of `limit` per `window`, at most `burst` at once.
@@ -53,18 +50,18 @@ impl Spec for Gcra {
     type Band = GcraBand;
     type State = Vec<BandState>;
 
-    fn band(cx: &mut Checker<'_>, path: &KeyPath, p: &Params) -> Option<GcraBand> {
-        let limit = cx.required(&path.key("limit"), p.limit.as_ref(), check::positive);
-        let window = cx.required(&path.key("window"), p.window.as_ref(), check::window);
+    fn band(params: &mut dyn Params) -> Option<GcraBand> {
+        let limit = params.count("limit", None);
+        let window = params.window("window");
         let limit = limit?;
-        let burst = cx.optional(&path.key("burst"), p.burst.as_ref(), limit, check::positive);
+        let burst = params.count("burst", Some(limit));
         let band = GcraBand {
             limit,
             window: window?,
             burst: burst?,
         };
         let product = u128::from(band.burst.get()) * u128::from(band.emission_interval_us());
-        exact_in_lua(cx, &path.key("burst"), product, "burst × window / limit")?;
+        exact_in_lua(params, "burst", product, "burst × window / limit")?;
         Some(band)
     }
 

@@ -1,7 +1,9 @@
 //! The five algorithms, one module each, and what they share.
 //!
 //! An algorithm module owns everything about its algorithm: its band type
-//! (or the shared [`WindowBand`]), the validation of its YAML parameters,
+//! (or the shared [`WindowBand`]), the validation of its parameters (read
+//! through [`Params`], which the configuration implements: `limit` does not
+//! depend on `config`),
 //! its pure step, its band-level quota, horizon and maximum cost, the
 //! numbers its Lua script is compiled with and the script itself
 //! (`include_str!` of `lua/<name>.lua`), the text its derived revision is
@@ -21,7 +23,7 @@
 //! Redis script and its numbers, the memory store, `sluice check`, the
 //! derived revision, `RateLimit-Policy`. Two things do not: a parameter
 //! name no algorithm used before also needs its field in `config/raw.rs`
-//! (`Params` and the flat `Policy`, serde having no other way to refuse
+//! (`raw::Params` and the flat `raw::Policy`, serde having no other way to refuse
 //! unknown keys), and the docs (`lua/README.md`, `docs/ALGORITHMS.md`,
 //! `docs/CONFIGURATION.md`) describe it by hand. The whole checklist,
 //! tests included, is in `docs/ALGORITHMS.md`, "Adding an algorithm".
@@ -42,7 +44,10 @@
 
 pub mod fixed_window;
 pub mod gcra;
+mod params;
 mod registry;
+
+pub use params::Params;
 pub mod sliding_counter;
 pub mod sliding_log;
 pub mod token_bucket;
@@ -57,9 +62,6 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{Decision, Micros};
-use crate::config::locate::{At, KeyPath};
-use crate::config::raw::Params;
-use crate::config::validate::check::Checker;
 
 pub use gcra::GcraBand;
 pub use registry::{evaluate, Algorithm, Bands, State};
@@ -105,10 +107,9 @@ pub trait Spec {
     /// One subject's state under every band of a policy.
     type State: Debug + Clone + PartialEq + Eq;
 
-    /// One band's parameters, validated; `path` is the policy for flat
-    /// parameters, `bands[i]` otherwise. Keys outside
-    /// [`Spec::PARAMETERS`] are already reported.
-    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<Self::Band>;
+    /// One band's parameters (the band `params` has selected), validated.
+    /// Parameters outside [`Spec::PARAMETERS`] are already reported.
+    fn band(params: &mut dyn Params) -> Option<Self::Band>;
 
     /// `(quota, window)` for `RateLimit-Policy` (`q`, `w`) and `sluice
     /// check`.
@@ -169,43 +170,44 @@ fn profile<A: Spec>(band: &A::Band) -> BandProfile {
 
 /// Every band of a policy, each checked against `A`'s parameters: `None`
 /// if any is invalid or there is none (each error already reported).
-fn parse<A: Spec>(cx: &mut Checker<'_>, list: &[(KeyPath, &Params)]) -> Option<Vec<A::Band>> {
-    let mut out = Vec::with_capacity(list.len());
-    for (path, params) in list {
+fn parse<A: Spec>(params: &mut dyn Params) -> Option<Vec<A::Band>> {
+    let count = params.bands();
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        params.select(i);
         let mut foreign = false;
-        for (key, _) in params.written() {
+        for key in params.written() {
             if !A::PARAMETERS.contains(&key) {
                 foreign = true;
-                cx.error(
-                    &path.key(key),
-                    At::Key,
-                    format!(
-                        "`{key}` is not a parameter of {}; it takes {}",
-                        A::NAME,
-                        A::PARAMETERS.join(", ")
-                    ),
+                let message = format!(
+                    "`{key}` is not a parameter of {}; it takes {}",
+                    A::NAME,
+                    A::PARAMETERS.join(", ")
                 );
+                params.foreign(key, &message);
             }
         }
-        if let Some(band) = A::band(cx, path, params) {
+        if let Some(band) = A::band(params) {
             if !foreign {
                 out.push(band);
             }
         }
     }
-    (out.len() == list.len() && !out.is_empty()).then_some(out)
+    (out.len() == count && !out.is_empty()).then_some(out)
 }
 
 /// The Redis scripts compute in doubles, exact up to 2^53: a band whose
 /// time arithmetic could pass it is refused here rather than by the script
 /// at run time.
-fn exact_in_lua(cx: &mut Checker<'_>, path: &KeyPath, product_us: u128, what: &str) -> Option<()> {
+fn exact_in_lua(
+    params: &mut dyn Params,
+    name: &'static str,
+    product_us: u128,
+    what: &str,
+) -> Option<()> {
     if product_us >= 1 << 53 {
-        cx.error(
-            path,
-            At::Value,
-            format!("{what} in microseconds must stay below 2^53 (about 285 years)"),
-        );
+        let message = format!("{what} in microseconds must stay below 2^53 (about 285 years)");
+        params.refuse(name, &message);
         return None;
     }
     Some(())

@@ -12,11 +12,8 @@ use std::time::Duration;
 
 use super::{
     fixed_window, gcra, parse, profile, sliding_counter, sliding_log, token_bucket, BandProfile,
-    Spec,
+    Params, Spec,
 };
-use crate::config::locate::KeyPath;
-use crate::config::raw::Params;
-use crate::config::validate::check::Checker;
 use crate::limit::{Decision, Micros};
 
 macro_rules! register {
@@ -94,14 +91,10 @@ macro_rules! register {
             }
 
             /// The bands of a policy of this algorithm, each validated
-            /// from its raw parameters (errors reported to `cx`).
-            pub(crate) fn bands(
-                self,
-                cx: &mut Checker<'_>,
-                list: &[(KeyPath, &Params)],
-            ) -> Option<Bands> {
+            /// from its parameters as written (errors reported there).
+            pub fn bands(self, params: &mut dyn Params) -> Option<Bands> {
                 match self {
-                    $(Algorithm::$variant => parse::<$spec>(cx, list).map(Bands::$variant),)*
+                    $(Algorithm::$variant => parse::<$spec>(params).map(Bands::$variant),)*
                 }
             }
         }

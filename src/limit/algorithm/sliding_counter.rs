@@ -6,10 +6,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::{per_band, window, BandVerdict, Spec, WindowBand};
-use crate::config::locate::{At, KeyPath};
-use crate::config::raw::Params;
-use crate::config::validate::check::Checker;
+use super::{per_band, window, BandVerdict, Params, Spec, WindowBand};
 use crate::limit::{micros, Decision, Micros};
 
 pub struct SlidingCounter;
@@ -26,14 +23,13 @@ impl Spec for SlidingCounter {
     type Band = WindowBand;
     type State = Vec<BandState>;
 
-    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<WindowBand> {
-        let band = WindowBand::parse(cx, path, params)?;
+    fn band(params: &mut dyn Params) -> Option<WindowBand> {
+        let band = WindowBand::parse(params)?;
         // The weighting multiplies counts by whole milliseconds; past 2^53
         // the doubles Lua computes with are no longer exact.
         if u128::from(band.limit.get()) * band.window.as_millis() >= 1 << 53 {
-            cx.error(
-                &path.key("limit"),
-                At::Value,
+            params.refuse(
+                "limit",
                 "limit × window in milliseconds must stay below 2^53 for sliding-counter",
             );
             return None;

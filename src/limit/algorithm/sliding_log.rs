@@ -13,10 +13,7 @@ use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::{bind, window, BandVerdict, Spec, WindowBand};
-use crate::config::locate::KeyPath;
-use crate::config::raw::Params;
-use crate::config::validate::check::Checker;
+use super::{bind, window, BandVerdict, Params, Spec, WindowBand};
 use crate::limit::{micros, Decision, Micros};
 
 pub struct SlidingLog;
@@ -32,8 +29,8 @@ impl Spec for SlidingLog {
     type Band = WindowBand;
     type State = Log;
 
-    fn band(cx: &mut Checker<'_>, path: &KeyPath, params: &Params) -> Option<WindowBand> {
-        WindowBand::parse(cx, path, params)
+    fn band(params: &mut dyn Params) -> Option<WindowBand> {
+        WindowBand::parse(params)
     }
 
     fn quota(band: &WindowBand) -> (u32, Duration) {

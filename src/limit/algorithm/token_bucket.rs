@@ -5,10 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::{exact_in_lua, per_band, short, BandVerdict, Spec};
-use crate::config::locate::KeyPath;
-use crate::config::raw::Params;
-use crate::config::validate::check::{self, Checker};
+use super::{exact_in_lua, per_band, short, BandVerdict, Params, Spec};
 use crate::limit::{micros, Decision, Micros};
 
 /// Holds up to `capacity`; `refill_tokens` are added per whole
@@ -45,31 +42,17 @@ impl Spec for TokenBucket {
     type Band = BucketBand;
     type State = Vec<BandState>;
 
-    fn band(cx: &mut Checker<'_>, path: &KeyPath, p: &Params) -> Option<BucketBand> {
-        let capacity = cx.required(&path.key("capacity"), p.capacity.as_ref(), check::positive);
-        let refill_tokens = cx.optional(
-            &path.key("refill_tokens"),
-            p.refill_tokens.as_ref(),
-            NonZeroU32::MIN,
-            check::positive,
-        );
-        let refill_every = cx.required(
-            &path.key("refill_every"),
-            p.refill_every.as_ref(),
-            check::window,
-        );
+    fn band(params: &mut dyn Params) -> Option<BucketBand> {
+        let capacity = params.count("capacity", None);
+        let refill_tokens = params.count("refill_tokens", Some(NonZeroU32::MIN));
+        let refill_every = params.window("refill_every");
         let band = BucketBand {
             capacity: capacity?,
             refill_tokens: refill_tokens?,
             refill_every: refill_every?,
         };
         let product = u128::from(band.capacity.get()) * band.refill_every.as_micros();
-        exact_in_lua(
-            cx,
-            &path.key("capacity"),
-            product,
-            "capacity × refill_every",
-        )?;
+        exact_in_lua(params, "capacity", product, "capacity × refill_every")?;
         Some(band)
     }
 

@@ -6,9 +6,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::short;
-use crate::config::locate::KeyPath;
-use crate::config::raw::Params;
-use crate::config::validate::check::{self, Checker};
+use super::Params;
 use crate::limit::micros;
 
 /// `limit` units per `window`.
@@ -25,9 +23,9 @@ pub(super) const PARAMETERS: &[&str] = &["limit", "window"];
 pub(super) const RESET_BY: &[&str] = &["window"];
 
 impl WindowBand {
-    pub(super) fn parse(cx: &mut Checker<'_>, path: &KeyPath, p: &Params) -> Option<WindowBand> {
-        let limit = cx.required(&path.key("limit"), p.limit.as_ref(), check::positive);
-        let window = cx.required(&path.key("window"), p.window.as_ref(), check::window);
+    pub(super) fn parse(params: &mut dyn Params) -> Option<WindowBand> {
+        let limit = params.count("limit", None);
+        let window = params.window("window");
         Some(WindowBand {
             limit: limit?,
             window: window?,

@@ -29,7 +29,7 @@ use crate::limit::{Decision, LimitPolicy};
 use crate::path;
 use crate::route::{Limit, Route};
 use crate::store::in_flight::{InFlight, Permit};
-use crate::store::{Evaluation, EvaluationId, Source, Store};
+use crate::store::{Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::{Body, Holding};
@@ -45,7 +45,7 @@ use super::upstream::Tunnels;
 use super::upstream::{self, Upstream};
 use super::verdict::Verdict;
 use super::ConnInfo;
-use plan::{Judgement, Passed, Rated, Refusal};
+use plan::{Judgement, Passed, Refusal};
 
 pub struct Proxy {
     runtime: SharedRuntime,
@@ -232,21 +232,7 @@ impl Proxy {
         live: &Live,
         arrival: Instant,
     ) -> Judgement<'a, 'r> {
-        let deadline = arrival + live.store.budget;
-        let (limits, evaluations): (SmallVec<[_; 2]>, SmallVec<[_; 2]>) = checks
-            .iter()
-            .filter_map(|check| {
-                let policy = check.limit().policy.as_rate()?;
-                let evaluation = Evaluation {
-                    policy: policy.as_ref(),
-                    subject: &check.subject,
-                    cost: check.limit().cost,
-                    deadline,
-                    id: EvaluationId::random(),
-                };
-                Some(((check, policy), evaluation))
-            })
-            .unzip();
+        let (limits, evaluations) = plan::asked(checks, arrival + live.store.budget);
         if limits.is_empty() {
             return Judgement::Passed(Passed::new());
         }
@@ -258,15 +244,7 @@ impl Proxy {
             .decision_duration
             .record(arrival.elapsed().as_secs_f64());
 
-        let rated: SmallVec<[Rated<'_, 'a, 'r>; 2]> = limits
-            .iter()
-            .zip(&evaluations)
-            .map(|(&(check, policy), evaluation)| Rated {
-                check,
-                policy,
-                evaluation,
-            })
-            .collect();
+        let rated = plan::rated(&limits, &evaluations);
         let plan = plan::plan(&rated, &outcomes, live);
         let judgement = if plan.locals().next().is_none() {
             plan.settled(live)

@@ -28,7 +28,7 @@ use crate::config::Live;
 use crate::limit::{Decision, LimitPolicy, Outcome, Policy, Unavailable};
 use crate::path;
 use crate::route::SubjectSource;
-use crate::store::{Evaluation, EvaluationId, Outcomes, Store};
+use crate::store::{Outcomes, Store};
 use crate::subject::{Pseudonym, Resolved};
 
 use super::fallback::Fallback;
@@ -119,30 +119,8 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
 
     // Each rate limit as the store would answer it now, charging nothing.
     let deadline = Instant::now() + live.store.budget;
-    let (limits, evaluations): (Vec<_>, Vec<_>) = routed
-        .checks
-        .iter()
-        .filter_map(|check| {
-            let policy = check.limit().policy.as_rate()?;
-            let evaluation = Evaluation {
-                policy,
-                subject: &check.subject,
-                cost: check.limit().cost,
-                deadline,
-                id: EvaluationId::random(),
-            };
-            Some(((check, policy), evaluation))
-        })
-        .collect();
-    let rated: Vec<Rated<'_, '_, '_>> = limits
-        .iter()
-        .zip(&evaluations)
-        .map(|(&(check, policy), evaluation)| Rated {
-            check,
-            policy,
-            evaluation,
-        })
-        .collect();
+    let (limits, evaluations) = plan::asked(&routed.checks, deadline);
+    let rated = plan::rated(&limits, &evaluations);
     let read = match source {
         Source::Store(store, fallback) => {
             let mut outcomes = Outcomes::empty();

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::config::Config;
 use crate::store::memory::MemoryStore;
+use crate::store::{Evaluation, EvaluationId};
 use crate::subject::PseudonymKey;
 
 /// `/shadow` under a shadow limit of 1, `/open` unlimited, the rest by

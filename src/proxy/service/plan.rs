@@ -23,11 +23,12 @@ use std::sync::Arc;
 
 use http::Response;
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use crate::config::{self, Live, OnFailure};
 use crate::limit::{Decision, Outcome, Policy};
 use crate::route::Route;
-use crate::store::{Evaluation, Outcomes};
+use crate::store::{Evaluation, EvaluationId, Outcomes};
 
 use super::Check;
 use crate::proxy::body::Body;
@@ -44,6 +45,47 @@ pub(in crate::proxy) struct Rated<'e, 'a, 'r> {
     pub check: &'a Check<'r>,
     pub policy: &'r Arc<Policy>,
     pub evaluation: &'e Evaluation<'e>,
+}
+
+/// The rate limits among `checks`, in order, each with what the store is
+/// asked for it (a fresh evaluation id, due by `deadline`).
+pub(in crate::proxy) fn asked<'a, 'r>(
+    checks: &'a [Check<'r>],
+    deadline: Instant,
+) -> (Limits<'a, 'r>, SmallVec<[Evaluation<'a>; 2]>) {
+    checks
+        .iter()
+        .filter_map(|check| {
+            let policy = check.limit().policy.as_rate()?;
+            let evaluation = Evaluation {
+                policy,
+                subject: &check.subject,
+                cost: check.limit().cost,
+                deadline,
+                id: EvaluationId::random(),
+            };
+            Some(((check, policy), evaluation))
+        })
+        .unzip()
+}
+
+/// A request's rate limits and their policies, as [`asked`] finds them.
+pub(in crate::proxy) type Limits<'a, 'r> = SmallVec<[(&'a Check<'r>, &'r Arc<Policy>); 2]>;
+
+/// Each of `limits` with its evaluation, for [`plan`].
+pub(in crate::proxy) fn rated<'e, 'a, 'r>(
+    limits: &[(&'a Check<'r>, &'r Arc<Policy>)],
+    evaluations: &'e [Evaluation<'e>],
+) -> SmallVec<[Rated<'e, 'a, 'r>; 2]> {
+    limits
+        .iter()
+        .zip(evaluations)
+        .map(|(&(check, policy), evaluation)| Rated {
+            check,
+            policy,
+            evaluation,
+        })
+        .collect()
 }
 
 /// What one limit's answer asks of the request.

@@ -111,29 +111,8 @@ fn judge(runtime: &Runtime, routes: &[usize], outcomes: &Outcomes, fallback: &Fa
             })
         })
         .collect();
-    let (limits, evaluations): (Vec<_>, Vec<_>) = checks
-        .iter()
-        .filter_map(|check| {
-            let policy = check.limit().policy.as_rate()?;
-            let evaluation = Evaluation {
-                policy,
-                subject: &check.subject,
-                cost: check.limit().cost,
-                deadline: Instant::now(),
-                id: EvaluationId(0),
-            };
-            Some(((check, policy), evaluation))
-        })
-        .collect();
-    let rated: Vec<Rated<'_, '_, '_>> = limits
-        .iter()
-        .zip(&evaluations)
-        .map(|(&(check, policy), evaluation)| Rated {
-            check,
-            policy,
-            evaluation,
-        })
-        .collect();
+    let (limits, evaluations) = asked(&checks, Instant::now());
+    let rated = rated(&limits, &evaluations);
     let live = &*runtime.live;
     let plan = plan(&rated, outcomes, live);
     let asked: Vec<_> = plan.locals().collect();

@@ -11,7 +11,7 @@ use arbitrary::Arbitrary;
 use http::header::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use sfv::{BareItem, Integer, ListEntry, Parser, Version};
-use sluice::limit::{Bands, BucketBand, Decision, GcraBand, LimitPolicy, Policy, WindowBand};
+use sluice::limit::{Algorithm, Bands, BucketBand, Decision, GcraBand, LimitPolicy, Policy, WindowBand};
 use sluice::route::{Limit, Match, Route, SubjectSource};
 use sluice::proxy::respond::{add_ratelimit_headers, Prepared, RATELIMIT, RATELIMIT_POLICY};
 
@@ -43,11 +43,14 @@ fn bands(input: &Input) -> Option<Bands> {
             .map(|&(limit, window)| WindowBand { limit, window })
             .collect()
     };
-    Some(match input.algorithm % 5 {
-        0 => Bands::FixedWindow(windows()),
-        1 => Bands::SlidingCounter(windows()),
-        2 => Bands::SlidingLog(windows()),
-        3 => Bands::TokenBucket(
+    // Every registered algorithm; the match fails to compile until a new
+    // one can be built here.
+    let algorithm = Algorithm::ALL[usize::from(input.algorithm) % Algorithm::ALL.len()];
+    Some(match algorithm {
+        Algorithm::FixedWindow => Bands::FixedWindow(windows()),
+        Algorithm::SlidingCounter => Bands::SlidingCounter(windows()),
+        Algorithm::SlidingLog => Bands::SlidingLog(windows()),
+        Algorithm::TokenBucket => Bands::TokenBucket(
             list.iter()
                 .map(|&(limit, window)| BucketBand {
                     capacity: limit,
@@ -56,7 +59,7 @@ fn bands(input: &Input) -> Option<Bands> {
                 })
                 .collect(),
         ),
-        _ => Bands::Gcra(
+        Algorithm::Gcra => Bands::Gcra(
             list.iter()
                 .map(|&(limit, window)| GcraBand {
                     limit,

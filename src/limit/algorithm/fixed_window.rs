@@ -1,7 +1,6 @@
 //! Fixed window: `limit` units per window aligned to multiples of `window`
 //! since the Unix epoch, so every sidecar agrees where a window starts.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{per_band, window, BandVerdict, Params, Spec, WindowBand};
@@ -24,32 +23,8 @@ impl Spec for FixedWindow {
         WindowBand::parse(params)
     }
 
-    fn quota(band: &WindowBand) -> (u32, Duration) {
-        band.quota()
-    }
-
     fn horizon(band: &WindowBand) -> Duration {
         band.window
-    }
-
-    fn max_cost(band: &WindowBand) -> u32 {
-        band.limit.get()
-    }
-
-    fn lua_args(band: &WindowBand) -> Vec<u64> {
-        band.lua_args()
-    }
-
-    fn revision(band: &WindowBand) -> String {
-        band.revision()
-    }
-
-    fn describe(band: &WindowBand) -> String {
-        band.describe()
-    }
-
-    fn shared(band: &WindowBand, share: NonZeroU32) -> WindowBand {
-        band.shared(share)
     }
 
     fn fresh(bands: &[WindowBand]) -> Vec<BandState> {

@@ -5,7 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::{exact_in_lua, per_band, short, BandVerdict, Params, Spec};
+use super::{exact_in_lua, per_band, short, BandSpec, BandVerdict, Params, Spec};
 use crate::limit::{micros, Decision, Micros};
 
 /// A smooth rate of `limit` per `window`, at most `burst` at once.
@@ -65,47 +65,8 @@ impl Spec for Gcra {
         Some(band)
     }
 
-    fn quota(band: &GcraBand) -> (u32, Duration) {
-        (band.limit.get(), band.window)
-    }
-
     fn horizon(band: &GcraBand) -> Duration {
         band.burst_span()
-    }
-
-    fn max_cost(band: &GcraBand) -> u32 {
-        band.burst.get()
-    }
-
-    /// The script derives `T` and `tau` from these itself.
-    fn lua_args(band: &GcraBand) -> Vec<u64> {
-        vec![
-            u64::from(band.limit.get()),
-            micros(band.window),
-            u64::from(band.burst.get()),
-        ]
-    }
-
-    fn revision(band: &GcraBand) -> String {
-        format!(
-            ";limit={},window_ms={}",
-            band.limit,
-            band.window.as_millis()
-        )
-    }
-
-    /// `60/1m burst 10`.
-    fn describe(band: &GcraBand) -> String {
-        format!("{}/{} burst {}", band.limit, short(band.window), band.burst)
-    }
-
-    /// The rate (`limit` per `window`) and the burst both divided.
-    fn shared(band: &GcraBand, share: NonZeroU32) -> GcraBand {
-        GcraBand {
-            limit: super::divided(band.limit, share),
-            window: band.window,
-            burst: super::divided(band.burst, share),
-        }
     }
 
     fn fresh(bands: &[GcraBand]) -> Vec<BandState> {
@@ -119,6 +80,47 @@ impl Spec for Gcra {
         cost: u32,
     ) -> Decision {
         per_band::<Self, _>(bands, state, now, cost, check)
+    }
+}
+
+impl BandSpec for GcraBand {
+    fn quota(&self) -> (u32, Duration) {
+        (self.limit.get(), self.window)
+    }
+
+    fn max_cost(&self) -> u32 {
+        self.burst.get()
+    }
+
+    /// The script derives `T` and `tau` from these itself.
+    fn lua_args(&self) -> Vec<u64> {
+        vec![
+            u64::from(self.limit.get()),
+            micros(self.window),
+            u64::from(self.burst.get()),
+        ]
+    }
+
+    fn revision(&self) -> String {
+        format!(
+            ";limit={},window_ms={}",
+            self.limit,
+            self.window.as_millis()
+        )
+    }
+
+    /// `60/1m burst 10`.
+    fn describe(&self) -> String {
+        format!("{}/{} burst {}", self.limit, short(self.window), self.burst)
+    }
+
+    /// The rate (`limit` per `window`) and the burst both divided.
+    fn shared(&self, share: NonZeroU32) -> GcraBand {
+        GcraBand {
+            limit: super::divided(self.limit, share),
+            window: self.window,
+            burst: super::divided(self.burst, share),
+        }
     }
 }
 

@@ -8,13 +8,14 @@
 //! numbers its Lua script is compiled with and the script itself
 //! (`include_str!` of `lua/<name>.lua`), the text its derived revision is
 //! made of, and its `sluice check` description. It says all of this by
-//! implementing [`Spec`]; the rest of sluice reaches it only through
+//! implementing [`Spec`] and [`BandSpec`]; the rest of sluice reaches it only through
 //! [`Bands`], [`Algorithm`] and [`evaluate`], which `registry.rs` generates
 //! from one list.
 //!
 //! Adding a sixth algorithm takes:
-//! 1. its module here, implementing [`Spec`], and its `mod` line below
-//!    (its vector table goes beside the others in `tests/`);
+//! 1. its module here, implementing [`Spec`] (and [`BandSpec`] for its
+//!    band, unless it reuses one), and its `mod` line below (its vector
+//!    table goes beside the others in `tests/`);
 //! 2. its script, `lua/<name>.lua`, marking where `lua/common.lua` goes
 //!    with `-- @common`, and its refund, `lua/refund/<name>.lua`;
 //! 3. one line in the `register!` list in `registry.rs`.
@@ -81,7 +82,7 @@ pub trait Spec {
     /// else, so the derived revision (and with it every count) starts
     /// afresh; a change to any other parameter keeps the counts. The
     /// algorithm itself and the number and order of bands always do.
-    /// [`Spec::revision`] is made of exactly these (a unit test checks).
+    /// [`BandSpec::revision`] is made of exactly these (a unit test checks).
     const RESET_BY: &'static [&'static str];
     /// Whether it admits exactly its limit. Only the sliding counter
     /// estimates.
@@ -103,7 +104,7 @@ pub trait Spec {
     /// The script says the same (`local per_band = …`; a unit test checks).
     const STATE_NUMBERS: usize;
 
-    type Band: Debug + Clone + PartialEq + Eq + Hash;
+    type Band: BandSpec;
     /// One subject's state under every band of a policy.
     type State: Debug + Clone + PartialEq + Eq;
 
@@ -111,28 +112,9 @@ pub trait Spec {
     /// Parameters outside [`Spec::PARAMETERS`] are already reported.
     fn band(params: &mut dyn Params) -> Option<Self::Band>;
 
-    /// `(quota, window)` for `RateLimit-Policy` (`q`, `w`) and `sluice
-    /// check`.
-    fn quota(band: &Self::Band) -> (u32, Duration);
     /// How long the band's state matters after its last admitted request:
     /// past this, dropping it is indistinguishable from keeping it.
     fn horizon(band: &Self::Band) -> Duration;
-    /// The largest cost the band could ever admit at once.
-    fn max_cost(band: &Self::Band) -> u32;
-    /// The band's numbers in `P_BAND_ARGS` (`lua/README.md`).
-    fn lua_args(band: &Self::Band) -> Vec<u64>;
-    /// The band's part of the derived revision: its [`Spec::RESET_BY`]
-    /// parameters. Changing what it is made of for an existing band
-    /// changes every derived revision, and so resets every counter.
-    fn revision(band: &Self::Band) -> String;
-    /// The band in the `LIMITS` column of `sluice check`.
-    fn describe(band: &Self::Band) -> String;
-    /// The band one of `share` sidecars enforces alone while the shared
-    /// store cannot decide (`on_failure: local`): its quota divided by
-    /// `share`, rounded down, never below 1 (see [`divided`]). What
-    /// "quota" means is the algorithm's to say; docs/REDIS.md, "When the store is
-    /// down: local fallback", lists them.
-    fn shared(band: &Self::Band, share: NonZeroU32) -> Self::Band;
 
     /// A subject never seen before. Needs no `now`: the fresh state is
     /// written so that the step gives exactly the spec's "never seen"
@@ -141,6 +123,31 @@ pub trait Spec {
     /// Checks every band; charges all of them only if all admit `cost`. A
     /// state that does not fit `bands` reads as a subject never seen.
     fn evaluate(bands: &[Self::Band], state: &mut Self::State, now: Micros, cost: u32) -> Decision;
+}
+
+/// What one band provides, whichever algorithm reads it: the three window
+/// algorithms share [`WindowBand`], so these are written once for it.
+pub trait BandSpec: Debug + Clone + PartialEq + Eq + Hash {
+    /// `(quota, window)` for `RateLimit-Policy` (`q`, `w`) and `sluice
+    /// check`.
+    fn quota(&self) -> (u32, Duration);
+    /// The largest cost the band could ever admit at once.
+    fn max_cost(&self) -> u32;
+    /// The band's numbers in `P_BAND_ARGS` (`lua/README.md`).
+    fn lua_args(&self) -> Vec<u64>;
+    /// The band's part of the derived revision: its algorithm's
+    /// [`Spec::RESET_BY`] parameters. Changing what it is made of for an
+    /// existing band changes every derived revision, and so resets every
+    /// counter.
+    fn revision(&self) -> String;
+    /// The band in the `LIMITS` column of `sluice check`.
+    fn describe(&self) -> String;
+    /// The band one of `share` sidecars enforces alone while the shared
+    /// store cannot decide (`on_failure: local`): its quota divided by
+    /// `share`, rounded down, never below 1 (see [`divided`]). What
+    /// "quota" means is the band's to say; docs/REDIS.md, "When the store
+    /// is down: local fallback", lists them.
+    fn shared(&self, share: NonZeroU32) -> Self;
 }
 
 /// Everything sluice derives from one band, gathered when a policy loads.
@@ -156,15 +163,15 @@ pub struct BandProfile {
 }
 
 fn profile<A: Spec>(band: &A::Band) -> BandProfile {
-    let (quota, window) = A::quota(band);
+    let (quota, window) = band.quota();
     BandProfile {
         quota,
         window,
         horizon: A::horizon(band),
-        max_cost: A::max_cost(band),
-        lua_args: A::lua_args(band),
-        revision: A::revision(band),
-        description: A::describe(band),
+        max_cost: band.max_cost(),
+        lua_args: band.lua_args(),
+        revision: band.revision(),
+        description: band.describe(),
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::{
     fixed_window, gcra, parse, profile, sliding_counter, sliding_log, token_bucket, BandProfile,
-    Params, Spec,
+    BandSpec, Params, Spec,
 };
 use crate::limit::{Decision, Micros};
 
@@ -121,11 +121,11 @@ macro_rules! register {
             }
 
             /// Every band as one of `share` sidecars enforces it alone
-            /// (see [`Spec::shared`]).
+            /// (see [`BandSpec::shared`]).
             pub fn shared(&self, share: NonZeroU32) -> Bands {
                 match self {
                     $(Bands::$variant(b) => Bands::$variant(
-                        b.iter().map(|band| <$spec as Spec>::shared(band, share)).collect(),
+                        b.iter().map(|band| band.shared(share)).collect(),
                     ),)*
                 }
             }

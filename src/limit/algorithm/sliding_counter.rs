@@ -3,7 +3,6 @@
 //! still covers (Cloudflare's estimate). The weighting is in whole
 //! milliseconds so the Lua side's products stay exact in doubles.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{per_band, window, BandVerdict, Params, Spec, WindowBand};
@@ -37,33 +36,9 @@ impl Spec for SlidingCounter {
         Some(band)
     }
 
-    fn quota(band: &WindowBand) -> (u32, Duration) {
-        band.quota()
-    }
-
     /// The previous window still weighs on the current one.
     fn horizon(band: &WindowBand) -> Duration {
         band.window.saturating_mul(2)
-    }
-
-    fn max_cost(band: &WindowBand) -> u32 {
-        band.limit.get()
-    }
-
-    fn lua_args(band: &WindowBand) -> Vec<u64> {
-        band.lua_args()
-    }
-
-    fn revision(band: &WindowBand) -> String {
-        band.revision()
-    }
-
-    fn describe(band: &WindowBand) -> String {
-        band.describe()
-    }
-
-    fn shared(band: &WindowBand, share: NonZeroU32) -> WindowBand {
-        band.shared(share)
     }
 
     fn fresh(bands: &[WindowBand]) -> Vec<BandState> {

@@ -10,7 +10,6 @@
 //! searches rather than scans of up to `limit` entries.
 
 use std::collections::VecDeque;
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::{bind, window, BandVerdict, Params, Spec, WindowBand};
@@ -33,32 +32,8 @@ impl Spec for SlidingLog {
         WindowBand::parse(params)
     }
 
-    fn quota(band: &WindowBand) -> (u32, Duration) {
-        band.quota()
-    }
-
     fn horizon(band: &WindowBand) -> Duration {
         band.window
-    }
-
-    fn max_cost(band: &WindowBand) -> u32 {
-        band.limit.get()
-    }
-
-    fn lua_args(band: &WindowBand) -> Vec<u64> {
-        band.lua_args()
-    }
-
-    fn revision(band: &WindowBand) -> String {
-        band.revision()
-    }
-
-    fn describe(band: &WindowBand) -> String {
-        band.describe()
-    }
-
-    fn shared(band: &WindowBand, share: NonZeroU32) -> WindowBand {
-        band.shared(share)
     }
 
     fn fresh(_: &[WindowBand]) -> Log {

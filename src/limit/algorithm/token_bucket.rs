@@ -5,7 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::{exact_in_lua, per_band, short, BandVerdict, Params, Spec};
+use super::{exact_in_lua, per_band, short, BandSpec, BandVerdict, Params, Spec};
 use crate::limit::{micros, Decision, Micros};
 
 /// Holds up to `capacity`; `refill_tokens` are added per whole
@@ -56,60 +56,8 @@ impl Spec for TokenBucket {
         Some(band)
     }
 
-    /// A bucket's window is the time to refill it whole.
-    fn quota(band: &BucketBand) -> (u32, Duration) {
-        (band.capacity.get(), band.full_refill())
-    }
-
     fn horizon(band: &BucketBand) -> Duration {
         band.full_refill()
-    }
-
-    fn max_cost(band: &BucketBand) -> u32 {
-        band.capacity.get()
-    }
-
-    fn lua_args(band: &BucketBand) -> Vec<u64> {
-        vec![
-            u64::from(band.capacity.get()),
-            u64::from(band.refill_tokens.get()),
-            micros(band.refill_every),
-        ]
-    }
-
-    fn revision(_: &BucketBand) -> String {
-        String::from(";bucket")
-    }
-
-    /// `5 (+1/10s)`.
-    fn describe(band: &BucketBand) -> String {
-        format!(
-            "{} (+{}/{})",
-            band.capacity,
-            band.refill_tokens,
-            short(band.refill_every)
-        )
-    }
-
-    /// Capacity and refill rate both divided. The rate is divided by
-    /// tokens while there are at least `share` of them per period;
-    /// otherwise by stretching the period (`refill_tokens` every
-    /// `refill_every × share`), so a slow bucket is not handed the whole
-    /// fleet's rate by rounding its one token up.
-    fn shared(band: &BucketBand, share: NonZeroU32) -> BucketBand {
-        let (refill_tokens, refill_every) = if band.refill_tokens >= share {
-            (super::divided(band.refill_tokens, share), band.refill_every)
-        } else {
-            (
-                band.refill_tokens,
-                band.refill_every.saturating_mul(share.get()),
-            )
-        };
-        BucketBand {
-            capacity: super::divided(band.capacity, share),
-            refill_tokens,
-            refill_every,
-        }
     }
 
     fn fresh(bands: &[BucketBand]) -> Vec<BandState> {
@@ -123,6 +71,60 @@ impl Spec for TokenBucket {
         cost: u32,
     ) -> Decision {
         per_band::<Self, _>(bands, state, now, cost, check)
+    }
+}
+
+impl BandSpec for BucketBand {
+    /// A bucket's window is the time to refill it whole.
+    fn quota(&self) -> (u32, Duration) {
+        (self.capacity.get(), self.full_refill())
+    }
+
+    fn max_cost(&self) -> u32 {
+        self.capacity.get()
+    }
+
+    fn lua_args(&self) -> Vec<u64> {
+        vec![
+            u64::from(self.capacity.get()),
+            u64::from(self.refill_tokens.get()),
+            micros(self.refill_every),
+        ]
+    }
+
+    fn revision(&self) -> String {
+        String::from(";bucket")
+    }
+
+    /// `5 (+1/10s)`.
+    fn describe(&self) -> String {
+        format!(
+            "{} (+{}/{})",
+            self.capacity,
+            self.refill_tokens,
+            short(self.refill_every)
+        )
+    }
+
+    /// Capacity and refill rate both divided. The rate is divided by
+    /// tokens while there are at least `share` of them per period;
+    /// otherwise by stretching the period (`refill_tokens` every
+    /// `refill_every × share`), so a slow bucket is not handed the whole
+    /// fleet's rate by rounding its one token up.
+    fn shared(&self, share: NonZeroU32) -> BucketBand {
+        let (refill_tokens, refill_every) = if self.refill_tokens >= share {
+            (super::divided(self.refill_tokens, share), self.refill_every)
+        } else {
+            (
+                self.refill_tokens,
+                self.refill_every.saturating_mul(share.get()),
+            )
+        };
+        BucketBand {
+            capacity: super::divided(self.capacity, share),
+            refill_tokens,
+            refill_every,
+        }
     }
 }
 

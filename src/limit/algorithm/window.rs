@@ -5,8 +5,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::short;
-use super::Params;
+use super::{short, BandSpec, Params};
 use crate::limit::micros;
 
 /// `limit` units per `window`.
@@ -31,32 +30,38 @@ impl WindowBand {
             window: window?,
         })
     }
+}
 
-    pub(super) fn quota(&self) -> (u32, Duration) {
+impl BandSpec for WindowBand {
+    fn quota(&self) -> (u32, Duration) {
         (self.limit.get(), self.window)
     }
 
     /// `limit / share` per the same window: the three window algorithms
     /// count requests per window, and that count is their quota.
-    pub(super) fn shared(&self, share: NonZeroU32) -> WindowBand {
+    fn shared(&self, share: NonZeroU32) -> WindowBand {
         WindowBand {
             limit: super::divided(self.limit, share),
             window: self.window,
         }
     }
 
-    pub(super) fn lua_args(&self) -> Vec<u64> {
+    fn max_cost(&self) -> u32 {
+        self.limit.get()
+    }
+
+    fn lua_args(&self) -> Vec<u64> {
         vec![u64::from(self.limit.get()), micros(self.window)]
     }
 
     /// A count in an aligned window: the window gives it its meaning, the
     /// limit only says how far it may go.
-    pub(super) fn revision(&self) -> String {
+    fn revision(&self) -> String {
         format!(";window_ms={}", self.window.as_millis())
     }
 
     /// `10/1s`.
-    pub(super) fn describe(&self) -> String {
+    fn describe(&self) -> String {
         format!("{}/{}", self.limit, short(self.window))
     }
 }

@@ -6,8 +6,9 @@
 //! in `docs/CONFIGURATION.md` is generated from it, and tests hold the
 //! chart's `values.yaml` and the boot part's restart-only keys to it.
 //!
-//! `policies`, `routes` and `default` are maps and lists of the user's
-//! own names, described in the configuration reference by hand.
+//! [`ENTRIES`] does the same for the keys of one policy, one route and
+//! `default` (`policies.NAME.shadow`, `routes[].cost`): maps and lists of
+//! the user's own names, every one of them applied on reload.
 
 use std::fmt::Write as _;
 
@@ -33,10 +34,12 @@ pub enum Absent {
     Unset(&'static str),
 }
 
-/// One key of a section.
+/// One key of a section, or of one entry of `policies` or `routes`.
 #[derive(Debug, Clone, Copy)]
 pub struct Key {
-    /// Dotted, from the top of the file: `server.shutdown_delay`.
+    /// Dotted, from the top of the file: `server.shutdown_delay`; in an
+    /// entry, `NAME` stands for a policy's name and `[]` for any index:
+    /// `policies.NAME.shadow`, `routes[].limits[].cost`.
     pub path: &'static str,
     pub kind: &'static str,
     pub default: Absent,
@@ -48,6 +51,23 @@ impl Key {
     /// The name within its section.
     pub fn name(&self) -> &'static str {
         self.path.rsplit('.').next().unwrap_or(self.path)
+    }
+
+    /// Whether `at` (`routes[2].cost`) is this key's place.
+    pub fn is_at(&self, at: &str) -> bool {
+        let mut ours = self.path.split('.');
+        let mut theirs = at.split('.');
+        loop {
+            match (ours.next(), theirs.next()) {
+                (None, None) => return true,
+                (Some(a), Some(b)) if a == "NAME" || a == b => {}
+                (Some(a), Some(b)) => match (a.strip_suffix("[]"), b.split_once('[')) {
+                    (Some(list), Some((name, index))) if list == name && index.ends_with(']') => {}
+                    _ => return false,
+                },
+                _ => return false,
+            }
+        }
     }
 
     /// The literal default, for a key that has one.
@@ -62,7 +82,7 @@ impl Key {
 }
 
 macro_rules! keys {
-    ($($name:ident: $path:literal, $kind:literal, $default:expr, $applied:ident, $meaning:literal;)*) => {
+    ($list:ident: $($name:ident: $path:literal, $kind:literal, $default:expr, $applied:ident, $meaning:literal;)*) => {
         $(pub const $name: Key = Key {
             path: $path,
             kind: $kind,
@@ -71,13 +91,13 @@ macro_rules! keys {
             meaning: $meaning,
         };)*
         /// Every key, in the order of the reference.
-        pub const ALL: &[Key] = &[$($name),*];
+        pub const $list: &[Key] = &[$($name),*];
     };
 }
 
 use Absent::{Derived, Required, Unset, Value};
 
-keys! {
+keys! { ALL:
     SERVER_LISTEN: "server.listen", "address", Required, Restart,
         "where traffic comes in, `IP:PORT`";
     SERVER_ADMIN: "server.admin", "address", Unset("no admin listener"), Restart,
@@ -188,16 +208,92 @@ keys! {
         "also send `RateLimit` fields on forwarded responses; 429 and 503 always carry them";
 }
 
-/// The key at `path`.
-pub fn find(path: &str) -> Option<&'static Key> {
-    ALL.iter().find(|k| k.path == path)
+keys! { ENTRIES:
+    POLICY_ALGORITHM: "policies.NAME.algorithm", "text", Required, Reload,
+        "`fixed-window`, `sliding-counter`, `sliding-log`, `token-bucket`, `gcra` or `concurrency`";
+    POLICY_LIMIT: "policies.NAME.limit", "number", Required, Reload,
+        "units per `window` (concurrency: requests in flight); not for token-bucket";
+    POLICY_WINDOW: "policies.NAME.window", "duration", Required, Reload,
+        "the window of `limit`: fixed-window, sliding-counter, sliding-log, gcra";
+    POLICY_CAPACITY: "policies.NAME.capacity", "number", Required, Reload,
+        "token-bucket: tokens a full bucket holds";
+    POLICY_REFILL_TOKENS: "policies.NAME.refill_tokens", "number", Value("1"), Reload,
+        "token-bucket: tokens added every `refill_every`";
+    POLICY_REFILL_EVERY: "policies.NAME.refill_every", "duration", Required, Reload,
+        "token-bucket: how often `refill_tokens` are added";
+    POLICY_BURST: "policies.NAME.burst", "number", Derived("`limit`"), Reload,
+        "gcra: most units admitted at once";
+    POLICY_BANDS: "policies.NAME.bands", "list", Unset("one band, its parameters written in the policy"), Reload,
+        "several bands of the policy's algorithm, each with its own parameters; all must pass";
+    POLICY_SHADOW: "policies.NAME.shadow", "`true`, `false`", Value("false"), Reload,
+        "decide and count, but forward what the policy would refuse";
+    POLICY_REVISION: "policies.NAME.revision", "text", Derived("from the parameters whose change alters what a count means"), Reload,
+        "counts are kept while it stays the same; a new one starts them afresh";
+    POLICY_ON_FAILURE: "policies.NAME.on_failure", "text", Derived("`store.on_failure`"), Reload,
+        "this policy's answer when the store cannot decide";
+    POLICY_RETRY_AFTER: "policies.NAME.retry_after", "duration", Value("1s"), Reload,
+        "concurrency: `Retry-After` of the 503 over its limit; > 0";
+    ROUTE_NAME: "routes[].name", "text", Required, Reload,
+        "the route's name in metrics, logs and `sluice check`; unique";
+    ROUTE_MATCH_METHODS: "routes[].match.methods", "list", Unset("any method"), Reload,
+        "the methods the route matches";
+    ROUTE_MATCH_PATH: "routes[].match.path", "text", Unset("any path"), Reload,
+        "the whole path, `{name}` standing for one segment; excludes `path_prefix`";
+    ROUTE_MATCH_PATH_PREFIX: "routes[].match.path_prefix", "text", Unset("any path"), Reload,
+        "a path and everything below it, by whole segments";
+    ROUTE_MATCH_CASE_SENSITIVE: "routes[].match.case_sensitive", "`true`, `false`", Value("true"), Reload,
+        "`false`: the path matches in any case";
+    ROUTE_MATCH_FORMAT_SUFFIX: "routes[].match.format_suffix", "`true`, `false`", Value("false"), Reload,
+        "also match the path with a format suffix (`/users/1.json`)";
+    ROUTE_POLICY: "routes[].policy", "text", Required, Reload,
+        "a policy's name, or `none` for no limit; unless `limits` is written";
+    ROUTE_SUBJECT: "routes[].subject", "list", Value("client_ip"), Reload,
+        "who is counted: `client_ip`, `header:NAME` (several: combined), or `global`";
+    ROUTE_COST: "routes[].cost", "number", Value("1"), Reload,
+        "units one request takes from the policy; not for concurrency";
+    ROUTE_LIMITS: "routes[].limits", "list", Unset("one limit: `policy`, `subject`, `cost`"), Reload,
+        "several limits, each `{ policy, subject, cost }`; every one must pass";
+    ROUTE_LIMITS_POLICY: "routes[].limits[].policy", "text", Required, Reload,
+        "this limit's policy";
+    ROUTE_LIMITS_SUBJECT: "routes[].limits[].subject", "list", Value("client_ip"), Reload,
+        "this limit's subject";
+    ROUTE_LIMITS_COST: "routes[].limits[].cost", "number", Value("1"), Reload,
+        "this limit's cost";
+    ROUTE_UPGRADES: "routes[].upgrades", "list", Value("[websocket]"), Reload,
+        "the `Upgrade` protocols the route passes on; `[]` passes none";
+    DEFAULT_ROUTE_POLICY: "default.policy", "text", Required, Reload,
+        "the policy of a request no route matches, or `none`; no `default` at all is `policy: none`";
+    DEFAULT_ROUTE_SUBJECT: "default.subject", "list", Value("client_ip"), Reload,
+        "its subject";
+    DEFAULT_ROUTE_LIMITS: "default.limits", "list", Unset("one limit, or none"), Reload,
+        "several limits, as in a route";
+    DEFAULT_ROUTE_LIMITS_POLICY: "default.limits[].policy", "text", Required, Reload,
+        "each limit's policy";
+    DEFAULT_ROUTE_LIMITS_SUBJECT: "default.limits[].subject", "list", Value("client_ip"), Reload,
+        "each limit's subject";
+    DEFAULT_ROUTE_LIMITS_COST: "default.limits[].cost", "number", Value("1"), Reload,
+        "each limit's cost";
+    DEFAULT_ROUTE_UPGRADES: "default.upgrades", "list", Value("[websocket]"), Reload,
+        "the `Upgrade` protocols passed on for it";
 }
 
-/// The table, as the configuration reference shows it.
+/// The key at `path`.
+pub fn find(path: &str) -> Option<&'static Key> {
+    ALL.iter().chain(ENTRIES).find(|k| k.path == path)
+}
+
+/// Both tables, as the configuration reference shows them.
 pub fn markdown() -> String {
+    let mut out = table(ALL);
+    out.push_str("\nIn each policy, each route and `default`:\n\n");
+    out.push_str(&table(ENTRIES));
+    out
+}
+
+fn table(keys: &[Key]) -> String {
     let mut out =
         String::from("| key | type | default | applied | meaning |\n|---|---|---|---|---|\n");
-    for key in ALL {
+    for key in keys {
         let default = match key.default {
             Value(value) => format!("`{value}`"),
             Derived(how) => how.to_owned(),
@@ -221,7 +317,7 @@ pub fn markdown() -> String {
 /// it would be written.
 pub fn text() -> String {
     let mut out = String::new();
-    for key in ALL {
+    for key in ALL.iter().chain(ENTRIES) {
         let default = match key.default {
             Value(value) => value.to_owned(),
             Derived(how) => format!("({how})"),

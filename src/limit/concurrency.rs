@@ -19,9 +19,6 @@ pub struct Concurrency {
     pub retry_after: Duration,
 }
 
-/// `retry_after` when the policy does not say.
-pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
-
 /// What a route's limit names: a rate policy, evaluated by the store, or a
 /// concurrency policy, counted in this process.
 #[derive(Debug, Clone, PartialEq, Eq)]

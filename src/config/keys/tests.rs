@@ -230,18 +230,18 @@ fn the_charts_values_write_the_same_defaults() {
 
 #[test]
 fn every_key_is_listed_once_with_a_meaning() {
-    let mut paths: Vec<&str> = ALL.iter().map(|k| k.path).collect();
+    let mut paths: Vec<&str> = ALL.iter().chain(ENTRIES).map(|k| k.path).collect();
     paths.sort_unstable();
     paths.dedup();
-    assert_eq!(paths.len(), ALL.len());
-    for key in ALL {
+    assert_eq!(paths.len(), ALL.len() + ENTRIES.len());
+    for key in ALL.iter().chain(ENTRIES) {
         assert!(
             !key.meaning.is_empty() && !key.meaning.contains('\n'),
             "{}",
             key.path
         );
     }
-    assert!(markdown().lines().count() == ALL.len() + 2);
+    assert!(markdown().lines().count() == ALL.len() + ENTRIES.len() + 7);
 }
 
 #[test]
@@ -257,4 +257,106 @@ fn the_configuration_reference_shows_the_table() {
         "docs/CONFIGURATION.md's key table is not the table in src/config/keys.rs: \
          replace the lines between its markers with `sluice keys --markdown`"
     );
+}
+
+/// Policies of each kind an entry key needs, a route with one limit, a
+/// route with several, and `default` written with one limit (`one`) or
+/// with a list of them (`several`).
+fn entries_base(default: &str) -> Yaml {
+    let text = format!(
+        "version: 1
+server: {{ listen: 127.0.0.1:8080 }}
+upstream: {{ url: http://127.0.0.1:3000 }}
+store: {{ kind: memory, max_entries: 1000 }}
+policies:
+  fw: {{ algorithm: fixed-window, limit: 5, window: 1s }}
+  tb: {{ algorithm: token-bucket, capacity: 5, refill_every: 1s }}
+  c: {{ algorithm: concurrency, limit: 2 }}
+routes:
+  - {{ name: one, match: {{ path_prefix: /one }}, policy: fw }}
+  - {{ name: several, match: {{ path_prefix: /several }}, limits: [{{ policy: fw }}, {{ policy: tb }}] }}
+  - {{ name: inflight, match: {{ path_prefix: /inflight }}, policy: c }}
+default: {default}
+"
+    );
+    serde_yaml::from_str(&text).expect("YAML")
+}
+
+/// `doc` with the entry key `key` set to `value`: `NAME` is the policy the
+/// key belongs to, `routes[]` the route with one limit, or the one with
+/// several for `routes[].limits[]`, and any other `[]` the first item.
+fn with_entry(doc: &Yaml, key: &Key, value: &str) -> Yaml {
+    let mut doc = doc.clone();
+    let value: Yaml = serde_yaml::from_str(value).expect("a YAML value");
+    let policy = match key.name() {
+        "refill_tokens" => "tb",
+        "retry_after" => "c",
+        _ => "fw",
+    };
+    let route = if key.path.starts_with("routes[].limits[]") {
+        1
+    } else {
+        0
+    };
+    let segments: Vec<&str> = key.path.split('.').collect();
+    let mut at = &mut doc;
+    for (i, segment) in segments.iter().enumerate() {
+        let (name, index) = match segment.strip_suffix("[]") {
+            Some(list) => (list, Some(if list == "routes" { route } else { 0 })),
+            None if *segment == "NAME" => (policy, None),
+            None => (*segment, None),
+        };
+        let map = at.as_mapping_mut().expect("a mapping");
+        if i + 1 == segments.len() {
+            map.insert(Yaml::from(name), value.clone());
+            break;
+        }
+        let key = Yaml::from(name);
+        if !map.contains_key(&key) {
+            map.insert(key.clone(), Yaml::Mapping(Default::default()));
+        }
+        at = map.get_mut(&key).expect("just inserted");
+        if let Some(index) = index {
+            at = &mut at.as_sequence_mut().expect("a list")[index];
+        }
+    }
+    doc
+}
+
+#[test]
+fn every_entry_default_is_what_leaving_it_out_means() {
+    let mut checked = 0;
+    for key in ENTRIES {
+        assert_eq!(key.applied, Applied::Reload, "{}", key.path);
+        let Absent::Value(value) = key.default else {
+            continue;
+        };
+        let default = if key.path.starts_with("default.limits[]") {
+            "{ limits: [{ policy: fw }] }"
+        } else {
+            "{ policy: fw }"
+        };
+        let base = entries_base(default);
+        let bare = parse(&text(&base));
+        let written = parse(&text(&with_entry(&base, key, value)));
+        assert_eq!(
+            format!("{:?}", bare.live),
+            format!("{:?}", written.live),
+            "{} = {value}",
+            key.path
+        );
+        // And another value is a change a reload takes.
+        if let Some(other) = another(key.kind, value) {
+            let changed = parse(&text(&with_entry(&base, key, &other)));
+            assert_ne!(
+                format!("{:?}", bare.live),
+                format!("{:?}", changed.live),
+                "{} = {other}",
+                key.path
+            );
+            assert_eq!(bare.boot.changes(&changed.boot), Vec::<&str>::new());
+        }
+        checked += 1;
+    }
+    assert!(checked >= 12, "{checked} entry defaults written");
 }

@@ -132,10 +132,10 @@ impl<'a> Checker<'a> {
         parse: impl FnOnce(&str) -> Result<T, String>,
     ) -> Option<T> {
         let path = section.key(key.name());
-        debug_assert_eq!(
-            path.to_string(),
-            key.path,
-            "the table's key is the one read"
+        debug_assert!(
+            key.is_at(&path.to_string()),
+            "the table's key {} is the one read at {path}",
+            key.path
         );
         match v {
             Some(s) => self.value(&path, s, parse),

@@ -10,9 +10,9 @@ use sha2::{Digest, Sha256};
 
 use super::check::{self, Checker};
 use crate::config::env::key_text;
+use crate::config::keys;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Params, Scalar};
-use crate::limit::concurrency::DEFAULT_RETRY_AFTER;
 use crate::limit::{Algorithm, Bands, Concurrency, LimitPolicy, Policy};
 
 /// The name of the one algorithm that is not a rate: requests in flight.
@@ -125,10 +125,10 @@ fn algorithm(s: &str) -> Result<Algorithm, String> {
 
 fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) -> Option<Policy> {
     let algorithm = cx.required(&path.key("algorithm"), raw.algorithm.as_ref(), algorithm);
-    let shadow = cx.optional(
-        &path.key("shadow"),
+    let shadow = cx.defaulted(
+        path,
+        &keys::POLICY_SHADOW,
         raw.shadow.as_ref(),
-        false,
         check::boolean,
     );
     let revision = match &raw.revision {
@@ -211,10 +211,10 @@ fn concurrency(
         }
     }
     let limit = cx.required(&path.key("limit"), raw.limit.as_ref(), check::positive);
-    let retry_after = cx.optional(
-        &path.key("retry_after"),
+    let retry_after = cx.defaulted(
+        path,
+        &keys::POLICY_RETRY_AFTER,
         raw.retry_after.as_ref(),
-        DEFAULT_RETRY_AFTER,
         check::positive_duration,
     );
     let concurrency = Concurrency {

@@ -9,6 +9,7 @@ use serde_yaml::Value;
 
 use super::check::{self, Checker};
 use super::policy::{Found, Policies};
+use crate::config::keys;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{Underscores, DEFAULT_UPGRADES};
@@ -259,16 +260,16 @@ fn matcher(
         .path_prefix
         .as_ref()
         .and_then(|s| cx.value(&path.key("path_prefix"), s, |s| prefix_path(s, rules)));
-    let case_sensitive = cx.optional(
-        &path.key("case_sensitive"),
+    let case_sensitive = cx.defaulted(
+        path,
+        &keys::ROUTE_MATCH_CASE_SENSITIVE,
         raw.case_sensitive.as_ref(),
-        true,
         check::boolean,
     );
-    let format_suffix = cx.optional(
-        &path.key("format_suffix"),
+    let format_suffix = cx.defaulted(
+        path,
+        &keys::ROUTE_MATCH_FORMAT_SUFFIX,
         raw.format_suffix.as_ref(),
-        false,
         check::boolean,
     );
     if raw.path.is_none() && raw.path_prefix.is_none() && format_suffix == Some(true) {

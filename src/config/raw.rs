@@ -366,6 +366,15 @@ pub struct Policy {
     /// `concurrency` only.
     pub retry_after: Option<Scalar>,
     pub on_failure: Option<Scalar>,
+    /// `off`, `on`, or [`Lease`]: read by the policy's validation.
+    pub lease: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping, `on` or `off`")]
+pub struct Lease {
+    pub ttl: Option<Scalar>,
+    pub max_share: Option<Scalar>,
 }
 
 impl Policy {

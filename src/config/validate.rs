@@ -21,7 +21,10 @@ use self::check::Checker;
 use super::env::{self, key_text, Lookup};
 use super::locate::{At, KeyPath, Locations};
 use super::raw::{self, SECTIONS};
-use super::{Boot, Config, ConfigError, ConfigErrors, Live, OnFailure, StoreLive, Underscores};
+use super::{
+    Boot, Config, ConfigError, ConfigErrors, Live, OnFailure, StoreBoot, StoreKind, StoreLive,
+    Underscores,
+};
 use crate::limit::LimitPolicy;
 
 /// Reads `${NAME}` from the process environment.
@@ -219,6 +222,14 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         &policies,
     );
 
+    leases(
+        cx,
+        &top,
+        kind,
+        store.as_ref().map(|(boot, _)| boot),
+        &policies,
+    );
+
     let (server, server_live) = server?;
     let (upstream, upstream_live) = upstream?;
     let (store, store_live) = store?;
@@ -246,6 +257,44 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
 /// `store.local_share` means nothing without it: both mistakes are refused
 /// rather than silently ignored, since an operator who writes either
 /// believes a fallback is in place.
+/// A lease is spent in this sidecar out of a block the shared store
+/// charged: there is none on the memory store, which decides here anyway.
+/// What is left of it goes back through the grant's record, which lives
+/// `store.dedupe_window`: a lease ends well before its record does.
+fn leases(
+    cx: &mut Checker<'_>,
+    top: &KeyPath,
+    kind: Option<sections::Kind>,
+    store: Option<&StoreBoot>,
+    policies: &policy::Policies,
+) {
+    for p in policies.valid.iter().filter_map(LimitPolicy::as_rate) {
+        let Some(lease) = p.lease else { continue };
+        let at = top.key("policies").key(&p.name).key("lease");
+        if kind == Some(sections::Kind::Memory) {
+            cx.error(
+                &at,
+                At::Key,
+                "`lease` applies only to `kind: redis`: the memory store already decides in this sidecar",
+            );
+            continue;
+        }
+        let Some(StoreKind::Redis(redis)) = store.map(|s| &s.kind) else {
+            continue;
+        };
+        if lease.ttl > redis.dedupe_window / 2 {
+            cx.error(
+                &at.key("ttl"),
+                At::Value,
+                format!(
+                    "at most half `store.dedupe_window` ({}): what is left of a lease goes back through its grant's record, which lives that long",
+                    humantime::format_duration(redis.dedupe_window)
+                ),
+            );
+        }
+    }
+}
+
 fn local_fallback(
     cx: &mut Checker<'_>,
     top: &KeyPath,

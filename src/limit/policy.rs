@@ -25,6 +25,11 @@ pub struct Policy {
     /// rather than leaving it to `store.on_failure`. Not part of the
     /// derived revision: changing it changes no counter's meaning.
     pub on_failure: Option<OnFailure>,
+    /// Whether, and how, a sidecar may take a block of a hot subject's
+    /// quota at once and spend it without asking the store
+    /// (`store::lease`). Not part of the derived revision: leases change
+    /// who spends a count, not what it means.
+    pub lease: Option<LeaseTerms>,
     /// Private with what is derived from it, so the two cannot disagree;
     /// derived once here rather than on every request.
     bands: Bands,
@@ -48,6 +53,7 @@ impl Policy {
             revision: revision.into(),
             shadow,
             on_failure: None,
+            lease: None,
             horizon: bands.horizon(),
             max_cost: bands.max_cost(),
             quotas: bands.quotas().into(),
@@ -71,6 +77,45 @@ impl Policy {
     pub fn with_on_failure(mut self, on_failure: Option<OnFailure>) -> Policy {
         self.on_failure = on_failure;
         self
+    }
+
+    /// The policy with lease terms (`None`: never leased). The caller has
+    /// checked [`Policy::lease_refused`].
+    pub fn with_lease(mut self, lease: Option<LeaseTerms>) -> Policy {
+        self.lease = lease;
+        self
+    }
+
+    /// Why this policy's bands cannot be leased exactly, if they cannot.
+    /// A lease is a charge of more units than the request's, made in the
+    /// store at the grant and spent here later; that is exact where a unit
+    /// charged now still counts when it is spent:
+    ///
+    /// - token-bucket: the tokens are taken out of the bucket at the grant;
+    /// - gcra: the theoretical arrival time moves on by one emission
+    ///   interval per unit at the grant;
+    /// - fixed-window, one band: the units are counted in the window of the
+    ///   grant, and the lease ends with that window (the store says when:
+    ///   the one band's `reset_after`). Of several bands, the store only
+    ///   says when the binding one's window ends.
+    ///
+    /// The sliding counter would need its window's end, which its reply
+    /// does not carry; a sliding log entry is a time, and a unit spent
+    /// later than its entry says would be counted as older than it is.
+    pub fn lease_refused(&self) -> Option<&'static str> {
+        match self.algorithm() {
+            Algorithm::TokenBucket | Algorithm::Gcra => None,
+            Algorithm::FixedWindow if self.bands.len() == 1 => None,
+            Algorithm::FixedWindow => Some(
+                "a fixed-window policy of several bands is never leased: the store says when only the binding band's window ends",
+            ),
+            Algorithm::SlidingCounter => Some(
+                "sliding-counter is never leased: its reply does not say when the window a lease is counted in ends",
+            ),
+            Algorithm::SlidingLog => Some(
+                "sliding-log is never leased: each admitted unit is an entry stamped with its time",
+            ),
+        }
     }
 
     /// Its own `on_failure`, else the store's.
@@ -114,6 +159,16 @@ impl Policy {
     pub fn quotas(&self) -> &[(u32, Duration)] {
         &self.quotas
     }
+}
+
+/// How a policy is leased (`lease:` in the policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTerms {
+    /// The longest a lease is held before what is left of it goes back.
+    pub ttl: Duration,
+    /// The most of what the store says is left that one grant may take,
+    /// in percent (1 to 100).
+    pub max_share: u8,
 }
 
 /// What happens to a request when the store cannot decide: the store's

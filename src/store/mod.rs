@@ -6,6 +6,7 @@
 pub mod breaker;
 pub mod deny_cache;
 pub mod in_flight;
+pub mod lease;
 pub mod memory;
 pub mod memory_bound;
 pub mod redis;

@@ -93,6 +93,11 @@ pub const CONNECTIONS_REFUSED: &str = "sluice_connections_refused_total";
 pub const PROXY_PROTOCOL_HEADERS: &str = "sluice_proxy_protocol_headers_total";
 pub const PROXY_PROTOCOL_REJECTED: &str = "sluice_proxy_protocol_rejected_total";
 pub const FORWARDED_FOR_IGNORED: &str = "sluice_forwarded_for_ignored_total";
+pub const LEASES_GRANTED: &str = "sluice_leases_granted_total";
+pub const LEASES_RETURNED: &str = "sluice_leases_returned_total";
+pub const LEASE_UNITS_RETURNED: &str = "sluice_lease_units_returned_total";
+pub const LEASE_ADMITTED: &str = "sluice_lease_admitted_total";
+pub const LEASE_UNITS_HELD: &str = "sluice_lease_units_held";
 pub const RUNTIME_ALIVE_TASKS: &str = "sluice_runtime_alive_tasks";
 
 pub const ALL: &[Metric] = &[
@@ -203,6 +208,26 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         DENY_CACHE_HITS,
         "Requests denied by the local over-limit cache without asking the store.",
+    ),
+    Metric::counter(
+        LEASES_GRANTED,
+        "Leases taken: blocks of a hot subject's quota charged in Redis at once, to spend here.",
+    ),
+    Metric::counter(
+        LEASES_RETURNED,
+        "Leases whose unspent units Redis took back (on expiry, drain or a reload), by result.",
+    ),
+    Metric::counter(
+        LEASE_UNITS_RETURNED,
+        "Units of leases given back to Redis unspent.",
+    ),
+    Metric::counter(
+        LEASE_ADMITTED,
+        "Requests admitted from a lease, without a store call.",
+    ),
+    Metric::gauge(
+        LEASE_UNITS_HELD,
+        "Units held in this sidecar's leases, charged in Redis and not yet spent.",
     ),
 ];
 

@@ -13,7 +13,7 @@ use crate::config::env::key_text;
 use crate::config::keys;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Params, Scalar};
-use crate::limit::{Algorithm, Bands, Concurrency, LimitPolicy, Policy};
+use crate::limit::{Algorithm, Bands, Concurrency, LeaseTerms, LimitPolicy, Policy};
 
 /// The name of the one algorithm that is not a rate: requests in flight.
 const CONCURRENCY: &str = "concurrency";
@@ -148,6 +148,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
             .value(&path.key("on_failure"), s, super::sections::on_failure)
             .map(Some),
     };
+    let lease = lease(cx, path, raw.lease.clone());
     let flat = raw.flat();
     let bands = match (&raw.bands, algorithm) {
         (_, None) => None,
@@ -177,7 +178,49 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         Some(explicit) => explicit,
         None => derived_revision(&bands),
     };
-    Some(Policy::new(name, revision, bands, shadow?).with_on_failure(on_failure?))
+    let policy = Policy::new(name, revision, bands, shadow?).with_on_failure(on_failure?);
+    let lease = lease?;
+    if let (Some(_), Some(why)) = (lease, policy.lease_refused()) {
+        cx.error(&path.key("lease"), At::Key, why);
+        return None;
+    }
+    Some(policy.with_lease(lease))
+}
+
+/// `lease:` `off` (or absent), `on` (every term its default), or
+/// `{ ttl, max_share }`.
+fn lease(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> Option<Option<LeaseTerms>> {
+    let at = path.key("lease");
+    let raw = match value {
+        None | Some(Value::Null) => return Some(None),
+        Some(Value::String(word)) if word == "off" => return Some(None),
+        Some(Value::String(word)) if word == "on" => raw::Lease::default(),
+        Some(Value::Bool(_)) | Some(Value::String(_)) => {
+            cx.error(
+                &at,
+                At::Value,
+                "expected `on`, `off` or `{ ttl, max_share }`",
+            );
+            return None;
+        }
+        Some(v) => cx.shape::<raw::Lease>(&at, Some(v))?,
+    };
+    let ttl = cx.defaulted(
+        &at,
+        &keys::POLICY_LEASE_TTL,
+        raw.ttl.as_ref(),
+        check::positive_duration,
+    );
+    let max_share = cx.defaulted(
+        &at,
+        &keys::POLICY_LEASE_MAX_SHARE,
+        raw.max_share.as_ref(),
+        check::percent,
+    );
+    Some(Some(LeaseTerms {
+        ttl: ttl?,
+        max_share: max_share?,
+    }))
 }
 
 /// `algorithm: concurrency`: `limit` and an optional `retry_after`, nothing
@@ -198,6 +241,7 @@ fn concurrency(
         ("shadow", raw.shadow.is_some()),
         ("revision", raw.revision.is_some()),
         ("on_failure", raw.on_failure.is_some()),
+        ("lease", raw.lease.is_some()),
     ];
     let mut ok = true;
     for (key, written) in foreign {

@@ -1,0 +1,458 @@
+//! Leases: a sidecar that sees a subject often takes a block of its quota
+//! in the same call that decides a request, and spends it here, without a
+//! store call, until it is spent or its `ttl` ends; what is left then goes
+//! back to the store (docs/REDIS.md, "Leases").
+//!
+//! A lease is a charge of `cost + extra` units instead of `cost`, made by
+//! the policy's own script: the store's count is charged before a leased
+//! unit is spent, so no request is admitted that the store did not count.
+//! What leases cost is early refusals elsewhere: units held here are spent
+//! by nobody else until they are spent or given back. The giving back is
+//! the policy's refund script, run with the grant's evaluation id and the
+//! units left: it gives back at most once, and only if the grant's record
+//! (which lives `store.dedupe_window`, at least twice the lease) says it
+//! was admitted.
+//!
+//! This book holds, per policy and subject: how often the subject came
+//! (requests in the current `ttl` and in the one before), what the store
+//! last said was left, and the lease held, if any. It never calls the
+//! store: the Redis store asks it before a call ([`Leases::before`]),
+//! tells it the answer ([`Leases::after`]) and gives back what it hands
+//! out ([`Return`]). Bounded in subjects: a subject that finds its shard
+//! full is simply not followed, and so decided one call per request.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Evaluation, EvaluationId};
+use crate::limit::{Algorithm, Decision, LeaseTerms, Outcome, Policy};
+use crate::subject::Pseudonym;
+use crate::sync;
+use crate::telemetry::{LEASES_GRANTED, LEASE_ADMITTED, LEASE_UNITS_HELD};
+
+const SHARDS: usize = 16;
+/// Subjects followed at once, per sidecar. An entry is about 200 bytes.
+pub const FOLLOWED: usize = 65_536;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    policy: Arc<str>,
+    revision: Arc<str>,
+    subject: Pseudonym,
+}
+
+struct Entry {
+    /// The policy's numbers when the entry was made: a reload that changes
+    /// them keeps the revision (and the counts) but not this entry.
+    numbers: u64,
+    /// The period under way started at `since` and lasts one `ttl`; `seen`
+    /// requests came in it, `before` in the one before.
+    since: Instant,
+    ttl: Duration,
+    seen: u32,
+    before: u32,
+    /// What the store said was left at its last answer.
+    left_in_store: Option<u64>,
+    /// A request is asking the store for a lease since then: the others
+    /// meanwhile ask for none (no herd of grants, each soon given back).
+    asking: Option<Instant>,
+    held: Option<Held>,
+}
+
+struct Held {
+    policy: Arc<Policy>,
+    id: EvaluationId,
+    left: u32,
+    until: Instant,
+    /// Taken before the grant was sent: every instant derived from it is
+    /// at or before the store's own.
+    sent_at: Instant,
+    /// The store's answer at the grant; its `remaining` counts the lease
+    /// as spent.
+    granted: Decision,
+}
+
+impl Held {
+    /// The answer to a request spent from this lease at `now`, `left`
+    /// being what is left of it after the request.
+    fn decision(&self, now: Instant) -> Decision {
+        Decision {
+            allowed: true,
+            band: self.granted.band,
+            remaining: self.granted.remaining + u64::from(self.left),
+            reset_after: self
+                .granted
+                .reset_after
+                .saturating_sub(now.saturating_duration_since(self.sent_at)),
+            retry_after: Duration::ZERO,
+            approximate: false,
+        }
+    }
+}
+
+/// Unspent units of a lease, to give back to the store with the grant's
+/// evaluation id.
+pub struct Return {
+    pub policy: Arc<Policy>,
+    pub subject: Pseudonym,
+    pub id: EvaluationId,
+    pub units: u32,
+}
+
+impl Return {
+    /// The refund of these units, as an evaluation of the grant's id.
+    pub fn evaluation(&self, deadline: Instant) -> Evaluation<'_> {
+        Evaluation {
+            policy: &self.policy,
+            subject: &self.subject,
+            cost: self.units,
+            deadline,
+            id: self.id,
+        }
+    }
+}
+
+/// What to do with one evaluation before the store is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Before {
+    /// Admitted from the lease held: no store call.
+    Spent(Decision),
+    /// Ask the store, for `extra` units more than the request's cost (0:
+    /// no lease).
+    Ask { extra: u32 },
+}
+
+pub struct Leases {
+    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+    hasher: std::collections::hash_map::RandomState,
+    per_shard: usize,
+    granted: metrics::Counter,
+    admitted: metrics::Counter,
+    held: metrics::Gauge,
+}
+
+impl Default for Leases {
+    fn default() -> Leases {
+        Leases::new(FOLLOWED)
+    }
+}
+
+impl Leases {
+    /// Following at most `subjects` subjects (at least one per shard).
+    pub fn new(subjects: usize) -> Leases {
+        Leases {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            per_shard: subjects.div_ceil(SHARDS).max(1),
+            granted: metrics::counter!(LEASES_GRANTED),
+            admitted: metrics::counter!(LEASE_ADMITTED),
+            held: metrics::gauge!(LEASE_UNITS_HELD),
+        }
+    }
+
+    /// Spends `evaluation` from its lease, or says how much to ask the
+    /// store for. A lease that cannot pay (spent short of the cost,
+    /// ended, or of other numbers) goes to `returns` with what is left.
+    pub fn before(
+        &self,
+        evaluation: &Evaluation<'_>,
+        now: Instant,
+        returns: &mut Vec<Return>,
+    ) -> Before {
+        let policy = evaluation.policy;
+        let Some(terms) = leased(policy) else {
+            return Before::Ask { extra: 0 };
+        };
+        let key = key(policy, evaluation.subject);
+        let mut shard = self.shard(&key);
+        let entry = match shard.get_mut(&key) {
+            Some(entry) if entry.numbers == policy.numbers() => entry,
+            _ => {
+                if let Some(old) = shard.remove(&key) {
+                    self.give_up(old.held, &key, returns);
+                }
+                if shard.len() >= self.per_shard && !make_room(&mut shard, now) {
+                    return Before::Ask { extra: 0 };
+                }
+                shard.entry(key.clone()).or_insert(Entry {
+                    numbers: policy.numbers(),
+                    since: now,
+                    ttl: terms.ttl,
+                    seen: 0,
+                    before: 0,
+                    left_in_store: None,
+                    asking: None,
+                    held: None,
+                })
+            }
+        };
+        entry.ttl = terms.ttl;
+        entry.count(now);
+        if let Some(held) = &mut entry.held {
+            if held.until > now && held.left >= evaluation.cost {
+                held.left -= evaluation.cost;
+                let decision = held.decision(now);
+                drop(shard);
+                self.admitted.increment(1);
+                self.held.decrement(f64::from(evaluation.cost));
+                return Before::Spent(decision);
+            }
+        }
+        let held = entry.held.take();
+        let asking = entry.asking.is_some_and(|since| now < since + terms.ttl);
+        let extra = if asking {
+            0
+        } else {
+            extra(
+                terms,
+                entry.seen.max(entry.before),
+                evaluation.cost,
+                entry.left_in_store,
+                policy.max_cost(),
+            )
+        };
+        if extra > 0 {
+            entry.asking = Some(now);
+        }
+        self.give_up(held, &key, returns);
+        Before::Ask { extra }
+    }
+
+    /// Gives `cost` back to the lease `evaluation` was spent from (the
+    /// request having been refused by another of its limits), if it is
+    /// still held.
+    pub fn unspend(&self, evaluation: &Evaluation<'_>) {
+        let key = key(evaluation.policy, evaluation.subject);
+        let mut shard = self.shard(&key);
+        if let Some(held) = shard.get_mut(&key).and_then(|e| e.held.as_mut()) {
+            held.left += evaluation.cost;
+            self.held.increment(f64::from(evaluation.cost));
+        }
+    }
+
+    /// The store's answer to `evaluation` asked with `extra` more units,
+    /// sent at `sent_at`: a lease of `extra` when admitted, and the answer
+    /// for the request itself (its `remaining` counts the lease as the
+    /// subject's, not spent). A denial is returned as it came: the caller
+    /// asks again without `extra` when `extra` was the reason.
+    pub fn after(
+        &self,
+        evaluation: &Evaluation<'_>,
+        extra: u32,
+        sent_at: Instant,
+        outcome: Outcome,
+        returns: &mut Vec<Return>,
+    ) -> Outcome {
+        let policy = evaluation.policy;
+        let Some(terms) = leased(policy) else {
+            return outcome;
+        };
+        let key = key(policy, evaluation.subject);
+        let mut shard = self.shard(&key);
+        let Some(entry) = shard.get_mut(&key) else {
+            // No longer followed (made room for others): a lease charged
+            // all the same goes straight back.
+            if let (Outcome::Allowed(_), true) = (outcome, extra > 0) {
+                returns.push(Return {
+                    policy: Arc::new(policy.clone()),
+                    subject: *evaluation.subject,
+                    id: evaluation.id,
+                    units: extra,
+                });
+            }
+            return outcome;
+        };
+        if extra > 0 {
+            entry.asking = None;
+        }
+        let decision = match outcome {
+            Outcome::Allowed(decision) | Outcome::Denied(decision) => decision,
+            Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => {
+                return outcome
+            }
+        };
+        entry.left_in_store = Some(decision.remaining);
+        if !decision.allowed || extra == 0 {
+            return outcome;
+        }
+        let lasts = match policy.algorithm() {
+            // Its one band's window ends then; the units are counted in it.
+            Algorithm::FixedWindow => terms.ttl.min(decision.reset_after),
+            _ => terms.ttl,
+        };
+        let held = Held {
+            policy: Arc::new(policy.clone()),
+            id: evaluation.id,
+            left: extra,
+            until: sent_at + lasts,
+            sent_at,
+            granted: decision,
+        };
+        let answer = held.decision(sent_at);
+        let old = entry.held.replace(held);
+        self.granted.increment(1);
+        self.held.increment(f64::from(extra));
+        self.give_up(old, &key, returns);
+        Outcome::Allowed(Decision {
+            reset_after: decision.reset_after,
+            ..answer
+        })
+    }
+
+    /// Every lease ended by `now`, and the followed subjects gone quiet.
+    pub fn ended(&self, now: Instant) -> Vec<Return> {
+        let mut returns = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = sync::lock(shard);
+            let mut ended = Vec::new();
+            shard.retain(|key, entry| {
+                if entry.held.as_ref().is_some_and(|h| h.until <= now) {
+                    ended.push((key.clone(), entry.held.take()));
+                }
+                entry.held.is_some() || !entry.quiet(now)
+            });
+            for (key, held) in ended {
+                self.give_up(held, &key, &mut returns);
+            }
+        }
+        returns
+    }
+
+    /// Every lease held, ended or not (a sidecar stopping).
+    pub fn drain(&self) -> Vec<Return> {
+        let mut returns = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = sync::lock(shard);
+            for (key, entry) in shard.iter_mut() {
+                let held = entry.held.take();
+                self.give_up(held, key, &mut returns);
+            }
+        }
+        returns
+    }
+
+    /// Units held in leases now.
+    pub fn held(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                sync::lock(s)
+                    .values()
+                    .filter_map(|e| e.held.as_ref())
+                    .map(|h| u64::from(h.left))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// The lease held for `policy` and `subject`: units left, and how long
+    /// it lasts from `now` (for `POST /explain`).
+    pub fn holding(
+        &self,
+        policy: &Policy,
+        subject: &Pseudonym,
+        now: Instant,
+    ) -> Option<(u32, Duration)> {
+        let key = key(policy, subject);
+        let shard = self.shard(&key);
+        let held = shard.get(&key)?.held.as_ref()?;
+        (held.until > now && held.left > 0)
+            .then(|| (held.left, held.until.saturating_duration_since(now)))
+    }
+
+    fn give_up(&self, held: Option<Held>, key: &Key, returns: &mut Vec<Return>) {
+        let Some(held) = held else { return };
+        if held.left == 0 {
+            return;
+        }
+        self.held.decrement(f64::from(held.left));
+        returns.push(Return {
+            policy: held.policy,
+            subject: key.subject,
+            id: held.id,
+            units: held.left,
+        });
+    }
+
+    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        sync::lock(&self.shards[i])
+    }
+}
+
+impl Entry {
+    /// One more request at `now`, in periods of the lease's `ttl`.
+    fn count(&mut self, now: Instant) {
+        let ttl = self.ttl;
+        let elapsed = now.saturating_duration_since(self.since);
+        if elapsed >= ttl {
+            self.before = if elapsed < ttl * 2 { self.seen } else { 0 };
+            self.seen = 0;
+            self.since = now;
+        }
+        self.seen = self.seen.saturating_add(1);
+    }
+
+    /// No request for two periods, as far as `count` looks back: nothing
+    /// here is worth keeping.
+    fn quiet(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.since) >= self.ttl * 2
+    }
+}
+
+/// Drops the subjects of `shard` gone quiet and holding nothing; whether
+/// there is room now.
+fn make_room(shard: &mut HashMap<Key, Entry>, now: Instant) -> bool {
+    let before = shard.len();
+    shard.retain(|_, e| e.held.is_some() || !e.quiet(now));
+    shard.len() < before
+}
+
+/// The policy's lease terms, when its requests may be leased: never for a
+/// shadow policy (it only counts, and a denial of the larger charge would
+/// be reported for a request that fits).
+fn leased(policy: &Policy) -> Option<LeaseTerms> {
+    if policy.shadow {
+        return None;
+    }
+    policy.lease
+}
+
+/// How many units to ask for beyond a request's `cost`: what this sidecar
+/// would spend in one `ttl` at the subject's rate here (`rate` requests of
+/// about this cost), never more than `max_share` of what the store last
+/// said was left (so near the limit every request is decided by the store,
+/// exact to the last unit), never past the policy's largest cost, and
+/// nothing for a subject seen once in a period.
+pub fn extra(
+    terms: LeaseTerms,
+    rate: u32,
+    cost: u32,
+    left_in_store: Option<u64>,
+    max_cost: u32,
+) -> u32 {
+    if rate < 2 {
+        return 0;
+    }
+    let Some(left) = left_in_store else { return 0 };
+    let want = u64::from(rate) * u64::from(cost);
+    let share = left * u64::from(terms.max_share) / 100;
+    let room = u64::from(max_cost.saturating_sub(cost));
+    // At most `room`, itself a u32.
+    want.min(share).min(room) as u32
+}
+
+fn key(policy: &Policy, subject: &Pseudonym) -> Key {
+    Key {
+        policy: policy.name.clone(),
+        revision: policy.revision.clone(),
+        subject: *subject,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,340 @@
+//! The book's rules, with the store's answers written by hand: when a
+//! lease is asked for and how large, what a spent request is answered,
+//! when a lease ends and what goes back.
+
+use std::num::NonZeroU32;
+
+use super::*;
+use crate::limit::{Bands, BucketBand, WindowBand};
+use crate::subject::PseudonymKey;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn n(v: u32) -> NonZeroU32 {
+    NonZeroU32::new(v).unwrap()
+}
+
+fn terms(ttl_ms: u64, max_share: u8) -> LeaseTerms {
+    LeaseTerms {
+        ttl: MS * ttl_ms as u32,
+        max_share,
+    }
+}
+
+fn bucket(capacity: u32, lease: LeaseTerms) -> Policy {
+    Policy::new(
+        "p",
+        "r1",
+        Bands::TokenBucket(vec![BucketBand {
+            capacity: n(capacity),
+            refill_tokens: n(1),
+            refill_every: Duration::from_secs(1),
+        }]),
+        false,
+    )
+    .with_lease(Some(lease))
+}
+
+fn window(limit: u32, lease: LeaseTerms) -> Policy {
+    Policy::new(
+        "w",
+        "r1",
+        Bands::FixedWindow(vec![WindowBand {
+            limit: n(limit),
+            window: Duration::from_secs(1),
+        }]),
+        false,
+    )
+    .with_lease(Some(lease))
+}
+
+fn subject(s: &str) -> Pseudonym {
+    PseudonymKey::new(b"k", 1).pseudonym("ip", s.as_bytes(), "r")
+}
+
+fn ask<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32, at: Instant) -> Evaluation<'a> {
+    Evaluation {
+        policy,
+        subject,
+        cost,
+        deadline: at + Duration::from_secs(1),
+        id: EvaluationId::random(),
+    }
+}
+
+fn allowed(remaining: u64, reset_ms: u32) -> Outcome {
+    Outcome::Allowed(Decision {
+        allowed: true,
+        band: 0,
+        remaining,
+        reset_after: MS * reset_ms,
+        retry_after: Duration::ZERO,
+        approximate: false,
+    })
+}
+
+fn remaining(outcome: Outcome) -> u64 {
+    match outcome {
+        Outcome::Allowed(d) => d.remaining,
+        other => panic!("not allowed: {other:?}"),
+    }
+}
+
+/// Asks, and answers as the store would with `left` units left after the
+/// charge: the extra it was asked for, or `None` when spent locally.
+fn request(
+    book: &Leases,
+    e: &Evaluation<'_>,
+    now: Instant,
+    left: u64,
+    returns: &mut Vec<Return>,
+) -> (Option<u32>, Outcome) {
+    match book.before(e, now, returns) {
+        Before::Spent(d) => (None, Outcome::Allowed(d)),
+        Before::Ask { extra } => {
+            let answer = book.after(e, extra, now, allowed(left, 900), returns);
+            (Some(extra), answer)
+        }
+    }
+}
+
+#[test]
+fn a_subject_seen_once_is_never_leased_and_a_second_time_is() {
+    let book = Leases::new(64);
+    let p = bucket(1000, terms(250, 10));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    let (extra, _) = request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
+    assert_eq!(extra, Some(0), "first sight");
+    // Twice in one period: the rate here is 2 per ttl, so 2 units more.
+    let (extra, answer) = request(&book, &ask(&p, &a, 1, t0), t0 + MS, 899, &mut returns);
+    assert_eq!(extra, Some(2));
+    // The lease is still the subject's: 897 in Redis and 2 held here.
+    assert_eq!(remaining(answer), 899 + 2);
+    assert_eq!(book.held(), 2);
+    assert!(returns.is_empty());
+}
+
+#[test]
+fn a_lease_pays_until_spent_and_the_answers_count_down() {
+    let book = Leases::new(64);
+    let p = bucket(1000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    let first = ask(&p, &a, 1, t0);
+    assert_eq!(
+        book.before(&first, t0, &mut returns),
+        Before::Ask { extra: 0 }
+    );
+    book.after(&first, 0, t0, allowed(990, 900), &mut returns);
+    let e = ask(&p, &a, 1, t0 + MS);
+    let Before::Ask { extra } = book.before(&e, t0 + MS, &mut returns) else {
+        panic!("spent without a lease");
+    };
+    assert_eq!(extra, 2);
+    let answer = book.after(&e, extra, t0 + MS, allowed(987, 900), &mut returns);
+    assert_eq!(remaining(answer), 989);
+    for left in [1, 0] {
+        let spent = book.before(&ask(&p, &a, 1, t0), t0 + MS * 2, &mut returns);
+        let Before::Spent(d) = spent else {
+            panic!("not spent from the lease: {spent:?}")
+        };
+        assert_eq!(d.remaining, 987 + left);
+        // One millisecond since the grant was sent.
+        assert_eq!(d.reset_after, MS * 899);
+    }
+    assert_eq!(book.held(), 0);
+    // Spent out: the next request asks again, and nothing goes back.
+    let again = book.before(&ask(&p, &a, 1, t0), t0 + MS * 3, &mut returns);
+    assert!(
+        matches!(again, Before::Ask { extra } if extra > 0),
+        "{again:?}"
+    );
+    assert!(returns.is_empty());
+}
+
+#[test]
+fn a_request_costing_more_than_is_left_goes_to_the_store_and_the_rest_goes_back() {
+    let book = Leases::new(64);
+    let p = bucket(1000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
+    let grant = ask(&p, &a, 1, t0);
+    let (extra, _) = request(&book, &grant, t0, 897, &mut returns);
+    assert_eq!(extra, Some(2));
+    let big = ask(&p, &a, 5, t0);
+    assert!(matches!(
+        book.before(&big, t0 + MS, &mut returns),
+        Before::Ask { .. }
+    ));
+    assert_eq!(returns.len(), 1);
+    assert_eq!((returns[0].units, returns[0].id), (2, grant.id));
+    assert_eq!(book.held(), 0);
+}
+
+#[test]
+fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
+    let book = Leases::new(64);
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    for (p, lasts) in [
+        (bucket(1000, terms(250, 50)), MS * 250),
+        // The window ends 100 ms after the grant: so does the lease.
+        (window(1000, terms(250, 50)), MS * 100),
+    ] {
+        request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
+        let grant = ask(&p, &a, 1, t0);
+        assert!(matches!(
+            book.before(&grant, t0, &mut returns),
+            Before::Ask { extra: 2 }
+        ));
+        book.after(&grant, 2, t0, allowed(897, 100), &mut returns);
+        let before_end = t0 + lasts - MS;
+        assert!(book.ended(before_end).is_empty());
+        assert!(matches!(
+            book.before(&ask(&p, &a, 1, t0), before_end, &mut returns),
+            Before::Spent(_)
+        ));
+        let ended = book.ended(t0 + lasts);
+        assert_eq!(ended.len(), 1, "{:?}", p.algorithm());
+        assert_eq!((ended[0].units, ended[0].id), (1, grant.id));
+        // Nothing more to give back, and nothing to spend.
+        assert!(book.drain().is_empty());
+        assert!(matches!(
+            book.before(&ask(&p, &a, 1, t0), t0 + lasts, &mut returns),
+            Before::Ask { .. }
+        ));
+    }
+    assert!(returns.is_empty());
+}
+
+#[test]
+fn near_the_limit_every_request_is_the_stores() {
+    let t = terms(250, 10);
+    // Plenty left: the rate here decides.
+    assert_eq!(extra(t, 40, 1, Some(10_000), 10_000), 40);
+    assert_eq!(extra(t, 40, 3, Some(10_000), 10_000), 120);
+    // A tenth of what is left.
+    assert_eq!(extra(t, 40, 1, Some(100), 10_000), 10);
+    assert_eq!(extra(t, 40, 1, Some(9), 10_000), 0);
+    // Never past the largest cost a request could have.
+    assert_eq!(extra(t, 40, 1, Some(10_000), 25), 24);
+    assert_eq!(extra(t, 40, 25, Some(10_000), 25), 0);
+    // Seen once, or never answered.
+    assert_eq!(extra(t, 1, 1, Some(10_000), 10_000), 0);
+    assert_eq!(extra(t, 40, 1, None, 10_000), 0);
+    assert_eq!(extra(terms(250, 100), 40, 1, Some(7), 10_000), 7);
+}
+
+#[test]
+fn one_request_at_a_time_asks_for_a_lease() {
+    let book = Leases::new(64);
+    let p = bucket(1000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
+    let first = ask(&p, &a, 1, t0);
+    assert!(matches!(book.before(&first, t0, &mut returns), Before::Ask { extra } if extra > 0));
+    assert_eq!(
+        book.before(&ask(&p, &a, 1, t0), t0, &mut returns),
+        Before::Ask { extra: 0 }
+    );
+    // A denial of the larger charge grants nothing and ends the asking.
+    let denied = Outcome::Denied(Decision {
+        allowed: false,
+        retry_after: MS,
+        ..match allowed(0, 900) {
+            Outcome::Allowed(d) => d,
+            _ => unreachable!(),
+        }
+    });
+    assert_eq!(book.after(&first, 3, t0, denied, &mut returns), denied);
+    assert_eq!(book.held(), 0);
+    assert!(matches!(
+        book.before(&ask(&p, &a, 1, t0), t0, &mut returns),
+        Before::Ask { .. }
+    ));
+    assert!(returns.is_empty());
+}
+
+#[test]
+fn new_numbers_or_a_drain_give_back_what_is_held() {
+    let book = Leases::new(64);
+    let (a, b) = (subject("a"), subject("b"));
+    let p = bucket(1000, terms(250, 50));
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    for s in [&a, &b] {
+        request(&book, &ask(&p, s, 1, t0), t0, 900, &mut returns);
+        request(&book, &ask(&p, s, 1, t0), t0, 897, &mut returns);
+    }
+    assert_eq!(book.held(), 4);
+    // The same name and revision, a larger bucket: a reload.
+    let raised = bucket(2000, terms(250, 50));
+    let e = ask(&raised, &a, 1, t0);
+    assert_eq!(book.before(&e, t0, &mut returns), Before::Ask { extra: 0 });
+    assert_eq!(returns.len(), 1);
+    assert_eq!(returns[0].units, 2);
+    let drained = book.drain();
+    assert_eq!(drained.iter().map(|r| r.units).sum::<u32>(), 2);
+    assert_eq!(book.held(), 0);
+}
+
+#[test]
+fn a_full_book_follows_no_one_new_and_drops_the_quiet() {
+    // One per shard.
+    let book = Leases::new(1);
+    let p = bucket(1000, terms(250, 50));
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    let subjects: Vec<Pseudonym> = (0..200).map(|i| subject(&i.to_string())).collect();
+    for s in &subjects {
+        request(&book, &ask(&p, s, 1, t0), t0, 900, &mut returns);
+    }
+    let followed = book
+        .shards
+        .iter()
+        .map(|s| sync::lock(s).len())
+        .sum::<usize>();
+    assert_eq!(followed, SHARDS);
+    // Every subject not followed is decided by the store, never leased.
+    let leased = subjects
+        .iter()
+        .filter(|s| {
+            let (extra, _) = request(&book, &ask(&p, s, 1, t0), t0, 897, &mut Vec::new());
+            extra.unwrap_or(0) > 0
+        })
+        .count();
+    assert_eq!(leased, SHARDS);
+    // Two periods on, the quiet ones make room (each shard's holds a lease,
+    // given back as it ends).
+    let later = t0 + MS * 500;
+    assert_eq!(book.ended(later).len(), SHARDS);
+    assert_eq!(
+        book.shards
+            .iter()
+            .map(|s| sync::lock(s).len())
+            .sum::<usize>(),
+        0
+    );
+}
+
+#[test]
+fn a_shadow_policy_is_never_leased() {
+    let book = Leases::new(64);
+    let mut p = bucket(1000, terms(250, 50));
+    p.shadow = true;
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    for _ in 0..5 {
+        let (extra, _) = request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
+        assert_eq!(extra, Some(0));
+    }
+}

@@ -238,6 +238,8 @@ impl Bound {
         tracing::info!(grace = ?boot.server.shutdown_grace, "shutting down: draining");
         let _ = stop_tx.send(true);
         let _ = traffic.await;
+        // Every request is answered: what leases hold is no one's now.
+        self.store.return_leases().await;
         if let Some(admin) = admin {
             admin.abort();
         }

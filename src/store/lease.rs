@@ -222,6 +222,15 @@ impl Leases {
         Before::Ask { extra }
     }
 
+    /// `evaluation` asked for no lease after all, or its answer granted
+    /// none: another request may ask.
+    pub fn asked(&self, evaluation: &Evaluation<'_>) {
+        let key = key(evaluation.policy, evaluation.subject);
+        if let Some(entry) = self.shard(&key).get_mut(&key) {
+            entry.asking = None;
+        }
+    }
+
     /// Gives `cost` back to the lease `evaluation` was spent from (the
     /// request having been refused by another of its limits), if it is
     /// still held.

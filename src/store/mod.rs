@@ -115,6 +115,8 @@ pub enum Store {
 pub enum Source {
     Store,
     DenyCache,
+    /// Every limit was spent from a lease this sidecar holds.
+    Lease,
 }
 
 impl Store {
@@ -190,6 +192,27 @@ impl Store {
         }
     }
 
+    /// Gives back every lease this sidecar holds (it is stopping).
+    pub async fn return_leases(&self) {
+        match self {
+            Store::Memory(_) => {}
+            Store::Redis(store, _) => store.return_leases().await,
+        }
+    }
+
+    /// The lease held here for `policy` and `subject`, if any: units left
+    /// and how long it lasts (for `POST /explain`).
+    pub fn lease_held(
+        &self,
+        policy: &Policy,
+        subject: &Pseudonym,
+    ) -> Option<(u32, std::time::Duration)> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(store, _) => store.lease_held(policy, subject),
+        }
+    }
+
     /// Whether the store can currently make decisions (for `/readyz`).
     pub fn ready(&self) -> bool {
         match self {
@@ -200,7 +223,7 @@ impl Store {
 }
 
 /// Redis behind the local over-limit cache.
-async fn evaluate_shared(
+pub(crate) async fn evaluate_shared(
     store: &redis::RedisStore,
     cache: Option<&deny_cache::DenyCache>,
     evaluation: &Evaluation<'_>,

@@ -16,6 +16,7 @@ mod e2e_limits;
 mod explain;
 mod hostile_requests;
 mod identity;
+mod leases;
 mod local_fallback;
 mod memory_bound;
 mod operations;

@@ -25,6 +25,7 @@
 mod call;
 mod connect;
 pub mod inspect;
+mod leased;
 mod libraries;
 mod pool;
 mod refund;
@@ -52,6 +53,7 @@ use crate::subject::{Pseudonym, PseudonymKey};
 
 use super::breaker::{Breaker, Thresholds};
 use super::deny_cache::DenyCache;
+use super::lease::Leases;
 use super::{Evaluation, EvaluationId, Outcomes, Source};
 use call::Request;
 use pool::Lanes;
@@ -96,6 +98,8 @@ struct Inner {
     /// their keys are in different slots (CROSSSLOT).
     one_call: bool,
     stats: RedisStats,
+    /// The leases this sidecar holds, and the subjects it follows for them.
+    leases: Leases,
 }
 
 impl Inner {
@@ -125,6 +129,7 @@ impl Inner {
             prepared: AtomicBool::new(false),
             one_call: !matches!(redis.topology, config::Topology::Cluster { .. }),
             stats: RedisStats::new(),
+            leases: Leases::default(),
         })
     }
 }
@@ -155,6 +160,7 @@ impl RedisStore {
         runtime.spawn(prepare(Arc::downgrade(&inner)));
         runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
         runtime.spawn(libraries::renew(Arc::downgrade(&inner)));
+        runtime.spawn(leased::upkeep(Arc::downgrade(&inner)));
         Ok(RedisStore { inner })
     }
 
@@ -172,7 +178,11 @@ impl RedisStore {
         evaluations: &[Evaluation<'_>],
         cache: Option<&DenyCache>,
     ) -> Outcomes {
+        let leased = evaluations.iter().any(|e| e.policy.lease.is_some());
         if let [one] = evaluations {
+            if leased {
+                return self.evaluate_leased(one, cache).await;
+            }
             let (outcome, source) = super::evaluate_shared(self, cache, one).await;
             let mut outcomes = Outcomes::at(0, outcome);
             outcomes.source = source;
@@ -193,6 +203,15 @@ impl RedisStore {
                 }
             }
         }
+        if leased {
+            let one_call = !self.in_order(evaluations);
+            if let Some(outcomes) = self.evaluate_all_leased(evaluations, one_call).await {
+                if let Some(cache) = cache {
+                    remember(cache, evaluations, &outcomes, asked);
+                }
+                return outcomes;
+            }
+        }
         if self.in_order(evaluations) {
             let mut outcomes = Outcomes::empty();
             outcomes.source = Source::DenyCache;
@@ -210,11 +229,7 @@ impl RedisStore {
         }
         let outcomes = self.inner.evaluate_several(evaluations).await;
         if let Some(cache) = cache {
-            for (i, outcome) in outcomes.iter() {
-                if let (Outcome::Denied(decision), Some(e)) = (outcome, evaluations.get(i)) {
-                    cache.remember(e.policy, e.subject, e.cost, asked, &decision);
-                }
-            }
+            remember(cache, evaluations, &outcomes, asked);
         }
         outcomes
     }
@@ -241,6 +256,10 @@ impl RedisStore {
     /// one call each, in order, can have been charged for a request that
     /// was refused: elsewhere this does nothing.
     pub async fn give_back(&self, evaluations: &[Evaluation<'_>], outcomes: &Outcomes) {
+        if outcomes.source == Source::Lease {
+            self.unspend(evaluations);
+            return;
+        }
         if !self.in_order(evaluations) {
             return;
         }
@@ -392,6 +411,21 @@ impl Inner {
         let (outcomes, health) = self.decide(&request).await;
         permit.report(health, Instant::now());
         outcomes
+    }
+}
+
+/// Remembers the denials among `outcomes` of a request that arrived at
+/// `asked`.
+fn remember(
+    cache: &DenyCache,
+    evaluations: &[Evaluation<'_>],
+    outcomes: &Outcomes,
+    asked: Instant,
+) {
+    for (i, outcome) in outcomes.iter() {
+        if let (Outcome::Denied(decision), Some(e)) = (outcome, evaluations.get(i)) {
+            cache.remember(e.policy, e.subject, e.cost, asked, &decision);
+        }
     }
 }
 

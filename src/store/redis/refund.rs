@@ -48,7 +48,11 @@ impl Inner {
         }
     }
 
-    async fn refund_one(&self, evaluation: &Evaluation<'_>, deadline: Instant) -> Refund {
+    pub(super) async fn refund_one(
+        &self,
+        evaluation: &Evaluation<'_>,
+        deadline: Instant,
+    ) -> Refund {
         // A refund asks nothing of the breaker and tells it nothing: it is
         // not a decision, and must not hold the probe real requests bring.
         if !self.breaker.admits(Instant::now()) {

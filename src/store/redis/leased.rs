@@ -1,0 +1,295 @@
+//! Leases on the Redis path (`store::lease` keeps the book): a request
+//! spent from a lease is answered here; one that asks the store asks for
+//! its lease in the same call, as a larger cost; what is left of a lease
+//! goes back through the policy's refund script, in the background, when
+//! it ends, and at once when sluice stops.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::time::Instant;
+
+use super::refund::Refund;
+use super::{Inner, RedisStore};
+use crate::limit::Outcome;
+use crate::store::deny_cache::DenyCache;
+use crate::store::lease::{Before, Return};
+use crate::store::{Evaluation, EvaluationId, Outcomes, Source};
+use crate::telemetry::{LEASES_RETURNED, LEASE_UNITS_RETURNED};
+
+/// How often ended leases are looked for: a lease's units go back at most
+/// this long after it ends (and well within its record's life: a lease
+/// lasts at most half `store.dedupe_window`, at least 1 s by default).
+const UPKEEP: Duration = Duration::from_millis(50);
+
+impl RedisStore {
+    /// One rate limit: from its lease, or from the store (asking for a
+    /// lease where the book says so), behind the over-limit cache.
+    pub(super) async fn evaluate_leased(
+        &self,
+        evaluation: &Evaluation<'_>,
+        cache: Option<&DenyCache>,
+    ) -> Outcomes {
+        let leases = &self.inner.leases;
+        let mut returns = Vec::new();
+        let before = leases.before(evaluation, Instant::now(), &mut returns);
+        self.give_back_leases(returns);
+        let extra = match before {
+            Before::Spent(decision) => {
+                let mut outcomes = Outcomes::at(0, Outcome::Allowed(decision));
+                outcomes.source = Source::Lease;
+                return outcomes;
+            }
+            Before::Ask { extra: 0 } => {
+                let (outcome, source) =
+                    crate::store::evaluate_shared(self, cache, evaluation).await;
+                self.settle(evaluation, 0, Instant::now(), outcome);
+                let mut outcomes = Outcomes::at(0, outcome);
+                outcomes.source = source;
+                return outcomes;
+            }
+            Before::Ask { extra } => extra,
+        };
+        // The request's own cost first: a remembered denial of it stands.
+        let asked = Instant::now();
+        if let Some(cache) = cache {
+            let e = evaluation;
+            if let Some(decision) = cache.check(e.policy, e.subject, e.cost, asked) {
+                leases.asked(evaluation);
+                let mut outcomes = Outcomes::at(0, Outcome::Denied(decision));
+                outcomes.source = Source::DenyCache;
+                return outcomes;
+            }
+        }
+        let take = Evaluation {
+            cost: evaluation.cost + extra,
+            ..*evaluation
+        };
+        let outcome = self.inner.evaluate(&take).await;
+        let outcome = self.settle(&take, extra, asked, outcome);
+        let outcome = match outcome {
+            // The larger charge did not fit; the request alone may, if
+            // what is left covers it.
+            Outcome::Denied(d) if d.remaining >= u64::from(evaluation.cost) => {
+                let alone = Evaluation {
+                    id: EvaluationId::random(),
+                    ..*evaluation
+                };
+                let (outcome, source) = crate::store::evaluate_shared(self, cache, &alone).await;
+                self.settle(&alone, 0, Instant::now(), outcome);
+                let mut outcomes = Outcomes::at(0, outcome);
+                outcomes.source = source;
+                return outcomes;
+            }
+            other => other,
+        };
+        Outcomes::at(0, outcome)
+    }
+
+    /// Several rate limits in one call (not on Cluster, where they are
+    /// decided limit by limit and a later refusal would give back what an
+    /// earlier lease was charged): all from their leases, or all from the
+    /// store, each asking for its lease where the book says so. `None`:
+    /// decide them as without leases (Cluster), unless all were spent from
+    /// leases.
+    pub(super) async fn evaluate_all_leased(
+        &self,
+        evaluations: &[Evaluation<'_>],
+        one_call: bool,
+    ) -> Option<Outcomes> {
+        let leases = &self.inner.leases;
+        let now = Instant::now();
+        let mut returns = Vec::new();
+        let befores: SmallVec<[Before; 2]> = evaluations
+            .iter()
+            .map(|e| leases.before(e, now, &mut returns))
+            .collect();
+        self.give_back_leases(returns);
+        let spent: Option<SmallVec<[Outcome; 2]>> = befores
+            .iter()
+            .map(|b| match b {
+                Before::Spent(decision) => Some(Outcome::Allowed(*decision)),
+                Before::Ask { .. } => None,
+            })
+            .collect();
+        if let Some(list) = spent {
+            return Some(Outcomes {
+                first: 0,
+                list,
+                source: Source::Lease,
+            });
+        }
+        // Not all from leases: those spent are charged in the store instead.
+        let mut asks = SmallVec::<[u32; 2]>::new();
+        for (e, before) in evaluations.iter().zip(&befores) {
+            asks.push(match before {
+                Before::Spent(_) => {
+                    leases.unspend(e);
+                    0
+                }
+                Before::Ask { extra } => *extra,
+            });
+        }
+        if !one_call {
+            for e in evaluations {
+                leases.asked(e);
+            }
+            return None;
+        }
+        if asks.iter().any(|&extra| extra > 0) {
+            let takes: SmallVec<[Evaluation<'_>; 2]> = evaluations
+                .iter()
+                .zip(&asks)
+                .map(|(e, &extra)| Evaluation {
+                    cost: e.cost + extra,
+                    ..*e
+                })
+                .collect();
+            let asked = Instant::now();
+            let outcomes = self.inner.evaluate_several(&takes).await;
+            if !blocked(&takes, &outcomes) {
+                return Some(self.settle_all(&takes, &asks, asked, outcomes));
+            }
+            // One call, all or nothing: nothing was charged. The request
+            // alone may fit where it and its leases did not (under new
+            // ids: the first ones' records say denied).
+            for e in evaluations {
+                leases.asked(e);
+            }
+            let alone: SmallVec<[Evaluation<'_>; 2]> = evaluations
+                .iter()
+                .map(|e| Evaluation {
+                    id: EvaluationId::random(),
+                    ..*e
+                })
+                .collect();
+            let asked = Instant::now();
+            let outcomes = self.inner.evaluate_several(&alone).await;
+            return Some(self.settle_all(&alone, &[0; 0], asked, outcomes));
+        }
+        let asked = Instant::now();
+        let outcomes = self.inner.evaluate_several(evaluations).await;
+        Some(self.settle_all(evaluations, &[0; 0], asked, outcomes))
+    }
+
+    /// [`RedisStore::settle`] for each limit answered (`extras` missing:
+    /// none asked for a lease).
+    fn settle_all(
+        &self,
+        takes: &[Evaluation<'_>],
+        extras: &[u32],
+        asked: Instant,
+        mut outcomes: Outcomes,
+    ) -> Outcomes {
+        let first = outcomes.first;
+        for (i, outcome) in outcomes.list.iter_mut().enumerate() {
+            if let Some(take) = takes.get(first + i) {
+                let extra = extras.get(first + i).copied().unwrap_or(0);
+                *outcome = self.settle(take, extra, asked, *outcome);
+            }
+        }
+        outcomes
+    }
+
+    /// Tells the book the store's answer to `take` (asked for `extra`
+    /// units beyond the request's cost), and gives back what it hands out.
+    pub(super) fn settle(
+        &self,
+        take: &Evaluation<'_>,
+        extra: u32,
+        sent_at: Instant,
+        outcome: Outcome,
+    ) -> Outcome {
+        let mut returns = Vec::new();
+        let outcome = self
+            .inner
+            .leases
+            .after(take, extra, sent_at, outcome, &mut returns);
+        self.give_back_leases(returns);
+        outcome
+    }
+
+    /// See [`crate::store::Store::lease_held`].
+    pub fn lease_held(
+        &self,
+        policy: &crate::limit::Policy,
+        subject: &crate::subject::Pseudonym,
+    ) -> Option<(u32, Duration)> {
+        self.inner.leases.holding(policy, subject, Instant::now())
+    }
+
+    /// What `evaluations` spent from leases goes back to them: the request
+    /// was refused by something else.
+    pub(super) fn unspend(&self, evaluations: &[Evaluation<'_>]) {
+        for e in evaluations {
+            self.inner.leases.unspend(e);
+        }
+    }
+
+    fn give_back_leases(&self, returns: Vec<Return>) {
+        if returns.is_empty() {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move { inner.return_leases(returns).await });
+    }
+
+    /// Gives back every lease held, ended or not, and waits for the answers
+    /// (a sidecar stopping: what it held is the others' again at once).
+    pub async fn return_leases(&self) {
+        let returns = self.inner.leases.drain();
+        if !returns.is_empty() {
+            tracing::info!(leases = returns.len(), "returning the leases held");
+        }
+        self.inner.return_leases(returns).await;
+    }
+}
+
+impl Inner {
+    /// Each return is one refund call, all at once, within one budget.
+    async fn return_leases(&self, returns: Vec<Return>) {
+        if returns.is_empty() {
+            return;
+        }
+        let deadline = Instant::now() + self.budget;
+        let calls = returns.iter().map(|r| async move {
+            let refund = self.refund_one(&r.evaluation(deadline), deadline).await;
+            (refund, r.units)
+        });
+        for (refund, units) in futures_util::future::join_all(calls).await {
+            let result = match refund {
+                Refund::Refunded => {
+                    metrics::counter!(LEASE_UNITS_RETURNED).increment(u64::from(units));
+                    "returned"
+                }
+                // The grant's record is gone or says nothing was charged.
+                Refund::Unneeded => "unneeded",
+                Refund::Failed => "failed",
+            };
+            metrics::counter!(LEASES_RETURNED, "result" => result).increment(1);
+        }
+    }
+}
+
+/// Whether a limit blocked the request: a refusal of all of them.
+fn blocked(takes: &[Evaluation<'_>], outcomes: &Outcomes) -> bool {
+    outcomes
+        .iter()
+        .any(|(i, o)| o.blocks(takes.get(i).is_some_and(|e| e.policy.shadow)))
+}
+
+/// Gives back the leases that ended, every [`UPKEEP`], while the store
+/// lives.
+pub(super) async fn upkeep(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(UPKEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let returns = inner.leases.ended(Instant::now());
+        if !returns.is_empty() {
+            tokio::spawn(async move { inner.return_leases(returns).await });
+        }
+    }
+}

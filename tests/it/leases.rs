@@ -1,0 +1,281 @@
+//! Leases through the built binary, on real Redis: several sidecars on one
+//! global limit never admit more than it, and reach it exactly once their
+//! leases are back; far fewer store calls than requests; a sidecar killed
+//! holding a lease under-admits by at most that lease; one stopped gives
+//! its leases back; near the limit every request is decided by Redis, to
+//! the last unit.
+//!
+//! Every test takes [`SERIAL`]: each starts Redis and several sidecars.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::support::ops::{metric, scrape};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{
+    admin, commandstats, redis_yaml, reset_stats, sample, spread, start_ready,
+};
+use crate::support::sidecar::Sidecar;
+use crate::support::topology::RedisCluster;
+use crate::support::{clear_of_window_edge, count, Upstream};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const HOUR: Duration = Duration::from_secs(3600);
+const EDGE_MARGIN: Duration = Duration::from_secs(30);
+/// Longer than any lease here (200 ms) and the upkeep that returns it.
+const LEASES_BACK: Duration = Duration::from_millis(600);
+
+/// One global limit of `limit` an hour, leased, per algorithm; a budget of
+/// 1 s (a burst on two cores may outlast 50 ms, which the failure tests
+/// cover).
+fn yaml(upstream: &Upstream, redis_url: &str, algorithm: &str, limit: u32) -> String {
+    let policy = match algorithm {
+        "fw" => format!("algorithm: fixed-window, limit: {limit}, window: 1h"),
+        "tb" => format!(
+            "algorithm: token-bucket, capacity: {limit}, refill_tokens: 1, refill_every: 1h"
+        ),
+        // A day: one more unit every 288 s, none within a test.
+        "gc" => format!("algorithm: gcra, limit: {limit}, window: 1d, burst: {limit}"),
+        other => panic!("no such algorithm here: {other}"),
+    };
+    redis_yaml(
+        upstream,
+        redis_url,
+        &format!("  hot: {{ {policy}, lease: {{ ttl: 200ms, max_share: 20% }} }}\n"),
+        "  - { name: api, match: { path_prefix: /api }, subject: global, policy: hot }\n",
+    )
+    .replace("  budget: 50ms\n", "  budget: 1s\n")
+}
+
+/// The `FCALL`s Redis ran since the last reset.
+fn fcalls(conn: &mut redis::Connection) -> u64 {
+    commandstats(conn)
+        .into_iter()
+        .find(|(name, _)| name == "fcall")
+        .map_or(0, |(_, calls)| calls)
+}
+
+async fn held(sluice: &Sidecar) -> f64 {
+    sample(sluice, "sluice_lease_units_held", &[])
+        .await
+        .unwrap_or(0.0)
+}
+
+async fn admitted_from_leases(sluices: &[Sidecar]) -> f64 {
+    let mut total = 0.0;
+    for sluice in sluices {
+        let text = scrape(admin(sluice)).await;
+        total += metric(&text, "sluice_lease_admitted_total", &[]).unwrap_or(0.0);
+    }
+    total
+}
+
+/// Sends batches of ten to `sluice` until it holds a lease (the last
+/// request may have spent one to its end); how many were admitted.
+async fn until_holding(sluice: &Sidecar) -> usize {
+    let mut admitted = 0;
+    for _ in 0..30 {
+        let statuses = spread(&[sluice.addr()], "/api/x", 10, 10).await;
+        admitted += count(&statuses, StatusCode::OK);
+        if held(sluice).await > 0.0 {
+            return admitted;
+        }
+    }
+    panic!("no lease held after {admitted} admitted");
+}
+
+/// Offers `rounds` × `per_round` requests over `addrs`, waiting between
+/// rounds for the leases to come back; the admitted count of each round.
+async fn offer(addrs: &[std::net::SocketAddr], per_round: usize, rounds: usize) -> Vec<usize> {
+    let mut admitted = Vec::new();
+    for _ in 0..rounds {
+        let statuses = spread(addrs, "/api/x", per_round, 30).await;
+        let other = statuses
+            .iter()
+            .filter(|s| **s != StatusCode::OK && **s != StatusCode::TOO_MANY_REQUESTS)
+            .count();
+        assert_eq!(other, 0, "answers neither 200 nor 429: {statuses:?}");
+        admitted.push(count(&statuses, StatusCode::OK));
+        tokio::time::sleep(LEASES_BACK).await;
+    }
+    admitted
+}
+
+/// Three sidecars, one global limit `L`, offered `3L` at once and then
+/// more: the first burst admits at most `L`; by the end, with every lease
+/// given back, exactly `L`, and the app saw exactly those.
+async fn three_sidecars_admit_at_most_then_exactly_the_limit(algorithm: &str) {
+    let _serial = SERIAL.lock().await;
+    const L: usize = 300;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml(&upstream, &redis.url(), algorithm, L as u32);
+    let sluices = [
+        start_ready(&yaml).await,
+        start_ready(&yaml).await,
+        start_ready(&yaml).await,
+    ];
+    let addrs: Vec<_> = sluices.iter().map(Sidecar::addr).collect();
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    let mut conn = redis.connection();
+    reset_stats(&mut conn);
+
+    let rounds = offer(&addrs, 3 * L, 4).await;
+    let calls = fcalls(&mut conn);
+
+    assert!(rounds[0] <= L, "{algorithm}: first burst {rounds:?}");
+    let total: usize = rounds.iter().sum();
+    assert_eq!(total, L, "{algorithm}: admitted per round {rounds:?}");
+    assert_eq!(
+        upstream.count(),
+        L,
+        "{algorithm}: requests that reached the app"
+    );
+    for sluice in &sluices {
+        assert_eq!(held(sluice).await, 0.0, "{algorithm}: a lease still held");
+    }
+    let from_leases = admitted_from_leases(&sluices).await;
+    assert!(
+        from_leases >= (L / 2) as f64,
+        "{algorithm}: only {from_leases} of {L} admitted from leases"
+    );
+    // Every call decides a request or grants, and every lease may cost a
+    // return; 12·L requests were offered.
+    assert!(
+        calls < (L as u64) * 2 / 3,
+        "{algorithm}: {calls} FCALLs for {L} admitted ({from_leases} from leases)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_leased_fixed_window_admit_exactly_the_limit() {
+    three_sidecars_admit_at_most_then_exactly_the_limit("fw").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_leased_token_bucket_admit_exactly_the_limit() {
+    three_sidecars_admit_at_most_then_exactly_the_limit("tb").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_leased_gcra_admit_exactly_the_limit() {
+    three_sidecars_admit_at_most_then_exactly_the_limit("gc").await;
+}
+
+/// Two sidecars, alternately, one at a time: the limit is spent to the
+/// last unit with no early refusal, the last requests decided one call
+/// each as what is left shrinks below what a lease may take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_the_limit_every_request_is_decided_by_redis_to_the_last_unit() {
+    let _serial = SERIAL.lock().await;
+    const L: usize = 200;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml(&upstream, &redis.url(), "fw", L as u32);
+    let sluice = start_ready(&yaml).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    let statuses = spread(&[sluice.addr()], "/api/x", 2 * L, 10).await;
+
+    assert_eq!(count(&statuses, StatusCode::OK), L, "{statuses:?}");
+    assert_eq!(upstream.count(), L);
+    assert!(
+        admitted_from_leases(std::slice::from_ref(&sluice)).await > 0.0,
+        "no request was admitted from a lease"
+    );
+}
+
+/// A sidecar killed (SIGKILL) holding a lease: what it held is lost until
+/// the window passes, never admitted twice. The other sidecar admits
+/// exactly what Redis has left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_killed_holding_a_lease_under_admits_by_at_most_that_lease() {
+    let _serial = SERIAL.lock().await;
+    const L: usize = 400;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml(&upstream, &redis.url(), "fw", L as u32).replace("ttl: 200ms", "ttl: 500ms");
+    let doomed = start_ready(&yaml).await;
+    let other = start_ready(&yaml).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    let first = until_holding(&doomed).await;
+    let held_when_killed = held(&doomed).await;
+    doomed.signal("KILL");
+
+    let rest = offer(&[other.addr()], L, 2).await;
+    let admitted = first + rest.iter().sum::<usize>();
+    assert!(admitted <= L, "{admitted} admitted of {L}");
+    assert!(
+        (L - admitted) as f64 <= held_when_killed,
+        "{admitted} admitted of {L}: more lost than the {held_when_killed} units held"
+    );
+    assert_eq!(upstream.count(), admitted);
+}
+
+/// SIGTERM: the leases go back before exit, so another sidecar then
+/// admits exactly what is left of the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_stopped_gives_its_leases_back() {
+    let _serial = SERIAL.lock().await;
+    const L: usize = 400;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml(&upstream, &redis.url(), "fw", L as u32)
+        .replace("ttl: 200ms", "ttl: 500ms")
+        .replace(
+            "  admin: 127.0.0.1:0\n",
+            "  admin: 127.0.0.1:0\n  shutdown_delay: 0s\n",
+        );
+    let mut stopping = start_ready(&yaml).await;
+    let other = start_ready(&yaml).await;
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    let first = until_holding(&stopping).await;
+    stopping.signal("TERM");
+    let exit = stopping.wait_exit(Duration::from_secs(10));
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "{exit:?}\n{}",
+        stopping.stderr()
+    );
+
+    // At once: nothing waits for a lease to end.
+    let rest = spread(&[other.addr()], "/api/x", L, 10).await;
+    assert_eq!(count(&rest, StatusCode::OK), L - first, "{rest:?}");
+    assert_eq!(upstream.count(), L);
+}
+
+/// On a 3-primary Cluster: the same exactness, the leases' returns going
+/// to the node of the subject's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_three_sidecars_admit_exactly_the_limit() {
+    let _serial = SERIAL.lock().await;
+    const L: usize = 300;
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let nodes = format!(
+        "  topology: cluster\n  nodes: {}\n",
+        RedisCluster::yaml_list(&cluster.urls()[..1])
+    );
+    let yaml = yaml(&upstream, "URL", "tb", L as u32).replace("  url: URL\n", &nodes);
+    let sluices = [
+        start_ready(&yaml).await,
+        start_ready(&yaml).await,
+        start_ready(&yaml).await,
+    ];
+    let addrs: Vec<_> = sluices.iter().map(Sidecar::addr).collect();
+
+    let rounds = offer(&addrs, 3 * L, 4).await;
+
+    assert!(rounds[0] <= L, "first burst {rounds:?}");
+    assert_eq!(
+        rounds.iter().sum::<usize>(),
+        L,
+        "admitted per round {rounds:?}"
+    );
+    assert_eq!(upstream.count(), L);
+    assert!(admitted_from_leases(&sluices).await >= (L / 2) as f64);
+}

@@ -1579,3 +1579,111 @@ fn check_says_what_starts_each_policys_counts_afresh() {
         "{notes}"
     );
 }
+
+/// A Redis file whose one policy is `policy` (a flow mapping's body).
+fn leased(policy: &str) -> String {
+    format!(
+        "version: 1
+server: {{ listen: 127.0.0.1:8080 }}
+upstream: {{ url: http://127.0.0.1:3000 }}
+store: {{ kind: redis, url: redis://127.0.0.1:6379 }}
+identity: {{ pseudonym_key: 0123456789abcdef0123 }}
+policies:
+  hot: {{ {policy} }}
+routes:
+  - {{ name: r, match: {{ path_prefix: /api }}, subject: global, policy: hot }}
+"
+    )
+}
+
+#[test]
+fn a_lease_is_on_with_its_defaults_written_or_off() {
+    use crate::limit::LeaseTerms;
+    let tb = "algorithm: token-bucket, capacity: 100, refill_every: 1s";
+    let terms = |text: &str| policy(&parse_ok(&leased(text)), "hot").lease;
+    let defaults = LeaseTerms {
+        ttl: Duration::from_millis(250),
+        max_share: 10,
+    };
+    assert_eq!(terms(tb), None);
+    assert_eq!(terms(&format!("{tb}, lease: off")), None);
+    assert_eq!(terms(&format!("{tb}, lease: on")), Some(defaults));
+    assert_eq!(terms(&format!("{tb}, lease: {{}}")), Some(defaults));
+    assert_eq!(
+        terms(&format!("{tb}, lease: {{ ttl: 100ms, max_share: 50% }}")),
+        Some(LeaseTerms {
+            ttl: Duration::from_millis(100),
+            max_share: 50,
+        })
+    );
+    let gcra = "algorithm: gcra, limit: 10, window: 1s, lease: on";
+    assert_eq!(terms(gcra), Some(defaults));
+    let fw = "algorithm: fixed-window, limit: 10, window: 1s, lease: on";
+    assert_eq!(terms(fw), Some(defaults));
+}
+
+#[test]
+fn a_lease_that_cannot_be_exact_is_refused_at_its_key() {
+    for (policy, says) in [
+        (
+            "algorithm: sliding-log, limit: 10, window: 1s, lease: on",
+            "sliding-log is never leased",
+        ),
+        (
+            "algorithm: sliding-counter, limit: 10, window: 1s, lease: on",
+            "sliding-counter is never leased",
+        ),
+        (
+            "algorithm: fixed-window, bands: [{ limit: 10, window: 1s }, { limit: 100, window: 1m }], lease: on",
+            "a fixed-window policy of several bands is never leased",
+        ),
+        (
+            "algorithm: concurrency, limit: 10, lease: on",
+            "`lease` is not a parameter of concurrency",
+        ),
+        (
+            "algorithm: gcra, limit: 10, window: 1s, lease: yes",
+            "expected `on`, `off` or `{ ttl, max_share }`",
+        ),
+        (
+            "algorithm: gcra, limit: 10, window: 1s, lease: { ttl: 0s }",
+            "policies.hot.lease.ttl",
+        ),
+        (
+            "algorithm: gcra, limit: 10, window: 1s, lease: { max_share: 0% }",
+            "policies.hot.lease.max_share",
+        ),
+        (
+            "algorithm: gcra, limit: 10, window: 1s, lease: { for: 1s }",
+            "unknown key",
+        ),
+        // The grant's record lives store.dedupe_window (1 s here).
+        (
+            "algorithm: gcra, limit: 10, window: 1s, lease: { ttl: 501ms }",
+            "at most half `store.dedupe_window` (1s)",
+        ),
+    ] {
+        let errors = parse_err(&leased(policy));
+        assert_eq!(errors.len(), 1, "{policy}: {errors:?}");
+        assert!(errors[0].starts_with("test.yaml:7:"), "{policy}: {errors:?}");
+        assert!(errors[0].contains(says), "{policy}: {errors:?}");
+    }
+    // Half the record's life is allowed.
+    parse_ok(&leased(
+        "algorithm: gcra, limit: 10, window: 1s, lease: { ttl: 500ms }",
+    ));
+}
+
+#[test]
+fn a_lease_on_the_memory_store_is_refused() {
+    let text = leased("algorithm: gcra, limit: 10, window: 1s, lease: on").replace(
+        "{ kind: redis, url: redis://127.0.0.1:6379 }",
+        "{ kind: memory }",
+    );
+    let errors = parse_err(&text);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("policies.hot.lease") && errors[0].contains("only to `kind: redis`"),
+        "{errors:?}"
+    );
+}

@@ -63,6 +63,7 @@ struct Entry {
     held: Option<Held>,
 }
 
+#[derive(Clone)]
 struct Held {
     policy: Arc<Policy>,
     id: EvaluationId,
@@ -92,6 +93,17 @@ impl Held {
             approximate: false,
         }
     }
+}
+
+/// A lease as `POST /explain` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldView {
+    /// What a request would be answered from it now.
+    pub answer: Decision,
+    /// Units it holds before that request.
+    pub units: u32,
+    /// Until it ends.
+    pub lasts: Duration,
 }
 
 /// Unspent units of a lease, to give back to the store with the grant's
@@ -358,19 +370,29 @@ impl Leases {
             .sum()
     }
 
-    /// The lease held for `policy` and `subject`: units left, and how long
-    /// it lasts from `now` (for `POST /explain`).
-    pub fn holding(
-        &self,
-        policy: &Policy,
-        subject: &Pseudonym,
-        now: Instant,
-    ) -> Option<(u32, Duration)> {
-        let key = key(policy, subject);
+    /// The lease held for `evaluation`'s policy and subject, if it could
+    /// pay for it at `now`: what it would answer, spending nothing, the
+    /// units it holds and how long it lasts (for `POST /explain`).
+    pub fn peek(&self, evaluation: &Evaluation<'_>, now: Instant) -> Option<HeldView> {
+        leased(evaluation.policy)?;
+        let key = key(evaluation.policy, evaluation.subject);
         let shard = self.shard(&key);
-        let held = shard.get(&key)?.held.as_ref()?;
-        (held.until > now && held.left > 0)
-            .then(|| (held.left, held.until.saturating_duration_since(now)))
+        let entry = shard.get(&key)?;
+        let held = entry.held.as_ref()?;
+        let pays = entry.numbers == evaluation.policy.numbers()
+            && held.until > now
+            && held.left >= evaluation.cost;
+        pays.then(|| {
+            let after = Held {
+                left: held.left - evaluation.cost,
+                ..held.clone()
+            };
+            HeldView {
+                answer: after.decision(now),
+                units: held.left,
+                lasts: held.until.saturating_duration_since(now),
+            }
+        })
     }
 
     fn give_up(&self, held: Option<Held>, key: &Key, returns: &mut Vec<Return>) {

@@ -200,16 +200,12 @@ impl Store {
         }
     }
 
-    /// The lease held here for `policy` and `subject`, if any: units left
-    /// and how long it lasts (for `POST /explain`).
-    pub fn lease_held(
-        &self,
-        policy: &Policy,
-        subject: &Pseudonym,
-    ) -> Option<(u32, std::time::Duration)> {
+    /// The lease held here that would pay for `evaluation` now, if any
+    /// (for `POST /explain`; nothing is spent).
+    pub fn lease(&self, evaluation: &Evaluation<'_>) -> Option<lease::HeldView> {
         match self {
             Store::Memory(_) => None,
-            Store::Redis(store, _) => store.lease_held(policy, subject),
+            Store::Redis(store, _) => store.lease(evaluation),
         }
     }
 

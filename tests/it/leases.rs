@@ -279,3 +279,96 @@ async fn on_a_cluster_three_sidecars_admit_exactly_the_limit() {
     assert_eq!(upstream.count(), L);
     assert!(admitted_from_leases(&sluices).await >= (L / 2) as f64);
 }
+
+/// `POST /explain` of a request to the hot route, with `token`.
+async fn explain(sluice: &Sidecar, token: &str) -> serde_json::Value {
+    let bearer = format!("Bearer {token}");
+    let described = serde_json::json!({"method": "GET", "path": "/api/x", "peer": "127.0.0.1"});
+    let (status, _, body) = crate::support::request(
+        admin(sluice),
+        http::Method::POST,
+        "/explain",
+        &[("Authorization", &bearer)],
+        bytes::Bytes::from(described.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    serde_json::from_slice(&body).expect("JSON")
+}
+
+/// Explain says when the answer would come from a lease held here, with
+/// what it holds, and spends nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_says_an_answer_comes_from_a_lease() {
+    let _serial = SERIAL.lock().await;
+    const TOKEN: &str = "lease-explain-token-8c41";
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml(&upstream, &redis.url(), "tb", 10_000)
+        .replace("ttl: 200ms", "ttl: 500ms")
+        .replace(
+            "  admin: 127.0.0.1:0\n",
+            &format!("  admin: 127.0.0.1:0\n  explain: {{ token: {TOKEN} }}\n"),
+        );
+    let sluice = start_ready(&yaml).await;
+
+    let cold = explain(&sluice, TOKEN).await;
+    assert_eq!(cold["answer"]["from_lease"], false, "{cold}");
+    assert!(
+        cold["routes"][0]["limits"][0].get("lease").is_none(),
+        "{cold}"
+    );
+
+    until_holding(&sluice).await;
+    let units = held(&sluice).await;
+    let hot = explain(&sluice, TOKEN).await;
+    assert_eq!(hot["answer"]["from_lease"], true, "{hot}");
+    let lease = &hot["routes"][0]["limits"][0]["lease"];
+    assert_eq!(lease["answers"], true, "{hot}");
+    assert_eq!(lease["units"].as_f64(), Some(units), "{hot}");
+    assert_eq!(
+        held(&sluice).await,
+        units,
+        "explaining spent from the lease"
+    );
+}
+
+/// `on_failure: local`: with Redis gone, a lease held is spent first, each
+/// of its units a 200 with no store call; the local fallback takes over
+/// only once it is spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_gone_a_lease_is_spent_before_the_local_fallback() {
+    let _serial = SERIAL.lock().await;
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = yaml(&upstream, &redis.url(), "tb", 10_000)
+        .replace("ttl: 200ms", "ttl: 500ms")
+        .replace(
+            "  on_failure: deny\n",
+            "  on_failure: local\n  local_share: 3\n",
+        )
+        .replace("  budget: 1s\n", "  budget: 100ms\n");
+    let sluice = start_ready(&yaml).await;
+    until_holding(&sluice).await;
+    redis.kill();
+
+    let units = held(&sluice).await as usize;
+    let before = admitted_from_leases(std::slice::from_ref(&sluice)).await;
+    for i in 0..units {
+        let (status, _, _) = crate::support::get(sluice.addr(), "/api/x", &[]).await;
+        assert_eq!(status, StatusCode::OK, "request {i} of the {units} held");
+    }
+    let after = admitted_from_leases(std::slice::from_ref(&sluice)).await;
+    assert_eq!(after - before, units as f64, "admitted from the lease");
+    let fallbacks = sample(&sluice, "sluice_store_fallbacks_total", &[]).await;
+    assert_eq!(
+        fallbacks.unwrap_or(0.0),
+        0.0,
+        "the fallback took over early"
+    );
+    // Spent: the next request is the local fallback's.
+    let (status, _, _) = crate::support::get(sluice.addr(), "/api/x", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let fallbacks = sample(&sluice, "sluice_store_fallbacks_total", &[]).await;
+    assert_eq!(fallbacks, Some(1.0), "the fallback did not take over");
+}

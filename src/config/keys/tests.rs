@@ -262,14 +262,24 @@ fn the_configuration_reference_shows_the_table() {
 /// Policies of each kind an entry key needs, a route with one limit, a
 /// route with several, and `default` written with one limit (`one`) or
 /// with a list of them (`several`).
-fn entries_base(default: &str) -> Yaml {
+fn entries_base(default: &str, key: &Key) -> Yaml {
+    // A lease needs a shared store, and its terms a lease.
+    let (store, lease) = match key.path.strip_prefix("policies.NAME.lease") {
+        None => ("{ kind: memory, max_entries: 1000 }", ""),
+        Some("") => ("{ kind: redis, url: redis://127.0.0.1:6379 }", ""),
+        Some(_) => (
+            "{ kind: redis, url: redis://127.0.0.1:6379 }",
+            ", lease: {}",
+        ),
+    };
     let text = format!(
         "version: 1
 server: {{ listen: 127.0.0.1:8080 }}
 upstream: {{ url: http://127.0.0.1:3000 }}
-store: {{ kind: memory, max_entries: 1000 }}
+store: {store}
+identity: {{ pseudonym_key: 0123456789abcdef0123 }}
 policies:
-  fw: {{ algorithm: fixed-window, limit: 5, window: 1s }}
+  fw: {{ algorithm: fixed-window, limit: 5, window: 1s{lease} }}
   tb: {{ algorithm: token-bucket, capacity: 5, refill_every: 1s }}
   c: {{ algorithm: concurrency, limit: 2 }}
 routes:
@@ -336,7 +346,7 @@ fn every_entry_default_is_what_leaving_it_out_means() {
         } else {
             "{ policy: fw }"
         };
-        let base = entries_base(default);
+        let base = entries_base(default, key);
         let bare = parse(&text(&base));
         let written = parse(&text(&with_entry(&base, key, value)));
         assert_eq!(
@@ -345,8 +355,13 @@ fn every_entry_default_is_what_leaving_it_out_means() {
             "{} = {value}",
             key.path
         );
-        // And another value is a change a reload takes.
-        if let Some(other) = another(key.kind, value) {
+        // And another value is a change a reload takes (a lease lasting at
+        // most half the default `store.dedupe_window`).
+        let other = match key.path {
+            "policies.NAME.lease.ttl" => Some("300ms".to_owned()),
+            _ => another(key.kind, value),
+        };
+        if let Some(other) = other {
             let changed = parse(&text(&with_entry(&base, key, &other)));
             assert_ne!(
                 format!("{:?}", bare.live),

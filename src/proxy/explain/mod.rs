@@ -28,6 +28,7 @@ use crate::config::Live;
 use crate::limit::{Decision, LimitPolicy, Outcome, Policy, Unavailable};
 use crate::path;
 use crate::route::SubjectSource;
+use crate::store::lease::HeldView;
 use crate::store::{Outcomes, Store};
 use crate::subject::{Pseudonym, Resolved};
 
@@ -121,11 +122,22 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
     let deadline = Instant::now() + live.store.budget;
     let (limits, evaluations) = plan::asked(&routed.checks, deadline);
     let rated = plan::rated(&limits, &evaluations);
+    // A request every limit of which a lease held here pays for is
+    // answered from them, with no store call: so is this one.
+    let leases: Vec<Option<HeldView>> = match source {
+        Source::Store(store, _) => evaluations.iter().map(|e| store.lease(e)).collect(),
+        Source::Offline => Vec::new(),
+    };
+    let from_leases = !leases.is_empty() && leases.iter().all(Option::is_some);
     let read = match source {
         Source::Store(store, fallback) => {
             let mut outcomes = Outcomes::empty();
-            for evaluation in &evaluations {
-                outcomes.list.push(store.peek(evaluation).await);
+            for (evaluation, lease) in evaluations.iter().zip(&leases) {
+                let outcome = match lease {
+                    Some(lease) if from_leases => Outcome::Allowed(lease.answer),
+                    _ => store.peek(evaluation).await,
+                };
+                outcomes.list.push(outcome);
             }
             Some((store, fallback, outcomes))
         }
@@ -138,13 +150,27 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         let mut limits = Vec::new();
         for check in routed.checks.iter().filter(|c| c.route_at == route_at) {
             let peeked = read.as_ref().and_then(|(store, fallback, outcomes)| {
-                let (limit, outcome) = rated
+                let (at, (limit, outcome)) = rated
                     .iter()
                     .zip(&outcomes.list)
-                    .find(|(limit, _)| std::ptr::eq(limit.check, check))?;
+                    .enumerate()
+                    .find(|(_, (limit, _))| std::ptr::eq(limit.check, check))?;
                 Some((*store, *fallback, limit, *outcome))
+                    .map(|peeked| (peeked, leases.get(at).copied().flatten()))
             });
-            limits.push(limit(check, live, source, peeked));
+            let lease = peeked.and_then(|(_, lease)| lease);
+            let mut json = limit(check, live, source, peeked.map(|(p, _)| p));
+            if let (Value::Object(map), Some(lease)) = (&mut json, lease) {
+                map.insert(
+                    "lease".to_owned(),
+                    json!({
+                        "units": lease.units,
+                        "seconds_left": seconds(lease.lasts),
+                        "answers": from_leases,
+                    }),
+                );
+            }
+            limits.push(json);
         }
         let found_by: Vec<&str> = match &matching {
             Some(matching) => methods
@@ -199,6 +225,7 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
             if let Value::Object(map) = &mut json {
                 map.insert("route".to_owned(), json!(&**route));
                 map.insert("policy".to_owned(), json!(policy));
+                map.insert("from_lease".to_owned(), json!(from_leases));
             }
             json
         }

@@ -14,7 +14,7 @@ use super::refund::Refund;
 use super::{Inner, RedisStore};
 use crate::limit::Outcome;
 use crate::store::deny_cache::DenyCache;
-use crate::store::lease::{Before, Return};
+use crate::store::lease::{Before, HeldView, Return};
 use crate::store::{Evaluation, EvaluationId, Outcomes, Source};
 use crate::telemetry::{LEASES_RETURNED, LEASE_UNITS_RETURNED};
 
@@ -210,13 +210,9 @@ impl RedisStore {
         outcome
     }
 
-    /// See [`crate::store::Store::lease_held`].
-    pub fn lease_held(
-        &self,
-        policy: &crate::limit::Policy,
-        subject: &crate::subject::Pseudonym,
-    ) -> Option<(u32, Duration)> {
-        self.inner.leases.holding(policy, subject, Instant::now())
+    /// See [`crate::store::Store::lease`].
+    pub fn lease(&self, evaluation: &Evaluation<'_>) -> Option<HeldView> {
+        self.inner.leases.peek(evaluation, Instant::now())
     }
 
     /// What `evaluations` spent from leases goes back to them: the request

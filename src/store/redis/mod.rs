@@ -156,6 +156,10 @@ impl RedisStore {
         let inner = Arc::new(Inner::new(redis, ttl_grace, budget)?);
         for policy in policies {
             inner.scripts.get(policy);
+            if policy.lease.is_some() {
+                // What is left of a lease goes back through it.
+                inner.scripts.refund(policy);
+            }
         }
         runtime.spawn(prepare(Arc::downgrade(&inner)));
         runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
@@ -324,18 +328,19 @@ impl RedisStore {
     /// loads those not seen before, in the background: their first
     /// requests then need no reload round.
     pub fn learn(&self, policies: &[Arc<Policy>]) {
-        let new: Vec<Arc<Policy>> = policies
-            .iter()
-            .filter(|p| !self.inner.scripts.has(p))
-            .cloned()
-            .collect();
-        if new.is_empty() {
-            return;
+        let mut new = false;
+        for policy in policies {
+            if !self.inner.scripts.has(policy) {
+                self.inner.scripts.get(policy);
+                new = true;
+            }
+            if policy.lease.is_some() {
+                new |= self.inner.scripts.refund(policy).1;
+            }
         }
-        for policy in &new {
-            self.inner.scripts.get(policy);
+        if new {
+            self.load_in_background();
         }
-        self.load_in_background();
     }
 
     /// Redis answered, the scripts are loaded, and the breaker is closed:

@@ -157,7 +157,16 @@ fn limit(limit: &Limit, store: &StoreLive) -> [String; 7] {
     let subject: Vec<String> = limit.subject.iter().map(subject).collect();
     let (limits, shadow, failure, revision) = match &limit.policy {
         LimitPolicy::Rate(p) => (
-            limits(p.bands()),
+            match p.lease {
+                // `50000 (+5000/1s) leased 250ms ≤10%`
+                Some(lease) => format!(
+                    "{} leased {} ≤{}%",
+                    limits(p.bands()),
+                    humantime::format_duration(lease.ttl),
+                    lease.max_share
+                ),
+                None => limits(p.bands()),
+            },
             if p.shadow { "yes" } else { "no" }.to_owned(),
             on_failure(
                 p.failure_mode(store.on_failure),

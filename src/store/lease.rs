@@ -209,7 +209,6 @@ impl Leases {
                 held.left -= evaluation.cost;
                 let decision = held.decision(now);
                 drop(shard);
-                self.admitted.increment(1);
                 self.held.decrement(f64::from(evaluation.cost));
                 return Before::Spent(decision);
             }
@@ -232,6 +231,12 @@ impl Leases {
         }
         self.give_up(held, &key, returns);
         Before::Ask { extra }
+    }
+
+    /// A request admitted from leases (every one of its limits spent from
+    /// one), counted once.
+    pub fn admitted(&self) {
+        self.admitted.increment(1);
     }
 
     /// `evaluation` asked for no lease after all, or its answer granted

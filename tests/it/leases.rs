@@ -372,3 +372,61 @@ async fn with_redis_gone_a_lease_is_spent_before_the_local_fallback() {
     let fallbacks = sample(&sluice, "sluice_store_fallbacks_total", &[]).await;
     assert_eq!(fallbacks, Some(1.0), "the fallback did not take over");
 }
+
+/// Two leased limits on one route (standalone: one call decides both and
+/// grants both leases): exact to the tighter one, most requests with no
+/// call. A route whose second limit is not leased costs one call per
+/// request, for that limit only (the leased one spends its lease), and
+/// no request of it counts as admitted from leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_are_admitted_from_leases_only_when_every_one_has_one() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  wide: { algorithm: token-bucket, capacity: 100000, refill_tokens: 1, refill_every: 1h, lease: { ttl: 500ms, max_share: 20% } }
+  tight: { algorithm: gcra, limit: 300, window: 1d, burst: 300, lease: { ttl: 500ms, max_share: 20% } }
+  plain: { algorithm: gcra, limit: 100000, window: 1d, burst: 100000 }
+";
+    let routes = "  - name: both
+    match: { path_prefix: /both }
+    limits:
+      - { policy: wide, subject: global }
+      - { policy: tight, subject: client_ip }
+  - name: mixed
+    match: { path_prefix: /mixed }
+    limits:
+      - { policy: wide, subject: global }
+      - { policy: plain, subject: client_ip }
+";
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
+        .replace("  budget: 50ms\n", "  budget: 1s\n");
+    let sluice = start_ready(&yaml).await;
+    let mut conn = redis.connection();
+    reset_stats(&mut conn);
+
+    let statuses = spread(&[sluice.addr()], "/both/x", 600, 10).await;
+    assert_eq!(count(&statuses, StatusCode::OK), 300, "{statuses:?}");
+    let calls = fcalls(&mut conn);
+    let from_leases = admitted_from_leases(std::slice::from_ref(&sluice)).await;
+    assert!(from_leases >= 150.0, "{from_leases} of 300 from leases");
+    assert!(calls < 200, "{calls} FCALLs for 600 requests, 300 admitted");
+
+    tokio::time::sleep(LEASES_BACK).await;
+    reset_stats(&mut conn);
+    let before = admitted_from_leases(std::slice::from_ref(&sluice)).await;
+    let statuses = spread(&[sluice.addr()], "/mixed/x", 200, 10).await;
+    assert_eq!(count(&statuses, StatusCode::OK), 200, "{statuses:?}");
+    let after = admitted_from_leases(std::slice::from_ref(&sluice)).await;
+    assert_eq!(
+        after, before,
+        "a request admitted with a limit that holds no lease"
+    );
+    // One call per request, and a few for `wide`'s leases (grants when
+    // spent out, returns).
+    let calls = fcalls(&mut conn);
+    assert!(
+        (200..=220).contains(&calls),
+        "{calls} FCALLs for 200 requests"
+    );
+    assert_eq!(upstream.count(), 500);
+}

@@ -37,6 +37,7 @@ impl RedisStore {
         self.give_back_leases(returns);
         let extra = match before {
             Before::Spent(decision) => {
+                leases.admitted();
                 let mut outcomes = Outcomes::at(0, Outcome::Allowed(decision));
                 outcomes.source = Source::Lease;
                 return outcomes;
@@ -69,9 +70,10 @@ impl RedisStore {
         let outcome = self.inner.evaluate(&take).await;
         let outcome = self.settle(&take, extra, asked, outcome);
         let outcome = match outcome {
-            // The larger charge did not fit; the request alone may, if
-            // what is left covers it.
-            Outcome::Denied(d) if d.remaining >= u64::from(evaluation.cost) => {
+            // The larger charge did not fit. The request alone may; and if
+            // not, its own denial says when it could pass (the larger
+            // one's would say later) and is remembered.
+            Outcome::Denied(_) => {
                 let alone = Evaluation {
                     id: EvaluationId::random(),
                     ..*evaluation
@@ -87,11 +89,13 @@ impl RedisStore {
         Outcomes::at(0, outcome)
     }
 
-    /// Several rate limits in one call (not on Cluster, where they are
-    /// decided limit by limit and a later refusal would give back what an
-    /// earlier lease was charged): all from their leases, or all from the
-    /// store, each asking for its lease where the book says so. `None`:
-    /// decide them as without leases (Cluster), unless all were spent from
+    /// Several rate limits. Those a lease held here pays for are spent
+    /// from it; the rest go to Redis in one call (not on Cluster, where
+    /// they are decided one by one and a later refusal would give back
+    /// what an earlier grant charged: `None` there, decided as without
+    /// leases, unless every limit was paid), asking for their leases where
+    /// the book says so. A refusal charges nothing in that call and the
+    /// spent units go back to their leases. `None`: decide them as without
     /// leases.
     pub(super) async fn evaluate_all_leased(
         &self,
@@ -106,71 +110,110 @@ impl RedisStore {
             .map(|e| leases.before(e, now, &mut returns))
             .collect();
         self.give_back_leases(returns);
-        let spent: Option<SmallVec<[Outcome; 2]>> = befores
-            .iter()
-            .map(|b| match b {
-                Before::Spent(decision) => Some(Outcome::Allowed(*decision)),
-                Before::Ask { .. } => None,
-            })
-            .collect();
-        if let Some(list) = spent {
+        let spent = |b: &Before| match b {
+            Before::Spent(decision) => Some(Outcome::Allowed(*decision)),
+            Before::Ask { .. } => None,
+        };
+        if let Some(list) = befores.iter().map(spent).collect::<Option<SmallVec<_>>>() {
+            leases.admitted();
             return Some(Outcomes {
                 first: 0,
                 list,
                 source: Source::Lease,
             });
         }
-        // Not all from leases: those spent are charged in the store instead.
-        let mut asks = SmallVec::<[u32; 2]>::new();
-        for (e, before) in evaluations.iter().zip(&befores) {
-            asks.push(match before {
-                Before::Spent(_) => {
+        let unspend = || {
+            for (e, before) in evaluations.iter().zip(&befores) {
+                if let Before::Spent(_) = before {
                     leases.unspend(e);
-                    0
                 }
-                Before::Ask { extra } => *extra,
-            });
-        }
+            }
+        };
         if !one_call {
+            unspend();
             for e in evaluations {
                 leases.asked(e);
             }
             return None;
         }
-        if asks.iter().any(|&extra| extra > 0) {
-            let takes: SmallVec<[Evaluation<'_>; 2]> = evaluations
-                .iter()
-                .zip(&asks)
-                .map(|(e, &extra)| Evaluation {
-                    cost: e.cost + extra,
-                    ..*e
-                })
-                .collect();
-            let asked = Instant::now();
-            let outcomes = self.inner.evaluate_several(&takes).await;
-            if !blocked(&takes, &outcomes) {
-                return Some(self.settle_all(&takes, &asks, asked, outcomes));
-            }
-            // One call, all or nothing: nothing was charged. The request
-            // alone may fit where it and its leases did not (under new
-            // ids: the first ones' records say denied).
-            for e in evaluations {
+        // The limits Redis is asked for, in the order written.
+        let asked_for: SmallVec<[usize; 2]> = (0..evaluations.len())
+            .filter(|&i| matches!(befores[i], Before::Ask { .. }))
+            .collect();
+        let extras: SmallVec<[u32; 2]> = asked_for
+            .iter()
+            .map(|&i| match befores[i] {
+                Before::Ask { extra } => extra,
+                Before::Spent(_) => 0,
+            })
+            .collect();
+        let takes: SmallVec<[Evaluation<'_>; 2]> = asked_for
+            .iter()
+            .zip(&extras)
+            .map(|(&i, &extra)| Evaluation {
+                cost: evaluations[i].cost + extra,
+                ..evaluations[i]
+            })
+            .collect();
+        let sent_at = Instant::now();
+        let mut outcomes = self.several_or_one(&takes).await;
+        let mut extras = extras;
+        if blocked(&takes, &outcomes) && extras.iter().any(|&x| x > 0) {
+            // All or nothing: nothing was charged. The request alone may
+            // fit where it and its leases did not (under new ids: the
+            // first ones' records say denied).
+            for e in &takes {
                 leases.asked(e);
             }
-            let alone: SmallVec<[Evaluation<'_>; 2]> = evaluations
+            let alone: SmallVec<[Evaluation<'_>; 2]> = asked_for
                 .iter()
-                .map(|e| Evaluation {
+                .map(|&i| Evaluation {
                     id: EvaluationId::random(),
-                    ..*e
+                    ..evaluations[i]
                 })
                 .collect();
-            let asked = Instant::now();
-            let outcomes = self.inner.evaluate_several(&alone).await;
-            return Some(self.settle_all(&alone, &[0; 0], asked, outcomes));
+            let sent_at = Instant::now();
+            outcomes = self.several_or_one(&alone).await;
+            extras = SmallVec::new();
+            outcomes = self.settle_all(&alone, &extras, sent_at, outcomes);
+        } else {
+            outcomes = self.settle_all(&takes, &extras, sent_at, outcomes);
         }
-        let asked = Instant::now();
-        let outcomes = self.inner.evaluate_several(evaluations).await;
-        Some(self.settle_all(evaluations, &[0; 0], asked, outcomes))
+        if blocked(&takes, &outcomes) {
+            unspend();
+        }
+        if outcomes.first > 0 {
+            // A limit known to block before any was asked: its alone.
+            let first = asked_for[outcomes.first];
+            return Some(Outcomes::at(first, outcomes.list[0]));
+        }
+        // Every limit's outcome in the order written, up to the first that
+        // blocks: the spent ones' from their leases, the others' from Redis.
+        let mut merged = Outcomes::empty();
+        let mut answered = outcomes.list.iter();
+        for (e, before) in evaluations.iter().zip(&befores) {
+            let outcome = match spent(before) {
+                Some(outcome) => outcome,
+                None => match answered.next() {
+                    Some(outcome) => *outcome,
+                    None => break,
+                },
+            };
+            merged.list.push(outcome);
+            if outcome.blocks(e.policy.shadow) {
+                break;
+            }
+        }
+        Some(merged)
+    }
+
+    /// One call for `takes`: of the script of several limits, or the
+    /// policy's own for one.
+    async fn several_or_one(&self, takes: &[Evaluation<'_>]) -> Outcomes {
+        match takes {
+            [one] => Outcomes::at(0, self.inner.evaluate(one).await),
+            several => self.inner.evaluate_several(several).await,
+        }
     }
 
     /// [`RedisStore::settle`] for each limit answered (`extras` missing:

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Evaluation, EvaluationId};
-use crate::limit::{Algorithm, Decision, LeaseTerms, Outcome, Policy};
+use crate::limit::{Algorithm, Bands, Decision, LeaseTerms, Outcome, Policy};
 use crate::subject::Pseudonym;
 use crate::sync;
 use crate::telemetry::{LEASES_GRANTED, LEASE_ADMITTED, LEASE_UNITS_HELD};
@@ -85,9 +85,7 @@ impl Held {
             allowed: true,
             band: self.granted.band,
             remaining: self.granted.remaining + u64::from(self.left),
-            reset_after: self
-                .granted
-                .reset_after
+            reset_after: reset_with(&self.policy, &self.granted, self.left)
                 .saturating_sub(now.saturating_duration_since(self.sent_at)),
             retry_after: Duration::ZERO,
             approximate: false,
@@ -104,6 +102,44 @@ pub struct HeldView {
     pub units: u32,
     /// Until it ends.
     pub lasts: Duration,
+}
+
+/// The grant's binding band back to full, as it would be with `unspent`
+/// of the lease's units never charged: the store said when it would be
+/// with all of them spent. A token bucket refills by whole periods of
+/// `refill_tokens`, a GCRA's arrival time moves one interval per unit; a
+/// fixed window is full again when it ends, whatever was spent.
+fn reset_with(policy: &Policy, granted: &Decision, unspent: u32) -> Duration {
+    let unspent = u64::from(unspent);
+    match policy.bands() {
+        Bands::TokenBucket(bands) => {
+            let Some(band) = bands.get(granted.band) else {
+                return granted.reset_after;
+            };
+            let capacity = u64::from(band.capacity.get());
+            let refill = u64::from(band.refill_tokens.get());
+            let charged = granted.remaining.min(capacity);
+            let uncharged = (charged + unspent).min(capacity);
+            if uncharged == capacity {
+                return Duration::ZERO;
+            }
+            let periods = |deficit: u64| deficit.div_ceil(refill);
+            let fewer = periods(capacity - charged) - periods(capacity - uncharged);
+            let fewer = u32::try_from(fewer).unwrap_or(u32::MAX);
+            granted
+                .reset_after
+                .saturating_sub(band.refill_every.saturating_mul(fewer))
+        }
+        Bands::Gcra(bands) => match bands.get(granted.band) {
+            Some(band) => granted.reset_after.saturating_sub(Duration::from_micros(
+                unspent.saturating_mul(band.emission_interval_us()),
+            )),
+            None => granted.reset_after,
+        },
+        Bands::FixedWindow(_) | Bands::SlidingCounter(_) | Bands::SlidingLog(_) => {
+            granted.reset_after
+        }
+    }
 }
 
 /// Unspent units of a lease, to give back to the store with the grant's
@@ -323,10 +359,7 @@ impl Leases {
         self.granted.increment(1);
         self.held.increment(f64::from(extra));
         self.give_up(old, &key, returns);
-        Outcome::Allowed(Decision {
-            reset_after: decision.reset_after,
-            ..answer
-        })
+        Outcome::Allowed(answer)
     }
 
     /// Every lease ended by `now`, and the followed subjects gone quiet.

@@ -119,7 +119,7 @@ fn a_subject_seen_once_is_never_leased_and_a_second_time_is() {
 #[test]
 fn a_lease_pays_until_spent_and_the_answers_count_down() {
     let book = Leases::new(64);
-    let p = bucket(1000, terms(250, 50));
+    let p = window(1000, terms(250, 50));
     let a = subject("a");
     let t0 = Instant::now();
     let mut returns = Vec::new();
@@ -211,6 +211,35 @@ fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
         ));
     }
     assert!(returns.is_empty());
+}
+
+#[test]
+fn a_spent_answer_says_when_the_bucket_would_be_full_with_what_is_held_back() {
+    let book = Leases::new(64);
+    // 1000 tokens, one back a second: 13 taken (one request, a lease of
+    // 12) is full again in 13 s.
+    let p = bucket(1000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    let first = ask(&p, &a, 1, t0);
+    book.before(&first, t0, &mut returns);
+    book.after(&first, 0, t0, allowed(999, 1_000), &mut returns);
+    let grant = ask(&p, &a, 1, t0);
+    assert_eq!(
+        book.before(&grant, t0, &mut returns),
+        Before::Ask { extra: 2 }
+    );
+    let answer = book.after(&grant, 2, t0, allowed(996, 4_000), &mut returns);
+    // Its own and the first request's tokens out, the lease's not.
+    let Outcome::Allowed(d) = answer else {
+        panic!("{answer:?}")
+    };
+    assert_eq!((d.remaining, d.reset_after), (998, MS * 2_000));
+    let Before::Spent(d) = book.before(&ask(&p, &a, 1, t0), t0 + MS * 10, &mut returns) else {
+        panic!("not spent")
+    };
+    assert_eq!((d.remaining, d.reset_after), (997, MS * 2_990));
 }
 
 #[test]

@@ -140,13 +140,28 @@ function delay() return pause end
 """
 
 
-def busy_share():
-    """(busy, total) jiffies of the whole machine so far, from /proc/stat:
-    the difference over a run says how busy both CPUs were, whoever's work."""
+# Every process this script started (filled in by `session`).
+OUR_PIDS = []
+
+
+def cpu_split():
+    """(busy CPU seconds of the whole machine, CPU seconds of this script,
+    the processes it started and its reaped children such as wrk) so far:
+    the difference over a run is what other work on the machine took."""
+    import resource
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return sum(v) - idle, sum(v)
+    ours = 0.0
+    for pid in OUR_PIDS:
+        try:
+            ours += tools.cpu_seconds(pid)
+        except OSError:
+            pass
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        ru = resource.getrusage(who)
+        ours += ru.ru_utime + ru.ru_stime
+    return (sum(v) - idle) / tools.CLK_TCK, ours
 
 
 def log(msg):
@@ -502,9 +517,11 @@ def measure_one(server, path, route, redis, seconds):
     redis.cmd("CONFIG", "RESETSTAT")
     rcpu0 = redis.cpu_seconds()
     cpu0 = tools.cpu_seconds(server.pid)
-    busy0 = busy_share()
+    busy0, ours0 = cpu_split()
+    t0 = time.monotonic()
     wrk = tools.run_wrk(f"http://127.0.0.1:{server.port}{path}", CONNS, seconds, CPU_REST)
-    busy1 = busy_share()
+    wall = time.monotonic() - t0
+    busy1, ours1 = cpu_split()
     cpu = tools.cpu_seconds(server.pid) - cpu0
     rcpu = redis.cpu_seconds() - rcpu0
     calls = redis.commandstats()
@@ -512,7 +529,8 @@ def measure_one(server, path, route, redis, seconds):
     allowed = figs["outcomes"].get("allowed", 0)
     n = max(1, wrk["requests"])
     return dict(wrk, cpu_s=cpu, cpu_us_per_req=cpu * 1e6 / n, redis_cpu_s=rcpu,
-                machine_busy=(busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]),
+                # CPUs' worth of other work on the machine during the run.
+                others_cpus=max(0.0, (busy1 - busy0) - (ours1 - ours0)) / wall,
                 loadavg=os.getloadavg()[0],
                 allowed=allowed, redis_cpu_us_per_allowed=rcpu * 1e6 / allowed if allowed else None,
                 redis_fcalls=redis_calls(calls), metrics=figs)
@@ -534,7 +552,7 @@ def test_single(red, mem, redis, settings):
             runs[key].append(run)
             log(f"  round {r + 1} {key:<12} {run['rps']:>8.0f} req/s, sluice {run['cpu_us_per_req']:.1f} µs/req, "
                 f"redis {_f(run['redis_cpu_us_per_allowed'], 2)} µs/allowed, {run['redis_fcalls']} FCALLs, "
-                f"outcomes {run['metrics']['outcomes']}")
+                f"others {run['others_cpus']:.2f} CPUs, outcomes {run['metrics']['outcomes']}")
             time.sleep(0.3)
     n = settings["single_rounds"]
     ratios = {
@@ -754,6 +772,12 @@ def summarize(calls, single, ratios, exact):
     notes.append(f"test 1, lease on, FCALLs per allowed request by kind: grants + refunds "
                  f"{_f(grants and grants['median'], 4)}, plain decisions (no lease held, or one being "
                  f"asked for) {_f(plain and plain['median'], 4)}.")
+    others = med([r["others_cpus"] for runs in single.values() for r in runs])
+    if others:
+        notes.append(f"other work on the machine during tests 2–4 (busy CPU from /proc/stat less this "
+                     f"script's processes): median {others['median']:.2f} CPUs, "
+                     f"{others['min']:.2f}–{others['max']:.2f}; each round's figure is in leases.json "
+                     "(`others_cpus`).")
     notes.append("test 1's pacing is wrk's Lua `delay()` (each connection waits after every answer), "
                  "so it is paced closed loop, not a true open loop.")
     notes.append("test 4's lease-on figure divides a small CPU delta (INFO cpu, about 1 ms resolution "
@@ -791,6 +815,7 @@ def session(procs, workdir, args, settings):
         status = tools.http_status(s.port, "/hot")
         if status != 200:
             raise SystemExit(f"{s.name}: /hot answered {status}, expected 200")
+    OUR_PIDS[:] = [p.pid for _, p in procs._procs]
     redis = Redis(redis_srv.port)
     script = os.path.join(workdir, "paced.lua")
     with open(script, "w") as f:

@@ -13,26 +13,15 @@
 //! (it would have been asked of the store again soonest anyway). The cache
 //! never answers "allowed".
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::limit::{Decision, Policy};
 use crate::subject::Pseudonym;
-use crate::sync;
 use crate::telemetry::DENY_CACHE_HITS;
 
-const SHARDS: usize = 16;
-
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Key {
-    policy: Arc<str>,
-    revision: Arc<str>,
-    subject: Pseudonym,
-}
+use super::shards::{Shards, SubjectKey, SHARDS};
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -46,8 +35,7 @@ struct Entry {
 }
 
 pub struct DenyCache {
-    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
-    hasher: std::collections::hash_map::RandomState,
+    shards: Shards<Entry>,
     per_shard: usize,
     hits: metrics::Counter,
 }
@@ -56,8 +44,7 @@ impl DenyCache {
     /// `capacity` entries in all (at least one per shard).
     pub fn new(capacity: usize) -> DenyCache {
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: Default::default(),
+            shards: Shards::default(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
             hits: metrics::counter!(DENY_CACHE_HITS),
         }
@@ -72,8 +59,8 @@ impl DenyCache {
         cost: u32,
         now: Instant,
     ) -> Option<Decision> {
-        let key = key(policy, subject);
-        let mut shard = self.shard(&key);
+        let key = SubjectKey::new(policy, subject);
+        let mut shard = self.shards.lock(&key);
         let entry = *shard.get(&key)?;
         if entry.until <= now || entry.numbers != policy.numbers() {
             shard.remove(&key);
@@ -108,9 +95,9 @@ impl DenyCache {
         if decision.allowed || decision.retry_after == Duration::ZERO {
             return;
         }
-        let key = key(policy, subject);
+        let key = SubjectKey::new(policy, subject);
         let until = arrival + decision.retry_after;
-        let mut shard = self.shard(&key);
+        let mut shard = self.shards.lock(&key);
         if shard.len() >= self.per_shard && !shard.contains_key(&key) {
             let now = Instant::now();
             shard.retain(|_, e| e.until > now);
@@ -137,25 +124,11 @@ impl DenyCache {
     }
 
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| sync::lock(s).len()).sum()
+        self.shards.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
-        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
-        // A poisoned shard holds whole entries only; keep using it.
-        sync::lock(&self.shards[i])
-    }
-}
-
-fn key(policy: &Policy, subject: &Pseudonym) -> Key {
-    Key {
-        policy: policy.name.clone(),
-        revision: policy.revision.clone(),
-        subject: *subject,
     }
 }
 
@@ -255,7 +228,7 @@ mod tests {
         let t0 = Instant::now();
         // Find two subjects in the same shard.
         let first = subject("s0");
-        let shard_of = |s: &Pseudonym| (cache.hasher.hash_one(key(&p, s)) as usize) % SHARDS;
+        let shard_of = |s: &Pseudonym| cache.shards.index(&SubjectKey::new(&p, s));
         let second = (1..10_000)
             .map(|i| subject(&format!("s{i}")))
             .find(|s| shard_of(s) == shard_of(&first))

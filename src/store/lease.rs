@@ -22,28 +22,19 @@
 //! full is simply not followed, and so decided one call per request.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::shards::{Shards, SubjectKey};
 use super::{Evaluation, EvaluationId};
 use crate::limit::{Algorithm, Bands, Decision, LeaseTerms, Outcome, Policy};
 use crate::subject::Pseudonym;
-use crate::sync;
 use crate::telemetry::{LEASES_GRANTED, LEASE_ADMITTED, LEASE_UNITS_HELD};
 
-const SHARDS: usize = 16;
 /// Subjects followed at once, per sidecar. An entry is about 200 bytes.
 pub const FOLLOWED: usize = 65_536;
-
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Key {
-    policy: Arc<str>,
-    revision: Arc<str>,
-    subject: Pseudonym,
-}
 
 struct Entry {
     /// The policy's numbers when the entry was made: a reload that changes
@@ -175,8 +166,7 @@ pub enum Before {
 }
 
 pub struct Leases {
-    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
-    hasher: std::collections::hash_map::RandomState,
+    shards: Shards<Entry>,
     per_shard: usize,
     granted: metrics::Counter,
     admitted: metrics::Counter,
@@ -193,9 +183,8 @@ impl Leases {
     /// Following at most `subjects` subjects (at least one per shard).
     pub fn new(subjects: usize) -> Leases {
         Leases {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: Default::default(),
-            per_shard: subjects.div_ceil(SHARDS).max(1),
+            shards: Shards::default(),
+            per_shard: subjects.div_ceil(super::shards::SHARDS).max(1),
             granted: metrics::counter!(LEASES_GRANTED),
             admitted: metrics::counter!(LEASE_ADMITTED),
             held: metrics::gauge!(LEASE_UNITS_HELD),
@@ -215,8 +204,8 @@ impl Leases {
         let Some(terms) = leased(policy) else {
             return Before::Ask { extra: 0 };
         };
-        let key = key(policy, evaluation.subject);
-        let mut shard = self.shard(&key);
+        let key = SubjectKey::new(policy, evaluation.subject);
+        let mut shard = self.shards.lock(&key);
         let entry = match shard.get_mut(&key) {
             Some(entry) if entry.numbers == policy.numbers() => entry,
             _ => {
@@ -278,8 +267,8 @@ impl Leases {
     /// `evaluation` asked for no lease after all, or its answer granted
     /// none: another request may ask.
     pub fn asked(&self, evaluation: &Evaluation<'_>) {
-        let key = key(evaluation.policy, evaluation.subject);
-        if let Some(entry) = self.shard(&key).get_mut(&key) {
+        let key = SubjectKey::new(evaluation.policy, evaluation.subject);
+        if let Some(entry) = self.shards.lock(&key).get_mut(&key) {
             entry.asking = None;
         }
     }
@@ -288,8 +277,8 @@ impl Leases {
     /// request having been refused by another of its limits), if it is
     /// still held.
     pub fn unspend(&self, evaluation: &Evaluation<'_>) {
-        let key = key(evaluation.policy, evaluation.subject);
-        let mut shard = self.shard(&key);
+        let key = SubjectKey::new(evaluation.policy, evaluation.subject);
+        let mut shard = self.shards.lock(&key);
         if let Some(held) = shard.get_mut(&key).and_then(|e| e.held.as_mut()) {
             held.left += evaluation.cost;
             self.held.increment(f64::from(evaluation.cost));
@@ -313,8 +302,8 @@ impl Leases {
         let Some(terms) = leased(policy) else {
             return outcome;
         };
-        let key = key(policy, evaluation.subject);
-        let mut shard = self.shard(&key);
+        let key = SubjectKey::new(policy, evaluation.subject);
+        let mut shard = self.shards.lock(&key);
         let Some(entry) = shard.get_mut(&key) else {
             // No longer followed (made room for others): a lease charged
             // all the same goes straight back.
@@ -365,8 +354,7 @@ impl Leases {
     /// Every lease ended by `now`, and the followed subjects gone quiet.
     pub fn ended(&self, now: Instant) -> Vec<Return> {
         let mut returns = Vec::new();
-        for shard in self.shards.iter() {
-            let mut shard = sync::lock(shard);
+        for mut shard in self.shards.each() {
             let mut ended = Vec::new();
             shard.retain(|key, entry| {
                 if entry.held.as_ref().is_some_and(|h| h.until <= now) {
@@ -384,8 +372,7 @@ impl Leases {
     /// Every lease held, ended or not (a sidecar stopping).
     pub fn drain(&self) -> Vec<Return> {
         let mut returns = Vec::new();
-        for shard in self.shards.iter() {
-            let mut shard = sync::lock(shard);
+        for mut shard in self.shards.each() {
             for (key, entry) in shard.iter_mut() {
                 let held = entry.held.take();
                 self.give_up(held, key, &mut returns);
@@ -397,10 +384,9 @@ impl Leases {
     /// Units held in leases now.
     pub fn held(&self) -> u64 {
         self.shards
-            .iter()
+            .each()
             .map(|s| {
-                sync::lock(s)
-                    .values()
+                s.values()
                     .filter_map(|e| e.held.as_ref())
                     .map(|h| u64::from(h.left))
                     .sum::<u64>()
@@ -413,8 +399,8 @@ impl Leases {
     /// units it holds and how long it lasts (for `POST /explain`).
     pub fn peek(&self, evaluation: &Evaluation<'_>, now: Instant) -> Option<HeldView> {
         leased(evaluation.policy)?;
-        let key = key(evaluation.policy, evaluation.subject);
-        let shard = self.shard(&key);
+        let key = SubjectKey::new(evaluation.policy, evaluation.subject);
+        let shard = self.shards.lock(&key);
         let entry = shard.get(&key)?;
         let held = entry.held.as_ref()?;
         let pays = entry.numbers == evaluation.policy.numbers()
@@ -433,7 +419,7 @@ impl Leases {
         })
     }
 
-    fn give_up(&self, held: Option<Held>, key: &Key, returns: &mut Vec<Return>) {
+    fn give_up(&self, held: Option<Held>, key: &SubjectKey, returns: &mut Vec<Return>) {
         let Some(held) = held else { return };
         if held.left == 0 {
             return;
@@ -445,11 +431,6 @@ impl Leases {
             id: held.id,
             units: held.left,
         });
-    }
-
-    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
-        let i = (self.hasher.hash_one(key) as usize) % self.shards.len();
-        sync::lock(&self.shards[i])
     }
 }
 
@@ -475,7 +456,7 @@ impl Entry {
 
 /// Drops the subjects of `shard` gone quiet and holding nothing; whether
 /// there is room now.
-fn make_room(shard: &mut HashMap<Key, Entry>, now: Instant) -> bool {
+fn make_room(shard: &mut HashMap<SubjectKey, Entry>, now: Instant) -> bool {
     let before = shard.len();
     shard.retain(|_, e| e.held.is_some() || !e.quiet(now));
     shard.len() < before
@@ -513,14 +494,6 @@ pub fn extra(
     let room = u64::from(max_cost.saturating_sub(cost));
     // At most `room`, itself a u32.
     want.min(share).min(room) as u32
-}
-
-fn key(policy: &Policy, subject: &Pseudonym) -> Key {
-    Key {
-        policy: policy.name.clone(),
-        revision: policy.revision.clone(),
-        subject: *subject,
-    }
 }
 
 #[cfg(test)]

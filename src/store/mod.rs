@@ -10,6 +10,7 @@ pub mod lease;
 pub mod memory;
 pub mod memory_bound;
 pub mod redis;
+mod shards;
 
 use std::fmt;
 

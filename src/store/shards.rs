@@ -1,0 +1,70 @@
+//! The sidecar's own books of subjects (the over-limit cache, the leases):
+//! one policy's subject as the key, and sixteen maps behind their own
+//! locks, so requests of different subjects seldom wait for each other.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::limit::Policy;
+use crate::subject::Pseudonym;
+use crate::sync;
+
+pub const SHARDS: usize = 16;
+
+/// One subject of one policy, under its revision (a policy changed in what
+/// its counts mean is another key).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SubjectKey {
+    policy: Arc<str>,
+    revision: Arc<str>,
+    pub subject: Pseudonym,
+}
+
+impl SubjectKey {
+    pub fn new(policy: &Policy, subject: &Pseudonym) -> SubjectKey {
+        SubjectKey {
+            policy: policy.name.clone(),
+            revision: policy.revision.clone(),
+            subject: *subject,
+        }
+    }
+}
+
+pub struct Shards<V> {
+    shards: Box<[Mutex<HashMap<SubjectKey, V>>]>,
+    hasher: RandomState,
+}
+
+impl<V> Default for Shards<V> {
+    fn default() -> Shards<V> {
+        Shards {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+}
+
+impl<V> Shards<V> {
+    /// Which shard holds `key`.
+    pub fn index(&self, key: &SubjectKey) -> usize {
+        (self.hasher.hash_one(key) as usize) % SHARDS
+    }
+
+    /// The shard that holds `key`. A poisoned shard holds whole entries
+    /// only: it is used on.
+    pub fn lock(&self, key: &SubjectKey) -> MutexGuard<'_, HashMap<SubjectKey, V>> {
+        sync::lock(&self.shards[self.index(key)])
+    }
+
+    /// Every shard, locked one after another.
+    pub fn each(&self) -> impl Iterator<Item = MutexGuard<'_, HashMap<SubjectKey, V>>> {
+        self.shards.iter().map(sync::lock)
+    }
+
+    /// Entries in all.
+    pub fn len(&self) -> usize {
+        self.each().map(|s| s.len()).sum()
+    }
+}

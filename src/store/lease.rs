@@ -57,8 +57,12 @@ struct Entry {
 #[derive(Clone)]
 struct Held {
     policy: Arc<Policy>,
+    /// The latest grant's: what is left goes back through its record.
     id: EvaluationId,
     left: u32,
+    /// Units the latest grant brought: a lease spent below half of them
+    /// is topped up ahead of its end.
+    size: u32,
     until: Instant,
     /// Taken before the grant was sent: every instant derived from it is
     /// at or before the store's own.
@@ -153,6 +157,13 @@ impl Return {
             id: self.id,
         }
     }
+}
+
+/// A block to add to a lease, asked for in the background.
+pub struct TopUp {
+    pub policy: Arc<Policy>,
+    pub subject: Pseudonym,
+    pub units: u32,
 }
 
 /// What to do with one evaluation before the store is asked.
@@ -258,6 +269,124 @@ impl Leases {
         Before::Ask { extra }
     }
 
+    /// After a request spent from `evaluation`'s lease: a top-up to ask
+    /// the store for in the background, when the lease is below half of
+    /// what its last grant brought and no one is asking already, so a hot
+    /// subject's requests keep being paid while the grant is on its way
+    /// (instead of each going to the store until it lands).
+    pub fn top_up(&self, evaluation: &Evaluation<'_>, now: Instant) -> Option<TopUp> {
+        let policy = evaluation.policy;
+        let terms = leased(policy)?;
+        let key = SubjectKey::new(policy, evaluation.subject);
+        let mut shard = self.shards.lock(&key);
+        let entry = shard.get_mut(&key)?;
+        let held = entry.held.as_ref()?;
+        let asking = entry.asking.is_some_and(|since| now < since + terms.ttl);
+        if asking || held.left.saturating_mul(2) >= held.size {
+            return None;
+        }
+        // A block as a grant would take, beside the request's own cost.
+        let units = extra(
+            terms,
+            entry.seen.max(entry.before),
+            evaluation.cost,
+            entry.left_in_store,
+            policy.max_cost(),
+        );
+        if units == 0 {
+            return None;
+        }
+        entry.asking = Some(now);
+        Some(TopUp {
+            policy: Arc::clone(&held.policy),
+            subject: *evaluation.subject,
+            units,
+        })
+    }
+
+    /// The store's answer to `top`, asked under `id` at `sent_at`: its
+    /// units join the lease held (which then lasts from this grant), or
+    /// become one. A fixed window's top-up counted in another window than
+    /// the lease's goes back: its units could be spent in the wrong one.
+    pub fn topped(
+        &self,
+        top: &TopUp,
+        id: EvaluationId,
+        sent_at: Instant,
+        outcome: Outcome,
+        returns: &mut Vec<Return>,
+    ) {
+        let policy = &top.policy;
+        let key = SubjectKey::new(policy, &top.subject);
+        let mut shard = self.shards.lock(&key);
+        let back = Return {
+            policy: Arc::clone(policy),
+            subject: top.subject,
+            id,
+            units: top.units,
+        };
+        let Some(entry) = shard.get_mut(&key) else {
+            if let Outcome::Allowed(_) = outcome {
+                returns.push(back);
+            }
+            return;
+        };
+        entry.asking = None;
+        let decision = match outcome {
+            Outcome::Allowed(decision) => decision,
+            Outcome::Denied(decision) => {
+                entry.left_in_store = Some(decision.remaining);
+                return;
+            }
+            Outcome::Unavailable(_) | Outcome::Indeterminate | Outcome::Incompatible(_) => return,
+        };
+        entry.left_in_store = Some(decision.remaining);
+        let Some(terms) = policy.lease else {
+            returns.push(back);
+            return;
+        };
+        let lasts = match policy.algorithm() {
+            Algorithm::FixedWindow => terms.ttl.min(decision.reset_after),
+            _ => terms.ttl,
+        };
+        let window_ends = sent_at + decision.reset_after;
+        let joins = match &entry.held {
+            None => true,
+            Some(_) if entry.numbers != policy.numbers() => false,
+            Some(held) => match policy.algorithm() {
+                // The same window if it ends when the lease's does, give
+                // or take the time a call takes (a window is 1 ms at least).
+                Algorithm::FixedWindow => {
+                    let ours = held.sent_at + held.granted.reset_after;
+                    let apart = if ours > window_ends {
+                        ours - window_ends
+                    } else {
+                        window_ends - ours
+                    };
+                    apart < decision.reset_after.min(held.granted.reset_after) / 2
+                        || apart < Duration::from_micros(500)
+                }
+                _ => true,
+            },
+        };
+        if !joins {
+            returns.push(back);
+            return;
+        }
+        let left = entry.held.as_ref().map_or(0, |h| h.left) + top.units;
+        entry.held = Some(Held {
+            policy: Arc::clone(policy),
+            id,
+            left,
+            size: top.units,
+            until: sent_at + lasts,
+            sent_at,
+            granted: decision,
+        });
+        self.granted.increment(1);
+        self.held.increment(f64::from(top.units));
+    }
+
     /// A request admitted from leases (every one of its limits spent from
     /// one), counted once.
     pub fn admitted(&self) {
@@ -339,6 +468,7 @@ impl Leases {
             policy: Arc::new(policy.clone()),
             id: evaluation.id,
             left: extra,
+            size: extra,
             until: sent_at + lasts,
             sent_at,
             granted: decision,

@@ -358,3 +358,100 @@ fn a_shadow_policy_is_never_leased() {
         assert_eq!(extra, Some(0));
     }
 }
+
+/// Grants a lease of `extra` for subject `s` (seen twice, the store saying
+/// `left` after the grant, the window or bucket full again in `reset_ms`).
+fn granted(book: &Leases, p: &Policy, s: &Pseudonym, t0: Instant, left: u64, reset_ms: u32) -> u32 {
+    let mut returns = Vec::new();
+    let first = ask(p, s, 1, t0);
+    book.before(&first, t0, &mut returns);
+    book.after(&first, 0, t0, allowed(left + 50, reset_ms), &mut returns);
+    let grant = ask(p, s, 1, t0);
+    let Before::Ask { extra } = book.before(&grant, t0, &mut returns) else {
+        panic!("spent without a lease")
+    };
+    book.after(&grant, extra, t0, allowed(left, reset_ms), &mut returns);
+    assert!(returns.is_empty());
+    extra
+}
+
+#[test]
+fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
+    let book = Leases::new(64);
+    let p = window(10_000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    // Seen twice: a lease of 2. Spent to 1: half of it, no top-up yet.
+    assert_eq!(granted(&book, &p, &a, t0, 5_000, 900), 2);
+    let e = ask(&p, &a, 1, t0);
+    assert!(matches!(
+        book.before(&e, t0 + MS, &mut returns),
+        Before::Spent(_)
+    ));
+    assert!(book.top_up(&e, t0 + MS).is_none(), "at half");
+    assert!(matches!(
+        book.before(&e, t0 + MS, &mut returns),
+        Before::Spent(_)
+    ));
+    // Spent out: below half. Four requests seen in the period: 4 units.
+    let top = book.top_up(&e, t0 + MS).expect("a top-up");
+    assert_eq!(top.units, 4);
+    assert!(book.top_up(&e, t0 + MS).is_none(), "one asks at a time");
+    // It lands: 4 units, lasting from this grant, answered as Redis said.
+    let id = EvaluationId::random();
+    book.topped(&top, id, t0 + MS * 2, allowed(4_990, 898), &mut returns);
+    assert!(returns.is_empty());
+    assert_eq!(book.held(), 4);
+    let Before::Spent(d) = book.before(&e, t0 + MS * 3, &mut returns) else {
+        panic!("not spent from the top-up")
+    };
+    assert_eq!((d.remaining, d.reset_after), (4_993, MS * 897));
+    let drained = book.drain();
+    assert_eq!((drained[0].units, drained[0].id), (3, id));
+}
+
+#[test]
+fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
+    let book = Leases::new(64);
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    // A fixed window's lease ends with its window, 100 ms on; the top-up
+    // was counted in the next one (it ends 1.1 s on).
+    let p = window(10_000, terms(250, 50));
+    let a = subject("a");
+    granted(&book, &p, &a, t0, 5_000, 100);
+    for _ in 0..2 {
+        book.before(&ask(&p, &a, 1, t0), t0, &mut returns);
+    }
+    let top = book.top_up(&ask(&p, &a, 1, t0), t0).expect("a top-up");
+    let id = EvaluationId::random();
+    book.topped(&top, id, t0, allowed(4_990, 1_100), &mut returns);
+    assert_eq!(returns.len(), 1);
+    assert_eq!((returns[0].units, returns[0].id), (top.units, id));
+    assert_eq!(book.held(), 0);
+
+    // A bucket's top-up refused: nothing held, and another may ask.
+    let b = subject("b");
+    let bucket = bucket(10_000, terms(250, 50));
+    returns.clear();
+    granted(&book, &bucket, &b, t0, 5_000, 900);
+    for _ in 0..2 {
+        book.before(&ask(&bucket, &b, 1, t0), t0, &mut returns);
+    }
+    let e = ask(&bucket, &b, 1, t0);
+    let top = book.top_up(&e, t0).expect("a top-up");
+    let denied = Outcome::Denied(Decision {
+        allowed: false,
+        retry_after: MS,
+        ..match allowed(0, 900) {
+            Outcome::Allowed(d) => d,
+            _ => unreachable!(),
+        }
+    });
+    book.topped(&top, EvaluationId::random(), t0, denied, &mut returns);
+    assert!(returns.is_empty());
+    assert_eq!(book.held(), 0);
+    // Nothing left in the store: no top-up asked again.
+    assert!(book.top_up(&e, t0).is_none());
+}

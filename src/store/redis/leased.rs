@@ -38,6 +38,7 @@ impl RedisStore {
         let extra = match before {
             Before::Spent(decision) => {
                 leases.admitted();
+                self.top_up(evaluation);
                 let mut outcomes = Outcomes::at(0, Outcome::Allowed(decision));
                 outcomes.source = Source::Lease;
                 return outcomes;
@@ -116,6 +117,9 @@ impl RedisStore {
         };
         if let Some(list) = befores.iter().map(spent).collect::<Option<SmallVec<_>>>() {
             leases.admitted();
+            for e in evaluations {
+                self.top_up(e);
+            }
             return Some(Outcomes {
                 first: 0,
                 list,
@@ -264,6 +268,32 @@ impl RedisStore {
         for e in evaluations {
             self.inner.leases.unspend(e);
         }
+    }
+
+    /// Asks for a top-up of `evaluation`'s lease in the background, if the
+    /// book says so: the requests meanwhile are paid by what is left.
+    fn top_up(&self, evaluation: &Evaluation<'_>) {
+        let Some(top) = self.inner.leases.top_up(evaluation, Instant::now()) else {
+            return;
+        };
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            let id = EvaluationId::random();
+            let sent_at = Instant::now();
+            let grant = Evaluation {
+                policy: &top.policy,
+                subject: &top.subject,
+                cost: top.units,
+                deadline: sent_at + inner.budget,
+                id,
+            };
+            let outcome = inner.evaluate(&grant).await;
+            let mut returns = Vec::new();
+            inner
+                .leases
+                .topped(&top, id, sent_at, outcome, &mut returns);
+            inner.return_leases(returns).await;
+        });
     }
 
     fn give_back_leases(&self, returns: Vec<Return>) {

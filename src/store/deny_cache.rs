@@ -9,6 +9,11 @@
 //! taken from the request's arrival, before the store was asked, so it can
 //! only end early, never late.
 //!
+//! Leases break the premise: units another sidecar holds come back when
+//! its lease ends. Under a leased policy a denial is remembered for at most
+//! the lease's `ttl` and the time its return takes; its `Retry-After` is
+//! still the store's.
+//!
 //! Bounded in entries; when full, the entry closest to expiry is evicted
 //! (it would have been asked of the store again soonest anyway). The cache
 //! never answers "allowed".
@@ -23,9 +28,17 @@ use crate::telemetry::DENY_CACHE_HITS;
 
 use super::shards::{Shards, SubjectKey, SHARDS};
 
+/// How long after a lease ends its units are back in the store at most
+/// (the lease upkeep's period, and a call).
+const LEASE_RETURNED: Duration = Duration::from_millis(100);
+
 #[derive(Clone, Copy)]
 struct Entry {
     until: Instant,
+    /// When the store is asked again however long the denial lasts: under
+    /// a leased policy, units held by other sidecars come back within a
+    /// lease's life, and room with them.
+    recheck: Instant,
     cost: u32,
     /// The denying policy's [`Policy::numbers`]: a reload that raises a
     /// limit keeps the revision (and the counts), and a denial under the
@@ -62,7 +75,7 @@ impl DenyCache {
         let key = SubjectKey::new(policy, subject);
         let mut shard = self.shards.lock(&key);
         let entry = *shard.get(&key)?;
-        if entry.until <= now || entry.numbers != policy.numbers() {
+        if entry.recheck <= now || entry.numbers != policy.numbers() {
             shard.remove(&key);
             return None;
         }
@@ -97,15 +110,19 @@ impl DenyCache {
         }
         let key = SubjectKey::new(policy, subject);
         let until = arrival + decision.retry_after;
+        let recheck = match policy.lease {
+            Some(lease) => until.min(arrival + lease.ttl + LEASE_RETURNED),
+            None => until,
+        };
         let mut shard = self.shards.lock(&key);
         if shard.len() >= self.per_shard && !shard.contains_key(&key) {
             let now = Instant::now();
-            shard.retain(|_, e| e.until > now);
+            shard.retain(|_, e| e.recheck > now);
             if shard.len() >= self.per_shard {
                 // Evict the entry closest to expiry.
                 if let Some(soonest) = shard
                     .iter()
-                    .min_by_key(|(_, e)| e.until)
+                    .min_by_key(|(_, e)| e.recheck)
                     .map(|(k, _)| k.clone())
                 {
                     shard.remove(&soonest);
@@ -116,6 +133,7 @@ impl DenyCache {
             key,
             Entry {
                 until,
+                recheck,
                 cost,
                 numbers: policy.numbers(),
                 decision: *decision,
@@ -185,6 +203,30 @@ mod tests {
             .check(&p, &s, 1, t0 + Duration::from_secs(2))
             .is_none());
         assert!(cache.is_empty(), "an expired entry is dropped when seen");
+    }
+
+    #[test]
+    fn under_a_leased_policy_a_denial_is_asked_again_once_leases_are_back() {
+        let cache = DenyCache::new(100);
+        let p = policy().with_lease(Some(crate::limit::LeaseTerms {
+            ttl: Duration::from_millis(200),
+            max_share: 10,
+        }));
+        let s = subject("a");
+        let t0 = Instant::now();
+        cache.remember(&p, &s, 1, t0, &denied(Duration::from_secs(3600)));
+        // Within the lease's life and its return: denied here, with the
+        // store's Retry-After.
+        let d = cache
+            .check(&p, &s, 1, t0 + Duration::from_millis(299))
+            .expect("denied locally");
+        assert_eq!(
+            d.retry_after,
+            Duration::from_secs(3600) - Duration::from_millis(299)
+        );
+        assert!(cache
+            .check(&p, &s, 1, t0 + Duration::from_millis(300))
+            .is_none());
     }
 
     #[test]

@@ -160,6 +160,7 @@ impl Return {
 }
 
 /// A block to add to a lease, asked for in the background.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopUp {
     pub policy: Arc<Policy>,
     pub subject: Pseudonym,
@@ -167,10 +168,14 @@ pub struct TopUp {
 }
 
 /// What to do with one evaluation before the store is asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Before {
-    /// Admitted from the lease held: no store call.
-    Spent(Decision),
+    /// Admitted from the lease held: no store call; and a top-up to ask
+    /// for in the background, when the lease is spent below half of what
+    /// its last grant brought and no one is asking already, so a hot
+    /// subject's requests keep being paid while the grant is on its way
+    /// (instead of each going to the store until it lands).
+    Spent(Decision, Option<TopUp>),
     /// Ask the store, for `extra` units more than the request's cost (0:
     /// no lease).
     Ask { extra: u32 },
@@ -244,9 +249,10 @@ impl Leases {
             if held.until > now && held.left >= evaluation.cost {
                 held.left -= evaluation.cost;
                 let decision = held.decision(now);
+                let top_up = entry.top_up(evaluation, terms, now);
                 drop(shard);
                 self.held.decrement(f64::from(evaluation.cost));
-                return Before::Spent(decision);
+                return Before::Spent(decision, top_up);
             }
         }
         let held = entry.held.take();
@@ -267,41 +273,6 @@ impl Leases {
         }
         self.give_up(held, &key, returns);
         Before::Ask { extra }
-    }
-
-    /// After a request spent from `evaluation`'s lease: a top-up to ask
-    /// the store for in the background, when the lease is below half of
-    /// what its last grant brought and no one is asking already, so a hot
-    /// subject's requests keep being paid while the grant is on its way
-    /// (instead of each going to the store until it lands).
-    pub fn top_up(&self, evaluation: &Evaluation<'_>, now: Instant) -> Option<TopUp> {
-        let policy = evaluation.policy;
-        let terms = leased(policy)?;
-        let key = SubjectKey::new(policy, evaluation.subject);
-        let mut shard = self.shards.lock(&key);
-        let entry = shard.get_mut(&key)?;
-        let held = entry.held.as_ref()?;
-        let asking = entry.asking.is_some_and(|since| now < since + terms.ttl);
-        if asking || held.left.saturating_mul(2) >= held.size {
-            return None;
-        }
-        // A block as a grant would take, beside the request's own cost.
-        let units = extra(
-            terms,
-            entry.seen.max(entry.before),
-            evaluation.cost,
-            entry.left_in_store,
-            policy.max_cost(),
-        );
-        if units == 0 {
-            return None;
-        }
-        entry.asking = Some(now);
-        Some(TopUp {
-            policy: Arc::clone(&held.policy),
-            subject: *evaluation.subject,
-            units,
-        })
     }
 
     /// The store's answer to `top`, asked under `id` at `sent_at`: its
@@ -575,6 +546,38 @@ impl Entry {
             self.since = now;
         }
         self.seen = self.seen.saturating_add(1);
+    }
+
+    /// A top-up of the lease held, after a request spent from it (see
+    /// [`Before::Spent`]).
+    fn top_up(
+        &mut self,
+        evaluation: &Evaluation<'_>,
+        terms: LeaseTerms,
+        now: Instant,
+    ) -> Option<TopUp> {
+        let held = self.held.as_ref()?;
+        let asking = self.asking.is_some_and(|since| now < since + terms.ttl);
+        if asking || held.left.saturating_mul(2) >= held.size {
+            return None;
+        }
+        // A block as a grant would take, beside the request's own cost.
+        let units = extra(
+            terms,
+            self.seen.max(self.before),
+            evaluation.cost,
+            self.left_in_store,
+            evaluation.policy.max_cost(),
+        );
+        if units == 0 {
+            return None;
+        }
+        self.asking = Some(now);
+        Some(TopUp {
+            policy: Arc::clone(&held.policy),
+            subject: *evaluation.subject,
+            units,
+        })
     }
 
     /// No request for two periods, as far as `count` looks back: nothing

@@ -148,7 +148,13 @@ impl Store {
             Store::Memory(store) => store.evaluate_all(evaluations),
             // Boxed, as in `evaluate`.
             Store::Redis(store, cache) => {
-                Box::pin(store.evaluate_all(evaluations, cache.as_ref())).await
+                // Paid by leases held here: answered before any future is
+                // made (a Redis call's is several KB, boxed).
+                let befores = match store.from_leases(evaluations) {
+                    Ok(outcomes) => return outcomes,
+                    Err(befores) => befores,
+                };
+                Box::pin(store.decide_all(evaluations, cache.as_ref(), befores.as_deref())).await
             }
         }
     }

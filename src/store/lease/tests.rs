@@ -91,7 +91,7 @@ fn request(
     returns: &mut Vec<Return>,
 ) -> (Option<u32>, Outcome) {
     match book.before(e, now, returns) {
-        Before::Spent(d) => (None, Outcome::Allowed(d)),
+        Before::Spent(d, _) => (None, Outcome::Allowed(d)),
         Before::Ask { extra } => {
             let answer = book.after(e, extra, now, allowed(left, 900), returns);
             (Some(extra), answer)
@@ -137,22 +137,24 @@ fn a_lease_pays_until_spent_and_the_answers_count_down() {
     assert_eq!(extra, 2);
     let answer = book.after(&e, extra, t0 + MS, allowed(987, 900), &mut returns);
     assert_eq!(remaining(answer), 989);
+    let mut tops = Vec::new();
     for left in [1, 0] {
         let spent = book.before(&ask(&p, &a, 1, t0), t0 + MS * 2, &mut returns);
-        let Before::Spent(d) = spent else {
+        let Before::Spent(d, top) = spent else {
             panic!("not spent from the lease: {spent:?}")
         };
         assert_eq!(d.remaining, 987 + left);
         // One millisecond since the grant was sent.
         assert_eq!(d.reset_after, MS * 899);
+        tops.push(top.is_some());
     }
+    // Below half of the grant at the last spend: a top-up.
+    assert_eq!(tops, [false, true]);
     assert_eq!(book.held(), 0);
-    // Spent out: the next request asks again, and nothing goes back.
+    // Spent out, the top-up on its way: the next request goes to the
+    // store asking for nothing more, and nothing goes back.
     let again = book.before(&ask(&p, &a, 1, t0), t0 + MS * 3, &mut returns);
-    assert!(
-        matches!(again, Before::Ask { extra } if extra > 0),
-        "{again:?}"
-    );
+    assert_eq!(again, Before::Ask { extra: 0 });
     assert!(returns.is_empty());
 }
 
@@ -199,7 +201,7 @@ fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
         assert!(book.ended(before_end).is_empty());
         assert!(matches!(
             book.before(&ask(&p, &a, 1, t0), before_end, &mut returns),
-            Before::Spent(_)
+            Before::Spent(..)
         ));
         let ended = book.ended(t0 + lasts);
         assert_eq!(ended.len(), 1, "{:?}", p.algorithm());
@@ -237,7 +239,7 @@ fn a_spent_answer_says_when_the_bucket_would_be_full_with_what_is_held_back() {
         panic!("{answer:?}")
     };
     assert_eq!((d.remaining, d.reset_after), (998, MS * 2_000));
-    let Before::Spent(d) = book.before(&ask(&p, &a, 1, t0), t0 + MS * 10, &mut returns) else {
+    let Before::Spent(d, _) = book.before(&ask(&p, &a, 1, t0), t0 + MS * 10, &mut returns) else {
         panic!("not spent")
     };
     assert_eq!((d.remaining, d.reset_after), (997, MS * 2_990));
@@ -375,6 +377,14 @@ fn granted(book: &Leases, p: &Policy, s: &Pseudonym, t0: Instant, left: u64, res
     extra
 }
 
+/// What `before` says of `e` at `now`, spent: its answer and top-up.
+fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<TopUp>) {
+    match book.before(e, now, &mut Vec::new()) {
+        Before::Spent(decision, top) => (decision, top),
+        other => panic!("not spent from the lease: {other:?}"),
+    }
+}
+
 #[test]
 fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
     let book = Leases::new(64);
@@ -385,27 +395,22 @@ fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
     // Seen twice: a lease of 2. Spent to 1: half of it, no top-up yet.
     assert_eq!(granted(&book, &p, &a, t0, 5_000, 900), 2);
     let e = ask(&p, &a, 1, t0);
-    assert!(matches!(
-        book.before(&e, t0 + MS, &mut returns),
-        Before::Spent(_)
-    ));
-    assert!(book.top_up(&e, t0 + MS).is_none(), "at half");
-    assert!(matches!(
-        book.before(&e, t0 + MS, &mut returns),
-        Before::Spent(_)
-    ));
+    assert_eq!(spend(&book, &e, t0 + MS).1, None, "at half");
     // Spent out: below half. Four requests seen in the period: 4 units.
-    let top = book.top_up(&e, t0 + MS).expect("a top-up");
+    let top = spend(&book, &e, t0 + MS).1.expect("a top-up");
     assert_eq!(top.units, 4);
-    assert!(book.top_up(&e, t0 + MS).is_none(), "one asks at a time");
+    // One asks at a time: the next finds the lease spent, and asks for
+    // none in its call.
+    assert_eq!(
+        book.before(&e, t0 + MS, &mut returns),
+        Before::Ask { extra: 0 }
+    );
     // It lands: 4 units, lasting from this grant, answered as Redis said.
     let id = EvaluationId::random();
     book.topped(&top, id, t0 + MS * 2, allowed(4_990, 898), &mut returns);
     assert!(returns.is_empty());
     assert_eq!(book.held(), 4);
-    let Before::Spent(d) = book.before(&e, t0 + MS * 3, &mut returns) else {
-        panic!("not spent from the top-up")
-    };
+    let (d, _) = spend(&book, &e, t0 + MS * 3);
     assert_eq!((d.remaining, d.reset_after), (4_993, MS * 897));
     let drained = book.drain();
     assert_eq!((drained[0].units, drained[0].id), (3, id));
@@ -421,26 +426,23 @@ fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
     let p = window(10_000, terms(250, 50));
     let a = subject("a");
     granted(&book, &p, &a, t0, 5_000, 100);
-    for _ in 0..2 {
-        book.before(&ask(&p, &a, 1, t0), t0, &mut returns);
-    }
-    let top = book.top_up(&ask(&p, &a, 1, t0), t0).expect("a top-up");
+    spend(&book, &ask(&p, &a, 1, t0), t0);
+    let top = spend(&book, &ask(&p, &a, 1, t0), t0).1.expect("a top-up");
     let id = EvaluationId::random();
     book.topped(&top, id, t0, allowed(4_990, 1_100), &mut returns);
     assert_eq!(returns.len(), 1);
     assert_eq!((returns[0].units, returns[0].id), (top.units, id));
     assert_eq!(book.held(), 0);
 
-    // A bucket's top-up refused: nothing held, and another may ask.
+    // A bucket's top-up refused: nothing held, and none asked again with
+    // nothing left in the store.
     let b = subject("b");
     let bucket = bucket(10_000, terms(250, 50));
     returns.clear();
     granted(&book, &bucket, &b, t0, 5_000, 900);
-    for _ in 0..2 {
-        book.before(&ask(&bucket, &b, 1, t0), t0, &mut returns);
-    }
+    spend(&book, &ask(&bucket, &b, 1, t0), t0);
     let e = ask(&bucket, &b, 1, t0);
-    let top = book.top_up(&e, t0).expect("a top-up");
+    let top = spend(&book, &e, t0).1.expect("a top-up");
     let denied = Outcome::Denied(Decision {
         allowed: false,
         retry_after: MS,
@@ -452,6 +454,5 @@ fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
     book.topped(&top, EvaluationId::random(), t0, denied, &mut returns);
     assert!(returns.is_empty());
     assert_eq!(book.held(), 0);
-    // Nothing left in the store: no top-up asked again.
-    assert!(book.top_up(&e, t0).is_none());
+    assert_eq!(book.before(&e, t0, &mut returns), Before::Ask { extra: 0 });
 }

@@ -14,7 +14,7 @@ use super::refund::Refund;
 use super::{Inner, RedisStore};
 use crate::limit::Outcome;
 use crate::store::deny_cache::DenyCache;
-use crate::store::lease::{Before, HeldView, Return};
+use crate::store::lease::{Before, HeldView, Return, TopUp};
 use crate::store::{Evaluation, EvaluationId, Outcomes, Source};
 use crate::telemetry::{LEASES_RETURNED, LEASE_UNITS_RETURNED};
 
@@ -23,27 +23,63 @@ use crate::telemetry::{LEASES_RETURNED, LEASE_UNITS_RETURNED};
 /// lasts at most half `store.dedupe_window`, at least 1 s by default).
 const UPKEEP: Duration = Duration::from_millis(50);
 
+/// What the book said of each rate limit of a request, in order.
+pub type Befores = SmallVec<[Before; 2]>;
+
 impl RedisStore {
-    /// One rate limit: from its lease, or from the store (asking for a
-    /// lease where the book says so), behind the over-limit cache.
+    /// A request every rate limit of which a lease held here pays for,
+    /// answered at once, with no future to make (`Ok`); else what the book
+    /// said of each (`Err(Some)`), for [`RedisStore::evaluate_all`] to act
+    /// on, or `Err(None)` when no limit is leased at all.
+    pub fn from_leases(&self, evaluations: &[Evaluation<'_>]) -> Result<Outcomes, Option<Befores>> {
+        if !evaluations.iter().any(|e| e.policy.lease.is_some()) {
+            return Err(None);
+        }
+        let leases = &self.inner.leases;
+        let now = Instant::now();
+        let mut returns = Vec::new();
+        let mut befores: Befores = evaluations
+            .iter()
+            .map(|e| leases.before(e, now, &mut returns))
+            .collect();
+        self.give_back_leases(returns);
+        // Whether the request is paid or not, a lease running low is
+        // topped up.
+        for before in befores.iter_mut() {
+            if let Before::Spent(_, top) = before {
+                if let Some(top) = top.take() {
+                    self.top_up(top);
+                }
+            }
+        }
+        let list: Option<SmallVec<[Outcome; 2]>> = befores.iter().map(spent).collect();
+        let Some(list) = list else {
+            return Err(Some(befores));
+        };
+        leases.admitted();
+        Ok(Outcomes {
+            first: 0,
+            list,
+            source: Source::Lease,
+        })
+    }
+
+    /// One rate limit, not paid by a lease: from the store (asking for a
+    /// lease where the book said so), behind the over-limit cache.
     pub(super) async fn evaluate_leased(
         &self,
         evaluation: &Evaluation<'_>,
         cache: Option<&DenyCache>,
+        before: &Before,
     ) -> Outcomes {
         let leases = &self.inner.leases;
-        let mut returns = Vec::new();
-        let before = leases.before(evaluation, Instant::now(), &mut returns);
-        self.give_back_leases(returns);
-        let extra = match before {
-            Before::Spent(decision) => {
-                leases.admitted();
-                self.top_up(evaluation);
-                let mut outcomes = Outcomes::at(0, Outcome::Allowed(decision));
-                outcomes.source = Source::Lease;
-                return outcomes;
-            }
-            Before::Ask { extra: 0 } => {
+        let extra = match *before {
+            // Paid: answered by `from_leases`.
+            Before::Spent(..) => 0,
+            Before::Ask { extra } => extra,
+        };
+        let extra = match extra {
+            0 => {
                 let (outcome, source) =
                     crate::store::evaluate_shared(self, cache, evaluation).await;
                 self.settle(evaluation, 0, Instant::now(), outcome);
@@ -51,7 +87,7 @@ impl RedisStore {
                 outcomes.source = source;
                 return outcomes;
             }
-            Before::Ask { extra } => extra,
+            extra => extra,
         };
         // The request's own cost first: a remembered denial of it stands.
         let asked = Instant::now();
@@ -102,33 +138,12 @@ impl RedisStore {
         &self,
         evaluations: &[Evaluation<'_>],
         one_call: bool,
+        befores: &[Before],
     ) -> Option<Outcomes> {
         let leases = &self.inner.leases;
-        let now = Instant::now();
-        let mut returns = Vec::new();
-        let befores: SmallVec<[Before; 2]> = evaluations
-            .iter()
-            .map(|e| leases.before(e, now, &mut returns))
-            .collect();
-        self.give_back_leases(returns);
-        let spent = |b: &Before| match b {
-            Before::Spent(decision) => Some(Outcome::Allowed(*decision)),
-            Before::Ask { .. } => None,
-        };
-        if let Some(list) = befores.iter().map(spent).collect::<Option<SmallVec<_>>>() {
-            leases.admitted();
-            for e in evaluations {
-                self.top_up(e);
-            }
-            return Some(Outcomes {
-                first: 0,
-                list,
-                source: Source::Lease,
-            });
-        }
         let unspend = || {
-            for (e, before) in evaluations.iter().zip(&befores) {
-                if let Before::Spent(_) = before {
+            for (e, before) in evaluations.iter().zip(befores) {
+                if let Before::Spent(..) = before {
                     leases.unspend(e);
                 }
             }
@@ -148,7 +163,7 @@ impl RedisStore {
             .iter()
             .map(|&i| match befores[i] {
                 Before::Ask { extra } => extra,
-                Before::Spent(_) => 0,
+                Before::Spent(..) => 0,
             })
             .collect();
         let takes: SmallVec<[Evaluation<'_>; 2]> = asked_for
@@ -195,7 +210,7 @@ impl RedisStore {
         // blocks: the spent ones' from their leases, the others' from Redis.
         let mut merged = Outcomes::empty();
         let mut answered = outcomes.list.iter();
-        for (e, before) in evaluations.iter().zip(&befores) {
+        for (e, before) in evaluations.iter().zip(befores) {
             let outcome = match spent(before) {
                 Some(outcome) => outcome,
                 None => match answered.next() {
@@ -257,6 +272,18 @@ impl RedisStore {
         outcome
     }
 
+    /// The request is refused before the store is asked (the over-limit
+    /// cache): what `befores` spent goes back to the leases, and the asks
+    /// for leases are off.
+    pub(super) fn not_asked(&self, evaluations: &[Evaluation<'_>], befores: &[Before]) {
+        for (e, before) in evaluations.iter().zip(befores) {
+            match before {
+                Before::Spent(..) => self.inner.leases.unspend(e),
+                Before::Ask { .. } => self.inner.leases.asked(e),
+            }
+        }
+    }
+
     /// See [`crate::store::Store::lease`].
     pub fn lease(&self, evaluation: &Evaluation<'_>) -> Option<HeldView> {
         self.inner.leases.peek(evaluation, Instant::now())
@@ -270,12 +297,9 @@ impl RedisStore {
         }
     }
 
-    /// Asks for a top-up of `evaluation`'s lease in the background, if the
-    /// book says so: the requests meanwhile are paid by what is left.
-    fn top_up(&self, evaluation: &Evaluation<'_>) {
-        let Some(top) = self.inner.leases.top_up(evaluation, Instant::now()) else {
-            return;
-        };
+    /// Asks for `top` in the background: the requests meanwhile are paid
+    /// by what is left of the lease.
+    fn top_up(&self, top: TopUp) {
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move {
             let id = EvaluationId::random();
@@ -338,6 +362,14 @@ impl Inner {
             };
             metrics::counter!(LEASES_RETURNED, "result" => result).increment(1);
         }
+    }
+}
+
+/// A request's outcome from its lease, if one paid for it.
+fn spent(before: &Before) -> Option<Outcome> {
+    match before {
+        Before::Spent(decision, _) => Some(Outcome::Allowed(*decision)),
+        Before::Ask { .. } => None,
     }
 }
 

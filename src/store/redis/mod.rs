@@ -53,7 +53,7 @@ use crate::subject::{Pseudonym, PseudonymKey};
 
 use super::breaker::{Breaker, Thresholds};
 use super::deny_cache::DenyCache;
-use super::lease::Leases;
+use super::lease::{Before, Leases};
 use super::{Evaluation, EvaluationId, Outcomes, Source};
 use call::Request;
 use pool::Lanes;
@@ -182,10 +182,27 @@ impl RedisStore {
         evaluations: &[Evaluation<'_>],
         cache: Option<&DenyCache>,
     ) -> Outcomes {
-        let leased = evaluations.iter().any(|e| e.policy.lease.is_some());
+        match self.from_leases(evaluations) {
+            Ok(outcomes) => outcomes,
+            Err(befores) => {
+                self.decide_all(evaluations, cache, befores.as_deref())
+                    .await
+            }
+        }
+    }
+
+    /// [`RedisStore::evaluate_all`] once [`RedisStore::from_leases`] has
+    /// found the request not paid by leases; `befores`: what the lease book
+    /// said of each limit, when one is leased.
+    pub async fn decide_all(
+        &self,
+        evaluations: &[Evaluation<'_>],
+        cache: Option<&DenyCache>,
+        befores: Option<&[Before]>,
+    ) -> Outcomes {
         if let [one] = evaluations {
-            if leased {
-                return self.evaluate_leased(one, cache).await;
+            if let Some([before]) = befores {
+                return self.evaluate_leased(one, cache, before).await;
             }
             let (outcome, source) = super::evaluate_shared(self, cache, one).await;
             let mut outcomes = Outcomes::at(0, outcome);
@@ -201,15 +218,21 @@ impl RedisStore {
                     continue;
                 }
                 if let Some(decision) = cache.check(e.policy, e.subject, e.cost, asked) {
+                    if let Some(befores) = befores {
+                        self.not_asked(evaluations, befores);
+                    }
                     let mut outcomes = Outcomes::at(i, Outcome::Denied(decision));
                     outcomes.source = Source::DenyCache;
                     return outcomes;
                 }
             }
         }
-        if leased {
+        if let Some(befores) = befores {
             let one_call = !self.in_order(evaluations);
-            if let Some(outcomes) = self.evaluate_all_leased(evaluations, one_call).await {
+            if let Some(outcomes) = self
+                .evaluate_all_leased(evaluations, one_call, befores)
+                .await
+            {
                 if let Some(cache) = cache {
                     remember(cache, evaluations, &outcomes, asked);
                 }

@@ -175,7 +175,7 @@ pub enum Before {
     /// its last grant brought and no one is asking already, so a hot
     /// subject's requests keep being paid while the grant is on its way
     /// (instead of each going to the store until it lands).
-    Spent(Decision, Option<TopUp>),
+    Spent(Decision, Option<Box<TopUp>>),
     /// Ask the store, for `extra` units more than the request's cost (0:
     /// no lease).
     Ask { extra: u32 },
@@ -555,7 +555,7 @@ impl Entry {
         evaluation: &Evaluation<'_>,
         terms: LeaseTerms,
         now: Instant,
-    ) -> Option<TopUp> {
+    ) -> Option<Box<TopUp>> {
         let held = self.held.as_ref()?;
         let asking = self.asking.is_some_and(|since| now < since + terms.ttl);
         if asking || held.left.saturating_mul(2) >= held.size {
@@ -573,11 +573,11 @@ impl Entry {
             return None;
         }
         self.asking = Some(now);
-        Some(TopUp {
+        Some(Box::new(TopUp {
             policy: Arc::clone(&held.policy),
             subject: *evaluation.subject,
             units,
-        })
+        }))
     }
 
     /// No request for two periods, as far as `count` looks back: nothing

@@ -151,8 +151,9 @@ impl Store {
                 // Paid by leases held here: answered before any future is
                 // made (a Redis call's is several KB, boxed).
                 let befores = match store.from_leases(evaluations) {
-                    Ok(outcomes) => return outcomes,
-                    Err(befores) => befores,
+                    redis::Leased::Paid(outcomes) => return outcomes,
+                    redis::Leased::Ask(befores) => Some(befores),
+                    redis::Leased::None => None,
                 };
                 Box::pin(store.decide_all(evaluations, cache.as_ref(), befores.as_deref())).await
             }

@@ -378,7 +378,7 @@ fn granted(book: &Leases, p: &Policy, s: &Pseudonym, t0: Instant, left: u64, res
 }
 
 /// What `before` says of `e` at `now`, spent: its answer and top-up.
-fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<TopUp>) {
+fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<Box<TopUp>>) {
     match book.before(e, now, &mut Vec::new()) {
         Before::Spent(decision, top) => (decision, top),
         other => panic!("not spent from the lease: {other:?}"),

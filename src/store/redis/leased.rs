@@ -26,14 +26,23 @@ const UPKEEP: Duration = Duration::from_millis(50);
 /// What the book said of each rate limit of a request, in order.
 pub type Befores = SmallVec<[Before; 2]>;
 
+/// What leases make of a request ([`RedisStore::from_leases`]).
+pub enum Leased {
+    /// Every rate limit paid by a lease held here.
+    Paid(Outcomes),
+    /// Not all: what the book said of each, to act on in the store call.
+    Ask(Befores),
+    /// No limit is leased.
+    None,
+}
+
 impl RedisStore {
     /// A request every rate limit of which a lease held here pays for,
-    /// answered at once, with no future to make (`Ok`); else what the book
-    /// said of each (`Err(Some)`), for [`RedisStore::evaluate_all`] to act
-    /// on, or `Err(None)` when no limit is leased at all.
-    pub fn from_leases(&self, evaluations: &[Evaluation<'_>]) -> Result<Outcomes, Option<Befores>> {
+    /// answered at once, with no future to make; else what the book said
+    /// of each, for [`RedisStore::decide_all`] to act on.
+    pub fn from_leases(&self, evaluations: &[Evaluation<'_>]) -> Leased {
         if !evaluations.iter().any(|e| e.policy.lease.is_some()) {
-            return Err(None);
+            return Leased::None;
         }
         let leases = &self.inner.leases;
         let now = Instant::now();
@@ -54,10 +63,10 @@ impl RedisStore {
         }
         let list: Option<SmallVec<[Outcome; 2]>> = befores.iter().map(spent).collect();
         let Some(list) = list else {
-            return Err(Some(befores));
+            return Leased::Ask(befores);
         };
         leases.admitted();
-        Ok(Outcomes {
+        Leased::Paid(Outcomes {
             first: 0,
             list,
             source: Source::Lease,
@@ -299,7 +308,7 @@ impl RedisStore {
 
     /// Asks for `top` in the background: the requests meanwhile are paid
     /// by what is left of the lease.
-    fn top_up(&self, top: TopUp) {
+    fn top_up(&self, top: Box<TopUp>) {
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move {
             let id = EvaluationId::random();

@@ -30,6 +30,7 @@ mod libraries;
 mod pool;
 mod refund;
 pub(crate) mod reply;
+pub use leased::Leased;
 mod scripts;
 mod stats;
 
@@ -183,11 +184,9 @@ impl RedisStore {
         cache: Option<&DenyCache>,
     ) -> Outcomes {
         match self.from_leases(evaluations) {
-            Ok(outcomes) => outcomes,
-            Err(befores) => {
-                self.decide_all(evaluations, cache, befores.as_deref())
-                    .await
-            }
+            Leased::Paid(outcomes) => outcomes,
+            Leased::Ask(befores) => self.decide_all(evaluations, cache, Some(&befores)).await,
+            Leased::None => self.decide_all(evaluations, cache, None).await,
         }
     }
 

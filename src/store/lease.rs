@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::shards::{Shards, SubjectKey};
@@ -51,6 +52,9 @@ struct Entry {
     /// A request is asking the store for a lease since then: the others
     /// meanwhile ask for none (no herd of grants, each soon given back).
     asking: Option<Instant>,
+    /// Told when that ask is answered, to the requests that found the
+    /// lease spent and wait for it (made on first use).
+    answered: Option<watch::Sender<()>>,
     held: Option<Held>,
 }
 
@@ -159,6 +163,17 @@ impl Return {
     }
 }
 
+impl PartialEq for Before {
+    fn eq(&self, other: &Before) -> bool {
+        match (self, other) {
+            (Before::Wait(_), Before::Wait(_)) => true,
+            (Before::Spent(a, x), Before::Spent(b, y)) => a == b && x == y,
+            (Before::Ask { extra: a }, Before::Ask { extra: b }) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// A block to add to a lease, asked for in the background.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopUp {
@@ -168,8 +183,11 @@ pub struct TopUp {
 }
 
 /// What to do with one evaluation before the store is asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Before {
+    /// The lease held is spent and a grant for it is on its way: wait
+    /// for it (within the request's deadline), then ask again.
+    Wait(watch::Receiver<()>),
     /// Admitted from the lease held: no store call; and a top-up to ask
     /// for in the background, when the lease is spent below half of what
     /// its last grant brought and no one is asking already, so a hot
@@ -215,6 +233,7 @@ impl Leases {
         evaluation: &Evaluation<'_>,
         now: Instant,
         returns: &mut Vec<Return>,
+        may_wait: bool,
     ) -> Before {
         let policy = evaluation.policy;
         let Some(terms) = leased(policy) else {
@@ -239,6 +258,7 @@ impl Leases {
                     before: 0,
                     left_in_store: None,
                     asking: None,
+                    answered: None,
                     held: None,
                 })
             }
@@ -255,8 +275,13 @@ impl Leases {
                 return Before::Spent(decision, top_up);
             }
         }
-        let held = entry.held.take();
         let asking = entry.asking.is_some_and(|since| now < since + terms.ttl);
+        let lasting = entry.held.as_ref().is_some_and(|h| h.until > now);
+        if asking && lasting && may_wait {
+            let answered = entry.answered.get_or_insert_with(|| watch::channel(()).0);
+            return Before::Wait(answered.subscribe());
+        }
+        let held = entry.held.take();
         let extra = if asking {
             0
         } else {
@@ -302,7 +327,7 @@ impl Leases {
             }
             return;
         };
-        entry.asking = None;
+        entry.done_asking();
         let decision = match outcome {
             Outcome::Allowed(decision) => decision,
             Outcome::Denied(decision) => {
@@ -369,7 +394,7 @@ impl Leases {
     pub fn asked(&self, evaluation: &Evaluation<'_>) {
         let key = SubjectKey::new(evaluation.policy, evaluation.subject);
         if let Some(entry) = self.shards.lock(&key).get_mut(&key) {
-            entry.asking = None;
+            entry.done_asking();
         }
     }
 
@@ -418,7 +443,7 @@ impl Leases {
             return outcome;
         };
         if extra > 0 {
-            entry.asking = None;
+            entry.done_asking();
         }
         let decision = match outcome {
             Outcome::Allowed(decision) | Outcome::Denied(decision) => decision,
@@ -546,6 +571,15 @@ impl Entry {
             self.since = now;
         }
         self.seen = self.seen.saturating_add(1);
+    }
+
+    /// The ask under way is answered: another request may ask, and the
+    /// ones waiting for it look again.
+    fn done_asking(&mut self) {
+        self.asking = None;
+        if let Some(answered) = &self.answered {
+            answered.send_replace(());
+        }
     }
 
     /// A top-up of the lease held, after a request spent from it (see

@@ -141,11 +141,14 @@ async fn three_sidecars_admit_at_most_then_exactly_the_limit(algorithm: &str) {
         from_leases >= (L / 2) as f64,
         "{algorithm}: only {from_leases} of {L} admitted from leases"
     );
-    // Every call decides a request or grants, and every lease may cost a
-    // return; 12·L requests were offered.
+    // 12·L requests were offered: one call per request without leases.
+    // With them, a call grants, tops up or returns a lease, decides a
+    // request near the limit, or asks again after a denial remembered
+    // for a lease's life.
+    let offered = 12 * L as u64;
     assert!(
-        calls < (L as u64) * 2 / 3,
-        "{algorithm}: {calls} FCALLs for {L} admitted ({from_leases} from leases)"
+        calls * 10 < offered,
+        "{algorithm}: {calls} FCALLs for {offered} requests, {L} admitted ({from_leases} from leases)"
     );
 }
 

@@ -90,12 +90,13 @@ fn request(
     left: u64,
     returns: &mut Vec<Return>,
 ) -> (Option<u32>, Outcome) {
-    match book.before(e, now, returns) {
+    match book.before(e, now, returns, false) {
         Before::Spent(d, _) => (None, Outcome::Allowed(d)),
         Before::Ask { extra } => {
             let answer = book.after(e, extra, now, allowed(left, 900), returns);
             (Some(extra), answer)
         }
+        Before::Wait(_) => panic!("asked not to wait"),
     }
 }
 
@@ -126,12 +127,12 @@ fn a_lease_pays_until_spent_and_the_answers_count_down() {
     let mut returns = Vec::new();
     let first = ask(&p, &a, 1, t0);
     assert_eq!(
-        book.before(&first, t0, &mut returns),
+        book.before(&first, t0, &mut returns, false),
         Before::Ask { extra: 0 }
     );
     book.after(&first, 0, t0, allowed(990, 900), &mut returns);
     let e = ask(&p, &a, 1, t0 + MS);
-    let Before::Ask { extra } = book.before(&e, t0 + MS, &mut returns) else {
+    let Before::Ask { extra } = book.before(&e, t0 + MS, &mut returns, false) else {
         panic!("spent without a lease");
     };
     assert_eq!(extra, 2);
@@ -139,7 +140,7 @@ fn a_lease_pays_until_spent_and_the_answers_count_down() {
     assert_eq!(remaining(answer), 989);
     let mut tops = Vec::new();
     for left in [1, 0] {
-        let spent = book.before(&ask(&p, &a, 1, t0), t0 + MS * 2, &mut returns);
+        let spent = book.before(&ask(&p, &a, 1, t0), t0 + MS * 2, &mut returns, false);
         let Before::Spent(d, top) = spent else {
             panic!("not spent from the lease: {spent:?}")
         };
@@ -153,7 +154,7 @@ fn a_lease_pays_until_spent_and_the_answers_count_down() {
     assert_eq!(book.held(), 0);
     // Spent out, the top-up on its way: the next request goes to the
     // store asking for nothing more, and nothing goes back.
-    let again = book.before(&ask(&p, &a, 1, t0), t0 + MS * 3, &mut returns);
+    let again = book.before(&ask(&p, &a, 1, t0), t0 + MS * 3, &mut returns, false);
     assert_eq!(again, Before::Ask { extra: 0 });
     assert!(returns.is_empty());
 }
@@ -171,7 +172,7 @@ fn a_request_costing_more_than_is_left_goes_to_the_store_and_the_rest_goes_back(
     assert_eq!(extra, Some(2));
     let big = ask(&p, &a, 5, t0);
     assert!(matches!(
-        book.before(&big, t0 + MS, &mut returns),
+        book.before(&big, t0 + MS, &mut returns, false),
         Before::Ask { .. }
     ));
     assert_eq!(returns.len(), 1);
@@ -193,14 +194,14 @@ fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
         request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
         let grant = ask(&p, &a, 1, t0);
         assert!(matches!(
-            book.before(&grant, t0, &mut returns),
+            book.before(&grant, t0, &mut returns, false),
             Before::Ask { extra: 2 }
         ));
         book.after(&grant, 2, t0, allowed(897, 100), &mut returns);
         let before_end = t0 + lasts - MS;
         assert!(book.ended(before_end).is_empty());
         assert!(matches!(
-            book.before(&ask(&p, &a, 1, t0), before_end, &mut returns),
+            book.before(&ask(&p, &a, 1, t0), before_end, &mut returns, false),
             Before::Spent(..)
         ));
         let ended = book.ended(t0 + lasts);
@@ -209,7 +210,7 @@ fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
         // Nothing more to give back, and nothing to spend.
         assert!(book.drain().is_empty());
         assert!(matches!(
-            book.before(&ask(&p, &a, 1, t0), t0 + lasts, &mut returns),
+            book.before(&ask(&p, &a, 1, t0), t0 + lasts, &mut returns, false),
             Before::Ask { .. }
         ));
     }
@@ -226,11 +227,11 @@ fn a_spent_answer_says_when_the_bucket_would_be_full_with_what_is_held_back() {
     let t0 = Instant::now();
     let mut returns = Vec::new();
     let first = ask(&p, &a, 1, t0);
-    book.before(&first, t0, &mut returns);
+    book.before(&first, t0, &mut returns, false);
     book.after(&first, 0, t0, allowed(999, 1_000), &mut returns);
     let grant = ask(&p, &a, 1, t0);
     assert_eq!(
-        book.before(&grant, t0, &mut returns),
+        book.before(&grant, t0, &mut returns, false),
         Before::Ask { extra: 2 }
     );
     let answer = book.after(&grant, 2, t0, allowed(996, 4_000), &mut returns);
@@ -239,7 +240,8 @@ fn a_spent_answer_says_when_the_bucket_would_be_full_with_what_is_held_back() {
         panic!("{answer:?}")
     };
     assert_eq!((d.remaining, d.reset_after), (998, MS * 2_000));
-    let Before::Spent(d, _) = book.before(&ask(&p, &a, 1, t0), t0 + MS * 10, &mut returns) else {
+    let Before::Spent(d, _) = book.before(&ask(&p, &a, 1, t0), t0 + MS * 10, &mut returns, false)
+    else {
         panic!("not spent")
     };
     assert_eq!((d.remaining, d.reset_after), (997, MS * 2_990));
@@ -272,9 +274,11 @@ fn one_request_at_a_time_asks_for_a_lease() {
     let mut returns = Vec::new();
     request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
     let first = ask(&p, &a, 1, t0);
-    assert!(matches!(book.before(&first, t0, &mut returns), Before::Ask { extra } if extra > 0));
+    assert!(
+        matches!(book.before(&first, t0, &mut returns, false), Before::Ask { extra } if extra > 0)
+    );
     assert_eq!(
-        book.before(&ask(&p, &a, 1, t0), t0, &mut returns),
+        book.before(&ask(&p, &a, 1, t0), t0, &mut returns, false),
         Before::Ask { extra: 0 }
     );
     // A denial of the larger charge grants nothing and ends the asking.
@@ -289,7 +293,7 @@ fn one_request_at_a_time_asks_for_a_lease() {
     assert_eq!(book.after(&first, 3, t0, denied, &mut returns), denied);
     assert_eq!(book.held(), 0);
     assert!(matches!(
-        book.before(&ask(&p, &a, 1, t0), t0, &mut returns),
+        book.before(&ask(&p, &a, 1, t0), t0, &mut returns, false),
         Before::Ask { .. }
     ));
     assert!(returns.is_empty());
@@ -310,7 +314,10 @@ fn new_numbers_or_a_drain_give_back_what_is_held() {
     // The same name and revision, a larger bucket: a reload.
     let raised = bucket(2000, terms(250, 50));
     let e = ask(&raised, &a, 1, t0);
-    assert_eq!(book.before(&e, t0, &mut returns), Before::Ask { extra: 0 });
+    assert_eq!(
+        book.before(&e, t0, &mut returns, false),
+        Before::Ask { extra: 0 }
+    );
     assert_eq!(returns.len(), 1);
     assert_eq!(returns[0].units, 2);
     let drained = book.drain();
@@ -366,10 +373,10 @@ fn a_shadow_policy_is_never_leased() {
 fn granted(book: &Leases, p: &Policy, s: &Pseudonym, t0: Instant, left: u64, reset_ms: u32) -> u32 {
     let mut returns = Vec::new();
     let first = ask(p, s, 1, t0);
-    book.before(&first, t0, &mut returns);
+    book.before(&first, t0, &mut returns, false);
     book.after(&first, 0, t0, allowed(left + 50, reset_ms), &mut returns);
     let grant = ask(p, s, 1, t0);
-    let Before::Ask { extra } = book.before(&grant, t0, &mut returns) else {
+    let Before::Ask { extra } = book.before(&grant, t0, &mut returns, false) else {
         panic!("spent without a lease")
     };
     book.after(&grant, extra, t0, allowed(left, reset_ms), &mut returns);
@@ -379,7 +386,7 @@ fn granted(book: &Leases, p: &Policy, s: &Pseudonym, t0: Instant, left: u64, res
 
 /// What `before` says of `e` at `now`, spent: its answer and top-up.
 fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<Box<TopUp>>) {
-    match book.before(e, now, &mut Vec::new()) {
+    match book.before(e, now, &mut Vec::new(), false) {
         Before::Spent(decision, top) => (decision, top),
         other => panic!("not spent from the lease: {other:?}"),
     }
@@ -402,7 +409,7 @@ fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
     // One asks at a time: the next finds the lease spent, and asks for
     // none in its call.
     assert_eq!(
-        book.before(&e, t0 + MS, &mut returns),
+        book.before(&e, t0 + MS, &mut returns, false),
         Before::Ask { extra: 0 }
     );
     // It lands: 4 units, lasting from this grant, answered as Redis said.
@@ -454,5 +461,54 @@ fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
     book.topped(&top, EvaluationId::random(), t0, denied, &mut returns);
     assert!(returns.is_empty());
     assert_eq!(book.held(), 0);
-    assert_eq!(book.before(&e, t0, &mut returns), Before::Ask { extra: 0 });
+    assert_eq!(
+        book.before(&e, t0, &mut returns, false),
+        Before::Ask { extra: 0 }
+    );
+}
+
+#[test]
+fn a_request_finding_the_lease_spent_waits_for_the_grant_on_its_way() {
+    let book = Leases::new(64);
+    let p = window(10_000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    granted(&book, &p, &a, t0, 5_000, 900);
+    let e = ask(&p, &a, 1, t0);
+    spend(&book, &e, t0);
+    let top = spend(&book, &e, t0).1.expect("a top-up");
+    // Spent, the top-up on its way: one limit may wait for it, several
+    // (or a second look) go to the store asking for nothing.
+    let Before::Wait(answered) = book.before(&e, t0, &mut returns, true) else {
+        panic!("not told to wait")
+    };
+    assert_eq!(
+        book.before(&e, t0, &mut returns, false),
+        Before::Ask { extra: 0 }
+    );
+    assert!(
+        !answered.has_changed().unwrap_or(true),
+        "told before the answer"
+    );
+    book.topped(
+        &top,
+        EvaluationId::random(),
+        t0,
+        allowed(4_990, 899),
+        &mut returns,
+    );
+    assert!(
+        answered.has_changed().unwrap_or(false),
+        "not told of the answer"
+    );
+    assert!(matches!(
+        book.before(&e, t0, &mut returns, true),
+        Before::Spent(..)
+    ));
+    // An ended lease is not waited for.
+    assert!(matches!(
+        book.before(&e, t0 + MS * 260, &mut returns, true),
+        Before::Ask { .. }
+    ));
 }

@@ -49,7 +49,8 @@ impl RedisStore {
         let mut returns = Vec::new();
         let mut befores: Befores = evaluations
             .iter()
-            .map(|e| leases.before(e, now, &mut returns))
+            // One limit may wait for the grant of its lease on its way.
+            .map(|e| leases.before(e, now, &mut returns, evaluations.len() == 1))
             .collect();
         self.give_back_leases(returns);
         // Whether the request is paid or not, a lease running low is
@@ -82,10 +83,32 @@ impl RedisStore {
         before: &Before,
     ) -> Outcomes {
         let leases = &self.inner.leases;
-        let extra = match *before {
+        let extra = match before {
             // Paid: answered by `from_leases`.
             Before::Spent(..) => 0,
-            Before::Ask { extra } => extra,
+            Before::Ask { extra } => *extra,
+            // The lease is spent and its grant on its way: wait for it
+            // within the deadline, and look again (not waiting twice).
+            Before::Wait(answered) => {
+                let mut answered = answered.clone();
+                let _ = tokio::time::timeout_at(evaluation.deadline, answered.changed()).await;
+                let mut returns = Vec::new();
+                let again = leases.before(evaluation, Instant::now(), &mut returns, false);
+                self.give_back_leases(returns);
+                match again {
+                    Before::Spent(decision, top) => {
+                        leases.admitted();
+                        if let Some(top) = top {
+                            self.top_up(top);
+                        }
+                        let mut outcomes = Outcomes::at(0, Outcome::Allowed(decision));
+                        outcomes.source = Source::Lease;
+                        return outcomes;
+                    }
+                    Before::Ask { extra } => extra,
+                    Before::Wait(_) => 0,
+                }
+            }
         };
         let extra = match extra {
             0 => {
@@ -159,8 +182,12 @@ impl RedisStore {
         };
         if !one_call {
             unspend();
-            for e in evaluations {
-                leases.asked(e);
+            for (e, before) in evaluations.iter().zip(befores) {
+                if let Before::Ask { extra } = before {
+                    if *extra > 0 {
+                        leases.asked(e);
+                    }
+                }
             }
             return None;
         }
@@ -172,7 +199,8 @@ impl RedisStore {
             .iter()
             .map(|&i| match befores[i] {
                 Before::Ask { extra } => extra,
-                Before::Spent(..) => 0,
+                // Several limits never wait.
+                Before::Spent(..) | Before::Wait(_) => 0,
             })
             .collect();
         let takes: SmallVec<[Evaluation<'_>; 2]> = asked_for
@@ -190,8 +218,10 @@ impl RedisStore {
             // All or nothing: nothing was charged. The request alone may
             // fit where it and its leases did not (under new ids: the
             // first ones' records say denied).
-            for e in &takes {
-                leases.asked(e);
+            for (e, extra) in takes.iter().zip(&extras) {
+                if *extra > 0 {
+                    leases.asked(e);
+                }
             }
             let alone: SmallVec<[Evaluation<'_>; 2]> = asked_for
                 .iter()
@@ -288,7 +318,8 @@ impl RedisStore {
         for (e, before) in evaluations.iter().zip(befores) {
             match before {
                 Before::Spent(..) => self.inner.leases.unspend(e),
-                Before::Ask { .. } => self.inner.leases.asked(e),
+                Before::Ask { extra } if *extra > 0 => self.inner.leases.asked(e),
+                Before::Ask { .. } | Before::Wait(_) => {}
             }
         }
     }
@@ -378,7 +409,7 @@ impl Inner {
 fn spent(before: &Before) -> Option<Outcome> {
     match before {
         Before::Spent(decision, _) => Some(Outcome::Allowed(*decision)),
-        Before::Ask { .. } => None,
+        Before::Ask { .. } | Before::Wait(_) => None,
     }
 }
 

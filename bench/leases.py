@@ -83,6 +83,9 @@ LEASE = "{ ttl: 200ms, max_share: 20% }"
 PACE_CONNS = 10
 PACE_DELAYS_MS = (3, 2, 1, 0)
 TARGET_RATE = 10_000
+# A round of tests 2–4 is "quiet" when other work on the machine took less
+# than this many CPUs during each of the runs compared.
+QUIET_CPUS = 0.25
 
 HOT = ("algorithm: token-bucket, capacity: 1000000000, refill_tokens: 1000000000, "
        "refill_every: 1s")
@@ -570,6 +573,24 @@ def test_single(red, mem, redis, settings):
         "cpu_off_over_memory": med([runs["redis-off"][i]["cpu_us_per_req"] / runs["memory"][i]["cpu_us_per_req"]
                                     for i in range(n)]),
     }
+    # The same within the rounds where the machine was quiet around both
+    # runs of the pair (other work under QUIET_CPUS): reported beside the
+    # all-rounds figure, which the verdict is on.
+    def quiet(*keys):
+        return [i for i in range(n) if all(runs[k][i]["others_cpus"] < QUIET_CPUS for k in keys)]
+
+    q = quiet("redis-lease", "memory")
+    ratios["quiet_rounds_lease_memory"] = [i + 1 for i in q]
+    ratios["quiet_throughput_lease_over_memory"] = med([runs["redis-lease"][i]["rps"] / runs["memory"][i]["rps"]
+                                                        for i in q])
+    ratios["quiet_cpu_lease_over_memory"] = med([
+        runs["redis-lease"][i]["cpu_us_per_req"] / runs["memory"][i]["cpu_us_per_req"] for i in q])
+    q = quiet("redis-lease", "redis-off")
+    ratios["quiet_rounds_lease_off"] = [i + 1 for i in q]
+    ratios["quiet_redis_cpu_lease_over_off"] = med([
+        runs["redis-lease"][i]["redis_cpu_us_per_allowed"] / runs["redis-off"][i]["redis_cpu_us_per_allowed"]
+        for i in q if runs["redis-lease"][i]["redis_cpu_us_per_allowed"] is not None
+        and runs["redis-off"][i]["redis_cpu_us_per_allowed"]])
     return runs, ratios
 
 
@@ -628,7 +649,8 @@ def markdown(res):
     lines = [
         "# Leases: Redis calls, throughput, CPU and exactness of a hot subject",
         "",
-        f"{res['generated_at']}; sluice commit `{res['machine']['commit']}` (binary `{res['sluice']}`); "
+        f"{res['generated_at']}; the checkout at commit `{res['machine']['commit']}`, the binary measured "
+        f"`{res['sluice']}` (built apart: its source may be older than that commit); "
         f"{res['machine']['nproc']} CPUs ({res['machine']['cpu_model']}), load average at start "
         f"{', '.join(f'{x:.2f}' for x in res['machine']['loadavg_at_start'])}, at end "
         f"{', '.join(f'{x:.2f}' for x in res['machine']['loadavg_at_end'])}. Shared, noisy virtual "
@@ -673,6 +695,11 @@ def rng(m, digits=2):
     return f"{m['median']:.{digits}f} ({m['min']:.{digits}f}–{m['max']:.{digits}f})"
 
 
+def quiet_label(rounds):
+    return (f"… only the rounds with under {QUIET_CPUS} CPUs of other work on the machine "
+            f"(rounds {', '.join(map(str, rounds)) or 'none'})")
+
+
 def summarize(calls, single, ratios, exact):
     rows, notes = [], []
     on = med([r["fcalls_per_allowed"] for r in calls["on"]])
@@ -691,16 +718,23 @@ def summarize(calls, single, ratios, exact):
     rows.append({"n": "1", "figure": f"… lease off (achieved {rate_off['median']:.0f} req/s)",
                  "measured": rng(off, 4), "target": "1.0 expected", "verdict": "reference"})
     t = ratios["throughput_lease_over_memory"]
-    rows.append({"n": 2, "figure": "throughput, 1 sidecar, wrk -c32: Redis + lease ÷ memory",
-                 "measured": rng(t), "target": "≥ 0.95", "verdict": verdict(t and t["median"] >= 0.95)})
+    rows.append({"n": 2, "figure": "throughput, 1 sidecar, wrk -c32: Redis + lease ÷ memory (all rounds)",
+                 "measured": rng(t, 3), "target": "≥ 0.95", "verdict": verdict(t and t["median"] >= 0.95)})
     t = ratios["throughput_off_over_memory"]
-    rows.append({"n": "2", "figure": "… Redis, lease off ÷ memory (reference)", "measured": rng(t),
+    rows.append({"n": "2", "figure": quiet_label(ratios["quiet_rounds_lease_memory"]),
+                 "measured": rng(ratios["quiet_throughput_lease_over_memory"], 3), "target": "≥ 0.95",
+                 "verdict": "reported"})
+    rows.append({"n": "2", "figure": "… Redis, lease off ÷ memory (reference)", "measured": rng(t, 3),
                  "target": "—", "verdict": "reference"})
     c = ratios["cpu_lease_over_memory"]
-    rows.append({"n": 3, "figure": "sluice CPU per request: Redis + lease ÷ memory", "measured": rng(c),
+    rows.append({"n": 3, "figure": "sluice CPU per request: Redis + lease ÷ memory (all rounds)",
+                 "measured": rng(c, 3),
                  "target": "≤ 1.05", "verdict": verdict(c and c["median"] <= 1.05)})
     c = ratios["cpu_off_over_memory"]
-    rows.append({"n": "3", "figure": "… Redis, lease off ÷ memory (reference)", "measured": rng(c),
+    rows.append({"n": "3", "figure": quiet_label(ratios["quiet_rounds_lease_memory"]),
+                 "measured": rng(ratios["quiet_cpu_lease_over_memory"], 3), "target": "≤ 1.05",
+                 "verdict": "reported"})
+    rows.append({"n": "3", "figure": "… Redis, lease off ÷ memory (reference)", "measured": rng(c, 3),
                  "target": "—", "verdict": "reference"})
     rc = ratios["redis_cpu_lease_over_off"]
     lease_us = med([r["redis_cpu_us_per_allowed"] for r in single["redis-lease"]])
@@ -708,6 +742,9 @@ def summarize(calls, single, ratios, exact):
     rows.append({"n": 4, "figure": f"redis-server CPU per allowed request: lease on ÷ off "
                                    f"({_f(lease_us and lease_us['median'], 2)} vs {_f(off_us and off_us['median'], 1)} µs)",
                  "measured": rng(rc, 4), "target": "≤ 0.05", "verdict": verdict(rc and rc["median"] <= 0.05)})
+    rows.append({"n": "4", "figure": quiet_label(ratios["quiet_rounds_lease_off"]),
+                 "measured": rng(ratios["quiet_redis_cpu_lease_over_off"], 4), "target": "≤ 0.05",
+                 "verdict": "reported"})
     over_burst = max(r["over_admission_burst"] for r in exact)
     over_total = max(r["over_admission_total"] for r in exact)
     adm = [r["admitted_in_burst"] for r in exact]
@@ -881,8 +918,8 @@ def main():
         "quick": args.quick,
         "rounds": 1 if args.quick else 3,
         "warmup_s": 1 if args.quick else 2,
-        "single_rounds": 1 if args.quick else 6,
-        "closed_s": 2 if args.quick else 4,
+        "single_rounds": 1 if args.quick else 10,
+        "closed_s": 2 if args.quick else 3,
         "paced_s": 2 if args.quick else 5,
         "exact_conns": 8,
         "connections": CONNS,

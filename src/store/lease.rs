@@ -52,6 +52,11 @@ struct Entry {
     /// A request is asking the store for a lease since then: the others
     /// meanwhile ask for none (no herd of grants, each soon given back).
     asking: Option<Instant>,
+    /// Units of that ask (a grant's extra, or a top-up), and units of
+    /// leases on their way back to the store: the subject's, though Redis
+    /// does not count them so yet. An answer from Redis adds them.
+    in_flight: u32,
+    returning: u32,
     /// Told when that ask is answered, to the requests that found the
     /// lease spent and wait for it (made on first use).
     answered: Option<watch::Sender<()>>,
@@ -79,12 +84,14 @@ struct Held {
 impl Held {
     /// The answer to a request spent from this lease at `now`, `left`
     /// being what is left of it after the request.
-    fn decision(&self, now: Instant) -> Decision {
+    /// `more`: units of this subject's on their way to or from the store.
+    fn decision(&self, now: Instant, more: u32) -> Decision {
+        let unspent = self.left.saturating_add(more);
         Decision {
             allowed: true,
             band: self.granted.band,
-            remaining: self.granted.remaining + u64::from(self.left),
-            reset_after: reset_with(&self.policy, &self.granted, self.left)
+            remaining: self.granted.remaining + u64::from(unspent),
+            reset_after: reset_with(&self.policy, &self.granted, unspent)
                 .saturating_sub(now.saturating_duration_since(self.sent_at)),
             retry_after: Duration::ZERO,
             approximate: false,
@@ -138,6 +145,19 @@ fn reset_with(policy: &Policy, granted: &Decision, unspent: u32) -> Duration {
         Bands::FixedWindow(_) | Bands::SlidingCounter(_) | Bands::SlidingLog(_) => {
             granted.reset_after
         }
+    }
+}
+
+/// `decision` from Redis with `more` units the subject has here or on
+/// their way counted as its own.
+fn with_more(policy: &Policy, decision: Decision, more: u32) -> Decision {
+    if more == 0 {
+        return decision;
+    }
+    Decision {
+        remaining: decision.remaining + u64::from(more),
+        reset_after: reset_with(policy, &decision, more),
+        ..decision
     }
 }
 
@@ -258,6 +278,8 @@ impl Leases {
                     before: 0,
                     left_in_store: None,
                     asking: None,
+                    in_flight: 0,
+                    returning: 0,
                     answered: None,
                     held: None,
                 })
@@ -268,7 +290,7 @@ impl Leases {
         if let Some(held) = &mut entry.held {
             if held.until > now && held.left >= evaluation.cost {
                 held.left -= evaluation.cost;
-                let decision = held.decision(now);
+                let decision = held.decision(now, entry.in_flight + entry.returning);
                 let top_up = entry.top_up(evaluation, terms, now);
                 drop(shard);
                 self.held.decrement(f64::from(evaluation.cost));
@@ -295,8 +317,9 @@ impl Leases {
         };
         if extra > 0 {
             entry.asking = Some(now);
+            entry.in_flight = extra;
         }
-        self.give_up(held, &key, returns);
+        entry.returning += self.give_up(held, &key, returns);
         Before::Ask { extra }
     }
 
@@ -366,6 +389,7 @@ impl Leases {
             },
         };
         if !joins {
+            entry.returning += back.units;
             returns.push(back);
             return;
         }
@@ -381,6 +405,15 @@ impl Leases {
         });
         self.granted.increment(1);
         self.held.increment(f64::from(top.units));
+    }
+
+    /// `back` reached the store (or was given up on): its units no longer
+    /// count as on their way.
+    pub fn returned(&self, back: &Return) {
+        let key = SubjectKey::new(&back.policy, &back.subject);
+        if let Some(entry) = self.shards.lock(&key).get_mut(&key) {
+            entry.returning = entry.returning.saturating_sub(back.units);
+        }
     }
 
     /// A request admitted from leases (every one of its limits spent from
@@ -453,7 +486,22 @@ impl Leases {
         };
         entry.left_in_store = Some(decision.remaining);
         if !decision.allowed || extra == 0 {
-            return outcome;
+            // Redis does not count as the subject's what this sidecar
+            // holds for it, nor units on their way: the answer does.
+            let held = entry
+                .held
+                .as_ref()
+                .filter(|h| h.until > sent_at)
+                .map_or(0, |h| h.left);
+            let more = held + entry.in_flight + entry.returning;
+            return match outcome {
+                Outcome::Allowed(d) => Outcome::Allowed(with_more(policy, d, more)),
+                Outcome::Denied(d) => Outcome::Denied(Decision {
+                    remaining: d.remaining + u64::from(more),
+                    ..d
+                }),
+                other => other,
+            };
         }
         let lasts = match policy.algorithm() {
             // Its one band's window ends then; the units are counted in it.
@@ -469,12 +517,13 @@ impl Leases {
             sent_at,
             granted: decision,
         };
-        let answer = held.decision(sent_at);
         let old = entry.held.replace(held);
         self.granted.increment(1);
         self.held.increment(f64::from(extra));
-        self.give_up(old, &key, returns);
-        Outcome::Allowed(answer)
+        entry.returning += self.give_up(old, &key, returns);
+        let more = entry.in_flight + entry.returning;
+        let answer = entry.held.as_ref().map(|h| h.decision(sent_at, more));
+        Outcome::Allowed(answer.unwrap_or(decision))
     }
 
     /// Every lease ended by `now`, and the followed subjects gone quiet.
@@ -484,7 +533,9 @@ impl Leases {
             let mut ended = Vec::new();
             shard.retain(|key, entry| {
                 if entry.held.as_ref().is_some_and(|h| h.until <= now) {
-                    ended.push((key.clone(), entry.held.take()));
+                    let held = entry.held.take();
+                    entry.returning += held.as_ref().map_or(0, |h| h.left);
+                    ended.push((key.clone(), held));
                 }
                 entry.held.is_some() || !entry.quiet(now)
             });
@@ -501,7 +552,7 @@ impl Leases {
         for mut shard in self.shards.each() {
             for (key, entry) in shard.iter_mut() {
                 let held = entry.held.take();
-                self.give_up(held, key, &mut returns);
+                entry.returning += self.give_up(held, key, &mut returns);
             }
         }
         returns
@@ -538,18 +589,20 @@ impl Leases {
                 ..held.clone()
             };
             HeldView {
-                answer: after.decision(now),
+                answer: after.decision(now, entry.in_flight + entry.returning),
                 units: held.left,
                 lasts: held.until.saturating_duration_since(now),
             }
         })
     }
 
-    fn give_up(&self, held: Option<Held>, key: &SubjectKey, returns: &mut Vec<Return>) {
-        let Some(held) = held else { return };
+    /// Hands what is left of `held` to `returns`; the units handed.
+    fn give_up(&self, held: Option<Held>, key: &SubjectKey, returns: &mut Vec<Return>) -> u32 {
+        let Some(held) = held else { return 0 };
         if held.left == 0 {
-            return;
+            return 0;
         }
+        let units = held.left;
         self.held.decrement(f64::from(held.left));
         returns.push(Return {
             policy: held.policy,
@@ -557,6 +610,7 @@ impl Leases {
             id: held.id,
             units: held.left,
         });
+        units
     }
 }
 
@@ -577,6 +631,7 @@ impl Entry {
     /// ones waiting for it look again.
     fn done_asking(&mut self) {
         self.asking = None;
+        self.in_flight = 0;
         if let Some(answered) = &self.answered {
             answered.send_replace(());
         }
@@ -607,6 +662,7 @@ impl Entry {
             return None;
         }
         self.asking = Some(now);
+        self.in_flight = units;
         Some(Box::new(TopUp {
             policy: Arc::clone(&held.policy),
             subject: *evaluation.subject,

@@ -87,11 +87,15 @@ impl RedisStore {
             // Paid: answered by `from_leases`.
             Before::Spent(..) => 0,
             Before::Ask { extra } => *extra,
-            // The lease is spent and its grant on its way: wait for it
-            // within the deadline, and look again (not waiting twice).
+            // The lease is spent and its grant on its way: wait for it,
+            // for at most half of what is left of the budget (the other
+            // half is the store's, should the grant not come), and look
+            // again (not waiting twice).
             Before::Wait(answered) => {
                 let mut answered = answered.clone();
-                let _ = tokio::time::timeout_at(evaluation.deadline, answered.changed()).await;
+                let now = Instant::now();
+                let until = now + evaluation.deadline.saturating_duration_since(now) / 2;
+                let _ = tokio::time::timeout_at(until, answered.changed()).await;
                 let mut returns = Vec::new();
                 let again = leases.before(evaluation, Instant::now(), &mut returns, false);
                 self.give_back_leases(returns);
@@ -388,6 +392,7 @@ impl Inner {
         let deadline = Instant::now() + self.budget;
         let calls = returns.iter().map(|r| async move {
             let refund = self.refund_one(&r.evaluation(deadline), deadline).await;
+            self.leases.returned(r);
             (refund, r.units)
         });
         for (refund, units) in futures_util::future::join_all(calls).await {

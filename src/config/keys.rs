@@ -55,6 +55,16 @@ impl Key {
 
     /// Whether `at` (`routes[2].cost`) is this key's place.
     pub fn is_at(&self, at: &str) -> bool {
+        // A policy's name may hold dots of its own: `NAME` is whatever
+        // stands between the parts around it.
+        if let Some((before, after)) = self.path.split_once(".NAME.") {
+            let after = format!(".{after}");
+            return at
+                .strip_prefix(before)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .and_then(|rest| rest.strip_suffix(after.as_str()))
+                .is_some_and(|name| !name.is_empty());
+        }
         let mut ours = self.path.split('.');
         let mut theirs = at.split('.');
         loop {

@@ -375,3 +375,29 @@ fn every_entry_default_is_what_leaving_it_out_means() {
     }
     assert!(checked >= 12, "{checked} entry defaults written");
 }
+
+#[test]
+fn a_key_is_found_at_its_place_whatever_the_policy_is_called() {
+    assert!(POLICY_SHADOW.is_at("policies.login.shadow"));
+    assert!(POLICY_SHADOW.is_at("policies.api.v2.shadow"));
+    assert!(POLICY_LEASE_TTL.is_at("policies.a.b.lease.ttl"));
+    assert!(!POLICY_SHADOW.is_at("policies.shadow"));
+    assert!(!POLICY_LEASE_TTL.is_at("policies.login.ttl"));
+    assert!(ROUTE_MATCH_CASE_SENSITIVE.is_at("routes[3].match.case_sensitive"));
+    assert!(!ROUTE_MATCH_CASE_SENSITIVE.is_at("routes.match.case_sensitive"));
+    assert!(ROUTE_LIMITS_COST.is_at("routes[0].limits[12].cost"));
+}
+
+#[test]
+fn a_policy_name_with_dots_loads_with_its_defaults() {
+    let text = "version: 1
+server: { listen: 127.0.0.1:8080 }
+upstream: { url: http://127.0.0.1:3000 }
+policies:
+  api.v2: { algorithm: fixed-window, limit: 5, window: 1s }
+routes:
+  - { name: r, match: { path_prefix: /api, case_sensitive: true }, policy: api.v2 }
+";
+    let config = parse(text);
+    assert!(!config.live.policies[0].shadow);
+}

@@ -56,14 +56,15 @@ impl Key {
     /// Whether `at` (`routes[2].cost`) is this key's place.
     pub fn is_at(&self, at: &str) -> bool {
         // A policy's name may hold dots of its own: `NAME` is whatever
-        // stands between the parts around it.
+        // stands between the parts around it (a name refused as invalid,
+        // even empty, is still checked in place).
         if let Some((before, after)) = self.path.split_once(".NAME.") {
             let after = format!(".{after}");
             return at
                 .strip_prefix(before)
                 .and_then(|rest| rest.strip_prefix('.'))
                 .and_then(|rest| rest.strip_suffix(after.as_str()))
-                .is_some_and(|name| !name.is_empty());
+                .is_some();
         }
         let mut ours = self.path.split('.');
         let mut theirs = at.split('.');

@@ -382,6 +382,7 @@ fn a_key_is_found_at_its_place_whatever_the_policy_is_called() {
     assert!(POLICY_SHADOW.is_at("policies.api.v2.shadow"));
     assert!(POLICY_LEASE_TTL.is_at("policies.a.b.lease.ttl"));
     assert!(!POLICY_SHADOW.is_at("policies.shadow"));
+    assert!(POLICY_SHADOW.is_at("policies..shadow"));
     assert!(!POLICY_LEASE_TTL.is_at("policies.login.ttl"));
     assert!(ROUTE_MATCH_CASE_SENSITIVE.is_at("routes[3].match.case_sensitive"));
     assert!(!ROUTE_MATCH_CASE_SENSITIVE.is_at("routes.match.case_sensitive"));

@@ -30,6 +30,9 @@ pub struct Route {
     /// `Upgrade` protocols passed through (lower-case names, without a
     /// version); `websocket` unless the route says otherwise, never `h2c`.
     pub upgrades: Arc<[Box<str>]>,
+    /// The route's policy chosen by a header a trusted proxy sets: the
+    /// limits of the other tiers do not apply to a request.
+    pub tiers: Option<Arc<Tiers>>,
 }
 
 /// One of a route's limits: a policy, who it counts, and what a request
@@ -41,7 +44,175 @@ pub struct Limit {
     /// [`SubjectSource::Global`] only alone.
     pub subject: Vec<SubjectSource>,
     /// Units charged per request; 1..=policy max cost (1 for concurrency).
+    /// When the charge waits for the response, the units a request must
+    /// find left to be forwarded.
     pub cost: u32,
+    /// When the limit is charged: before forwarding, or once the response
+    /// head says what to charge.
+    pub charge: Charge,
+    /// The tier (of [`Route::tiers`]) this limit is the policy of; `None`
+    /// for a limit every request of the route counts against.
+    pub tier: Option<u8>,
+}
+
+impl Limit {
+    /// Whether the limit applies to a request of tier `tier`.
+    pub fn applies(&self, tier: u8) -> bool {
+        self.tier.is_none_or(|t| t == tier)
+    }
+
+    /// The response's charge, when it waits for one.
+    pub fn on_response(&self) -> Option<&OnResponse> {
+        match &self.charge {
+            Charge::Request => None,
+            Charge::Response(on) => Some(on),
+        }
+    }
+}
+
+/// When a limit is charged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Charge {
+    /// Before the request is forwarded, `cost` units.
+    #[default]
+    Request,
+    /// Checked before forwarding (refused when spent, nothing charged),
+    /// charged when the response head arrives.
+    Response(Arc<OnResponse>),
+}
+
+/// What a response charges a limit that waits for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnResponse {
+    /// Only responses with one of these statuses are charged; `None`:
+    /// every response the app gives.
+    pub statuses: Option<Box<[u16]>>,
+    /// The units are the number the app reports in a header, rather than
+    /// the limit's `cost`.
+    pub from_header: Option<ResponseCost>,
+}
+
+/// `cost: { from_response_header, max, default }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCost {
+    pub header: HeaderName,
+    /// The most one response is charged; a larger report is charged this.
+    pub max: u32,
+    /// Charged when the header is missing or not a whole number.
+    pub default: u32,
+}
+
+/// How a response's cost was read, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CostRead {
+    /// The limit's own `cost`, or the app's number as it reported it.
+    Exact,
+    /// The header was absent: the default was charged.
+    Missing,
+    /// The header was not one whole number: the default was charged.
+    Invalid,
+    /// The app reported more than `max`: `max` was charged.
+    AboveMax,
+}
+
+impl CostRead {
+    pub const FALLBACKS: [CostRead; 3] = [CostRead::Missing, CostRead::Invalid, CostRead::AboveMax];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            CostRead::Exact => "exact",
+            CostRead::Missing => "missing",
+            CostRead::Invalid => "invalid",
+            CostRead::AboveMax => "above_max",
+        }
+    }
+}
+
+impl OnResponse {
+    /// The units a response with `status` and `headers` charges (none for
+    /// a status not listed), `cost` being the limit's fixed cost.
+    pub fn units(
+        &self,
+        status: u16,
+        headers: &http::HeaderMap,
+        cost: u32,
+    ) -> Option<(u32, CostRead)> {
+        if let Some(statuses) = &self.statuses {
+            if !statuses.contains(&status) {
+                return None;
+            }
+        }
+        let Some(from) = &self.from_header else {
+            return Some((cost, CostRead::Exact));
+        };
+        let mut values = headers.get_all(&from.header).iter();
+        let read = match (values.next(), values.next()) {
+            (None, _) => return Some((from.default, CostRead::Missing)),
+            (Some(value), None) => whole_number(value.as_bytes()),
+            // Two reports of one cost: neither can be chosen.
+            (Some(_), Some(_)) => None,
+        };
+        Some(match read {
+            None => (from.default, CostRead::Invalid),
+            Some(n) if n > u64::from(from.max) => (from.max, CostRead::AboveMax),
+            // At most `max`, a u32.
+            Some(n) => (n as u32, CostRead::Exact),
+        })
+    }
+}
+
+/// Digits only, optional surrounding whitespace; saturates rather than
+/// overflows (anything that large is above any `max`).
+fn whole_number(bytes: &[u8]) -> Option<u64> {
+    let digits = bytes.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().fold(0u64, |n, d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
+}
+
+/// `tiers: { header, policies: { VALUE: POLICY }, default: POLICY }`: the
+/// policy a request counts against follows the value of `header`, when a
+/// trusted proxy sent it. Each distinct policy is one tier; the route's
+/// limit for tier `t` is the one whose [`Limit::tier`] is `Some(t)` (none
+/// for a tier whose policy is `none`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tiers {
+    pub header: HeaderName,
+    /// Each value the header may carry and its tier, in file order.
+    pub values: Box<[(Box<str>, u8)]>,
+    /// The tier of a request without the header, with a value not
+    /// listed, sent twice, or sent by a peer not trusted.
+    pub default: u8,
+    /// Each tier's policy name (`none` for no limit), by tier.
+    pub names: Box<[Arc<str>]>,
+}
+
+impl Tiers {
+    /// The tier of a request with `headers`; `trusted`: its peer is one
+    /// of `identity.trusted_proxies`.
+    pub fn choose(&self, headers: &http::HeaderMap, trusted: bool) -> u8 {
+        if !trusted {
+            return self.default;
+        }
+        let mut values = headers.get_all(&self.header).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => {
+                let value = value.as_bytes().trim_ascii();
+                self.values
+                    .iter()
+                    .find(|(v, _)| v.as_bytes() == value)
+                    .map_or(self.default, |&(_, tier)| tier)
+            }
+            _ => self.default,
+        }
+    }
+
+    pub fn count(&self) -> u8 {
+        self.names.len() as u8
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +311,7 @@ mod tests {
             },
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
+            tiers: None,
         }
     }
 

@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 
 use super::{Config, OnFailure, StoreLive};
 use crate::limit::{Bands, LimitPolicy};
-use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource};
+use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource, Tiers};
 
 const COLUMNS: usize = 11;
 
@@ -122,11 +122,25 @@ fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
         "-".to_owned(),
         "-".to_owned(),
     ];
-    let limits: Vec<[String; 7]> = if route.limits.is_empty() {
-        vec![unlimited]
-    } else {
-        route.limits.iter().map(|l| limit(l, store)).collect()
-    };
+    let mut limits: Vec<[String; 7]> = route.limits.iter().map(|l| limit(l, store)).collect();
+    if let Some(tiers) = &route.tiers {
+        // `p_pro (x-plan: pro,enterprise)`; the default tier says so.
+        for (l, row) in route.limits.iter().zip(&mut limits) {
+            if let Some(tier) = l.tier {
+                row[1] = format!("{} ({})", row[1], tier_values(tiers, tier));
+            }
+        }
+        for (tier, name) in tiers.names.iter().enumerate() {
+            if &**name == "none" {
+                let mut row = unlimited.clone();
+                row[1] = format!("none ({})", tier_values(tiers, tier as u8));
+                limits.push(row);
+            }
+        }
+    }
+    if limits.is_empty() {
+        limits.push(unlimited);
+    }
     limits
         .into_iter()
         .enumerate()
@@ -187,11 +201,43 @@ fn limit(limit: &Limit, store: &StoreLive) -> [String; 7] {
         subject.join(","),
         limit.policy.name().to_string(),
         limits,
-        limit.cost.to_string(),
+        cost(limit),
         shadow,
         failure,
         revision,
     ]
+}
+
+/// `2`; charged on response: `1 on 401,403`, `x-tokens-used ≤4000 on response`.
+fn cost(limit: &Limit) -> String {
+    let Some(on) = limit.on_response() else {
+        return limit.cost.to_string();
+    };
+    let units = match &on.from_header {
+        None => limit.cost.to_string(),
+        Some(from) => format!("{} ≤{} (else {})", from.header, from.max, from.default),
+    };
+    match &on.statuses {
+        None => format!("{units} on response"),
+        Some(statuses) => {
+            let statuses: Vec<String> = statuses.iter().map(u16::to_string).collect();
+            format!("{units} on {}", statuses.join(","))
+        }
+    }
+}
+
+/// `x-plan: pro,enterprise`, and `default` for the default tier.
+fn tier_values(tiers: &Tiers, tier: u8) -> String {
+    let mut values: Vec<&str> = tiers
+        .values
+        .iter()
+        .filter(|(_, t)| *t == tier)
+        .map(|(v, _)| &**v)
+        .collect();
+    if tiers.default == tier {
+        values.push("default");
+    }
+    format!("{}: {}", tiers.header, values.join(","))
 }
 
 /// `deny`, `allow`, or `local ÷3: 10/1m`: the quota this sidecar enforces

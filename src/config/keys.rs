@@ -248,6 +248,8 @@ keys! { ENTRIES:
         "the longest a lease is held before what is left of it goes back; at most half `store.dedupe_window`";
     POLICY_LEASE_MAX_SHARE: "policies.NAME.lease.max_share", "percentage", Value("10%"), Reload,
         "the most of what the store says is left that one lease may take";
+    POLICY_NEAR_LIMIT: "policies.NAME.near_limit", "percentage", Value("80%"), Reload,
+        "an admitted request that has used more than this share of the quota counts in `sluice_near_limit_total`";
     POLICY_RETRY_AFTER: "policies.NAME.retry_after", "duration", Value("1s"), Reload,
         "concurrency: `Retry-After` of the 503 over its limit; > 0";
     ROUTE_NAME: "routes[].name", "text", Required, Reload,
@@ -266,30 +268,98 @@ keys! { ENTRIES:
         "a policy's name, or `none` for no limit; unless `limits` is written";
     ROUTE_SUBJECT: "routes[].subject", "list", Value("client_ip"), Reload,
         "who is counted: `client_ip`, `header:NAME` (several: combined), or `global`";
-    ROUTE_COST: "routes[].cost", "number", Value("1"), Reload,
-        "units one request takes from the policy; not for concurrency";
+    ROUTE_COST: "routes[].cost", "number or mapping", Value("1"), Reload,
+        "units one request takes from the policy, or `{ from_response_header, max, default }`; not for concurrency";
+    ROUTE_TIERS: "routes[].tiers", "mapping", Unset("one policy for every request"), Reload,
+        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+    ROUTE_TIERS_HEADER: "routes[].tiers.header", "header name", Required, Reload,
+        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+    ROUTE_TIERS_POLICIES: "routes[].tiers.policies", "mapping", Required, Reload,
+        "each value of the header and its policy (`none`: no limit)";
+    ROUTE_TIERS_DEFAULT: "routes[].tiers.default", "text", Required, Reload,
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
+    ROUTE_COST_FROM_RESPONSE_HEADER: "routes[].cost.from_response_header", "header name", Required, Reload,
+        "charge the number the app's response reports in this header (the charge waits for the response)";
+    ROUTE_COST_MAX: "routes[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
+        "the most one response is charged; a larger report is charged this";
+    ROUTE_COST_DEFAULT: "routes[].cost.default", "number", Derived("`max`"), Reload,
+        "charged when the header is missing or not a whole number";
+    ROUTE_CHARGE: "routes[].charge", "mapping", Unset("charged before forwarding"), Reload,
+        "`{ on: response, statuses: [...] }`: checked before forwarding, charged when the response head arrives";
+    ROUTE_CHARGE_ON: "routes[].charge.on", "`request`, `response`", Derived("`response` with a cost from the response, else `request`"), Reload,
+        "when the limit is charged";
+    ROUTE_CHARGE_STATUSES: "routes[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,
+        "only responses with one of these statuses are charged (`on: response`)";
     ROUTE_LIMITS: "routes[].limits", "list", Unset("one limit: `policy`, `subject`, `cost`"), Reload,
         "several limits, each `{ policy, subject, cost }`; every one must pass";
     ROUTE_LIMITS_POLICY: "routes[].limits[].policy", "text", Required, Reload,
         "this limit's policy";
     ROUTE_LIMITS_SUBJECT: "routes[].limits[].subject", "list", Value("client_ip"), Reload,
         "this limit's subject";
-    ROUTE_LIMITS_COST: "routes[].limits[].cost", "number", Value("1"), Reload,
+    ROUTE_LIMITS_COST: "routes[].limits[].cost", "number or mapping", Value("1"), Reload,
         "this limit's cost";
+    ROUTE_LIMITS_TIERS: "routes[].limits[].tiers", "mapping", Unset("one policy for every request"), Reload,
+        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+    ROUTE_LIMITS_TIERS_HEADER: "routes[].limits[].tiers.header", "header name", Required, Reload,
+        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+    ROUTE_LIMITS_TIERS_POLICIES: "routes[].limits[].tiers.policies", "mapping", Required, Reload,
+        "each value of the header and its policy (`none`: no limit)";
+    ROUTE_LIMITS_TIERS_DEFAULT: "routes[].limits[].tiers.default", "text", Required, Reload,
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
+    ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "routes[].limits[].cost.from_response_header", "header name", Required, Reload,
+        "charge the number the app's response reports in this header (the charge waits for the response)";
+    ROUTE_LIMITS_COST_MAX: "routes[].limits[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
+        "the most one response is charged; a larger report is charged this";
+    ROUTE_LIMITS_COST_DEFAULT: "routes[].limits[].cost.default", "number", Derived("`max`"), Reload,
+        "charged when the header is missing or not a whole number";
+    ROUTE_LIMITS_CHARGE: "routes[].limits[].charge", "mapping", Unset("charged before forwarding"), Reload,
+        "`{ on: response, statuses: [...] }`: checked before forwarding, charged when the response head arrives";
+    ROUTE_LIMITS_CHARGE_ON: "routes[].limits[].charge.on", "`request`, `response`", Derived("`response` with a cost from the response, else `request`"), Reload,
+        "when the limit is charged";
+    ROUTE_LIMITS_CHARGE_STATUSES: "routes[].limits[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,
+        "only responses with one of these statuses are charged (`on: response`)";
     ROUTE_UPGRADES: "routes[].upgrades", "list", Value("[websocket]"), Reload,
         "the `Upgrade` protocols the route passes on; `[]` passes none";
     DEFAULT_ROUTE_POLICY: "default.policy", "text", Required, Reload,
         "the policy of a request no route matches, or `none`; no `default` at all is `policy: none`";
     DEFAULT_ROUTE_SUBJECT: "default.subject", "list", Value("client_ip"), Reload,
         "its subject";
+    DEFAULT_ROUTE_TIERS: "default.tiers", "mapping", Unset("one policy for every request"), Reload,
+        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+    DEFAULT_ROUTE_TIERS_HEADER: "default.tiers.header", "header name", Required, Reload,
+        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+    DEFAULT_ROUTE_TIERS_POLICIES: "default.tiers.policies", "mapping", Required, Reload,
+        "each value of the header and its policy (`none`: no limit)";
+    DEFAULT_ROUTE_TIERS_DEFAULT: "default.tiers.default", "text", Required, Reload,
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
     DEFAULT_ROUTE_LIMITS: "default.limits", "list", Unset("one limit, or none"), Reload,
         "several limits, as in a route";
     DEFAULT_ROUTE_LIMITS_POLICY: "default.limits[].policy", "text", Required, Reload,
         "each limit's policy";
     DEFAULT_ROUTE_LIMITS_SUBJECT: "default.limits[].subject", "list", Value("client_ip"), Reload,
         "each limit's subject";
-    DEFAULT_ROUTE_LIMITS_COST: "default.limits[].cost", "number", Value("1"), Reload,
+    DEFAULT_ROUTE_LIMITS_COST: "default.limits[].cost", "number or mapping", Value("1"), Reload,
         "each limit's cost";
+    DEFAULT_ROUTE_LIMITS_TIERS: "default.limits[].tiers", "mapping", Unset("one policy for every request"), Reload,
+        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+    DEFAULT_ROUTE_LIMITS_TIERS_HEADER: "default.limits[].tiers.header", "header name", Required, Reload,
+        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+    DEFAULT_ROUTE_LIMITS_TIERS_POLICIES: "default.limits[].tiers.policies", "mapping", Required, Reload,
+        "each value of the header and its policy (`none`: no limit)";
+    DEFAULT_ROUTE_LIMITS_TIERS_DEFAULT: "default.limits[].tiers.default", "text", Required, Reload,
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
+    DEFAULT_ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "default.limits[].cost.from_response_header", "header name", Required, Reload,
+        "charge the number the app's response reports in this header (the charge waits for the response)";
+    DEFAULT_ROUTE_LIMITS_COST_MAX: "default.limits[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
+        "the most one response is charged; a larger report is charged this";
+    DEFAULT_ROUTE_LIMITS_COST_DEFAULT: "default.limits[].cost.default", "number", Derived("`max`"), Reload,
+        "charged when the header is missing or not a whole number";
+    DEFAULT_ROUTE_LIMITS_CHARGE: "default.limits[].charge", "mapping", Unset("charged before forwarding"), Reload,
+        "`{ on: response, statuses: [...] }`: checked before forwarding, charged when the response head arrives";
+    DEFAULT_ROUTE_LIMITS_CHARGE_ON: "default.limits[].charge.on", "`request`, `response`", Derived("`response` with a cost from the response, else `request`"), Reload,
+        "when the limit is charged";
+    DEFAULT_ROUTE_LIMITS_CHARGE_STATUSES: "default.limits[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,
+        "only responses with one of these statuses are charged (`on: response`)";
     DEFAULT_ROUTE_UPGRADES: "default.upgrades", "list", Value("[websocket]"), Reload,
         "the `Upgrade` protocols passed on for it";
 }

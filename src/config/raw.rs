@@ -157,11 +157,7 @@ pub struct Server {
 }
 
 /// `server.min_upload_rate`: one value (`off`, or a rate) or the mapping.
-#[derive(Debug)]
-pub enum MinUploadRate {
-    One(Scalar),
-    Table(MinUploadRateTable),
-}
+pub type MinUploadRate = OneOr<MinUploadRateTable>;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping")]
@@ -170,58 +166,54 @@ pub struct MinUploadRateTable {
     pub grace: Option<Scalar>,
 }
 
-impl<'de> Deserialize<'de> for MinUploadRate {
+/// A key written either as one value or as a mapping of its terms.
+#[derive(Debug)]
+pub enum OneOr<T> {
+    One(Scalar),
+    Table(T),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOr<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(MinUploadRateVisitor)
+        d.deserialize_any(OneOrVisitor(std::marker::PhantomData))
     }
 }
 
-struct MinUploadRateVisitor;
+struct OneOrVisitor<T>(std::marker::PhantomData<T>);
 
-impl<'de> Visitor<'de> for MinUploadRateVisitor {
-    type Value = MinUploadRate;
+impl<'de, T: Deserialize<'de>> Visitor<'de> for OneOrVisitor<T> {
+    type Value = OneOr<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("`off`, a number of bytes per second, or a mapping")
+        f.write_str("a single value or a mapping")
     }
 
-    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<MinUploadRate, A::Error> {
-        MinUploadRateTable::deserialize(de::value::MapAccessDeserializer::new(map))
-            .map(MinUploadRate::Table)
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<OneOr<T>, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(OneOr::Table)
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<MinUploadRate, E> {
-        ScalarVisitor
-            .visit_str(v)
-            .map(|s| MinUploadRate::One(Scalar(s)))
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<OneOr<T>, E> {
+        ScalarVisitor.visit_str(v).map(|s| OneOr::One(Scalar(s)))
     }
 
-    fn visit_string<E: de::Error>(self, v: String) -> Result<MinUploadRate, E> {
-        Ok(MinUploadRate::One(Scalar(v)))
+    fn visit_string<E: de::Error>(self, v: String) -> Result<OneOr<T>, E> {
+        Ok(OneOr::One(Scalar(v)))
     }
 
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<MinUploadRate, E> {
-        ScalarVisitor
-            .visit_bool(v)
-            .map(|s| MinUploadRate::One(Scalar(s)))
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<OneOr<T>, E> {
+        ScalarVisitor.visit_bool(v).map(|s| OneOr::One(Scalar(s)))
     }
 
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<MinUploadRate, E> {
-        ScalarVisitor
-            .visit_i64(v)
-            .map(|s| MinUploadRate::One(Scalar(s)))
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<OneOr<T>, E> {
+        ScalarVisitor.visit_i64(v).map(|s| OneOr::One(Scalar(s)))
     }
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<MinUploadRate, E> {
-        ScalarVisitor
-            .visit_u64(v)
-            .map(|s| MinUploadRate::One(Scalar(s)))
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<OneOr<T>, E> {
+        ScalarVisitor.visit_u64(v).map(|s| OneOr::One(Scalar(s)))
     }
 
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<MinUploadRate, E> {
-        ScalarVisitor
-            .visit_f64(v)
-            .map(|s| MinUploadRate::One(Scalar(s)))
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<OneOr<T>, E> {
+        ScalarVisitor.visit_f64(v).map(|s| OneOr::One(Scalar(s)))
     }
 }
 
@@ -368,6 +360,7 @@ pub struct Policy {
     pub on_failure: Option<Scalar>,
     /// `off`, `on`, or [`Lease`]: read by the policy's validation.
     pub lease: Option<serde_yaml::Value>,
+    pub near_limit: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -398,7 +391,9 @@ pub struct Route {
     pub matcher: Option<Match>,
     pub subject: Option<ScalarList>,
     pub policy: Option<Scalar>,
-    pub cost: Option<Scalar>,
+    pub tiers: Option<Tiers>,
+    pub cost: Option<Cost>,
+    pub charge: Option<Charge>,
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
 }
@@ -408,8 +403,38 @@ pub struct Route {
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub struct Limit {
     pub policy: Option<Scalar>,
+    pub tiers: Option<Tiers>,
     pub subject: Option<ScalarList>,
-    pub cost: Option<Scalar>,
+    pub cost: Option<Cost>,
+    pub charge: Option<Charge>,
+}
+
+/// `cost`: a number, or `{ from_response_header, max, default }`.
+pub type Cost = OneOr<ResponseCost>;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct ResponseCost {
+    pub from_response_header: Option<Scalar>,
+    pub max: Option<Scalar>,
+    pub default: Option<Scalar>,
+}
+
+/// `charge: { on: request | response, statuses: [...] }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Charge {
+    pub on: Option<Scalar>,
+    pub statuses: Option<ScalarList>,
+}
+
+/// `tiers: { header, policies: { VALUE: POLICY }, default }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Tiers {
+    pub header: Option<Scalar>,
+    pub policies: Option<serde_yaml::Mapping>,
+    pub default: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -426,6 +451,7 @@ pub struct Match {
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub struct DefaultRoute {
     pub policy: Option<Scalar>,
+    pub tiers: Option<Tiers>,
     pub subject: Option<ScalarList>,
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,

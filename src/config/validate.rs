@@ -6,6 +6,7 @@
 //! policy and each route deserialized on its own (`raw`) and checked, so one
 //! mistake never hides another in a different place.
 
+mod charge;
 pub(crate) mod check;
 mod policy;
 pub(crate) use policy::derived_revision;

@@ -30,6 +30,10 @@ pub struct Policy {
     /// (`store::lease`). Not part of the derived revision: leases change
     /// who spends a count, not what it means.
     pub lease: Option<LeaseTerms>,
+    /// The share of a band's quota (percent) an admitted request must
+    /// have used up to be counted as near the limit
+    /// (`sluice_near_limit_total`).
+    pub near_limit: u8,
     /// Private with what is derived from it, so the two cannot disagree;
     /// derived once here rather than on every request.
     bands: Bands,
@@ -54,6 +58,7 @@ impl Policy {
             shadow,
             on_failure: None,
             lease: None,
+            near_limit: 80,
             horizon: bands.horizon(),
             max_cost: bands.max_cost(),
             quotas: bands.quotas().into(),
@@ -77,6 +82,23 @@ impl Policy {
     pub fn with_on_failure(mut self, on_failure: Option<OnFailure>) -> Policy {
         self.on_failure = on_failure;
         self
+    }
+
+    /// The policy with its own near-limit share (percent used).
+    pub fn with_near_limit(mut self, near_limit: u8) -> Policy {
+        self.near_limit = near_limit;
+        self
+    }
+
+    /// Whether an admitted `decision` leaves less than the near-limit
+    /// share of its binding band unused: more than `near_limit` percent of
+    /// the quota is spent.
+    pub fn near(&self, decision: &super::Decision) -> bool {
+        let Some(&(quota, _)) = self.quotas.get(decision.band) else {
+            return false;
+        };
+        let unused = 100 - u64::from(self.near_limit.min(100));
+        u128::from(decision.remaining) * 100 < u128::from(quota) * u128::from(unused)
     }
 
     /// The policy with lease terms (`None`: never leased). The caller has

@@ -10,14 +10,16 @@ use http::StatusCode;
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::limit::LimitPolicy;
-use crate::route::Route;
+use crate::route::{CostRead, Route};
 
 use crate::telemetry::{
-    DECISION_DURATION, FORWARDED_WITHOUT_DECISION, IN_FLIGHT, REQUESTS, REQUESTS_REFUSED,
-    REQUEST_BODIES_CUT, UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_RESPONSES,
+    DECISION_DURATION, FORWARDED_WITHOUT_DECISION, IN_FLIGHT, NEAR_LIMIT, REQUESTS,
+    REQUESTS_REFUSED, REQUEST_BODIES_CUT, RESPONSE_CHARGES, RESPONSE_COST_FALLBACKS,
+    UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_RESPONSES,
 };
 
 use super::body::Cut;
+use super::service::on_response::Charged;
 use super::upstream::UpstreamError;
 use super::verdict::{OutcomeLabel, Verdict};
 
@@ -35,6 +37,11 @@ pub struct RouteMetrics {
     /// series: a permit taken under an older configuration gives its
     /// place back to the same gauge it rose.
     in_flight: Box<[Option<Gauge>]>,
+    /// Per limit of the route, for a rate limit: admitted requests near it.
+    near_limit: Box<[Option<Counter>]>,
+    /// Per limit of the route charged on response: by [`Charged::ALL`],
+    /// and the cost header's fallbacks by [`CostRead::FALLBACKS`].
+    on_response: Box<[Option<OnResponseCounters>]>,
     upstream_responses: [Counter; STATUS_CLASSES.len()],
     /// Indexed as [`UpstreamError::KINDS`].
     upstream_errors: [Counter; UpstreamError::KINDS.len()],
@@ -62,9 +69,35 @@ impl RouteMetrics {
                 LimitPolicy::Rate(_) => None,
             })
             .collect();
+        let near_limit = route
+            .limits
+            .iter()
+            .map(|l| {
+                let policy = l.policy.as_rate()?.name.to_string();
+                Some(metrics::counter!(NEAR_LIMIT, "route" => name.clone(), "policy" => policy))
+            })
+            .collect();
+        let on_response = route
+            .limits
+            .iter()
+            .map(|l| {
+                l.on_response()?;
+                let policy = l.policy.name().to_string();
+                Some(OnResponseCounters {
+                    charged: Charged::ALL.map(|result| {
+                        metrics::counter!(RESPONSE_CHARGES, "route" => name.clone(), "policy" => policy.clone(), "result" => result.label())
+                    }),
+                    fallbacks: CostRead::FALLBACKS.map(|reason| {
+                        metrics::counter!(RESPONSE_COST_FALLBACKS, "route" => name.clone(), "policy" => policy.clone(), "reason" => reason.label())
+                    }),
+                })
+            })
+            .collect();
         let route = name;
         RouteMetrics {
             in_flight,
+            near_limit,
+            on_response,
             requests: policies
                 .into_iter()
                 .map(|policy| {
@@ -98,6 +131,19 @@ impl RouteMetrics {
         self.in_flight.get(limit)?.as_ref()
     }
 
+    /// Counts an admitted request near the route's limit `limit`.
+    pub fn near_limit(&self, limit: usize) {
+        if let Some(Some(counter)) = self.near_limit.get(limit) {
+            counter.increment(1);
+        }
+    }
+
+    /// The counters of the route's limit `limit`, when it is charged on
+    /// response (cloned into the charge, which outlives the request).
+    pub fn on_response(&self, limit: usize) -> Option<OnResponseCounters> {
+        self.on_response.get(limit)?.clone()
+    }
+
     /// Counts the response to a forwarded request (the upstream's, or
     /// sluice's 502/504 when the upstream failed).
     pub fn upstream(&self, status: StatusCode, elapsed: Duration) {
@@ -109,6 +155,23 @@ impl RouteMetrics {
     /// A forwarded request that got sluice's answer instead of the app's.
     pub fn upstream_error(&self, error: UpstreamError) {
         self.upstream_errors[error.index()].increment(1);
+    }
+}
+
+/// The counters of one limit charged on response.
+#[derive(Clone)]
+pub struct OnResponseCounters {
+    charged: [Counter; Charged::ALL.len()],
+    fallbacks: [Counter; CostRead::FALLBACKS.len()],
+}
+
+impl OnResponseCounters {
+    /// Counts a charge's result, and how its cost was read.
+    pub fn count(&self, charged: Charged, read: CostRead) {
+        self.charged[charged as usize].increment(1);
+        if let Some(i) = CostRead::FALLBACKS.iter().position(|&r| r == read) {
+            self.fallbacks[i].increment(1);
+        }
     }
 }
 

@@ -52,8 +52,15 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The answers of `route.limits[limit]`.
+    /// The answers of `route.limits[limit]`, for a request of its own
+    /// tier (of any, for a limit every request counts against).
     pub fn new(route: &Route, limit: usize) -> Prepared {
+        Prepared::for_tier(route, limit, route.limits[limit].tier.unwrap_or(0))
+    }
+
+    /// The answers of `route.limits[limit]` to a request of tier `tier`:
+    /// `RateLimit-Policy` lists the limits that apply to it.
+    pub fn for_tier(route: &Route, limit: usize, tier: u8) -> Prepared {
         let policy = &route.limits[limit].policy;
         let (route_name, name) = (&*route.name, &**policy.name());
         let denied = match policy {
@@ -75,7 +82,7 @@ impl Prepared {
         };
         Prepared {
             // Built from printable ASCII only (see `push_band_name`).
-            policy_field: HeaderValue::from_str(&route_policy_value(route))
+            policy_field: HeaderValue::from_str(&route_policy_value(route, tier))
                 .unwrap_or_else(|_| HeaderValue::from_static("")),
             band_name: sf_string_inner(name).into(),
             several_bands: match policy {
@@ -373,10 +380,11 @@ pub fn policy_field(policy: &Policy) -> HeaderValue {
     HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// Every limit of `route`, in order, as `RateLimit-Policy` members.
-fn route_policy_value(route: &Route) -> String {
+/// Every limit of `route` that applies to a request of tier `tier`, in
+/// order, as `RateLimit-Policy` members.
+fn route_policy_value(route: &Route, tier: u8) -> String {
     let mut out = String::new();
-    for limit in &route.limits {
+    for limit in route.limits.iter().filter(|l| l.applies(tier)) {
         if !out.is_empty() {
             out.push_str(", ");
         }

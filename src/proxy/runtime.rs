@@ -83,7 +83,11 @@ impl RouteState {
             log_budget: LogBudget::default(),
             limits: (0..route.limits.len())
                 .map(|i| LimitState {
-                    responses: Prepared::new(route, i),
+                    // One set per tier: `RateLimit-Policy` lists the limits
+                    // of the request's tier only.
+                    responses: (0..route.tiers.as_ref().map_or(1, |t| t.count()))
+                        .map(|tier| Prepared::for_tier(route, i, tier))
+                        .collect(),
                     fixed_subject: (route.limits[i].subject == [SubjectSource::Global])
                         .then(|| subject::global(&route.name, key)),
                 })
@@ -95,7 +99,8 @@ impl RouteState {
 /// What the proxy keeps for one limit of a route.
 #[derive(Debug)]
 pub struct LimitState {
-    pub responses: Prepared,
+    /// By the request's tier (one for a route without tiers).
+    pub responses: Box<[Prepared]>,
     /// The pseudonym of `subject: global`, the same for every request:
     /// made here rather than per request.
     pub fixed_subject: Option<Pseudonym>,

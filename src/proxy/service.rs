@@ -72,6 +72,8 @@ pub(super) struct Check<'r> {
     pub subject: Pseudonym,
     /// How the subject was found (for `POST /explain`).
     pub resolved: Resolved,
+    /// The request's tier on this route (0 for a route without tiers).
+    pub tier: u8,
 }
 
 impl<'r> Check<'r> {
@@ -81,6 +83,14 @@ impl<'r> Check<'r> {
 
     pub fn state(&self) -> &'r LimitState {
         &self.entry.limits[self.limit]
+    }
+
+    /// The answers of this limit to a request of its tier.
+    pub fn responses(&self) -> &'r Prepared {
+        let responses = &self.state().responses;
+        responses
+            .get(usize::from(self.tier))
+            .unwrap_or(&responses[0])
     }
 }
 
@@ -143,6 +153,18 @@ impl Proxy {
         if drop_underscored {
             underscores::remove(request.headers_mut());
         }
+        // A tier header from a peer not trusted chose nothing, and the app
+        // must not read it either.
+        for entry in matched.iter() {
+            if let Some(tiers) = &entry.route.tiers {
+                let ip = conn.peer.ip();
+                if request.headers().contains_key(&tiers.header)
+                    && !subject::resolve::trusted_peer(ip, &live.identity.trusted_proxies)
+                {
+                    request.headers_mut().remove(&tiers.header);
+                }
+            }
+        }
         // From here on the request carries the path that was matched, and
         // the app receives exactly that.
         if let Some(uri) = rewritten {
@@ -155,8 +177,12 @@ impl Proxy {
         };
 
         let primary = matched.primary();
-        let mut response = self.forward(request, conn, live, primary).await;
-        if let Some((prepared, decision)) = admitted.ratelimit {
+        let (mut response, from_app) = self.forward(request, conn, live, primary).await;
+        let mut ratelimit = admitted.ratelimit;
+        if from_app {
+            self.charge_on_response(&checks, &response, &mut ratelimit, live);
+        }
+        if let Some((prepared, decision)) = ratelimit {
             if !response.status().is_informational() {
                 respond::add_ratelimit_headers(response.headers_mut(), prepared, &decision);
             }
@@ -184,7 +210,7 @@ impl Proxy {
             Some(refusal) => Judgement::Refused(refusal),
             None => self.judge(checks, live, arrival).await,
         };
-        self.count(matched, &judgement, arrival);
+        self.count(matched, checks, &judgement, arrival);
         match judgement {
             // Its places go back as `permits` drops.
             Judgement::Refused(refusal) => Err(refusal.response),
@@ -210,7 +236,7 @@ impl Proxy {
                 match self.in_flight.try_acquire(policy, &check.subject, gauge) {
                     Some(permit) => permits.push(permit),
                     None => {
-                        let responses = &check.state().responses;
+                        let responses = check.responses();
                         return Some(Refusal {
                             check,
                             verdict: Verdict::ConcurrencyDenied,
@@ -236,7 +262,8 @@ impl Proxy {
         if limits.is_empty() {
             return Judgement::Passed(Passed::new());
         }
-        let outcomes = self.store.evaluate_all(&evaluations).await;
+        let asked = on_response::ask(&self.store, &limits, &evaluations).await;
+        let outcomes = &asked.outcomes;
         if outcomes.source == Source::Store && outcomes.list.iter().any(plan::decided) {
             self.fallback.store_decided();
         }
@@ -245,7 +272,7 @@ impl Proxy {
             .record(arrival.elapsed().as_secs_f64());
 
         let rated = plan::rated(&limits, &evaluations);
-        let plan = plan::plan(&rated, &outcomes, live);
+        let plan = plan::plan(&rated, outcomes, live);
         let judgement = if plan.locals().next().is_none() {
             plan.settled(live)
         } else {
@@ -263,7 +290,8 @@ impl Proxy {
             plan.settle(&local, &shared, live)
         };
         if let Judgement::Refused(_) = judgement {
-            self.store.give_back(&evaluations, &outcomes).await;
+            let (charged, outcomes) = asked.charged(&evaluations);
+            self.store.give_back(charged, outcomes).await;
         }
         judgement
     }
@@ -272,7 +300,13 @@ impl Proxy {
     /// it; or, when it goes on, once per matched route, under the limit
     /// whose verdict is not Allowed (a shadow denial, no decision under
     /// `on_failure: allow`) or else the route's first.
-    fn count(&self, matched: &Matched<'_>, judgement: &Judgement<'_, '_>, arrival: Instant) {
+    fn count(
+        &self,
+        matched: &Matched<'_>,
+        checks: &[Check<'_>],
+        judgement: &Judgement<'_, '_>,
+        arrival: Instant,
+    ) {
         match judgement {
             Judgement::Refused(refusal) => {
                 let check = refusal.check;
@@ -280,8 +314,11 @@ impl Proxy {
             }
             Judgement::Passed(passed) => {
                 for (route_at, entry) in matched.iter().enumerate() {
-                    let (limit, verdict) = passed.counted(route_at, entry);
+                    let (limit, verdict) = passed.counted(route_at, checks);
                     self.count_one(entry, limit, verdict, arrival);
+                    for &(_, near) in passed.near.iter().filter(|(at, _)| *at == route_at) {
+                        entry.metrics.near_limit(near);
+                    }
                 }
             }
         }
@@ -312,13 +349,38 @@ impl Proxy {
         }
     }
 
+    /// Charges the limits that wait for the response, `response` being the
+    /// app's; the `RateLimit` fields of such a limit count the charge.
+    fn charge_on_response<'r>(
+        &self,
+        checks: &[Check<'r>],
+        response: &Response<Body>,
+        ratelimit: &mut Option<(&'r Prepared, Decision)>,
+        live: &Live,
+    ) {
+        let status = response.status().as_u16();
+        for check in checks {
+            let Some(due) = on_response::due(check, status, response.headers()) else {
+                continue;
+            };
+            if let Some((prepared, decision)) = ratelimit {
+                if std::ptr::eq(*prepared, check.responses()) {
+                    decision.remaining = decision.remaining.saturating_sub(u64::from(due.units()));
+                }
+            }
+            on_response::charge(&self.store, due, live.store.budget);
+        }
+    }
+
+    /// The response, and whether it is the app's (rather than sluice's
+    /// 502 or 504).
     async fn forward(
         &self,
         request: Request<Incoming>,
         conn: &ConnInfo,
         live: &Live,
         entry: Entry<'_>,
-    ) -> Response<Body> {
+    ) -> (Response<Body>, bool) {
         let sent = Instant::now();
         let response = upstream::forward(
             &self.upstream,
@@ -332,11 +394,11 @@ impl Proxy {
         match response {
             Ok(response) => {
                 entry.metrics.upstream(response.status(), sent.elapsed());
-                response
+                (response, true)
             }
             Err(error) => {
                 entry.metrics.upstream_error(error);
-                error.response()
+                (error.response(), false)
             }
         }
     }
@@ -400,8 +462,17 @@ pub(super) fn prepare<'r>(
     for (route_at, entry) in matched.iter().enumerate() {
         let route = entry.route;
         headers::check_connection(headers, route.subject_sources())?;
+        let tier = route.tiers.as_ref().map_or(0, |tiers| {
+            tiers.choose(
+                headers,
+                subject::resolve::trusted_peer(peer, &live.identity.trusted_proxies),
+            )
+        });
         let first = checks.len();
         for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
+            if !limit.applies(tier) {
+                continue;
+            }
             // Limits of one route counting the same subject share its
             // pseudonym: one HMAC, not one per limit.
             let known = match state.fixed_subject {
@@ -429,6 +500,7 @@ pub(super) fn prepare<'r>(
                 limit: i,
                 subject,
                 resolved,
+                tier,
             });
         }
     }
@@ -540,4 +612,5 @@ pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
     }
 }
 
+pub(super) mod on_response;
 pub(super) mod plan;

@@ -231,6 +231,7 @@ mod tests {
             },
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
+            tiers: None,
         }
     }
 

@@ -99,6 +99,9 @@ pub const LEASE_UNITS_RETURNED: &str = "sluice_lease_units_returned_total";
 pub const LEASE_ADMITTED: &str = "sluice_lease_admitted_total";
 pub const LEASE_UNITS_HELD: &str = "sluice_lease_units_held";
 pub const RUNTIME_ALIVE_TASKS: &str = "sluice_runtime_alive_tasks";
+pub const NEAR_LIMIT: &str = "sluice_near_limit_total";
+pub const RESPONSE_CHARGES: &str = "sluice_response_charges_total";
+pub const RESPONSE_COST_FALLBACKS: &str = "sluice_response_cost_fallbacks_total";
 
 pub const ALL: &[Metric] = &[
     Metric::counter(REQUESTS, "Requests by route, policy and decision outcome."),
@@ -228,6 +231,18 @@ pub const ALL: &[Metric] = &[
     Metric::gauge(
         LEASE_UNITS_HELD,
         "Units held in this sidecar's leases, charged in Redis and not yet spent.",
+    ),
+    Metric::counter(
+        NEAR_LIMIT,
+        "Admitted requests that left less than the policy's near-limit share of its quota unused, by route and policy.",
+    ),
+    Metric::counter(
+        RESPONSE_CHARGES,
+        "Charges made once the response head arrived, by route, policy and result.",
+    ),
+    Metric::counter(
+        RESPONSE_COST_FALLBACKS,
+        "Responses whose cost header was missing, invalid or above `max`, by route, policy and reason.",
     ),
 ];
 

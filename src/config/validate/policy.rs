@@ -149,6 +149,12 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
             .map(Some),
     };
     let lease = lease(cx, path, raw.lease.clone());
+    let near_limit = cx.defaulted(
+        path,
+        &keys::POLICY_NEAR_LIMIT,
+        raw.near_limit.as_ref(),
+        check::percent,
+    );
     let flat = raw.flat();
     let bands = match (&raw.bands, algorithm) {
         (_, None) => None,
@@ -178,7 +184,9 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         Some(explicit) => explicit,
         None => derived_revision(&bands),
     };
-    let policy = Policy::new(name, revision, bands, shadow?).with_on_failure(on_failure?);
+    let policy = Policy::new(name, revision, bands, shadow?)
+        .with_on_failure(on_failure?)
+        .with_near_limit(near_limit?);
     let lease = lease?;
     if let (Some(_), Some(why)) = (lease, policy.lease_refused()) {
         cx.error(&path.key("lease"), At::Key, why);
@@ -242,6 +250,7 @@ fn concurrency(
         ("revision", raw.revision.is_some()),
         ("on_failure", raw.on_failure.is_some()),
         ("lease", raw.lease.is_some()),
+        ("near_limit", raw.near_limit.is_some()),
     ];
     let mut ok = true;
     for (key, written) in foreign {

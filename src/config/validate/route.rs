@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::{HeaderName, Method};
 use serde_yaml::Value;
 
+use super::charge;
 use super::check::{self, Checker};
 use super::policy::{Found, Policies};
 use crate::config::keys;
@@ -15,7 +16,7 @@ use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{Underscores, DEFAULT_UPGRADES};
 use crate::limit::LimitPolicy;
 use crate::path::{self, PathRules};
-use crate::route::{Limit, Match, PathMatch, Route, Segment, SubjectSource};
+use crate::route::{Limit, Match, PathMatch, Route, Segment, SubjectSource, Tiers};
 
 /// The name `check` and metrics give the route for requests no route matched.
 pub const DEFAULT_ROUTE: &str = "default";
@@ -71,12 +72,14 @@ pub fn routes(
         let upgrades = upgrades(cx, &at.key("upgrades"), raw.upgrades);
         let written = Written {
             policy: raw.policy,
+            tiers: raw.tiers,
             subject: raw.subject,
             cost: raw.cost,
+            charge: raw.charge,
             limits: raw.limits,
         };
         let limits = limits(cx, &at, written, policies, underscores);
-        if let (Some(name), Some(matcher), Some(limits), Some(upgrades)) =
+        if let (Some(name), Some(matcher), Some((limits, tiers)), Some(upgrades)) =
             (name, matcher, limits, upgrades)
         {
             out.push(Route {
@@ -84,6 +87,7 @@ pub fn routes(
                 matcher,
                 limits,
                 upgrades,
+                tiers,
             });
         }
     }
@@ -105,66 +109,72 @@ pub fn default_route(
                 matcher: Match::default(),
                 limits: Vec::new(),
                 upgrades: default_upgrades(),
+                tiers: None,
             })
         }
         Some(v) => cx.shape::<raw::DefaultRoute>(path, Some(v))?,
     };
     let written = Written {
         policy: raw.policy,
+        tiers: raw.tiers,
         subject: raw.subject,
         cost: None,
+        charge: None,
         limits: raw.limits,
     };
     let limits = limits(cx, path, written, policies, underscores);
     let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
+    let (limits, tiers) = limits?;
     Some(Route {
         name: Arc::from(DEFAULT_ROUTE),
         matcher: Match::default(),
-        limits: limits?,
+        limits,
         upgrades: upgrades?,
+        tiers,
     })
 }
 
-/// What a route (or `default:`) writes about its limits: `policy`,
-/// `subject` and `cost` for one, or `limits:` for several.
+/// What a route (or `default:`) writes about its limits: `policy` (or
+/// `tiers`), `subject`, `cost` and `charge` for one, or `limits:` for
+/// several.
 struct Written {
     policy: Option<Scalar>,
+    tiers: Option<raw::Tiers>,
     subject: Option<ScalarList>,
-    cost: Option<Scalar>,
+    cost: Option<raw::Cost>,
+    charge: Option<raw::Charge>,
     limits: Option<Vec<raw::Limit>>,
 }
 
+/// A route's limits, and its tiers when one of them is chosen by header.
+type Limits = (Vec<Limit>, Option<Arc<Tiers>>);
+
 /// The route's limits; `path` is the route. `policy: none` is no limit at
-/// all, `policy` + `subject` a list of one.
+/// all, `policy` + `subject` a list of one, `tiers` one limit per tier.
 fn limits(
     cx: &mut Checker<'_>,
     path: &KeyPath,
     written: Written,
     policies: &Policies,
     underscores: Underscores,
-) -> Option<Vec<Limit>> {
+) -> Option<Limits> {
     let Some(list) = written.limits else {
-        let policy = route_policy(cx, &path.key("policy"), written.policy.as_ref(), policies);
-        let subject = subjects(cx, &path.key("subject"), written.subject, underscores);
-        let cost = cost(
-            cx,
-            &path.key("cost"),
-            written.cost.as_ref(),
-            policy.as_ref(),
-        );
-        return match (policy?, subject?, cost?) {
-            (None, _, _) => Some(Vec::new()),
-            (Some(policy), subject, cost) => Some(vec![Limit {
-                policy,
-                subject,
-                cost,
-            }]),
+        let one = raw::Limit {
+            policy: written.policy,
+            tiers: written.tiers,
+            subject: written.subject,
+            cost: written.cost,
+            charge: written.charge,
         };
+        let (limits, tiers) = entry(cx, path, one, policies, underscores, false)?;
+        return Some((limits, tiers.map(Arc::new)));
     };
     let beside = [
         ("policy", written.policy.is_some()),
+        ("tiers", written.tiers.is_some()),
         ("subject", written.subject.is_some()),
         ("cost", written.cost.is_some()),
+        ("charge", written.charge.is_some()),
     ];
     let mut ok = true;
     for (key, present) in beside {
@@ -187,39 +197,18 @@ fn limits(
         return None;
     }
     let mut out: Vec<Limit> = Vec::with_capacity(list.len());
+    let mut route_tiers: Option<(usize, Tiers)> = None;
     // Where each policy was first named, so a repeat can point at it.
-    let mut named: HashMap<String, usize> = HashMap::new();
+    let mut named: HashMap<Arc<str>, usize> = HashMap::new();
     for (i, raw) in list.into_iter().enumerate() {
         let item = at.index(i);
-        let policy_at = item.key("policy");
-        let policy = match &raw.policy {
-            None => {
+        let tiered = raw.tiers.is_some();
+        let key = if tiered { "tiers" } else { "policy" };
+        // Named as written, so a repeat is found even beside an error.
+        for name in written_names(&raw) {
+            if let Some(first) = named.get(name.as_str()) {
                 cx.error(
-                    &policy_at,
-                    At::Key,
-                    "required key is missing (name a policy)",
-                );
-                None
-            }
-            Some(s) if s.0 == "none" => {
-                cx.error(
-                    &policy_at,
-                    At::Value,
-                    "`none` is not a limit; leave the entry out (or write `policy: none` on the route)",
-                );
-                None
-            }
-            p => route_policy(cx, &policy_at, p.as_ref(), policies).flatten(),
-        };
-        let name = raw
-            .policy
-            .as_ref()
-            .map(|s| s.0.clone())
-            .filter(|n| n != "none");
-        if let Some(name) = name {
-            if let Some(first) = named.get(&name) {
-                cx.error(
-                    &policy_at,
+                    &item.key(key),
                     At::Value,
                     format!(
                         "policy `{name}` is already {}; a route names each policy once (its RateLimit fields and metrics tell limits apart by policy)",
@@ -228,21 +217,131 @@ fn limits(
                 );
                 ok = false;
             } else {
-                named.insert(name, i);
+                named.insert(name.into(), i);
             }
         }
-        let subject = subjects(cx, &item.key("subject"), raw.subject, underscores);
-        let cost = cost(cx, &item.key("cost"), raw.cost.as_ref(), Some(&policy));
-        match (policy, subject, cost) {
-            (Some(policy), Some(subject), Some(cost)) => out.push(Limit {
-                policy,
-                subject,
-                cost,
-            }),
-            _ => ok = false,
+        let Some((limits, tiers)) = entry(cx, &item, raw, policies, underscores, true) else {
+            ok = false;
+            continue;
+        };
+        if let Some(tiers) = tiers {
+            if let Some((first, _)) = &route_tiers {
+                cx.error(
+                    &item.key("tiers"),
+                    At::Key,
+                    format!(
+                        "a route chooses its tier once, and {} has `tiers` already; give the other limits one policy each",
+                        at.index(*first)
+                    ),
+                );
+                ok = false;
+            } else {
+                route_tiers = Some((i, tiers));
+            }
+        }
+        out.extend(limits);
+    }
+    ok.then(|| (out, route_tiers.map(|(_, t)| Arc::new(t))))
+}
+
+/// The policies a `limits` item names: its `policy`, or each of its
+/// tiers' (`none` is no policy).
+fn written_names(raw: &raw::Limit) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut add = |name: String| {
+        if name != "none" && !names.contains(&name) {
+            names.push(name);
+        }
+    };
+    if let Some(policy) = &raw.policy {
+        add(policy.0.clone());
+    }
+    if let Some(tiers) = &raw.tiers {
+        for value in tiers.policies.iter().flat_map(|m| m.values()) {
+            if let serde_yaml::Value::String(name) = value {
+                add(name.clone());
+            }
+        }
+        if let Some(default) = &tiers.default {
+            add(default.0.clone());
         }
     }
-    ok.then_some(out)
+    names
+}
+
+/// Each limit's policy with its tier, and the tiers.
+type Chosen = (Vec<(Option<u8>, LimitPolicy)>, Option<Tiers>);
+
+/// One limit as written at `path` (a route's own keys, or an item of its
+/// `limits`, `in_list`): the limits it stands for: none for `policy:
+/// none`, one per tier's policy for `tiers`.
+fn entry(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::Limit,
+    policies: &Policies,
+    underscores: Underscores,
+    in_list: bool,
+) -> Option<(Vec<Limit>, Option<Tiers>)> {
+    let policy_at = path.key("policy");
+    // Each limit's policy with its tier; `None` when not resolved.
+    let chosen: Option<Chosen> = match (&raw.policy, raw.tiers) {
+        (Some(_), Some(_)) => {
+            cx.error(
+                &path.key("tiers"),
+                At::Key,
+                "`policy` and `tiers` exclude each other: write one",
+            );
+            None
+        }
+        (None, Some(tiers)) => {
+            charge::tiers(cx, &path.key("tiers"), tiers, policies).map(|(tiers, by_tier)| {
+                let limits = by_tier
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(t, p)| Some((Some(t as u8), p?)))
+                    .collect();
+                (limits, Some(tiers))
+            })
+        }
+        (None, None) if in_list => {
+            cx.error(
+                &policy_at,
+                At::Key,
+                "required key is missing (name a policy)",
+            );
+            None
+        }
+        (Some(s), None) if in_list && s.0 == "none" => {
+            cx.error(
+                &policy_at,
+                At::Value,
+                "`none` is not a limit; leave the entry out (or write `policy: none` on the route)",
+            );
+            None
+        }
+        (p, None) => route_policy(cx, &policy_at, p.as_ref(), policies)
+            .map(|p| (p.into_iter().map(|p| (None, p)).collect(), None)),
+    };
+    let subject = subjects(cx, &path.key("subject"), raw.subject, underscores);
+    let charged: Vec<&LimitPolicy> = chosen
+        .iter()
+        .flat_map(|(limits, _)| limits.iter().map(|(_, p)| p))
+        .collect();
+    let cost = charge::cost_and_charge(cx, path, raw.cost, raw.charge, &charged);
+    let (chosen, tiers) = chosen?;
+    let (subject, (cost, charge)) = (subject?, cost?);
+    let limits = chosen
+        .into_iter()
+        .map(|(tier, policy)| Limit {
+            policy,
+            subject: subject.clone(),
+            cost,
+            charge: charge.clone(),
+            tier,
+        })
+        .collect();
+    Some((limits, tiers))
 }
 
 fn matcher(
@@ -596,41 +695,4 @@ fn route_policy(
             None
         }
     }
-}
-
-/// `policy` is `None` when it could not be resolved: the range is then not
-/// known, and the policy error already stands.
-fn cost(
-    cx: &mut Checker<'_>,
-    path: &KeyPath,
-    raw: Option<&Scalar>,
-    policy: Option<&Option<LimitPolicy>>,
-) -> Option<u32> {
-    let cost = cx.optional(path, raw, 1, check::number_u32(1))?;
-    if let (Some(Some(LimitPolicy::Concurrency(policy))), Some(_)) = (policy, raw) {
-        cx.error(
-            path,
-            At::Key,
-            format!(
-                "`cost` does not apply to concurrency policy `{}`: a request in flight is one request",
-                policy.name
-            ),
-        );
-        return None;
-    }
-    if let Some(Some(LimitPolicy::Rate(policy))) = policy {
-        let max = policy.max_cost();
-        if cost > max {
-            cx.error(
-                path,
-                At::Value,
-                format!(
-                    "cost {cost} is above the maximum {max} of policy `{}` (its smallest band)",
-                    policy.name
-                ),
-            );
-            return None;
-        }
-    }
-    Some(cost)
 }

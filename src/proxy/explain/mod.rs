@@ -180,13 +180,36 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
                 .collect(),
             None => vec![described.method.as_str()],
         };
-        routes.push(json!({
+        let mut json = json!({
             "route": &*route.name,
             "methods": found_by,
             // The first limit's; each limit says its own.
             "cost": route.limits.first().map_or(1, |l| l.cost),
             "limits": limits,
-        }));
+        });
+        if let (Some(tiers), Value::Object(map)) = (&route.tiers, &mut json) {
+            let trusted = crate::subject::resolve::trusted_peer(
+                described.peer,
+                &live.identity.trusted_proxies,
+            );
+            let tier = tiers.choose(&described.headers, trusted);
+            let values: Map<String, Value> = tiers
+                .values
+                .iter()
+                .map(|(v, t)| (v.to_string(), json!(&*tiers.names[usize::from(*t)])))
+                .collect();
+            map.insert(
+                "tiers".to_owned(),
+                json!({
+                    "header": tiers.header.as_str(),
+                    "trusted": trusted,
+                    "policies": values,
+                    "default": &*tiers.names[usize::from(tiers.default)],
+                    "chosen": &*tiers.names[usize::from(tier)],
+                }),
+            );
+        }
+        routes.push(json);
     }
     out.insert("routes".to_owned(), Value::Array(routes));
 
@@ -211,7 +234,7 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
                 Judgement::Passed(passed) => {
                     // As its first route counts it.
                     let entry = routed.matched.primary();
-                    let (at, verdict) = passed.counted(0, entry);
+                    let (at, verdict) = passed.counted(0, &routed.checks);
                     let policy = entry.route.limits.get(at).map(|l| &**l.policy.name());
                     (
                         answer(StatusCode::OK, &verdict, live),
@@ -248,6 +271,7 @@ fn limit(
     let mut out = Map::new();
     out.insert("policy".to_owned(), json!(&**limit.policy.name()));
     out.insert("cost".to_owned(), json!(limit.cost));
+    out.insert("charge".to_owned(), charge(limit));
     let policy = match &limit.policy {
         LimitPolicy::Rate(policy) => policy,
         LimitPolicy::Concurrency(c) => {
@@ -281,7 +305,7 @@ fn limit(
         "state".to_owned(),
         state(&outcome, policy, limit.cost, store),
     );
-    let responses = &check.state().responses;
+    let responses = check.responses();
     // This limit alone, by the proxy's own step.
     let (verdict, action) = match plan::decide(outcome, check.entry.route, policy, responses, live)
     {
@@ -298,6 +322,28 @@ fn limit(
     };
     out.insert("answer".to_owned(), answer(status, &verdict, live).json());
     Value::Object(out)
+}
+
+/// When the limit is charged: `{"on": "request"}`, or on response with
+/// the statuses that charge and where the units come from.
+fn charge(limit: &crate::route::Limit) -> Value {
+    let Some(on) = limit.on_response() else {
+        return json!({"on": "request"});
+    };
+    let units = match &on.from_header {
+        None => json!({"fixed": limit.cost}),
+        Some(from) => json!({
+            "from_response_header": from.header.as_str(),
+            "max": from.max,
+            "default": from.default,
+        }),
+    };
+    json!({
+        "on": "response",
+        "statuses": on.statuses.as_deref(),
+        "checked_before_forwarding": limit.cost,
+        "units": units,
+    })
 }
 
 fn answer(status: StatusCode, verdict: &Verdict, live: &Live) -> Answer {

@@ -29,9 +29,12 @@ fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
                 policy,
                 subject: vec![SubjectSource::ClientIp],
                 cost: 1,
+                charge: Default::default(),
+                tier: None,
             })
             .collect(),
         upgrades: Arc::from(Vec::new()),
+        tiers: None,
     }
 }
 

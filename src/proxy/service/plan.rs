@@ -35,7 +35,6 @@ use crate::proxy::body::Body;
 use crate::proxy::fallback::LocalPolicy;
 use crate::proxy::overrides::MAX_METHODS;
 use crate::proxy::respond::{self, Prepared};
-use crate::proxy::runtime::Entry;
 use crate::proxy::verdict::{Failure, Verdict};
 
 /// One rate limit of a request: the limit, its policy and what the store
@@ -120,6 +119,9 @@ pub(in crate::proxy) struct Passed<'r> {
     noted: [Option<(usize, Verdict)>; MAX_METHODS],
     /// The `RateLimit` fields the response carries.
     pub ratelimit: Option<(&'r Prepared, Decision)>,
+    /// The limits (route, limit) the request was admitted near to
+    /// ([`Policy::near`]).
+    pub near: SmallVec<[(usize, usize); 1]>,
 }
 
 /// What becomes of a request: the one place it is counted reads this.
@@ -143,16 +145,20 @@ impl<'r> Passed<'r> {
         Passed {
             noted: [None; MAX_METHODS],
             ratelimit: None,
+            near: SmallVec::new(),
         }
     }
 
-    /// The limit of `entry` (the `route_at`-th route matched) that its
-    /// request is counted under, and the verdict.
-    pub fn counted(&self, route_at: usize, entry: Entry<'_>) -> (usize, Verdict) {
+    /// The limit of the `route_at`-th route matched that its request is
+    /// counted under, and the verdict; `checks` are the request's limits
+    /// (a route has none for `policy: none`, or a tier whose policy is).
+    pub fn counted(&self, route_at: usize, checks: &[Check<'_>]) -> (usize, Verdict) {
         match self.noted.get(route_at).copied().flatten() {
             Some(noted) => noted,
-            None if entry.route.limits.is_empty() => (0, Verdict::Unlimited),
-            None => (0, Verdict::Allowed),
+            None => match checks.iter().find(|c| c.route_at == route_at) {
+                Some(first) => (first.limit, Verdict::Allowed),
+                None => (0, Verdict::Unlimited),
+            },
         }
     }
 
@@ -170,7 +176,7 @@ impl<'r> Passed<'r> {
         if let Some(decision) = ratelimit {
             let fewer = |(_, best): &(_, Decision)| decision.remaining < best.remaining;
             if self.ratelimit.as_ref().is_none_or(fewer) {
-                self.ratelimit = Some((&check.state().responses, decision));
+                self.ratelimit = Some((check.responses(), decision));
             }
         }
     }
@@ -216,7 +222,12 @@ pub(in crate::proxy) fn plan<'e, 'a, 'r>(
     };
     for (&limit, outcome) in steps {
         let check = limit.check;
-        let responses = &check.state().responses;
+        let responses = check.responses();
+        if let Outcome::Allowed(decision) = &outcome {
+            if limit.policy.near(decision) {
+                plan.passed.near.push((check.route_at, check.limit));
+            }
+        }
         match decide(outcome, check.entry.route, limit.policy, responses, live) {
             Step::Local(failure) => plan.locals.push((limit, failure)),
             Step::Decided(verdict, Action::Respond(response)) => {
@@ -275,7 +286,7 @@ impl<'e, 'a, 'r> Plan<'e, 'a, 'r> {
             .zip(outcomes.list.iter().copied());
         for ((&(limit, failure), shared), outcome) in answered {
             let check = limit.check;
-            let responses = &check.state().responses;
+            let responses = check.responses();
             let policy = limit.policy;
             match local_verdict(failure, outcome, policy, shared, responses, &live.store) {
                 (verdict, Action::Respond(response)) => {

@@ -304,12 +304,20 @@ impl RedisStore {
     /// for policies.
     pub fn learn_routes<'r>(&self, routes: impl IntoIterator<Item = &'r Route>) {
         let mut new = false;
-        for route in routes {
-            let policies: Vec<&Policy> = route
-                .limits
-                .iter()
-                .filter_map(|l| l.policy.as_rate().map(|p| &**p))
-                .collect();
+        // The limits one request charges together: those of its tier,
+        // without the ones charged on response (read alone first).
+        let sets = routes.into_iter().flat_map(|route| {
+            let tiers = route.tiers.as_ref().map_or(1, |t| t.count());
+            (0..tiers).map(move |tier| {
+                route
+                    .limits
+                    .iter()
+                    .filter(|l| l.applies(tier) && l.on_response().is_none())
+                    .filter_map(|l| l.policy.as_rate().map(|p| &**p))
+                    .collect::<Vec<&Policy>>()
+            })
+        });
+        for policies in sets {
             if policies.len() < 2 {
                 continue;
             }

@@ -108,6 +108,7 @@ fn judge(runtime: &Runtime, routes: &[usize], outcomes: &Outcomes, fallback: &Fa
                 limit,
                 subject,
                 resolved: Resolved::ClientIp,
+                tier: 0,
             })
         })
         .collect();
@@ -136,7 +137,7 @@ fn judge(runtime: &Runtime, routes: &[usize], outcomes: &Outcomes, fallback: &Fa
             counted: entries
                 .iter()
                 .enumerate()
-                .map(|(at, &entry)| passed.counted(at, entry))
+                .map(|(at, _)| passed.counted(at, &checks))
                 .collect(),
             ratelimit: passed.ratelimit.map(|(_, d)| d.remaining),
         },

@@ -360,15 +360,22 @@ impl Proxy {
     ) {
         let status = response.status().as_u16();
         for check in checks {
-            let Some(due) = on_response::due(check, status, response.headers()) else {
+            if check.limit().on_response().is_none() {
                 continue;
-            };
+            }
+            let due = on_response::due(check, status, response.headers());
             if let Some((prepared, decision)) = ratelimit {
                 if std::ptr::eq(*prepared, check.responses()) {
-                    decision.remaining = decision.remaining.saturating_sub(u64::from(due.units()));
+                    // The check read what would be left after `cost`; what
+                    // is left is what the response is charged.
+                    let units = due.as_ref().map_or(0, |due| due.units());
+                    let before = decision.remaining + u64::from(check.limit().cost);
+                    decision.remaining = before.saturating_sub(u64::from(units));
                 }
             }
-            on_response::charge(&self.store, due, live.store.budget);
+            if let Some(due) = due {
+                on_response::charge(&self.store, due, live.store.budget);
+            }
         }
     }
 

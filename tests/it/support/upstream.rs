@@ -267,7 +267,7 @@ async fn handle(
         method,
         path,
         version,
-        headers,
+        headers: headers.clone(),
         body: body.clone(),
     });
 
@@ -285,7 +285,37 @@ async fn handle(
     for (name, value) in behaviour.extra_headers {
         response.headers_mut().append(name, value);
     }
+    answer_as_asked(&headers, &mut response);
     Ok(response)
+}
+
+/// A request may say how it wants to be answered, as an app's outcome
+/// would: `x-answer-status: 401` sets the status, and each
+/// `x-answer-header: NAME: VALUE` adds a response header.
+fn answer_as_asked<B>(request: &http::HeaderMap, response: &mut Response<B>) {
+    let asked = |name| {
+        request
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    if let Some(status) = asked("x-answer-status").first() {
+        if let Ok(status) = StatusCode::from_bytes(status.trim().as_bytes()) {
+            *response.status_mut() = status;
+        }
+    }
+    for line in asked("x-answer-header") {
+        if let Some((name, value)) = line.split_once(':') {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.trim().as_bytes()),
+                HeaderValue::from_str(value.trim()),
+            ) {
+                response.headers_mut().append(name, value);
+            }
+        }
+    }
 }
 
 struct InFlight(Arc<State>);

@@ -126,6 +126,8 @@ impl Config {
 #[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]
+mod response_tests;
+#[cfg(test)]
 mod tests;
 
 /// The `Upgrade` protocols a route passes when it names none.

@@ -129,6 +129,27 @@ fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
+/// An admitted request's `t`, draft-11's effective window: when the
+/// binding band's available quota next grows. A fixed window's or a sliding
+/// log's `reset_after`; for the others, the part of `reset_after` up to its
+/// next refill period (token bucket), emission interval (GCRA) or window
+/// end (sliding counter), the whole step when nothing is held.
+fn effective_secs(bands: &Bands, band: usize, reset_after: Duration) -> u64 {
+    let step = match bands {
+        Bands::FixedWindow(_) | Bands::SlidingLog(_) => return ceil_secs(reset_after),
+        Bands::SlidingCounter(b) => b[band].window,
+        Bands::TokenBucket(b) => b[band].refill_every,
+        Bands::Gcra(b) => Duration::from_micros(b[band].emission_interval_us()),
+    };
+    let (step, reset) = (step.as_nanos(), reset_after.as_nanos());
+    let next = if reset == 0 {
+        step
+    } else {
+        (reset - 1) % step + 1
+    };
+    u64::try_from(next.div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
+}
+
 fuzz_target!(|input: Input| {
     let Some(bands) = bands(&input) else {
         return;
@@ -184,7 +205,7 @@ fuzz_target!(|input: Input| {
             (
                 "t",
                 if decision.allowed {
-                    ceil_secs(decision.reset_after)
+                    effective_secs(policy.bands(), decision.band, decision.reset_after)
                 } else {
                     ceil_secs(decision.retry_after).max(1)
                 },

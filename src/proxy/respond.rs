@@ -6,15 +6,23 @@
 //! problem-type URI would promise a page to resolve to, which a sidecar
 //! cannot keep.
 //!
-//! Rate-limit fields follow draft-ietf-httpapi-ratelimit-headers-10:
+//! Rate-limit fields follow draft-ietf-httpapi-ratelimit-headers-11:
 //! `RateLimit-Policy: "api";q=100;w=60` lists every band of every limit of
-//! the route, in order, and `RateLimit: "api";r=0;t=2` describes the
+//! the route, in order, and `RateLimit: "api";r=3;t=2` describes the
 //! binding one. A one-band policy names its member after the policy; with
 //! several bands the members are `"<policy>-<i>"`, `i` being the band's
 //! index in the configuration (`bands[i]`). A concurrency limit is
 //! `"<policy>";q=<limit>;qu="concurrent-requests"` (no window: it counts
-//! requests in flight, not a rate). All times are whole seconds rounded
-//! up, so a client that waits as told is never early.
+//! requests in flight, not a rate), and never has a `RateLimit` member.
+//!
+//! Draft -11 (§4.1) reads `r` as the quota available now and `t` as the
+//! effective window, "the number of seconds within which the client can use
+//! no more than the available quota": not when the quota is full again.
+//! So `t` is when the binding band's available quota next grows (see
+//! [`Effective`]); on a denial, the `Retry-After` beside it (-11 §6: it
+//! "SHOULD NOT reference a point in time earlier than the end of the
+//! effective window"). All times are whole seconds rounded up, so a client
+//! that waits as told is never early.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -24,7 +32,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TY
 use http::{Response, StatusCode};
 use serde::Serialize;
 
-use crate::limit::{Decision, Incompatible, LimitPolicy, Policy};
+use crate::limit::{Bands, Decision, Incompatible, LimitPolicy, Policy};
 use crate::route::Route;
 
 use super::body::{self, Body, Cut};
@@ -45,6 +53,9 @@ pub struct Prepared {
     band_name: Box<str>,
     /// More than one band: members are named `<policy>-<i>`.
     several_bands: bool,
+    /// Per band, how an admitted request's `t` follows from the decision;
+    /// empty for a concurrency policy.
+    effective: Box<[Effective]>,
     /// 429 for a rate policy; for a concurrency policy, the 503 of a
     /// request over its limit.
     denied: Template,
@@ -89,6 +100,10 @@ impl Prepared {
                 LimitPolicy::Rate(p) => p.bands().len() > 1,
                 LimitPolicy::Concurrency(_) => false,
             },
+            effective: match policy {
+                LimitPolicy::Rate(p) => Effective::of(p.bands()),
+                LimitPolicy::Concurrency(_) => Box::default(),
+            },
             denied,
             unavailable: Template::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -101,15 +116,19 @@ impl Prepared {
         }
     }
 
-    /// `"<name>";r=<remaining>;t=<seconds>` for the binding band. `t` is
-    /// when the quota next admits: on a denial, exactly the `Retry-After`
-    /// beside it (a client reading either waits the same); on an admitted
-    /// request, when the band is back to full. A token bucket or a sliding
-    /// log refills long before it is full again, and a 429 saying
-    /// `Retry-After: 10` with `t=50` had clients wait five times too long.
+    /// `"<name>";r=<remaining>;t=<seconds>` for the binding band: `r` is
+    /// what the band has left now, `t` its effective window. On a denial
+    /// `t` is exactly the `Retry-After` beside it (a client reading either
+    /// waits the same); on an admitted request, when the band's available
+    /// quota next grows. A token bucket refills long before it is full, and
+    /// a `t` saying when it is full had clients spread their tokens over
+    /// five times the time they had to.
     fn limit_value(&self, decision: &Decision) -> Option<HeaderValue> {
         let seconds = if decision.allowed {
-            ceil_secs(decision.reset_after)
+            let effective = self.effective.get(decision.band).copied();
+            effective
+                .unwrap_or(Effective::Reset)
+                .seconds(decision.reset_after)
         } else {
             retry_after_secs(decision.retry_after)
         };
@@ -132,6 +151,75 @@ impl Prepared {
             reset.format(sf_integer(seconds)).as_bytes(),
         ]);
         HeaderValue::from_maybe_shared(value).ok()
+    }
+}
+
+/// The effective window of an admitted request: how long the available
+/// quota `r` stays the most the client can use, from the binding band's
+/// `reset_after` (until it is back to full) and its parameters. Only
+/// `remaining`, `reset_after` and `retry_after` come from the store, for
+/// the memory store and Redis alike, so the window is derived here rather
+/// than asked of every script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effective {
+    /// `reset_after` itself. A fixed window's count falls to zero at once
+    /// when the window ends: exact. A sliding log frees each unit as it
+    /// leaves the window, the oldest first, and its reply says only when
+    /// the newest leaves (a whole window after an admission): an upper
+    /// bound, so a client told it spreads its quota over longer than it
+    /// needs to, and is never denied for it.
+    Reset,
+    /// Until the next step of `every` within `reset_after`:
+    /// `((reset_after - 1) mod every) + 1`, and `every` when nothing is
+    /// held. A token bucket adds tokens once per `refill_every` and
+    /// `reset_after` counts whole periods, so this is exactly the next
+    /// refill. A GCRA band frees one unit per emission interval as its
+    /// theoretical arrival time comes closer, and `reset_after` is that
+    /// time: this is exactly when the next unit frees. A sliding counter's
+    /// `reset_after` is the end of the window after the current one (when
+    /// this window's count has faded), so this is the end of the current
+    /// window: until then only the previous window's share fades, and when
+    /// that share is already nothing, the quota stays `r` exactly until
+    /// then.
+    NextStep(Duration),
+}
+
+impl Effective {
+    /// Per band of `bands`, in order. An exhaustive `match`: a new
+    /// algorithm does not compile until it says what its `t` is.
+    fn of(bands: &Bands) -> Box<[Effective]> {
+        match bands {
+            Bands::FixedWindow(b) | Bands::SlidingLog(b) => vec![Effective::Reset; b.len()].into(),
+            Bands::SlidingCounter(b) => b.iter().map(|w| Effective::NextStep(w.window)).collect(),
+            Bands::TokenBucket(b) => b
+                .iter()
+                .map(|band| Effective::NextStep(band.refill_every))
+                .collect(),
+            Bands::Gcra(b) => b
+                .iter()
+                .map(|band| Effective::NextStep(Duration::from_micros(band.emission_interval_us())))
+                .collect(),
+        }
+    }
+
+    /// Whole seconds, rounded up like every time sluice announces.
+    fn seconds(self, reset_after: Duration) -> u64 {
+        match self {
+            Effective::Reset => ceil_secs(reset_after),
+            Effective::NextStep(every) => {
+                // In nanoseconds and u128: exact for any `Duration`, and a
+                // band's step is at least a microsecond (validated), the
+                // floor only keeps `%` from panicking.
+                let every = every.as_nanos().max(1);
+                let reset = reset_after.as_nanos();
+                let next = match reset.checked_sub(1) {
+                    Some(before) => before % every + 1,
+                    None => every,
+                };
+                let secs = next.div_ceil(1_000_000_000);
+                u64::try_from(secs).unwrap_or(u64::MAX)
+            }
+        }
     }
 }
 

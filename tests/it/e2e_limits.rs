@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::support::{
-    burst, clear_of_window_edge, count, eventually, get, header, parse_ratelimit,
-    released_together, Sidecar, Upstream,
+    burst, clear_of_window_edge, count, effective_window_failures, eventually, get, header,
+    parse_ratelimit, released_together, Sidecar, Upstream, EFFECTIVE_POLICIES, EFFECTIVE_ROUTES,
 };
 use http::StatusCode;
 use serde_json::Value;
@@ -379,5 +379,31 @@ async fn retry_after_and_the_ratelimit_reset_agree_for_every_algorithm() {
             failures.push(format!("{policy:?}: Retry-After {retry_after:?}, t={t:?}"));
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// An admitted request's `RateLimit` under each algorithm, on the memory
+/// store: `r` is what is left now and `t` the effective window (when `r`
+/// next grows), as draft-ietf-httpapi-ratelimit-headers-11 reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_requests_t_is_its_effective_window_for_every_algorithm() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+upstream:
+  url: {url}
+policies:
+{EFFECTIVE_POLICIES}routes:
+{EFFECTIVE_ROUTES}",
+        url = upstream.url()
+    );
+    let sluice = Sidecar::start(&yaml);
+    // Away from the edges of the aligned windows, so `t` cannot be read
+    // in one window and answered in the next.
+    clear_of_window_edge(HOUR, Duration::from_secs(10)).await;
+    clear_of_window_edge(Duration::from_secs(50), Duration::from_secs(5)).await;
+    let failures = effective_window_failures(sluice.addr()).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

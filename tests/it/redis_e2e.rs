@@ -588,3 +588,24 @@ async fn a_reload_that_changes_only_numbers_keeps_the_counts_in_redis() {
     };
     assert_eq!(outcome("incompatible"), 0.0, "{text}");
 }
+
+/// An admitted request's `RateLimit` under each algorithm, decided by
+/// Redis: the same `r` and `t` as the memory store gives (draft-11's
+/// available quota and effective window), from the scripts' replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_requests_t_is_its_effective_window_for_every_algorithm() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let sluice = start_ready(&yaml(
+        &upstream,
+        &redis.url(),
+        support::EFFECTIVE_POLICIES,
+        support::EFFECTIVE_ROUTES,
+    ))
+    .await;
+    clear_of_window_edge(HOUR, Duration::from_secs(10)).await;
+    clear_of_window_edge(Duration::from_secs(50), Duration::from_secs(5)).await;
+    let failures = support::effective_window_failures(sluice.addr()).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

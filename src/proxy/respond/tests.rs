@@ -4,7 +4,8 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 
 use super::*;
-use crate::limit::{Bands, BucketBand, Concurrency, WindowBand};
+use crate::limit::algorithm::{evaluate, State};
+use crate::limit::{Bands, BucketBand, Concurrency, GcraBand, WindowBand};
 use crate::route::{Limit, Match, SubjectSource};
 
 fn window(limit: u32, window: Duration) -> WindowBand {
@@ -378,4 +379,302 @@ async fn every_limit_of_a_route_is_in_ratelimit_policy_and_concurrency_says_so()
         body["detail"],
         "route \"signup\" has 40 requests in flight under policy \"in_flight\"; retry after 2 s"
     );
+}
+
+/// One subject's requests at the given times (seconds since the epoch,
+/// fractions allowed), each of cost 1, through the algorithm's own step;
+/// for each, the `RateLimit` value it is answered with and, for a denial,
+/// its `Retry-After`.
+fn answered(policy: &Policy, at: &[f64]) -> Vec<(String, Option<String>)> {
+    let prepared = answers("r", policy);
+    let mut state = State::new(policy.bands());
+    at.iter()
+        .map(|secs| {
+            let now = (secs * 1_000_000.0).round() as u64;
+            let decision = evaluate(policy.bands(), &mut state, now, 1);
+            let headers = if decision.allowed {
+                let mut headers = HeaderMap::new();
+                add_ratelimit_headers(&mut headers, &prepared, &decision);
+                headers
+            } else {
+                too_many_requests(&prepared, &decision).headers().clone()
+            };
+            let field = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+            (field("ratelimit").unwrap(), field("retry-after"))
+        })
+        .collect()
+}
+
+fn admitted(value: &str) -> (String, Option<String>) {
+    (value.to_owned(), None)
+}
+
+fn refused(value: &str, retry_after: &str) -> (String, Option<String>) {
+    (value.to_owned(), Some(retry_after.to_owned()))
+}
+
+/// A multiple of every window used below: aligned windows start here.
+const EPOCH: f64 = 1_800_000_000.0;
+
+#[test]
+fn fixed_window_t_is_the_end_of_the_window() {
+    let p = policy(
+        "fw",
+        Bands::FixedWindow(vec![window(3, Duration::from_secs(60))]),
+    );
+    // The count falls to zero when the window ends: until then `r` is all
+    // there is, and after a denial the window's end is when the next fits.
+    assert_eq!(
+        answered(
+            &p,
+            &[EPOCH + 10.0, EPOCH + 20.0, EPOCH + 30.5, EPOCH + 40.0]
+        ),
+        [
+            admitted(r#""fw";r=2;t=50"#),
+            admitted(r#""fw";r=1;t=40"#),
+            admitted(r#""fw";r=0;t=30"#),
+            refused(r#""fw";r=0;t=20"#, "20"),
+        ]
+    );
+}
+
+#[test]
+fn token_bucket_t_is_the_next_refill_not_the_full_bucket() {
+    let p = policy(
+        "tb",
+        Bands::TokenBucket(vec![BucketBand {
+            capacity: NonZeroU32::new(5).unwrap(),
+            refill_tokens: NonZeroU32::new(1).unwrap(),
+            refill_every: Duration::from_secs(10),
+        }]),
+    );
+    let answers = answered(
+        &p,
+        &[
+            EPOCH,
+            EPOCH + 1.0,
+            EPOCH + 2.0,
+            EPOCH + 3.0,
+            EPOCH + 4.0,
+            EPOCH + 5.0,
+        ],
+    );
+    // Five tokens spent in five seconds: the bucket is full again 50 s
+    // after the first, but a token comes back every 10 s from the first,
+    // so `t` counts down to that refill whatever `r` is.
+    assert_eq!(
+        answers,
+        [
+            admitted(r#""tb";r=4;t=10"#),
+            admitted(r#""tb";r=3;t=9"#),
+            admitted(r#""tb";r=2;t=8"#),
+            admitted(r#""tb";r=1;t=7"#),
+            admitted(r#""tb";r=0;t=6"#),
+            // The next token is the one this request waits for.
+            refused(r#""tb";r=0;t=5"#, "5"),
+        ]
+    );
+}
+
+#[test]
+fn token_bucket_t_after_a_partial_refill_is_the_period_under_way() {
+    let p = policy(
+        "tb",
+        Bands::TokenBucket(vec![BucketBand {
+            capacity: NonZeroU32::new(10).unwrap(),
+            refill_tokens: NonZeroU32::new(2).unwrap(),
+            refill_every: Duration::from_secs(30),
+        }]),
+    );
+    // Ten spent at once; 35 s later one period has refilled two, and the
+    // next period ends 25 s later (the bucket is full only 120 s later).
+    let mut times = vec![EPOCH; 10];
+    times.push(EPOCH + 35.0);
+    let answers = answered(&p, &times);
+    assert_eq!(answers[9], admitted(r#""tb";r=0;t=30"#));
+    assert_eq!(answers[10], admitted(r#""tb";r=1;t=25"#));
+}
+
+#[test]
+fn gcra_t_is_when_the_next_unit_frees() {
+    // One unit per 10 s, up to 5 at once.
+    let p = policy(
+        "gc",
+        Bands::Gcra(vec![GcraBand {
+            limit: NonZeroU32::new(6).unwrap(),
+            window: Duration::from_secs(60),
+            burst: NonZeroU32::new(5).unwrap(),
+        }]),
+    );
+    let answers = answered(
+        &p,
+        &[
+            EPOCH,
+            EPOCH + 1.0,
+            EPOCH + 2.0,
+            EPOCH + 3.0,
+            EPOCH + 4.0,
+            EPOCH + 5.0,
+            EPOCH + 25.0,
+        ],
+    );
+    // The debt after n units is 10n s less the time since; one unit frees
+    // each time it passes a multiple of 10 s: `t` is never more than the
+    // emission interval, though the band is full again only after the debt.
+    assert_eq!(
+        answers,
+        [
+            admitted(r#""gc";r=4;t=10"#),
+            admitted(r#""gc";r=3;t=9"#),
+            admitted(r#""gc";r=2;t=8"#),
+            admitted(r#""gc";r=1;t=7"#),
+            admitted(r#""gc";r=0;t=6"#),
+            refused(r#""gc";r=0;t=5"#, "5"),
+            // 25 s in: 25 s of the 50 s debt are left, 35 s with this
+            // unit: room for one more, and another in 5 s.
+            admitted(r#""gc";r=1;t=5"#),
+        ]
+    );
+}
+
+#[test]
+fn gcra_t_rounds_a_short_interval_up_to_a_second() {
+    // 10 a second: a unit frees every 100 ms, announced as 1 s.
+    let p = policy(
+        "fast",
+        Bands::Gcra(vec![GcraBand {
+            limit: NonZeroU32::new(10).unwrap(),
+            window: Duration::from_secs(1),
+            burst: NonZeroU32::new(10).unwrap(),
+        }]),
+    );
+    let answers = answered(&p, &[EPOCH, EPOCH]);
+    assert_eq!(answers[1], admitted(r#""fast";r=8;t=1"#));
+}
+
+#[test]
+fn sliding_counter_t_is_the_end_of_the_current_window() {
+    let p = policy(
+        "sc",
+        Bands::SlidingCounter(vec![window(4, Duration::from_secs(60))]),
+    );
+    let answers = answered(
+        &p,
+        &[
+            EPOCH + 15.0,
+            EPOCH + 20.0,
+            EPOCH + 25.0,
+            EPOCH + 30.0,
+            EPOCH + 35.0,
+            EPOCH + 75.0,
+        ],
+    );
+    assert_eq!(
+        answers,
+        [
+            // No previous window: `r` stays exactly what it is until this
+            // window ends (45 s), not until its count has faded (105 s).
+            admitted(r#""sc";r=3;t=45"#),
+            admitted(r#""sc";r=2;t=40"#),
+            admitted(r#""sc";r=1;t=35"#),
+            admitted(r#""sc";r=0;t=30"#),
+            // The count of 4 must weigh 3 at most: as soon as it starts
+            // fading, a millisecond into the next window.
+            refused(r#""sc";r=0;t=26"#, "26"),
+            // 15 s into the next window: 4 × 45/60 = 3 estimated, plus this.
+            admitted(r#""sc";r=0;t=45"#),
+        ]
+    );
+}
+
+#[test]
+fn sliding_log_t_is_the_window_an_admitted_unit_stays_counted() {
+    let p = policy(
+        "sl",
+        Bands::SlidingLog(vec![window(3, Duration::from_secs(60))]),
+    );
+    let answers = answered(
+        &p,
+        &[
+            EPOCH,
+            EPOCH + 10.0,
+            EPOCH + 20.0,
+            EPOCH + 30.0,
+            EPOCH + 61.0,
+        ],
+    );
+    assert_eq!(
+        answers,
+        [
+            // The reply says when the newest unit leaves, a whole window
+            // after it was admitted: an upper bound on when `r` grows.
+            admitted(r#""sl";r=2;t=60"#),
+            admitted(r#""sl";r=1;t=60"#),
+            admitted(r#""sl";r=0;t=60"#),
+            // The oldest unit leaves 60 s after it came: exact.
+            refused(r#""sl";r=0;t=30"#, "30"),
+            // The first unit has left: one place, and the window again.
+            admitted(r#""sl";r=0;t=60"#),
+        ]
+    );
+}
+
+#[test]
+fn several_bands_take_the_binding_bands_window() {
+    // A bucket of 3 refilling one every 10 s under an hourly cap of 100:
+    // the bucket binds (least left), and its refill is the window.
+    let p = policy(
+        "mix",
+        Bands::TokenBucket(vec![
+            BucketBand {
+                capacity: NonZeroU32::new(3).unwrap(),
+                refill_tokens: NonZeroU32::new(1).unwrap(),
+                refill_every: Duration::from_secs(10),
+            },
+            BucketBand {
+                capacity: NonZeroU32::new(100).unwrap(),
+                refill_tokens: NonZeroU32::new(100).unwrap(),
+                refill_every: Duration::from_secs(3600),
+            },
+        ]),
+    );
+    let answers = answered(&p, &[EPOCH, EPOCH + 4.0]);
+    assert_eq!(answers[1], admitted(r#""mix-0";r=1;t=6"#));
+}
+
+#[test]
+fn effective_windows_never_overflow_and_hold_nothing_as_one_step() {
+    let step = Effective::NextStep(Duration::from_secs(10));
+    assert_eq!(step.seconds(Duration::ZERO), 10);
+    assert_eq!(step.seconds(Duration::from_nanos(1)), 1);
+    assert_eq!(step.seconds(Duration::from_secs(20)), 10);
+    assert_eq!(step.seconds(Duration::from_millis(20_001)), 1);
+    assert!((1..=10).contains(&step.seconds(Duration::MAX)));
+    let huge = Effective::NextStep(Duration::MAX);
+    assert_eq!(huge.seconds(Duration::MAX), u64::MAX);
+    assert_eq!(huge.seconds(Duration::ZERO), u64::MAX);
+    assert_eq!(Effective::Reset.seconds(Duration::MAX), u64::MAX);
+}
+
+#[test]
+fn local_fallback_denials_keep_retry_after_as_t() {
+    // The shared quota's own numbers: its `t` is its `Retry-After`.
+    let p = policy(
+        "login",
+        Bands::TokenBucket(vec![BucketBand {
+            capacity: NonZeroU32::new(10).unwrap(),
+            refill_tokens: NonZeroU32::new(1).unwrap(),
+            refill_every: Duration::from_secs(6),
+        }]),
+    );
+    let shared = p.shared(NonZeroU32::new(2).unwrap());
+    let response = too_many_requests_local(
+        &answers("r", &p),
+        &policy_field(&shared),
+        &denied(0, 0, Duration::from_secs(30), Duration::from_millis(4_200)),
+    );
+    let h = response.headers();
+    assert_eq!(h["ratelimit-policy"], r#""login";q=5;w=60"#);
+    assert_eq!(h["ratelimit"], r#""login";r=0;t=5"#);
+    assert_eq!(h["retry-after"], "5");
 }

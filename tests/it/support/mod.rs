@@ -76,7 +76,7 @@ pub fn pattern(len: usize) -> Vec<u8> {
 }
 
 /// The parameters of a `RateLimit` or `RateLimit-Policy` field
-/// (draft-ietf-httpapi-ratelimit-headers-10): the quoted policy name and
+/// (draft-ietf-httpapi-ratelimit-headers-11): the quoted policy name and
 /// its `key=integer` parameters, e.g. `"api";r=0;t=17`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitItem {
@@ -103,6 +103,84 @@ pub fn parse_ratelimit(value: &str) -> Option<RateLimitItem> {
         params.push((k.trim().to_owned(), v.trim().parse().ok()?));
     }
     Some(RateLimitItem { name, params })
+}
+
+/// One policy per algorithm, each of 5 with a refill, an emission
+/// interval or a window of 10 s or 50 s (the YAML under `policies:`), and
+/// a route `/NAME` to each ([`EFFECTIVE_ROUTES`]), for
+/// [`effective_window_failures`].
+pub const EFFECTIVE_POLICIES: &str = "  fw: { algorithm: fixed-window, limit: 5, window: 1h }
+  sl: { algorithm: sliding-log, limit: 5, window: 50s }
+  sc: { algorithm: sliding-counter, limit: 5, window: 50s }
+  tb: { algorithm: token-bucket, capacity: 5, refill_tokens: 1, refill_every: 10s }
+  gc: { algorithm: gcra, limit: 5, window: 50s }
+";
+pub const EFFECTIVE_ROUTES: &str =
+    "  - { name: fw, match: { path_prefix: /fw }, subject: client_ip, policy: fw }
+  - { name: sl, match: { path_prefix: /sl }, subject: client_ip, policy: sl }
+  - { name: sc, match: { path_prefix: /sc }, subject: client_ip, policy: sc }
+  - { name: tb, match: { path_prefix: /tb }, subject: client_ip, policy: tb }
+  - { name: gc, match: { path_prefix: /gc }, subject: client_ip, policy: gc }
+";
+
+/// Whole seconds, rounded up, left in the current window of `window`
+/// seconds aligned to the Unix epoch.
+fn left_in_window(window: u64) -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let window_us = u128::from(window) * 1_000_000;
+    let left_us = window_us - since_epoch.as_micros() % window_us;
+    u64::try_from(left_us.div_ceil(1_000_000)).expect("a window fits")
+}
+
+/// Two requests to each route of [`EFFECTIVE_ROUTES`] at `addr`, and what
+/// the second's `RateLimit` should not have said: `r` is what is left
+/// (3), `t` when that grows (draft-11's effective window), not when the
+/// band is full again (which said 20 s for the bucket and the GCRA band,
+/// and up to 100 s for the sliding counter).
+pub async fn effective_window_failures(addr: std::net::SocketAddr) -> Vec<String> {
+    // Route, and the range `t` must fall in (read just before the
+    // requests; a second of slack for a slow machine).
+    let expected = |route: &str| -> std::ops::RangeInclusive<u64> {
+        match route {
+            "fw" => {
+                let left = left_in_window(3600);
+                left.saturating_sub(1).max(1)..=left
+            }
+            // Until the aligned window under way ends.
+            "sc" => {
+                let left = left_in_window(50);
+                left.saturating_sub(1).max(1)..=left
+            }
+            // The newest unit stays counted a whole window.
+            "sl" => 50..=50,
+            // The next token, the next emission interval: 10 s after the
+            // first request.
+            _ => 9..=10,
+        }
+    };
+    let mut failures = Vec::new();
+    for route in ["fw", "sl", "sc", "tb", "gc"] {
+        let path = format!("/{route}");
+        let want = expected(route);
+        let mut last = None;
+        for _ in 0..2 {
+            last = Some(get(addr, &path, &[]).await);
+        }
+        let (status, headers, _) = last.expect("two requests");
+        let item = header(&headers, "ratelimit").and_then(parse_ratelimit);
+        let (r, t) = match &item {
+            Some(item) if item.name == route => (item.param("r"), item.param("t")),
+            _ => (None, None),
+        };
+        if status != http::StatusCode::OK || r != Some(3) || !t.is_some_and(|t| want.contains(&t)) {
+            failures.push(format!(
+                "{route}: {status}, r={r:?} t={t:?} (want r=3, t in {want:?}): {headers:?}"
+            ));
+        }
+    }
+    failures
 }
 
 /// Waits, if needed, until at least `margin` is left in the current window

@@ -433,3 +433,99 @@ async fn admitted_requests_near_the_limit_are_counted_redis() {
     let redis = RedisServer::start();
     admitted_requests_near_the_limit_are_counted(Some(&redis)).await;
 }
+
+const EXPLAIN_TOKEN: &str = "explain-token-e41c7d";
+
+/// `POST /explain` of `described` on `sluice`.
+async fn explain(sluice: &Sidecar, described: serde_json::Value) -> serde_json::Value {
+    let bearer = format!("Bearer {EXPLAIN_TOKEN}");
+    let (status, _, body) = crate::support::request(
+        admin(sluice),
+        http::Method::POST,
+        "/explain",
+        &[("Authorization", &bearer)],
+        described.to_string().into(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    serde_json::from_slice(&body).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_and_check_show_charges_and_tiers() {
+    let upstream = Upstream::start().await;
+    let policies = format!("{LOGIN_POLICIES}  tokens: {{ algorithm: fixed-window, limit: 1000, window: 1h }}\n{TIER_POLICIES}");
+    let routes = format!(
+        "{LOGIN_ROUTES}  - name: complete
+    match: {{ path: /v1/complete }}
+    policy: tokens
+    cost: {{ from_response_header: X-Tokens-Used, max: 900 }}
+{TIER_ROUTES}"
+    );
+    let sluice = sidecar(&upstream, None, "127.0.0.1/32", &policies, &routes).await;
+    // The sidecar's own file, with explain turned on, for the check and a
+    // second sidecar.
+    let yaml = std::fs::read_to_string(sluice.config_path())
+        .unwrap()
+        .replacen(
+            "  admin: 127.0.0.1:0\n",
+            &format!("  admin: 127.0.0.1:0\n  explain: {{ token: {EXPLAIN_TOKEN} }}\n"),
+            1,
+        );
+    drop(sluice);
+    let sluice = Sidecar::start(&yaml);
+
+    let login = explain(
+        &sluice,
+        serde_json::json!({"method": "POST", "path": "/login"}),
+    )
+    .await;
+    let charge = &login["routes"][0]["limits"][0]["charge"];
+    assert_eq!(charge["on"], "response", "{login}");
+    assert_eq!(charge["statuses"], serde_json::json!([401, 403]));
+    let complete = explain(
+        &sluice,
+        serde_json::json!({"method": "POST", "path": "/v1/complete"}),
+    )
+    .await;
+    let units = &complete["routes"][0]["limits"][0]["charge"]["units"];
+    assert_eq!(units["from_response_header"], "x-tokens-used", "{complete}");
+    assert_eq!(
+        (units["max"].as_u64(), units["default"].as_u64()),
+        (Some(900), Some(900))
+    );
+
+    let pro = serde_json::json!({"method": "GET", "path": "/api/x", "headers": {"x-plan": "pro", "x-api-key": "k"}});
+    let trusted = explain(&sluice, pro.clone()).await;
+    let tiers = &trusted["routes"][0]["tiers"];
+    assert_eq!(
+        (tiers["trusted"].as_bool(), tiers["chosen"].as_str()),
+        (Some(true), Some("p_pro")),
+        "{trusted}"
+    );
+    assert_eq!(trusted["routes"][0]["limits"][0]["policy"], "p_pro");
+    assert_eq!(trusted["routes"][0]["limits"].as_array().unwrap().len(), 1);
+    let mut from_outside = pro;
+    from_outside["peer"] = serde_json::json!("192.0.2.9");
+    let untrusted = explain(&sluice, from_outside).await;
+    assert_eq!(
+        untrusted["routes"][0]["tiers"]["chosen"], "p_free",
+        "{untrusted}"
+    );
+    assert_eq!(untrusted["routes"][0]["limits"][0]["policy"], "p_free");
+
+    let (code, stdout, stderr) = crate::support::sidecar::run_binary(
+        &["check", "--config", &sluice.config_path().to_string_lossy()],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    for shown in [
+        "1 on 401,403",
+        "x-tokens-used ≤900 (else 900) on response",
+        "p_free (x-plan: free,default)",
+        "p_pro (x-plan: pro)",
+        "none (x-plan: enterprise)",
+    ] {
+        assert!(stdout.contains(shown), "`{shown}` not in\n{stdout}");
+    }
+}

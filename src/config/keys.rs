@@ -243,7 +243,7 @@ keys! { ENTRIES:
     POLICY_ON_FAILURE: "policies.NAME.on_failure", "text", Derived("`store.on_failure`"), Reload,
         "this policy's answer when the store cannot decide";
     POLICY_LEASE: "policies.NAME.lease", "`on`, `off`, or a mapping", Value("off"), Reload,
-        "Redis: hot subjects spend blocks of quota taken at once (token-bucket, gcra, fixed-window of one band)";
+        "Redis: hot subjects spend blocks of quota taken at once (token-bucket, gcra; fixed-window or sliding-counter of one band)";
     POLICY_LEASE_TTL: "policies.NAME.lease.ttl", "duration", Value("250ms"), Reload,
         "the longest a lease is held before what is left of it goes back; at most half `store.dedupe_window`";
     POLICY_LEASE_MAX_SHARE: "policies.NAME.lease.max_share", "percentage", Value("10%"), Reload,

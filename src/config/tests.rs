@@ -1620,6 +1620,8 @@ fn a_lease_is_on_with_its_defaults_written_or_off() {
     assert_eq!(terms(gcra), Some(defaults));
     let fw = "algorithm: fixed-window, limit: 10, window: 1s, lease: on";
     assert_eq!(terms(fw), Some(defaults));
+    let sc = "algorithm: sliding-counter, limit: 10, window: 1s, lease: on";
+    assert_eq!(terms(sc), Some(defaults));
 }
 
 #[test]
@@ -1630,8 +1632,8 @@ fn a_lease_that_cannot_be_exact_is_refused_at_its_key() {
             "sliding-log is never leased",
         ),
         (
-            "algorithm: sliding-counter, limit: 10, window: 1s, lease: on",
-            "sliding-counter is never leased",
+            "algorithm: sliding-counter, bands: [{ limit: 10, window: 1s }, { limit: 100, window: 1m }], lease: on",
+            "a sliding-counter policy of several bands is never leased",
         ),
         (
             "algorithm: fixed-window, bands: [{ limit: 10, window: 1s }, { limit: 100, window: 1m }], lease: on",

@@ -118,21 +118,42 @@ impl Policy {
     ///   interval per unit at the grant;
     /// - fixed-window, one band: the units are counted in the window of the
     ///   grant, and the lease ends with that window (the store says when:
-    ///   the one band's `reset_after`). Of several bands, the store only
-    ///   says when the binding one's window ends.
+    ///   the one band's `reset_after`);
+    /// - sliding-counter, one band: the same, in the current window: an
+    ///   admitted request's count fades one window after its own ends, so
+    ///   the window ends `reset_after − window` after the decision. Within
+    ///   it the estimate only falls (the previous window's share fades), so
+    ///   what the grant fitted still fits when it is spent.
     ///
-    /// The sliding counter would need its window's end, which its reply
-    /// does not carry; a sliding log entry is a time, and a unit spent
-    /// later than its entry says would be counted as older than it is.
+    /// Of several bands, the store only says when the binding one's window
+    /// ends. A sliding log entry is a time, and a unit spent later than its
+    /// entry says would be counted as older than it is.
+    /// How long after a leased grant, answered `reset_after` from the
+    /// store, its units stay counted in the window they were charged in:
+    /// the lease ends then at the latest. `None` for an algorithm whose
+    /// units count wherever they are spent.
+    pub fn lease_window_left(&self, reset_after: Duration) -> Option<Duration> {
+        match self.algorithm() {
+            Algorithm::FixedWindow => Some(reset_after),
+            // `reset_after` is to the end of the next window: the count
+            // fades through it.
+            Algorithm::SlidingCounter => {
+                let window = self.quotas.first().map_or(Duration::ZERO, |q| q.1);
+                Some(reset_after.saturating_sub(window))
+            }
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::SlidingLog => None,
+        }
+    }
+
     pub fn lease_refused(&self) -> Option<&'static str> {
         match self.algorithm() {
             Algorithm::TokenBucket | Algorithm::Gcra => None,
-            Algorithm::FixedWindow if self.bands.len() == 1 => None,
+            Algorithm::FixedWindow | Algorithm::SlidingCounter if self.bands.len() == 1 => None,
             Algorithm::FixedWindow => Some(
                 "a fixed-window policy of several bands is never leased: the store says when only the binding band's window ends",
             ),
             Algorithm::SlidingCounter => Some(
-                "sliding-counter is never leased: its reply does not say when the window a lease is counted in ends",
+                "a sliding-counter policy of several bands is never leased: the store says when only the binding band's window ends",
             ),
             Algorithm::SlidingLog => Some(
                 "sliding-log is never leased: each admitted unit is an entry stamped with its time",

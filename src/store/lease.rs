@@ -94,7 +94,8 @@ impl Held {
             reset_after: reset_with(&self.policy, &self.granted, unspent)
                 .saturating_sub(now.saturating_duration_since(self.sent_at)),
             retry_after: Duration::ZERO,
-            approximate: false,
+            // A sliding counter's estimate stays one.
+            approximate: self.granted.approximate,
         }
     }
 }
@@ -114,7 +115,8 @@ pub struct HeldView {
 /// of the lease's units never charged: the store said when it would be
 /// with all of them spent. A token bucket refills by whole periods of
 /// `refill_tokens`, a GCRA's arrival time moves one interval per unit; a
-/// fixed window is full again when it ends, whatever was spent.
+/// fixed window is full again when it ends, whatever was spent, and a
+/// sliding counter one window later.
 fn reset_with(policy: &Policy, granted: &Decision, unspent: u32) -> Duration {
     let unspent = u64::from(unspent);
     match policy.bands() {
@@ -364,10 +366,9 @@ impl Leases {
             returns.push(back);
             return;
         };
-        let lasts = match policy.algorithm() {
-            Algorithm::FixedWindow => terms.ttl.min(decision.reset_after),
-            _ => terms.ttl,
-        };
+        let lasts = policy
+            .lease_window_left(decision.reset_after)
+            .map_or(terms.ttl, |left| terms.ttl.min(left));
         let window_ends = sent_at + decision.reset_after;
         let joins = match &entry.held {
             None => true,
@@ -375,7 +376,7 @@ impl Leases {
             Some(held) => match policy.algorithm() {
                 // The same window if it ends when the lease's does, give
                 // or take the time a call takes (a window is 1 ms at least).
-                Algorithm::FixedWindow => {
+                Algorithm::FixedWindow | Algorithm::SlidingCounter => {
                     let ours = held.sent_at + held.granted.reset_after;
                     let apart = if ours > window_ends {
                         ours - window_ends
@@ -503,11 +504,10 @@ impl Leases {
                 other => other,
             };
         }
-        let lasts = match policy.algorithm() {
-            // Its one band's window ends then; the units are counted in it.
-            Algorithm::FixedWindow => terms.ttl.min(decision.reset_after),
-            _ => terms.ttl,
-        };
+        // A window's units end with it: they are counted in it.
+        let lasts = policy
+            .lease_window_left(decision.reset_after)
+            .map_or(terms.ttl, |left| terms.ttl.min(left));
         let held = Held {
             policy: Arc::new(policy.clone()),
             id: evaluation.id,

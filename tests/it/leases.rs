@@ -38,6 +38,7 @@ fn yaml(upstream: &Upstream, redis_url: &str, algorithm: &str, limit: u32) -> St
         ),
         // A day: one more unit every 288 s, none within a test.
         "gc" => format!("algorithm: gcra, limit: {limit}, window: 1d, burst: {limit}"),
+        "sc" => format!("algorithm: sliding-counter, limit: {limit}, window: 1h"),
         other => panic!("no such algorithm here: {other}"),
     };
     redis_yaml(
@@ -167,6 +168,11 @@ async fn three_sidecars_on_a_leased_gcra_admit_exactly_the_limit() {
     three_sidecars_admit_at_most_then_exactly_the_limit("gc").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sidecars_on_a_leased_sliding_counter_admit_exactly_the_limit() {
+    three_sidecars_admit_at_most_then_exactly_the_limit("sc").await;
+}
+
 /// One sidecar, one subject, requests one after another: with leases the
 /// answers are the memory store's, request by request, `RateLimit`
 /// included, for each leased algorithm; to the last unit, the last
@@ -178,7 +184,7 @@ async fn one_sidecar_with_leases_answers_as_the_memory_store_to_the_last_unit() 
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
     clear_of_window_edge(HOUR, EDGE_MARGIN).await;
-    for algorithm in ["fw", "tb", "gc"] {
+    for algorithm in ["fw", "tb", "gc", "sc"] {
         let leased = yaml(&upstream, &redis.url(), algorithm, L as u32)
             .replace("api", &format!("api_{algorithm}"));
         let memory = leased

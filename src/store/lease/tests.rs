@@ -49,6 +49,19 @@ fn window(limit: u32, lease: LeaseTerms) -> Policy {
     .with_lease(Some(lease))
 }
 
+fn sliding(limit: u32, lease: LeaseTerms) -> Policy {
+    Policy::new(
+        "s",
+        "r1",
+        Bands::SlidingCounter(vec![WindowBand {
+            limit: n(limit),
+            window: Duration::from_secs(1),
+        }]),
+        false,
+    )
+    .with_lease(Some(lease))
+}
+
 fn subject(s: &str) -> Pseudonym {
     PseudonymKey::new(b"k", 1).pseudonym("ip", s.as_bytes(), "r")
 }
@@ -183,21 +196,28 @@ fn a_request_costing_more_than_is_left_goes_to_the_store_and_the_rest_goes_back(
 #[test]
 fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
     let book = Leases::new(64);
-    let a = subject("a");
     let t0 = Instant::now();
     let mut returns = Vec::new();
-    for (p, lasts) in [
-        (bucket(1000, terms(250, 50)), MS * 250),
+    for (i, (p, reset_ms, lasts)) in [
+        (bucket(1000, terms(250, 50)), 100, MS * 250),
         // The window ends 100 ms after the grant: so does the lease.
-        (window(1000, terms(250, 50)), MS * 100),
-    ] {
+        (window(1000, terms(250, 50)), 100, MS * 100),
+        // A sliding counter's count fades through the next window (1 s):
+        // its window ends 100 ms after the grant.
+        (sliding(1000, terms(250, 50)), 1100, MS * 100),
+        (sliding(1000, terms(250, 50)), 1900, MS * 250),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let a = subject(&format!("a{i}"));
         request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
         let grant = ask(&p, &a, 1, t0);
         assert!(matches!(
             book.before(&grant, t0, &mut returns, false),
             Before::Ask { extra: 2 }
         ));
-        book.after(&grant, 2, t0, allowed(897, 100), &mut returns);
+        book.after(&grant, 2, t0, allowed(897, reset_ms), &mut returns);
         let before_end = t0 + lasts - MS;
         assert!(book.ended(before_end).is_empty());
         assert!(matches!(

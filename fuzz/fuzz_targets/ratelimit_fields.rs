@@ -163,8 +163,11 @@ fuzz_target!(|input: Input| {
             policy: LimitPolicy::Rate(policy.clone()),
             subject: vec![SubjectSource::ClientIp],
             cost: 1,
+            charge: Default::default(),
+            tier: None,
         }],
         upgrades: Arc::from(Vec::<Box<str>>::new()),
+        tiers: None,
     };
     let duration = |(secs, nanos): (u64, u32)| Duration::new(secs, nanos % 1_000_000_000);
     let decision = Decision {

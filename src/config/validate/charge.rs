@@ -72,9 +72,10 @@ pub fn cost_and_charge(
     let fixed = fixed?;
     let charge = match (on, from_header) {
         (None, None) => Charge::Request,
-        (None, Some(_)) => unreachable!("a cost from the response is charged on response"),
-        (Some(statuses), from_header) => Charge::Response(Arc::new(OnResponse {
-            statuses,
+        // A cost from the response is charged on response (`charge_on`
+        // says so when `charge` is left out).
+        (statuses, from_header) => Charge::Response(Arc::new(OnResponse {
+            statuses: statuses.flatten(),
             from_header: from_header.flatten(),
         })),
     };

@@ -70,6 +70,7 @@ CRATE_STAGES = {
     "digest": "subject + pseudonym",
     "block-buffer": "subject + pseudonym",
     "base64": "subject + pseudonym",
+    "ring": "subject + pseudonym",
     "metrics": "metrics",
     "metrics-util": "metrics",
     "metrics-exporter-prometheus": "metrics",
@@ -119,6 +120,9 @@ def stage_of(function, binary):
         return "service (sluice side)"
     if crate in ("core", "alloc", "std"):
         return "std (collections, formatting, sync)"
+    # ring's assembly (the pseudonym's SHA-256) has C names, no `::`.
+    if crate.startswith("ring_core_"):
+        return "subject + pseudonym"
     if crate.startswith("__rust") or "libc.so" in binary or "ld-linux" in binary:
         return "libc (malloc, memcpy, syscall stubs)"
     return CRATE_STAGES.get(crate.replace("_", "-"), "other")

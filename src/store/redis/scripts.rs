@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Cmd, RedisWrite};
+use smallvec::SmallVec;
 
 use crate::limit::{micros, Algorithm, Bands, Policy};
 use crate::subject::{Pseudonym, DISPLAY_MAX};
@@ -245,7 +246,11 @@ fn limits_key(policies: &[&Policy]) -> LimitsKey {
 /// each must still run its own numbers.
 pub struct Scripts {
     common: Common,
-    by_bands: Memo<Bands, Arc<Script>>,
+    /// Looked up on every evaluation, so by the digest of the bands the
+    /// policy keeps ([`Policy::numbers`]): hashing the bands themselves
+    /// cost more than the rest of building the command. The entry keeps
+    /// the bands, to tell two that share a digest apart.
+    by_bands: Memo<u64, Arc<Made>>,
     /// The scripts of several limits, by each limit's bands and shadow.
     by_limits: Memo<LimitsKey, Arc<Script>>,
     /// The read-only scripts of `POST /explain`, made and loaded on first
@@ -299,10 +304,18 @@ impl Scripts {
 
     /// `policy`'s script, made on first use.
     pub fn get(&self, policy: &Policy) -> Arc<Script> {
-        let (script, _) = self.by_bands.get_or_make(policy.bands(), || {
-            Arc::new(Script::for_policy(policy, &self.common))
+        let (made, _) = self.by_bands.get_or_make(&policy.numbers(), || {
+            Arc::new(Made {
+                bands: policy.bands().clone(),
+                script: Arc::new(Script::for_policy(policy, &self.common)),
+            })
         });
-        script
+        if made.bands == *policy.bands() {
+            return made.script.clone();
+        }
+        // Two sets of bands with one 64-bit digest: never cached, the
+        // first call of this one's library loads it on function not found.
+        Arc::new(Script::for_policy(policy, &self.common))
     }
 
     pub fn has_several(&self, policies: &[&Policy]) -> bool {
@@ -310,7 +323,7 @@ impl Scripts {
     }
 
     pub fn has(&self, policy: &Policy) -> bool {
-        self.by_bands.contains(policy.bands())
+        self.by_bands.contains(&policy.numbers())
     }
 
     /// Every library made so far, the read-only ones included (to hold
@@ -328,11 +341,22 @@ impl Scripts {
 
     /// Every script made so far (to load them all).
     pub fn all(&self) -> Vec<Arc<Script>> {
-        let mut all = self.by_bands.values();
+        let mut all: Vec<Arc<Script>> = self
+            .by_bands
+            .values()
+            .into_iter()
+            .map(|made| made.script.clone())
+            .collect();
         all.extend(self.by_limits.values());
         all.extend(self.refunds.values());
         all
     }
+}
+
+/// A policy's script, and the bands it was made for.
+struct Made {
+    bands: Bands,
+    script: Arc<Script>,
 }
 
 /// The per-store arguments every script takes besides the policy's bands.
@@ -345,8 +369,8 @@ pub struct Common {
 }
 
 /// The state key of `evaluation`, as its command carries it.
-pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> Vec<u8> {
-    let mut key = Vec::with_capacity(common.key_prefix.len() + 128);
+pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> StateKey {
+    let mut key = StateKey::new();
     write_state_key(
         &mut key,
         &common.key_prefix,
@@ -356,6 +380,11 @@ pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> Vec<u8> {
     key
 }
 
+/// A state key, on the stack unless the prefix and policy name are long:
+/// one is rendered for every evaluation, and a heap buffer's allocation
+/// and free cost more than writing it.
+pub type StateKey = SmallVec<[u8; 160]>;
+
 /// The state key of one (policy, revision, subject):
 /// `{prefix}:{<policy>:<revision>:<mark>:<pseudonym>}`, the mark naming
 /// the format of the state kept there (a string of numbers; none for the
@@ -363,7 +392,7 @@ pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> Vec<u8> {
 /// Redis Cluster hash tag around the per-subject part, so the state and
 /// every evaluation's record (`<state>:e:<id>`, see `lua/common.lua`)
 /// share one slot.
-fn write_state_key(out: &mut Vec<u8>, prefix: &str, policy: &Policy, subject: &Pseudonym) {
+fn write_state_key(out: &mut StateKey, prefix: &str, policy: &Policy, subject: &Pseudonym) {
     let mut pseudonym = [0u8; DISPLAY_MAX];
     let len = subject.encode(&mut pseudonym);
     let mark = policy.algorithm().state_mark();
@@ -413,7 +442,8 @@ fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[
     // The key's length without the subject, which displays in under 64,
     // and its mark.
     let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
-    let mut state = Vec::with_capacity(key_bytes);
+    let mut state = StateKey::new();
+    state.reserve(key_bytes);
     write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
     cmd.arg(&state[..]);
     let mut arg = cmd.writer_for_next_arg();

@@ -51,6 +51,9 @@ pub mod fuzzing {
     };
     pub use crate::proxy::overrides::methods;
     pub use crate::server::proxy_protocol::{parse as parse_proxy_header, Parsed, MAX_HEADER};
-    pub use crate::store::redis::reply::{decode as decode_reply, Malformed, Reply};
+    pub use crate::store::redis::reply::{
+        decode as decode_reply, decode_frame as decode_reply_frame, Malformed, Reply,
+    };
+    pub use crate::store::redis::wire::frame_len as resp_frame_len;
     pub use crate::subject::resolve::credentials;
 }

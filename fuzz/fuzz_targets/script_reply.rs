@@ -1,6 +1,9 @@
 //! The script reply decoder: any `redis::Value` tree → a reply only when it
 //! has exactly the shape `lua/README.md` documents, checked against an
-//! independent reading of that contract.
+//! independent reading of that contract; the same tree written as RESP2
+//! and read in place from its bytes (sluice's own connection) decodes the
+//! same, and is framed at its exact length; and any bytes at all are read
+//! without a panic.
 #![no_main]
 
 use std::time::Duration;
@@ -8,7 +11,7 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use redis::Value;
-use sluice::fuzzing::{decode_reply, Reply};
+use sluice::fuzzing::{decode_reply, decode_reply_frame, resp_frame_len, Reply};
 
 /// A reply as a script could send it: most inputs become an eight-integer
 /// array of small numbers (the interesting region), the rest any tree.
@@ -110,7 +113,46 @@ fn expected(value: &Value, bands: usize) -> Option<Reply> {
     })
 }
 
+/// `value` as Redis writes it in RESP2; `None` for what RESP2 cannot say
+/// (RESP3 types, a simple string holding CR or LF).
+fn resp2(value: &Value, out: &mut Vec<u8>) -> Option<()> {
+    match value {
+        Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+        Value::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+        Value::BulkString(bytes) => {
+            out.extend_from_slice(format!("${}\r\n", bytes.len()).as_bytes());
+            out.extend_from_slice(bytes);
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::SimpleString(s) if !s.contains(['\r', '\n']) => {
+            out.extend_from_slice(format!("+{s}\r\n").as_bytes())
+        }
+        Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+        Value::Array(items) => {
+            out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+            for item in items {
+                resp2(item, out)?;
+            }
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
 fuzz_target!(|data: &[u8]| {
+    if let Some((&0xff, raw)) = data.split_first() {
+        // Any bytes: framed or refused, decoded or refused, never a panic;
+        // a frame is never longer than its input, and a decoded reply is
+        // a whole frame.
+        let framed = resp_frame_len(raw);
+        if let Ok(Some(n)) = framed {
+            assert!(n <= raw.len());
+        }
+        if decode_reply_frame(raw, 2, false).is_ok() {
+            assert_eq!(framed.ok().flatten(), Some(raw.len()), "{raw:?}");
+        }
+        return;
+    }
     let mut u = Unstructured::new(data);
     let (Ok(bands), Ok(value)) = (u.int_in_range(0..=4usize), reply(&mut u)) else {
         return;
@@ -120,5 +162,15 @@ fuzz_target!(|data: &[u8]| {
         (Ok(got), Some(want)) => assert_eq!(*got, want, "{value:?}"),
         (Err(_), None) => {}
         (got, want) => panic!("decoded {got:?}, the contract says {want:?}, for {value:?}"),
+    }
+    let mut bytes = Vec::new();
+    if resp2(&value, &mut bytes).is_some() {
+        assert_eq!(
+            resp_frame_len(&bytes).ok().flatten(),
+            Some(bytes.len()),
+            "{value:?}"
+        );
+        let in_place = decode_reply_frame(&bytes, bands, false);
+        assert_eq!(in_place, decoded, "{value:?} as {bytes:?}");
     }
 });

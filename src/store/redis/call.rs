@@ -12,7 +12,7 @@ use crate::store::Outcomes;
 
 use super::connect::Conn;
 use super::pool::{Checkout, Stage};
-use super::reply::{self, Reply, Shape};
+use super::reply::{self, Answer, Reply, Shape};
 use super::scripts::Script;
 use super::Inner;
 
@@ -131,7 +131,7 @@ impl Inner {
         }
         let mut conn = checkout.conn.clone();
         progress.sent = Some(checkout);
-        let first = request.cmd.query_async::<Value>(&mut conn).await;
+        let first = conn.evaluate(&request.cmd).await;
         let error = match first {
             Ok(value) => return self.answer(request, &value),
             Err(e) if function_missing(&e) => e,
@@ -141,7 +141,18 @@ impl Inner {
         // Function not found: it did not run, nothing was charged. The node
         // does not have the library (a new or emptied node, FUNCTION FLUSH
         // or DELETE, a library another sidecar's start removed as unused):
-        // load it there and try once more.
+        // load it there and try once more. Boxed: rare, and its futures
+        // would otherwise make every decision's as large.
+        Box::pin(self.reload_and_retry(request, progress, conn, error)).await
+    }
+
+    async fn reload_and_retry(
+        &self,
+        request: &Request<'_>,
+        progress: &mut Progress,
+        mut conn: Conn,
+        error: RedisError,
+    ) -> Attempt {
         self.stats.noscript.count();
         tracing::debug!(error = %error, "redis: library missing, loading it again");
         let checkout = progress.sent.take();
@@ -171,7 +182,7 @@ impl Inner {
             return not_sent;
         }
         progress.sent = checkout;
-        match request.cmd.query_async::<Value>(&mut conn).await {
+        match conn.evaluate(&request.cmd).await {
             Ok(value) => self.answer(request, &value),
             // Removed again between the load and the call: still nothing ran.
             Err(e) if function_missing(&e) => {
@@ -195,14 +206,8 @@ impl Inner {
         ))
     }
 
-    fn answer(&self, request: &Request<'_>, value: &Value) -> Attempt {
-        let decoded = match request.limits.as_slice() {
-            [one] => {
-                reply::decode(value, one.bands, one.approximate).map(|r| smallvec::smallvec![r])
-            }
-            several => reply::decode_several(value, several),
-        };
-        let replies: SmallVec<[Reply; 2]> = match decoded {
+    fn answer(&self, request: &Request<'_>, answer: &Answer) -> Attempt {
+        let replies: SmallVec<[Reply; 2]> = match reply::decode_answer(answer, &request.limits) {
             Ok(replies) => replies,
             Err(malformed) => {
                 self.stats.malformed.count();

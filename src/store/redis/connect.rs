@@ -30,6 +30,12 @@ use redis::{
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
+use std::sync::Arc;
+
+use tokio_rustls::TlsConnector;
+
+use super::reply::Answer;
+use super::wire::{self, Wire};
 use super::RedisSetupError;
 use crate::config::{self, Topology};
 
@@ -46,6 +52,10 @@ const CLUSTER_RETRIES: u32 = 3;
 /// A connection of any topology; clones share it.
 #[derive(Clone)]
 pub enum Conn {
+    /// sluice's own, to a standalone node or the Sentinels' primary.
+    Wire(Wire),
+    /// redis-rs's, to a node [`Wire`] does not speak to (a Unix socket,
+    /// TLS without hostname checks, RESP3).
     Node(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
@@ -57,6 +67,7 @@ impl Conn {
     /// node.
     pub async fn load_script(&mut self, load: Cmd, key: &[u8]) -> RedisResult<Value> {
         match self {
+            Conn::Wire(conn) => load.query_async(conn).await,
             Conn::Node(conn) => load.query_async(conn).await,
             Conn::Cluster(conn) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
@@ -67,9 +78,32 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Sends an evaluation's `FCALL`. sluice's own connection gives the
+    /// reply's bytes, read in place; an error reply is an `Err` on every
+    /// connection, as redis-rs makes it.
+    pub async fn evaluate(&mut self, cmd: &Cmd) -> RedisResult<Answer> {
+        match self {
+            Conn::Wire(wire) => {
+                let frame = wire.call(cmd).await?;
+                if frame.first() == Some(&b'-') {
+                    wire::into_value(&frame)?;
+                }
+                Ok(Answer::Frame(frame))
+            }
+            // Boxed: redis-rs's future is large, and held inline it would
+            // make the decisions on sluice's own connection as large.
+            other => Box::pin(cmd.query_async::<Value>(other))
+                .await
+                .map(Answer::Value),
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
+            Conn::Wire(conn) => conn.req_packed_command(cmd),
             Conn::Node(conn) => conn.req_packed_command(cmd),
             Conn::Cluster(conn) => conn.req_packed_command(cmd),
         }
@@ -82,6 +116,7 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
+            Conn::Wire(conn) => conn.req_packed_commands(cmd, offset, count),
             Conn::Node(conn) => conn.req_packed_commands(cmd, offset, count),
             Conn::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
         }
@@ -89,6 +124,7 @@ impl ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match self {
+            Conn::Wire(conn) => conn.get_db(),
             Conn::Node(conn) => conn.get_db(),
             Conn::Cluster(conn) => conn.get_db(),
         }
@@ -100,12 +136,14 @@ pub enum Connector {
     Standalone {
         client: Client,
         config: AsyncConnectionConfig,
+        tls: Option<TlsConnector>,
     },
     /// `SentinelClient` keeps a cache of Sentinel connections and needs
     /// `&mut`; connecting is rare (a lane's first use, or after a failure).
     Sentinel {
         client: tokio::sync::Mutex<SentinelClient>,
         config: AsyncConnectionConfig,
+        tls: Option<TlsConnector>,
     },
     Cluster {
         client: redis::cluster::ClusterClient,
@@ -126,12 +164,17 @@ impl Connector {
                 let info = connection_info(url.expose())?.set_tcp_settings(tcp_settings());
                 let tls = is_tls(&info);
                 check_ca(certs.is_some(), tls)?;
+                let connector = tls_connector(redis, certs.as_ref(), tls)?;
                 let client = match certs {
                     Some(certs) if tls => Client::build_with_tls(info, certs),
                     _ => Client::open(info),
                 }
                 .map_err(|_| RedisSetupError::Url)?;
-                Ok(Connector::Standalone { client, config })
+                Ok(Connector::Standalone {
+                    client,
+                    config,
+                    tls: connector,
+                })
             }
             Topology::Cluster { nodes } => {
                 let (infos, tls) = node_infos(nodes)?;
@@ -160,6 +203,7 @@ impl Connector {
             } => {
                 let (infos, tls) = node_infos(nodes)?;
                 check_ca(certs.is_some(), tls)?;
+                let connector = tls_connector(redis, certs.as_ref(), tls)?;
                 // The Sentinels' own credentials come from their URLs (the
                 // same on each); the primary's from `username`/`password`.
                 let sentinel_auth = infos[0].redis_settings().clone();
@@ -195,6 +239,7 @@ impl Connector {
                 Ok(Connector::Sentinel {
                     client: tokio::sync::Mutex::new(client),
                     config,
+                    tls: connector,
                 })
             }
         }
@@ -202,20 +247,76 @@ impl Connector {
 
     pub async fn connect(&self) -> RedisResult<Conn> {
         match self {
-            Connector::Standalone { client, config } => client
-                .get_multiplexed_async_connection_with_config(config)
-                .await
-                .map(Conn::Node),
-            Connector::Sentinel { client, config } => {
-                let mut client = client.lock().await;
-                client
-                    .get_async_connection_with_config(config)
-                    .await
-                    .map(Conn::Node)
+            Connector::Standalone {
+                client,
+                config,
+                tls,
+            } => node(client, config, tls.as_ref()).await,
+            Connector::Sentinel {
+                client,
+                config,
+                tls,
+            } => {
+                // The primary the Sentinels name, its role checked.
+                let primary = client.lock().await.async_get_client().await?;
+                node(&primary, config, tls.as_ref()).await
             }
             Connector::Cluster { client } => client.get_async_connection().await.map(Conn::Cluster),
         }
     }
+}
+
+/// A connection to the node `client` names: sluice's own where it speaks
+/// the node's address and protocol, redis-rs's otherwise.
+async fn node(
+    client: &Client,
+    config: &AsyncConnectionConfig,
+    tls: Option<&TlsConnector>,
+) -> RedisResult<Conn> {
+    let info = client.get_connection_info();
+    match tokio::time::timeout(CONNECT_TIMEOUT, wire::open(info, tls)).await {
+        Ok(Some(opened)) => opened.map(Conn::Wire),
+        Ok(None) => client
+            .get_multiplexed_async_connection_with_config(config)
+            .await
+            .map(Conn::Node),
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+    }
+}
+
+/// The TLS settings of sluice's own connections: `ca_file` as the only
+/// trust root when given, the web PKI's roots otherwise (as redis-rs's
+/// connections have them).
+fn tls_connector(
+    redis: &config::RedisStore,
+    certs: Option<&TlsCertificates>,
+    tls: bool,
+) -> Result<Option<TlsConnector>, RedisSetupError> {
+    if !tls {
+        return Ok(None);
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match (certs.and_then(|c| c.root_cert.as_deref()), &redis.ca_file) {
+        (Some(pem), Some(path)) => {
+            let refused = |reason: String| RedisSetupError::CaFile {
+                path: path.clone(),
+                reason,
+            };
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| refused(e.to_string()))?;
+                roots.add(cert).map_err(|e| refused(e.to_string()))?;
+            }
+        }
+        _ => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| RedisSetupError::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Some(TlsConnector::from(Arc::new(config))))
 }
 
 /// Small writes on a shared multiplexed socket must not wait for ACKs.

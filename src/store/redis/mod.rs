@@ -33,6 +33,7 @@ pub(crate) mod reply;
 pub use leased::Leased;
 mod scripts;
 mod stats;
+pub(crate) mod wire;
 
 pub use stats::{RedisStats, Stat};
 
@@ -77,6 +78,8 @@ pub enum RedisSetupError {
     CaFile { path: PathBuf, reason: String },
     #[error("store nodes mix redis:// and rediss://")]
     MixedTls,
+    #[error("store.redis: TLS settings: {0}")]
+    Tls(String),
     #[error("the Redis store must be created inside a Tokio runtime")]
     NoRuntime,
 }

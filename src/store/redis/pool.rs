@@ -87,8 +87,11 @@ impl Lanes {
             return Ok(Checkout::new(index, held));
         }
         *stage = Stage::Connecting;
+        // Boxed: connecting is rare, and its futures (TLS, the Sentinels,
+        // the cluster's discovery) would otherwise make every decision's
+        // future as large.
         let held = Arc::new(Held {
-            conn: self.connector.connect().await?,
+            conn: Box::pin(self.connector.connect()).await?,
         });
         *lane.lock() = Some(held.clone());
         Ok(Checkout::new(index, held))

@@ -11,6 +11,7 @@ use std::time::Duration;
 use redis::Value;
 use smallvec::SmallVec;
 
+use super::wire::{frame_len, parse_int, Frame};
 use crate::limit::{Decision, Micros};
 
 pub const VERSION: i64 = 1;
@@ -52,20 +53,108 @@ impl Reply {
     }
 }
 
+/// A script's reply as the connection gave it: the bytes on the wire
+/// (sluice's own connection, read here in place) or redis-rs's `Value`
+/// (the cluster client's, and redis-rs's node connection).
+pub enum Answer {
+    Frame(Frame),
+    Value(Value),
+}
+
+/// A reply's elements: an integer, or `None` for anything else.
+type Fields = SmallVec<[Option<i64>; FIELDS]>;
+
 pub fn decode(value: &Value, bands: usize, approximate: bool) -> Result<Reply, Malformed> {
+    decode_fields(&value_fields(value)?, bands, approximate)
+}
+
+/// [`decode`], from the reply's bytes.
+pub fn decode_frame(frame: &[u8], bands: usize, approximate: bool) -> Result<Reply, Malformed> {
+    decode_fields(&frame_fields(frame)?, bands, approximate)
+}
+
+/// The replies of `limits` (one, or several in one call) in `answer`.
+pub fn decode_answer(answer: &Answer, limits: &[Shape]) -> Result<SmallVec<[Reply; 2]>, Malformed> {
+    let fields = match answer {
+        Answer::Frame(frame) => frame_fields(frame)?,
+        Answer::Value(value) => value_fields(value)?,
+    };
+    match limits {
+        [one] => Ok(smallvec::smallvec![decode_fields(
+            &fields,
+            one.bands,
+            one.approximate
+        )?]),
+        several => decode_groups(&fields, several),
+    }
+}
+
+fn value_fields(value: &Value) -> Result<Fields, Malformed> {
     let Value::Array(items) = value else {
         return Err(Malformed("not an array"));
     };
-    decode_fields(items, bands, approximate)
+    Ok(items
+        .iter()
+        .map(|item| match item {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The elements of a RESP2 array of integers, read in place; an element
+/// of another type is `None`, skipped by its framing.
+fn frame_fields(frame: &[u8]) -> Result<Fields, Malformed> {
+    let broken = Malformed("not a whole reply");
+    let Some((b'*', rest)) = frame.split_first() else {
+        return Err(Malformed("not an array"));
+    };
+    let (count, mut rest) = line(rest).ok_or(broken.clone())?;
+    let count = parse_int(count)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or(Malformed("not an array"))?;
+    let mut fields = Fields::new();
+    for _ in 0..count {
+        if let Some((b':', after)) = rest.split_first() {
+            let (digits, after) = line(after).ok_or(broken.clone())?;
+            fields.push(Some(parse_int(digits).ok_or(broken.clone())?));
+            rest = after;
+            continue;
+        }
+        let len = match frame_len(rest) {
+            Ok(Some(len)) => len,
+            _ => return Err(broken),
+        };
+        fields.push(None);
+        rest = &rest[len..];
+    }
+    if !rest.is_empty() {
+        return Err(broken);
+    }
+    Ok(fields)
+}
+
+/// The line at the start of `input`, and what follows its `\r\n`.
+fn line(input: &[u8]) -> Option<(&[u8], &[u8])> {
+    let cr = input.iter().position(|&b| b == b'\r')?;
+    match input.get(cr + 1) {
+        Some(b'\n') => Some((&input[..cr], &input[cr + 2..])),
+        _ => None,
+    }
 }
 
 /// The reply of the script of several limits (`lua/several.lua`): one
 /// group of fields per limit, in order, up to and including the first
 /// that blocks, and no further.
+#[cfg(test)]
 pub fn decode_several(value: &Value, limits: &[Shape]) -> Result<SmallVec<[Reply; 2]>, Malformed> {
-    let Value::Array(items) = value else {
-        return Err(Malformed("not an array"));
-    };
+    decode_groups(&value_fields(value)?, limits)
+}
+
+fn decode_groups(
+    items: &[Option<i64>],
+    limits: &[Shape],
+) -> Result<SmallVec<[Reply; 2]>, Malformed> {
     if items.is_empty() || items.len() % FIELDS != 0 || items.len() / FIELDS > limits.len() {
         return Err(Malformed("wrong number of fields"));
     }
@@ -91,15 +180,19 @@ pub fn decode_several(value: &Value, limits: &[Shape]) -> Result<SmallVec<[Reply
     Ok(out)
 }
 
-fn decode_fields(items: &[Value], bands: usize, approximate: bool) -> Result<Reply, Malformed> {
+fn decode_fields(
+    items: &[Option<i64>],
+    bands: usize,
+    approximate: bool,
+) -> Result<Reply, Malformed> {
     if items.len() != FIELDS {
         return Err(Malformed("wrong number of fields"));
     }
     let mut fields = [0u64; FIELDS];
     for (slot, item) in fields.iter_mut().zip(items) {
         *slot = match item {
-            Value::Int(n) => u64::try_from(*n).map_err(|_| Malformed("negative field"))?,
-            _ => return Err(Malformed("field is not an integer")),
+            Some(n) => u64::try_from(*n).map_err(|_| Malformed("negative field"))?,
+            None => return Err(Malformed("field is not an integer")),
         };
     }
     let [version, outcome, remaining, reset_after, retry_after, band, replayed, skew] = fields;

@@ -1,0 +1,721 @@
+//! sluice's own connection to one Redis node (standalone, or the primary
+//! the Sentinels name): RESP2 over TCP or TLS, multiplexed, with no
+//! command or reply types of its own.
+//!
+//! A decision is one `FCALL` whose reply is eight integers. Through
+//! redis-rs's multiplexed connection it paid for a command packed twice
+//! (into the `Cmd`, then into the connection's buffer), a channel to the
+//! connection's task and a `Value` tree for the reply. Here a request
+//! packs its command once, straight into the connection's output buffer,
+//! and gets back the reply's bytes, which the caller reads in place
+//! ([`super::reply::fields`]). Every other command (`FUNCTION LOAD`, the
+//! lease of a library, `PING`) goes through the same connection as a
+//! redis-rs [`ConnectionLike`], its reply parsed by redis-rs.
+//!
+//! One task per connection owns the socket. A request appends its command
+//! to the shared output buffer and queues a one-shot for its reply, in the
+//! same critical section, so replies, which Redis sends in order, match
+//! the queue; the first request to find the task idle wakes it. Requests
+//! that arrive while the task is busy coalesce into its next write, as
+//! they did in redis-rs's connection. The task writes, reads, cuts whole
+//! replies off the input ([`frame_len`]) and hands each to the oldest
+//! waiting request. A read or write error, the peer closing, or a reply
+//! that breaks the framing ends the connection: every waiting request gets
+//! an I/O error (sent without a confirmed reply: the caller classes it as
+//! such), and so does any request after it, until the lane reconnects.
+//!
+//! Cluster connections stay redis-rs's: slot routing and redirects are
+//! its job.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use redis::aio::ConnectionLike;
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisError, RedisFuture, RedisResult,
+    Value,
+};
+use smallvec::SmallVec;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use crate::sync;
+
+/// One reply's bytes: a decision's fits inline.
+pub type Frame = SmallVec<[u8; 128]>;
+
+/// The longest reply accepted (a `FUNCTION LIST WITHCODE` of every
+/// library is the longest sluice asks for, tens of KB). Anything longer
+/// is taken for a broken stream.
+const MAX_FRAME: usize = 16 << 20;
+/// Elements one reply may announce, all nesting levels together.
+const MAX_ELEMENTS: usize = 1 << 20;
+const READ_CHUNK: usize = 16 << 10;
+
+/// A connection; clones share it. The connection's task ends when the
+/// last clone is dropped.
+#[derive(Clone)]
+pub struct Wire {
+    handle: Arc<Handle>,
+    /// The database `SELECT`ed, for [`ConnectionLike::get_db`].
+    db: i64,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Packed commands not yet taken by the task.
+    out: Vec<u8>,
+    /// One per command sent or to be sent, oldest first.
+    waiting: VecDeque<oneshot::Sender<Result<Frame, io::ErrorKind>>>,
+    /// The task's waker while it has nothing to write.
+    task: Option<Waker>,
+    /// Why the connection ended; nothing more is sent on it.
+    closed: Option<io::ErrorKind>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state whole (appends, pops,
+        // swaps of whole values).
+        sync::lock(&self.state)
+    }
+}
+
+/// The socket: plain or TLS.
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Wire {
+    /// Starts the connection's task on `stream`, already connected (and
+    /// through its TLS handshake); nothing has been sent on it.
+    pub fn start(stream: Stream) -> Wire {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+        });
+        tokio::spawn(Driver::new(shared.clone(), stream));
+        Wire {
+            handle: Arc::new(Handle { shared }),
+            db: 0,
+        }
+    }
+
+    /// Sends `cmd` and waits for its reply, as bytes. An error reply is a
+    /// frame like any other (it starts with `-`): see [`into_value`].
+    pub async fn call(&self, cmd: &Cmd) -> RedisResult<Frame> {
+        let mut replies = self.send(|out| cmd.write_packed_command(out), 1)?;
+        match replies.pop() {
+            Some(reply) => receive(reply).await,
+            None => Err(lost(io::ErrorKind::Other)),
+        }
+    }
+
+    /// Queues what `pack` writes, which must be `replies` commands, and
+    /// returns the receivers of their replies.
+    fn send(
+        &self,
+        pack: impl FnOnce(&mut Vec<u8>),
+        replies: usize,
+    ) -> RedisResult<SmallVec<[Receiver; 1]>> {
+        let mut receivers = SmallVec::new();
+        let wake = {
+            let mut state = self.handle.shared.lock();
+            if let Some(kind) = state.closed {
+                return Err(lost(kind));
+            }
+            pack(&mut state.out);
+            for _ in 0..replies {
+                let (tx, rx) = oneshot::channel();
+                state.waiting.push_back(tx);
+                receivers.push(rx);
+            }
+            state.task.take()
+        };
+        if let Some(task) = wake {
+            task.wake();
+        }
+        Ok(receivers)
+    }
+}
+
+type Receiver = oneshot::Receiver<Result<Frame, io::ErrorKind>>;
+
+async fn receive(reply: Receiver) -> RedisResult<Frame> {
+    match reply.await {
+        Ok(Ok(frame)) => Ok(frame),
+        Ok(Err(kind)) => Err(lost(kind)),
+        // The task ended without answering (the runtime shutting down).
+        Err(_) => Err(lost(io::ErrorKind::BrokenPipe)),
+    }
+}
+
+/// A command sent without a confirmed reply, or not sent because the
+/// connection had ended: an I/O error, which carries no Redis error code.
+fn lost(kind: io::ErrorKind) -> RedisError {
+    RedisError::from(io::Error::new(kind, "redis connection lost"))
+}
+
+/// A reply as redis-rs's `Value`, an error reply as its `RedisError`.
+pub fn into_value(frame: &[u8]) -> RedisResult<Value> {
+    redis::parse_redis_value(frame)?.extract_error()
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let task = {
+            let mut state = self.shared.lock();
+            state.closed.get_or_insert(io::ErrorKind::NotConnected);
+            state.task.take()
+        };
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
+}
+
+impl ConnectionLike for Wire {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move { into_value(&self.call(cmd).await?) })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let packed = pipeline.get_packed_pipeline();
+            let receivers = self.send(|out| out.extend_from_slice(&packed), offset + count)?;
+            let mut values = Vec::with_capacity(count);
+            let mut first_error = None;
+            for (i, reply) in receivers.into_iter().enumerate() {
+                let value = into_value(&receive(reply).await?);
+                match value {
+                    Ok(value) if i >= offset => values.push(value),
+                    Ok(_) => {}
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            match first_error {
+                Some(e) => Err(e),
+                None => Ok(values),
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+}
+
+/// The connection's task: owns the socket, writes what requests queued,
+/// reads and hands out replies.
+struct Driver {
+    shared: Arc<Shared>,
+    stream: Stream,
+    /// Being written, from `written` on.
+    writing: Vec<u8>,
+    written: usize,
+    flush: bool,
+    read: Vec<u8>,
+    /// `read[start..end]` is received and not yet handed out.
+    start: usize,
+    end: usize,
+}
+
+impl Driver {
+    fn new(shared: Arc<Shared>, stream: Stream) -> Driver {
+        Driver {
+            shared,
+            stream,
+            writing: Vec::new(),
+            written: 0,
+            flush: false,
+            read: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Takes what requests queued, and leaves the task's waker for the
+    /// next one, in one critical section: a request that comes after finds
+    /// the waker. `Err` once the connection was closed.
+    fn take_output(&mut self, waker: &Waker) -> Result<(), io::ErrorKind> {
+        let mut state = self.shared.lock();
+        if let Some(kind) = state.closed {
+            return Err(kind);
+        }
+        if self.written == self.writing.len() {
+            self.writing.clear();
+            self.written = 0;
+            std::mem::swap(&mut self.writing, &mut state.out);
+        }
+        if !state.task.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            state.task = Some(waker.clone());
+        }
+        Ok(())
+    }
+
+    /// Writes as much as the socket takes; whether anything was written.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, io::Error> {
+        let mut progressed = false;
+        while self.written < self.writing.len() {
+            match Pin::new(&mut self.stream).poll_write(cx, &self.writing[self.written..]) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => {
+                    self.written += n;
+                    self.flush = true;
+                    progressed = true;
+                }
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => return Ok(progressed),
+            }
+        }
+        if self.flush {
+            match Pin::new(&mut self.stream).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.flush = false,
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {}
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Reads what arrived and hands out every whole reply; whether
+    /// anything was read.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, io::Error> {
+        if self.end == self.read.len() {
+            if self.start > 0 {
+                self.read.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else if self.read.len() < MAX_FRAME + READ_CHUNK {
+                self.read.resize(self.read.len() * 2, 0);
+            } else {
+                return Err(io::ErrorKind::InvalidData.into());
+            }
+        }
+        let mut buf = ReadBuf::new(&mut self.read[self.end..]);
+        match Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                self.end += n;
+                self.hand_out()?;
+                Ok(true)
+            }
+            Poll::Ready(Err(e)) => Err(e),
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    fn hand_out(&mut self) -> Result<(), io::Error> {
+        let mut frames: SmallVec<[Frame; 4]> = SmallVec::new();
+        while let Some(len) = frame_len(&self.read[self.start..self.end])? {
+            frames.push(Frame::from_slice(&self.read[self.start..self.start + len]));
+            self.start += len;
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        if frames.is_empty() {
+            return Ok(());
+        }
+        let mut senders: SmallVec<[_; 4]> = SmallVec::new();
+        {
+            let mut state = self.shared.lock();
+            for _ in 0..frames.len() {
+                match state.waiting.pop_front() {
+                    Some(tx) => senders.push(tx),
+                    // A reply nobody asked for: the stream is out of step.
+                    None => return Err(io::ErrorKind::InvalidData.into()),
+                }
+            }
+        }
+        for (tx, frame) in senders.into_iter().zip(frames) {
+            // A request that gave up (its deadline, a client gone) dropped
+            // its receiver: the reply is dropped with it.
+            let _ = tx.send(Ok(frame));
+        }
+        Ok(())
+    }
+
+    /// Ends the connection: everything waiting, and everything after,
+    /// gets `kind`.
+    fn close(&mut self, kind: io::ErrorKind) {
+        let waiting = {
+            let mut state = self.shared.lock();
+            state.closed.get_or_insert(kind);
+            state.out.clear();
+            state.task = None;
+            std::mem::take(&mut state.waiting)
+        };
+        for tx in waiting {
+            let _ = tx.send(Err(kind));
+        }
+    }
+}
+
+impl Future for Driver {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            if let Err(kind) = this.take_output(cx.waker()) {
+                this.close(kind);
+                return Poll::Ready(());
+            }
+            let wrote = match this.poll_write(cx) {
+                Ok(wrote) => wrote,
+                Err(e) => {
+                    tracing::debug!(error = %e, "redis: write failed, connection closed");
+                    this.close(e.kind());
+                    return Poll::Ready(());
+                }
+            };
+            let read = match this.poll_read(cx) {
+                Ok(read) => read,
+                Err(e) => {
+                    tracing::debug!(error = %e, "redis: read failed, connection closed");
+                    this.close(e.kind());
+                    return Poll::Ready(());
+                }
+            };
+            if !wrote && !read {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Opens a connection to the node `info` names: TCP (and TLS through
+/// `tls`), then `AUTH` and `SELECT` as the URL asks. `None` when `info` is
+/// not something this connection speaks (a Unix socket, TLS without
+/// hostname checks, RESP3): redis-rs's connection serves those.
+pub async fn open(
+    info: &ConnectionInfo,
+    tls: Option<&tokio_rustls::TlsConnector>,
+) -> Option<RedisResult<Wire>> {
+    let settings = info.redis_settings();
+    if settings.protocol() != ProtocolVersion::RESP2 {
+        return None;
+    }
+    let (host, port, tls) = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => (host, *port, None),
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            ..
+        } => (host, *port, Some(tls?)),
+        _ => return None,
+    };
+    Some(handshake(host, port, tls, settings).await)
+}
+
+async fn handshake(
+    host: &str,
+    port: u16,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    settings: &redis::RedisConnectionInfo,
+) -> RedisResult<Wire> {
+    let tcp = TcpStream::connect((host, port)).await?;
+    // Small writes on a shared socket must not wait for ACKs.
+    tcp.set_nodelay(true)?;
+    let stream = match tls {
+        None => Stream::Plain(tcp),
+        Some(tls) => {
+            let name = rustls_pki_types::ServerName::try_from(host.to_owned()).map_err(|_| {
+                RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "store.redis: the host is not a valid TLS server name",
+                ))
+            })?;
+            Stream::Tls(Box::new(tls.connect(name, tcp).await?))
+        }
+    };
+    let wire = Wire::start(stream);
+    if let Some(password) = settings.password() {
+        let mut auth = redis::cmd("AUTH");
+        if let Some(user) = settings.username() {
+            auth.arg(user);
+        }
+        auth.arg(password);
+        into_value(&wire.call(&auth).await?)?;
+    }
+    if settings.db() != 0 {
+        into_value(&wire.call(redis::cmd("SELECT").arg(settings.db())).await?)?;
+    }
+    // Names the client in `CLIENT LIST`; a Redis before 7.2, or a user
+    // without `+client`, refuses it, which changes nothing.
+    let mut name = redis::cmd("CLIENT");
+    name.arg("SETINFO")
+        .arg("LIB-NAME")
+        .arg(concat!("sluice-", env!("CARGO_PKG_VERSION")));
+    let _ = into_value(&wire.call(&name).await?);
+    Ok(Wire {
+        db: settings.db(),
+        ..wire
+    })
+}
+
+/// The length of the whole RESP2 reply at the start of `input`, `None`
+/// while it is incomplete. Counts the elements still due instead of
+/// recursing, so nesting costs nothing; a malformed or oversized reply is
+/// `InvalidData`.
+pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
+    let bad = || io::Error::from(io::ErrorKind::InvalidData);
+    let mut at = 0;
+    let mut due: usize = 1;
+    let mut announced: usize = 0;
+    while due > 0 {
+        let Some(&kind) = input.get(at) else {
+            return Ok(None);
+        };
+        let Some(line) = line_end(&input[at + 1..]).ok_or_else(bad)? else {
+            if input.len() - at > 64 && kind != b'+' && kind != b'-' {
+                // A length line is short; simple strings and errors may not be.
+                return Err(bad());
+            }
+            if input.len() > MAX_FRAME {
+                return Err(bad());
+            }
+            return Ok(None);
+        };
+        let header = &input[at + 1..at + 1 + line];
+        at += 1 + line + 2;
+        due -= 1;
+        match kind {
+            b'+' | b'-' => {}
+            b':' => {
+                parse_int(header).ok_or_else(bad)?;
+            }
+            b'$' => {
+                let len = parse_int(header).ok_or_else(bad)?;
+                if len >= 0 {
+                    let len = usize::try_from(len).map_err(|_| bad())?;
+                    if len > MAX_FRAME {
+                        return Err(bad());
+                    }
+                    if input.len() < at + len + 2 {
+                        return Ok(None);
+                    }
+                    if &input[at + len..at + len + 2] != b"\r\n" {
+                        return Err(bad());
+                    }
+                    at += len + 2;
+                } else if len != -1 {
+                    return Err(bad());
+                }
+            }
+            b'*' => {
+                let count = parse_int(header).ok_or_else(bad)?;
+                if count >= 0 {
+                    let count = usize::try_from(count).map_err(|_| bad())?;
+                    announced = announced.saturating_add(count);
+                    if announced > MAX_ELEMENTS {
+                        return Err(bad());
+                    }
+                    due += count;
+                } else if count != -1 {
+                    return Err(bad());
+                }
+            }
+            _ => return Err(bad()),
+        }
+        if at > MAX_FRAME {
+            return Err(bad());
+        }
+    }
+    Ok(Some(at))
+}
+
+/// Where the `\r\n` ending the line at the start of `input` begins:
+/// `Some(None)` while it has not arrived, `None` for a CR without its LF
+/// (no line RESP writes holds one).
+fn line_end(input: &[u8]) -> Option<Option<usize>> {
+    let Some(cr) = input.iter().position(|&b| b == b'\r') else {
+        return Some(None);
+    };
+    match input.get(cr + 1) {
+        Some(b'\n') => Some(Some(cr)),
+        Some(_) => None,
+        None => Some(None),
+    }
+}
+
+/// A RESP integer: optional `-`, then 1 to 19 digits.
+pub fn parse_int(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -n } else { n })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_replies_are_cut_at_their_end() {
+        let cases: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"-ERR Function not found\r\n",
+            b":-12\r\n",
+            b"$5\r\nhello\r\n",
+            b"$0\r\n\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*8\r\n:1\r\n:1\r\n:9\r\n:1000\r\n:0\r\n:0\r\n:0\r\n:0\r\n",
+            b"*2\r\n*2\r\n$4\r\nname\r\n$2\r\nsl\r\n*1\r\n:3\r\n",
+            // A bulk string may hold CR, LF and anything else.
+            b"$4\r\n\r\n\r\n\r\n",
+        ];
+        for case in cases {
+            let mut input = case.to_vec();
+            input.extend_from_slice(b"+NEXT\r\n");
+            assert_eq!(
+                frame_len(&input).expect("well formed"),
+                Some(case.len()),
+                "{:?}",
+                String::from_utf8_lossy(case)
+            );
+            // Every strict prefix is incomplete, never an error.
+            for cut in 0..case.len() {
+                assert_eq!(
+                    frame_len(&case[..cut]).expect("a prefix is not malformed"),
+                    None,
+                    "{:?} cut at {cut}",
+                    String::from_utf8_lossy(case)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_replies_break_the_connection() {
+        let cases: &[&[u8]] = &[
+            b"!3\r\nerr\r\n",
+            b":12a\r\n",
+            b":\r\n",
+            b"$-2\r\n",
+            b"*-5\r\n",
+            b"$3\r\nabcd\r\n",
+            b"$99999999999\r\n",
+            b"*99999999999\r\n",
+            b"+O\rK\r\n",
+            b":99999999999999999999\r\n",
+        ];
+        for case in cases {
+            assert!(
+                frame_len(case).is_err(),
+                "{:?} accepted",
+                String::from_utf8_lossy(case)
+            );
+        }
+        // A length line that never ends is not waited for forever.
+        assert!(frame_len(&[b'$'; 200]).is_err());
+        // Nor are elements announced without end.
+        let mut nested = Vec::new();
+        for _ in 0..3 {
+            nested.extend_from_slice(b"*1000000\r\n");
+        }
+        assert!(frame_len(&nested).is_err());
+    }
+
+    #[test]
+    fn integers_parse_as_redis_writes_them() {
+        assert_eq!(parse_int(b"0"), Some(0));
+        assert_eq!(parse_int(b"-1"), Some(-1));
+        assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_int(b"9223372036854775808"), None);
+        assert_eq!(parse_int(b"-"), None);
+        assert_eq!(parse_int(b"+1"), None);
+        assert_eq!(parse_int(b""), None);
+    }
+
+    #[test]
+    fn replies_read_as_redis_rs_reads_them() {
+        let value = into_value(b"*2\r\n:1\r\n$2\r\nok\r\n").expect("a value");
+        assert_eq!(
+            value,
+            Value::Array(vec![Value::Int(1), Value::BulkString(b"ok".to_vec())])
+        );
+        let error = into_value(b"-READONLY You can't write against a read only replica.\r\n")
+            .expect_err("an error reply");
+        assert_eq!(error.code(), Some("READONLY"));
+    }
+}

@@ -1227,6 +1227,48 @@ async fn eval_one(store: &RedisStore, policy: &Policy, subject: &Pseudonym) -> O
     eval(store, policy, subject, 1).await
 }
 
+/// A URL's password without a user (`AUTH pw`, as `requirepass` wants)
+/// and its database number (`SELECT`) are both honoured: the state is
+/// written in that database and nowhere else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_and_a_database_in_the_url_are_used() {
+    let server = RedisServer::builder()
+        .config("requirepass db-pw")
+        .admin("default", "db-pw")
+        .start();
+    let url = format!("{}/3", server.url().replacen("://", "://:db-pw@", 1));
+    let store = connect_with(redis_config(url), BUDGET).await;
+    let policy = policy("selected", Bands::FixedWindow(vec![window(2, 3_600_000)]));
+    let subject = subject("selected");
+    let outcomes = [
+        eval_one(&store, &policy, &subject).await,
+        eval_one(&store, &policy, &subject).await,
+        eval_one(&store, &policy, &subject).await,
+    ];
+    assert!(
+        allowed(&outcomes[0]) && allowed(&outcomes[1]),
+        "{outcomes:?}"
+    );
+    assert!(matches!(outcomes[2], Outcome::Denied(_)), "{outcomes:?}");
+
+    let key = state_key(&policy, &subject);
+    let mut conn = server.connection();
+    let in_db = |conn: &mut redis::Connection, db: i64| -> bool {
+        redis::cmd("SELECT").arg(db).exec(conn).expect("SELECT");
+        conn.exists(&key).expect("EXISTS")
+    };
+    assert!(in_db(&mut conn, 3), "no state in database 3");
+    assert!(!in_db(&mut conn, 0), "state written to database 0");
+
+    // A wrong password is refused at connecting: nothing is sent.
+    let wrong = format!("{}/3", server.url().replacen("://", "://:not-it@", 1));
+    let store = RedisStore::connect(&redis_config(wrong), TTL_GRACE, BUDGET, &[]).expect("connect");
+    assert_eq!(
+        eval_one(&store, &policy, &subject).await,
+        Outcome::Unavailable(Unavailable::BeforeSend)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_over_tls_with_a_private_ca() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -1,0 +1,198 @@
+//! Where one RESP2 reply ends in the bytes received, without building it.
+
+use std::io;
+
+/// The longest reply accepted (a `FUNCTION LIST WITHCODE` of every
+/// library is the longest sluice asks for, tens of KB). Anything longer
+/// is taken for a broken stream.
+pub const MAX_FRAME: usize = 16 << 20;
+/// Elements one reply may announce, all nesting levels together.
+const MAX_ELEMENTS: usize = 1 << 20;
+
+/// The length of the whole RESP2 reply at the start of `input`, `None`
+/// while it is incomplete. Counts the elements still due instead of
+/// recursing, so nesting costs nothing; a malformed or oversized reply is
+/// `InvalidData`.
+pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
+    let bad = || io::Error::from(io::ErrorKind::InvalidData);
+    let mut at = 0;
+    let mut due: usize = 1;
+    let mut announced: usize = 0;
+    while due > 0 {
+        let Some(&kind) = input.get(at) else {
+            return Ok(None);
+        };
+        let Some(line) = line_end(&input[at + 1..]).ok_or_else(bad)? else {
+            if input.len() - at > 64 && kind != b'+' && kind != b'-' {
+                // A length line is short; simple strings and errors may not be.
+                return Err(bad());
+            }
+            if input.len() > MAX_FRAME {
+                return Err(bad());
+            }
+            return Ok(None);
+        };
+        let header = &input[at + 1..at + 1 + line];
+        at += 1 + line + 2;
+        due -= 1;
+        match kind {
+            b'+' | b'-' => {}
+            b':' => {
+                parse_int(header).ok_or_else(bad)?;
+            }
+            b'$' => {
+                let len = parse_int(header).ok_or_else(bad)?;
+                if len >= 0 {
+                    let len = usize::try_from(len).map_err(|_| bad())?;
+                    if len > MAX_FRAME {
+                        return Err(bad());
+                    }
+                    if input.len() < at + len + 2 {
+                        return Ok(None);
+                    }
+                    if &input[at + len..at + len + 2] != b"\r\n" {
+                        return Err(bad());
+                    }
+                    at += len + 2;
+                } else if len != -1 {
+                    return Err(bad());
+                }
+            }
+            b'*' => {
+                let count = parse_int(header).ok_or_else(bad)?;
+                if count >= 0 {
+                    let count = usize::try_from(count).map_err(|_| bad())?;
+                    announced = announced.saturating_add(count);
+                    if announced > MAX_ELEMENTS {
+                        return Err(bad());
+                    }
+                    due += count;
+                } else if count != -1 {
+                    return Err(bad());
+                }
+            }
+            _ => return Err(bad()),
+        }
+        if at > MAX_FRAME {
+            return Err(bad());
+        }
+    }
+    Ok(Some(at))
+}
+
+/// Where the `\r\n` ending the line at the start of `input` begins:
+/// `Some(None)` while it has not arrived, `None` for a CR without its LF
+/// (no line RESP writes holds one).
+fn line_end(input: &[u8]) -> Option<Option<usize>> {
+    let Some(cr) = input.iter().position(|&b| b == b'\r') else {
+        return Some(None);
+    };
+    match input.get(cr + 1) {
+        Some(b'\n') => Some(Some(cr)),
+        Some(_) => None,
+        None => Some(None),
+    }
+}
+
+/// A RESP integer: optional `-`, then 1 to 19 digits.
+pub fn parse_int(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -n } else { n })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_replies_are_cut_at_their_end() {
+        let cases: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"-ERR Function not found\r\n",
+            b":-12\r\n",
+            b"$5\r\nhello\r\n",
+            b"$0\r\n\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*8\r\n:1\r\n:1\r\n:9\r\n:1000\r\n:0\r\n:0\r\n:0\r\n:0\r\n",
+            b"*2\r\n*2\r\n$4\r\nname\r\n$2\r\nsl\r\n*1\r\n:3\r\n",
+            // A bulk string may hold CR, LF and anything else.
+            b"$4\r\n\r\n\r\n\r\n",
+        ];
+        for case in cases {
+            let mut input = case.to_vec();
+            input.extend_from_slice(b"+NEXT\r\n");
+            assert_eq!(
+                frame_len(&input).expect("well formed"),
+                Some(case.len()),
+                "{:?}",
+                String::from_utf8_lossy(case)
+            );
+            // Every strict prefix is incomplete, never an error.
+            for cut in 0..case.len() {
+                assert_eq!(
+                    frame_len(&case[..cut]).expect("a prefix is not malformed"),
+                    None,
+                    "{:?} cut at {cut}",
+                    String::from_utf8_lossy(case)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_replies_break_the_connection() {
+        let cases: &[&[u8]] = &[
+            b"!3\r\nerr\r\n",
+            b":12a\r\n",
+            b":\r\n",
+            b"$-2\r\n",
+            b"*-5\r\n",
+            b"$3\r\nabcd\r\n",
+            b"$99999999999\r\n",
+            b"*99999999999\r\n",
+            b"+O\rK\r\n",
+            b":99999999999999999999\r\n",
+        ];
+        for case in cases {
+            assert!(
+                frame_len(case).is_err(),
+                "{:?} accepted",
+                String::from_utf8_lossy(case)
+            );
+        }
+        // A length line that never ends is not waited for forever.
+        assert!(frame_len(&[b'$'; 200]).is_err());
+        // Nor are elements announced without end.
+        let mut nested = Vec::new();
+        for _ in 0..3 {
+            nested.extend_from_slice(b"*1000000\r\n");
+        }
+        assert!(frame_len(&nested).is_err());
+    }
+
+    #[test]
+    fn integers_parse_as_redis_writes_them() {
+        assert_eq!(parse_int(b"0"), Some(0));
+        assert_eq!(parse_int(b"-1"), Some(-1));
+        assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_int(b"9223372036854775808"), None);
+        assert_eq!(parse_int(b"-"), None);
+        assert_eq!(parse_int(b"+1"), None);
+        assert_eq!(parse_int(b""), None);
+    }
+}

@@ -94,7 +94,8 @@ fn line_end(input: &[u8]) -> Option<Option<usize>> {
     }
 }
 
-/// A RESP integer: optional `-`, then 1 to 19 digits.
+/// A RESP integer: optional `-`, then 1 to 19 digits, anywhere in `i64`
+/// (accumulated as a negative number, so `i64::MIN` parses too).
 pub fn parse_int(digits: &[u8]) -> Option<i64> {
     let (negative, digits) = match digits.split_first() {
         Some((b'-', rest)) => (true, rest),
@@ -108,9 +109,13 @@ pub fn parse_int(digits: &[u8]) -> Option<i64> {
         if !d.is_ascii_digit() {
             return None;
         }
-        n = n.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+        n = n.checked_mul(10)?.checked_sub(i64::from(d - b'0'))?;
     }
-    Some(if negative { -n } else { n })
+    if negative {
+        Some(n)
+    } else {
+        n.checked_neg()
+    }
 }
 
 #[cfg(test)]
@@ -191,6 +196,9 @@ mod tests {
         assert_eq!(parse_int(b"-1"), Some(-1));
         assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
         assert_eq!(parse_int(b"9223372036854775808"), None);
+        assert_eq!(parse_int(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_int(b"-9223372036854775809"), None);
+        assert_eq!(parse_int(b"-0"), Some(0));
         assert_eq!(parse_int(b"-"), None);
         assert_eq!(parse_int(b"+1"), None);
         assert_eq!(parse_int(b""), None);

@@ -51,6 +51,8 @@ pub struct ServerBoot {
     /// Of those, at most this many from one address (an IPv6 /64).
     pub max_connections_per_ip: usize,
     pub http2: Http2,
+    /// The memory budget for request heads.
+    pub request_heads: RequestHeads,
     /// The PROXY protocol versions read from `identity.trusted_proxies`.
     pub proxy_protocol: ProxyProtocol,
 }
@@ -68,6 +70,15 @@ impl ProxyProtocol {
     pub fn any(self) -> bool {
         self.v1 || self.v2
     }
+}
+
+/// `server.request_heads`: bytes of request heads (HTTP/1 heads still
+/// arriving, HTTP/2 header lists of open streams) held at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHeads {
+    pub per_connection: usize,
+    pub per_client: usize,
+    pub total: usize,
 }
 
 /// HTTP/2 limits, set explicitly rather than left to hyper's defaults.
@@ -232,6 +243,7 @@ impl ServerBoot {
             max_connections,
             max_connections_per_ip,
             http2,
+            request_heads,
             proxy_protocol,
         } = self;
         differ(listen, &next.listen, "server.listen", changes);
@@ -287,6 +299,12 @@ impl ServerBoot {
             changes,
         );
         differ(http2, &next.http2, "server.http2", changes);
+        differ(
+            request_heads,
+            &next.request_heads,
+            "server.request_heads",
+            changes,
+        );
         differ(
             proxy_protocol,
             &next.proxy_protocol,

@@ -125,8 +125,8 @@ keys! { ALL:
         "longest silence between two pieces of a request body, then 408; > 0";
     SERVER_MIN_UPLOAD_RATE: "server.min_upload_rate", "mapping, number or `off`", Value("{ bytes_per_second: 240, grace: 5s }"), Reload,
         "the slowest a request body may arrive, once `grace` has passed, then 408";
-    SERVER_MAX_HEADER_BYTES: "server.max_header_bytes", "number", Value("65536"), Restart,
-        "largest request head accepted; 8192 to 16777216";
+    SERVER_MAX_HEADER_BYTES: "server.max_header_bytes", "number", Value("32768"), Restart,
+        "largest request head accepted (HTTP/1 head, HTTP/2 header list); 8192 to 16777216";
     SERVER_WORKERS: "server.workers", "number", Value("0"), Restart,
         "worker threads; `0` is one per core; at most 1024";
     SERVER_IDLE_TIMEOUT: "server.idle_timeout", "duration", Value("60s"), Restart,
@@ -139,6 +139,12 @@ keys! { ALL:
         "of those, at most this many from one peer address (IPv6: one /64)";
     SERVER_PROXY_PROTOCOL: "server.proxy_protocol", "`v1`, `v2` or a list", Value("[]"), Restart,
         "read a PROXY protocol header from peers in `identity.trusted_proxies`";
+    SERVER_REQUEST_HEADS_PER_CONNECTION: "server.request_heads.per_connection", "number", Value("524288"), Restart,
+        "bytes of request heads one connection may hold at once (HTTP/2: its open streams' header lists, 2 KiB more a stream); at least `max_header_bytes`";
+    SERVER_REQUEST_HEADS_PER_CLIENT: "server.request_heads.per_client", "number", Derived("a quarter of `total`"), Restart,
+        "the same for all the connections of one client address (IPv6: one /64); at least `per_connection`";
+    SERVER_REQUEST_HEADS_TOTAL: "server.request_heads.total", "number", Value("16777216"), Restart,
+        "the same for every connection at once; at least `per_client`; see the memory formula in docs/OPERATIONS.md";
     SERVER_HTTP2_MAX_CONCURRENT_STREAMS: "server.http2.max_concurrent_streams", "number", Value("128"), Restart,
         "streams a client may have open on one HTTP/2 connection";
     SERVER_HTTP2_MAX_PENDING_ACCEPT_RESET_STREAMS: "server.http2.max_pending_accept_reset_streams", "number", Value("20"), Restart,

@@ -153,6 +153,7 @@ pub struct Server {
     pub max_connections: Option<Scalar>,
     pub max_connections_per_ip: Option<Scalar>,
     pub http2: Option<Http2>,
+    pub request_heads: Option<RequestHeads>,
     pub proxy_protocol: Option<ScalarList>,
 }
 
@@ -221,6 +222,14 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for OneOrVisitor<T> {
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub struct Explain {
     pub token: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct RequestHeads {
+    pub per_connection: Option<Scalar>,
+    pub per_client: Option<Scalar>,
+    pub total: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

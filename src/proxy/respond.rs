@@ -25,15 +25,20 @@
 //! that waits as told is never early.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE,
+    RETRY_AFTER,
+};
 use http::{Response, StatusCode};
 use serde::Serialize;
 
 use crate::limit::{Bands, Decision, Incompatible, LimitPolicy, Policy};
 use crate::route::Route;
+use crate::server::heads;
 
 use super::body::{self, Body, Cut};
 
@@ -371,6 +376,25 @@ pub fn incompatible(
     )
 }
 
+/// The methods `OPTIONS *` announces in `Allow`: those in general use
+/// that sluice passes to the app. CONNECT is refused (501); TRACE and
+/// extension methods (WebDAV's, say) still pass, but whether the app
+/// serves them is the app's to say, and TRACE is best not advertised.
+pub const SERVER_ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS";
+
+/// 200 to `OPTIONS *`: the request asks about the server, not a resource,
+/// and sluice is the server the client reached. Answered here rather than
+/// forwarded, since the app might read `*` as `/*` and no route of a
+/// path-based table matches it. No body (RFC 9110 §9.3.7), and
+/// `Content-Length: 0` said outright so that no client waits for one.
+pub fn server_options() -> Response<Body> {
+    let mut response = Response::new(body::empty());
+    let headers = response.headers_mut();
+    headers.insert(ALLOW, HeaderValue::from_static(SERVER_ALLOW));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+    response
+}
+
 pub fn bad_request(reason: &str) -> Response<Body> {
     problem(StatusCode::BAD_REQUEST, reason, None, None)
 }
@@ -447,6 +471,65 @@ pub fn gateway_timeout() -> Response<Body> {
         None,
         None,
     )
+}
+
+/// 503: an HTTP/2 stream whose header list would take its connection,
+/// its client or the process past the memory budget for request heads.
+/// Retried in a second, the budget has most likely room again.
+pub fn over_head_budget(over: heads::Over) -> Response<Body> {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        over_head_budget_detail(over),
+        None,
+        Some(1),
+    )
+}
+
+/// The same answer for an HTTP/1 head still arriving, written to the
+/// socket under hyper (which never finishes reading that head), whole and
+/// closing the connection.
+pub fn over_head_budget_http1(over: heads::Over) -> &'static [u8] {
+    static ANSWERS: OnceLock<[Vec<u8>; 3]> = OnceLock::new();
+    let answers = ANSWERS.get_or_init(|| {
+        [
+            heads::Over::Connection,
+            heads::Over::Client,
+            heads::Over::Total,
+        ]
+        .map(|over| {
+            let json = problem_json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                over_head_budget_detail(over),
+                None,
+                Some(1),
+            );
+            let mut answer = format!(
+                "HTTP/1.1 503 Service Unavailable\r\n\
+                 content-type: application/problem+json\r\n\
+                 cache-control: no-store\r\n\
+                 retry-after: 1\r\n\
+                 connection: close\r\n\
+                 content-length: {}\r\n\r\n",
+                json.len()
+            )
+            .into_bytes();
+            answer.extend_from_slice(&json);
+            answer
+        })
+    });
+    &answers[over as usize]
+}
+
+fn over_head_budget_detail(over: heads::Over) -> &'static str {
+    match over {
+        heads::Over::Connection => {
+            "this connection holds as many request heads as sluice allows one connection"
+        }
+        heads::Over::Client => {
+            "this client address holds as many request heads as sluice allows one client"
+        }
+        heads::Over::Total => "sluice holds as many request heads as its memory budget allows",
+    }
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` for `decision`. Appended, not
@@ -575,6 +658,19 @@ fn problem(
     context: Option<(&Route, &Policy)>,
     retry_after: Option<u64>,
 ) -> Response<Body> {
+    problem_response(
+        status,
+        Bytes::from(problem_json(status, detail, context, retry_after)),
+        retry_after,
+    )
+}
+
+fn problem_json(
+    status: StatusCode,
+    detail: &str,
+    context: Option<(&Route, &Policy)>,
+    retry_after: Option<u64>,
+) -> Vec<u8> {
     let problem = Problem {
         kind: "about:blank",
         title: status.canonical_reason().unwrap_or("Error"),
@@ -585,8 +681,7 @@ fn problem(
         retry_after,
     };
     // Serializing a struct of strings and integers cannot fail.
-    let json = serde_json::to_vec(&problem).unwrap_or_default();
-    problem_response(status, Bytes::from(json), retry_after)
+    serde_json::to_vec(&problem).unwrap_or_default()
 }
 
 fn problem_response(status: StatusCode, json: Bytes, retry_after: Option<u64>) -> Response<Body> {

@@ -27,28 +27,33 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use std::sync::Arc;
+
+use head::{Head, HeadReader};
+
+use super::heads;
+
+mod head;
+
 /// Put behind a spoiled head so the parser refuses it at once.
 const SETTLE: &[u8] = b"\r\n\r\n";
-
-/// A head this long is hyper's to refuse (431); the watch stops there.
-const MAX_HEAD: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub struct Framing {
     state: State,
-    /// The head read so far, when it spans reads.
-    head: Vec<u8>,
+    /// A head longer is hyper's to refuse (431); the watch stops there.
+    max_head: usize,
     /// Requests refused so far on this connection (0 or 1: hyper closes).
     refused: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum State {
     /// Before a request head (empty lines between requests are skipped,
     /// as httparse skips them).
     Idle,
-    /// Inside a head; its bytes so far are in `head`.
-    Head,
+    /// Inside a head.
+    Head(HeadReader),
     /// `n` bytes of a `Content-Length` body left.
     Body(u64),
     Chunked(Chunk),
@@ -74,37 +79,11 @@ enum Chunk {
     Trailer { empty: bool },
 }
 
-/// What a whole head says about the request.
-#[derive(Debug, PartialEq, Eq)]
-enum Head {
-    /// Refused: hyper must not take it.
-    Refuse(Refusal),
-    /// Followed by a body of this framing.
-    Length(u64),
-    Chunked,
-    /// No body.
-    Empty,
-    /// Cannot be followed (an upgrade, `CONNECT`, not HTTP/1).
-    Unfollowable,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    ContentLengthAndTransferEncoding,
-    BareLineFeed,
-}
-
-impl Default for Framing {
-    fn default() -> Self {
-        Framing::new()
-    }
-}
-
 impl Framing {
-    pub fn new() -> Framing {
+    pub fn new(max_head: usize) -> Framing {
         Framing {
             state: State::Idle,
-            head: Vec::new(),
+            max_head,
             refused: 0,
         }
     }
@@ -113,31 +92,43 @@ impl Framing {
         self.refused
     }
 
+    /// Bytes of a request head read so far and not yet ended: what hyper
+    /// holds for a head still arriving. 0 between heads, and once the
+    /// watch is off.
+    pub fn partial_head(&self) -> usize {
+        match &self.state {
+            State::Head(reader) => reader.len(),
+            _ => 0,
+        }
+    }
+
     /// Follows `bytes`, just read and not yet handed to hyper; spoils the
     /// last byte of a head that must be refused.
     pub fn inspect(&mut self, bytes: &mut [u8]) {
         let mut at = 0;
         while at < bytes.len() {
-            at = match self.state {
+            at = match &mut self.state {
                 State::Off => return,
                 State::Idle => match bytes[at] {
                     b'\r' | b'\n' => at + 1,
                     _ => {
-                        self.state = State::Head;
-                        self.head.clear();
+                        self.state = State::Head(HeadReader::new());
                         at
                     }
                 },
-                State::Head => self.head_bytes(bytes, at),
+                State::Head(_) => self.head_bytes(bytes, at),
                 State::Body(left) => {
-                    let take = left.min((bytes.len() - at) as u64);
-                    self.state = match left - take {
+                    let take = (*left).min((bytes.len() - at) as u64);
+                    self.state = match *left - take {
                         0 => State::Idle,
                         n => State::Body(n),
                     };
                     at + take as usize
                 }
-                State::Chunked(chunk) => self.chunk_bytes(chunk, bytes, at),
+                State::Chunked(chunk) => {
+                    let chunk = *chunk;
+                    self.chunk_bytes(chunk, bytes, at)
+                }
             };
         }
     }
@@ -145,55 +136,36 @@ impl Framing {
     /// Reads head bytes from `bytes[at..]`; returns where the head ended
     /// (or the end of `bytes`).
     fn head_bytes(&mut self, bytes: &mut [u8], at: usize) -> usize {
-        // Where the end could be: a blank line, `\n\n` or `\n\r\n`, may
-        // straddle the previous read.
-        let before = self.head.len();
-        let rest = &bytes[at..];
-        let scan_from = before.saturating_sub(2);
-        let end = {
-            let tail = &self.head[scan_from..];
-            find_end(tail, rest)
+        let State::Head(reader) = &mut self.state else {
+            return at;
         };
-        match end {
-            None => {
-                if before + rest.len() > MAX_HEAD {
-                    self.off();
-                } else {
-                    self.head.extend_from_slice(rest);
-                }
-                bytes.len()
+        let Some((used, verdict)) = reader.read(&bytes[at..]) else {
+            if reader.len() > self.max_head {
+                self.state = State::Off;
             }
-            Some(used) => {
-                // `used` bytes of `rest` complete the head.
-                let last = at + used - 1;
-                let verdict = if before == 0 {
-                    read_head(&rest[..used])
-                } else {
-                    self.head.extend_from_slice(&rest[..used]);
-                    read_head(&self.head)
-                };
-                self.head.clear();
-                self.state = match verdict {
-                    Head::Refuse(_) => {
-                        // NULs over the part of the head in this read: where
-                        // httparse wants a method, a header name or value,
-                        // it refuses them, and hyper answers 400 and closes.
-                        bytes[at..=last].fill(0);
-                        self.refused += 1;
-                        State::Off
-                    }
-                    Head::Length(0) | Head::Empty => State::Idle,
-                    Head::Length(n) => State::Body(n),
-                    Head::Chunked => State::Chunked(Chunk::Size {
-                        value: 0,
-                        ended: false,
-                        digits: false,
-                    }),
-                    Head::Unfollowable => State::Off,
-                };
-                last + 1
+            return bytes.len();
+        };
+        // `used` bytes from `at` complete the head.
+        let last = at + used - 1;
+        self.state = match verdict {
+            Head::Refuse(_) => {
+                // NULs over the part of the head in this read: where
+                // httparse wants a method, a header name or value, it
+                // refuses them, and hyper answers 400 and closes.
+                bytes[at..=last].fill(0);
+                self.refused += 1;
+                State::Off
             }
-        }
+            Head::Length(0) | Head::Empty => State::Idle,
+            Head::Length(n) => State::Body(n),
+            Head::Chunked => State::Chunked(Chunk::Size {
+                value: 0,
+                ended: false,
+                digits: false,
+            }),
+            Head::Unfollowable => State::Off,
+        };
+        last + 1
     }
 
     fn chunk_bytes(&mut self, chunk: Chunk, bytes: &[u8], at: usize) -> usize {
@@ -257,151 +229,53 @@ impl Framing {
         at + 1
     }
 
-    fn off(&mut self) {
-        self.state = State::Off;
-        self.head = Vec::new();
-    }
-
     fn off_at(&mut self, bytes: &[u8]) -> usize {
-        self.off();
+        self.state = State::Off;
         bytes.len()
     }
 }
 
-/// Where the head ends in `rest`, given the head's last bytes `tail` before
-/// it: the count of bytes of `rest` through the blank line's LF.
-fn find_end(tail: &[u8], rest: &[u8]) -> Option<usize> {
-    // The byte `back` places before `rest[i]`, looking into `tail` when
-    // `rest` does not reach back that far.
-    let before = |i: usize, back: usize| -> Option<u8> {
-        match i.checked_sub(back) {
-            Some(j) => Some(rest[j]),
-            None => tail.len().checked_sub(back - i).map(|j| tail[j]),
-        }
-    };
-    let mut from = 0;
-    while let Some(found) = rest[from..].iter().position(|&b| b == b'\n') {
-        let i = from + found;
-        let blank = match before(i, 1) {
-            Some(b'\n') => true,
-            Some(b'\r') => before(i, 2) == Some(b'\n'),
-            _ => false,
-        };
-        if blank {
-            return Some(i + 1);
-        }
-        from = i + 1;
-    }
-    None
-}
-
-/// Reads a whole head (request line through the blank line).
-fn read_head(head: &[u8]) -> Head {
-    // Every line, without its LF; the last is the blank line.
-    let body = head.strip_suffix(b"\n").unwrap_or(head);
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut transfer_encoding = false;
-    let mut content_length = false;
-    let mut unfollowable = false;
-    for (n, line) in body.split(|&b| b == b'\n').enumerate() {
-        let Some(line) = line.strip_suffix(b"\r") else {
-            return Head::Refuse(Refusal::BareLineFeed);
-        };
-        if n == 0 {
-            let mut parts = line.split(|&b| b == b' ');
-            let method = parts.next().unwrap_or_default();
-            let version = parts.nth(1).unwrap_or_default();
-            if method == b"CONNECT" || !version.starts_with(b"HTTP/1.") {
-                unfollowable = true;
-            }
-            continue;
-        }
-        // Only three names matter; most lines are passed over at their
-        // first byte.
-        if !matches!(line.first(), Some(b'c' | b'C' | b't' | b'T' | b'u' | b'U')) {
-            continue;
-        }
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
-        if name.eq_ignore_ascii_case(b"content-length") {
-            content_length = true;
-            let parsed = std::str::from_utf8(value)
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok());
-            match (parsed, length) {
-                (Some(v), None) => length = Some(v),
-                (Some(v), Some(prev)) if v == prev => {}
-                // Different or unreadable lengths: hyper refuses those.
-                _ => unfollowable = true,
-            }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            transfer_encoding = true;
-            chunked = value
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|last| trim(last).eq_ignore_ascii_case(b"chunked"));
-        } else if name.eq_ignore_ascii_case(b"upgrade") {
-            unfollowable = true;
-        }
-    }
-    if content_length && transfer_encoding {
-        return Head::Refuse(Refusal::ContentLengthAndTransferEncoding);
-    }
-    if unfollowable {
-        return Head::Unfollowable;
-    }
-    match (transfer_encoding, chunked, length) {
-        (true, true, _) => Head::Chunked,
-        // A coding other than a final `chunked`: hyper refuses it.
-        (true, false, _) => Head::Unfollowable,
-        (false, _, Some(n)) => Head::Length(n),
-        (false, _, None) => Head::Empty,
-    }
-}
-
-fn trim(bytes: &[u8]) -> &[u8] {
-    let start = bytes
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t'))
-        .unwrap_or(bytes.len());
-    let end = bytes
-        .iter()
-        .rposition(|b| !matches!(b, b' ' | b'\t'))
-        .map_or(start, |e| e + 1);
-    &bytes[start..end.max(start)]
-}
-
 pin_project! {
     /// A client stream whose HTTP/1 request framing is watched as it is
-    /// read ([`Framing`]).
+    /// read ([`Framing`]), and whose partial request heads are charged to
+    /// the memory budget for heads as they arrive.
     pub struct Watched<S> {
         #[pin]
         inner: S,
         framing: Framing,
+        budget: Arc<heads::Connection>,
+        // The partial head's bytes, charged.
+        charged: Option<heads::Charge>,
+        // Refused for the budget: every read from now on is the end.
+        over: bool,
     }
 }
 
 impl<S> Watched<S> {
-    pub fn new(inner: S) -> Watched<S> {
+    /// `max_head`: `server.max_header_bytes`, hyper's own bound.
+    pub fn new(inner: S, max_head: usize, budget: Arc<heads::Connection>) -> Watched<S> {
         Watched {
             inner,
-            framing: Framing::new(),
+            framing: Framing::new(max_head),
+            budget,
+            charged: None,
+            over: false,
         }
     }
 }
 
-impl<S: AsyncRead> AsyncRead for Watched<S> {
+impl<S: AsyncRead + AsyncWrite> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.project();
+        let mut this = self.project();
+        if *this.over {
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
-        let polled = this.inner.poll_read(cx, buf);
+        let polled = this.inner.as_mut().poll_read(cx, buf);
         if polled.is_ready() {
             let refused = this.framing.refused();
             this.framing.inspect(&mut buf.filled_mut()[before..]);
@@ -419,8 +293,46 @@ impl<S: AsyncRead> AsyncRead for Watched<S> {
                     "request framing refused: Content-Length with Transfer-Encoding, or a bare LF"
                 );
             }
+            if let Err(over) = charge(this.charged, this.budget, this.framing.partial_head()) {
+                // What hyper was about to get is withheld, and it reads
+                // the end of the stream: it closes without answering, so
+                // the answer is written here, once, as far as the socket
+                // takes it at once.
+                buf.set_filled(before);
+                *this.over = true;
+                *this.charged = None;
+                let answer = crate::proxy::respond::over_head_budget_http1(over);
+                if let Poll::Ready(Ok(_)) = this.inner.as_mut().poll_write(cx, answer) {
+                    let _ = this.inner.as_mut().poll_flush(cx);
+                }
+                return Poll::Ready(Ok(()));
+            }
         }
         polled
+    }
+}
+
+/// Brings the charge for a partial head to `partial` bytes (none once the
+/// head has ended).
+fn charge(
+    charged: &mut Option<heads::Charge>,
+    budget: &Arc<heads::Connection>,
+    partial: usize,
+) -> Result<(), heads::Over> {
+    let held = charged.as_ref().map_or(0, heads::Charge::bytes);
+    if partial == held {
+        return Ok(());
+    }
+    match charged {
+        Some(charge) if partial > held => charge.grow(partial - held),
+        _ => {
+            // Ended, or ended and another begun in the same read.
+            *charged = None;
+            if partial > 0 {
+                *charged = Some(budget.charge(partial)?);
+            }
+            Ok(())
+        }
     }
 }
 

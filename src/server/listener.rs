@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use hyper::header::{HeaderValue, CONNECTION};
 use hyper::service::service_fn;
-use hyper::StatusCode;
+use hyper::{StatusCode, Version};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config;
-use crate::proxy::{ConnInfo, Proxy};
+use crate::proxy::{respond, ConnInfo, Proxy};
 use crate::sleeps::HyperTimer;
 use crate::sync;
 use crate::telemetry;
@@ -40,6 +40,7 @@ use crate::telemetry;
 use super::accept::AcceptErrors;
 use super::beside::{beside, First};
 use super::framing::Watched;
+use super::heads;
 use super::per_peer::{Held, PerPeer};
 use super::proxied::{self, Prefixed};
 use super::send_timeout::SendTimeout;
@@ -82,6 +83,11 @@ pub async fn serve(
     let proxy_headers = Arc::new(proxied::Counters::new());
     let pending_header = PerPeer::new(settings.max_connections_per_ip);
     let mut trim = Trim::default();
+    let heads = heads::Budget::new(heads::Limits {
+        per_connection: settings.request_heads.per_connection,
+        per_client: settings.request_heads.per_client,
+        total: settings.request_heads.total,
+    });
 
     loop {
         tokio::select! {
@@ -141,6 +147,8 @@ pub async fn serve(
                         first_head_by: Instant::now() + settings.header_read_timeout,
                         idle_timeout: settings.idle_timeout,
                         send_timeout: settings.send_timeout,
+                        max_header_bytes: settings.max_header_bytes,
+                        heads: heads.clone(),
                     };
                     connections.spawn(connection.run(stream, held));
                     if trim.open(connections.len(), Instant::now()) {
@@ -210,6 +218,8 @@ struct Connection {
     first_head_by: Instant,
     idle_timeout: Duration,
     send_timeout: Duration,
+    max_header_bytes: usize,
+    heads: Arc<heads::Budget>,
 }
 
 /// What a connection from a trusted peer needs to read its PROXY protocol
@@ -294,7 +304,7 @@ impl Connection {
                 }
             };
         }
-        let _held = held;
+        let heads = self.heads.connection(held);
         let info = ConnInfo {
             peer: self.peer,
             local,
@@ -303,10 +313,13 @@ impl Connection {
         // Under TLS too: a client that stops reading blocks the TCP writes.
         let stream = SendTimeout::new(Prefixed::new(stream, rest), self.send_timeout);
         match self.tls.clone() {
-            None => self.serve(TokioIo::new(Watched::new(stream)), info).await,
+            None => {
+                let io = Watched::new(stream, self.max_header_bytes, heads.clone());
+                self.serve(TokioIo::new(io), info, heads).await;
+            }
             // Boxed: the TLS state is twice the size of a plain connection's,
             // and every connection task would be that large otherwise.
-            Some(acceptor) => Box::pin(self.serve_tls(acceptor, stream, info)).await,
+            Some(acceptor) => Box::pin(self.serve_tls(acceptor, stream, info, heads)).await,
         }
     }
 
@@ -345,15 +358,19 @@ impl Connection {
         acceptor: TlsAcceptor,
         stream: SendTimeout<Prefixed<TcpStream>>,
         info: ConnInfo,
+        heads: Arc<heads::Connection>,
     ) {
         match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {
-            Ok(Ok(stream)) => self.serve(TokioIo::new(Watched::new(stream)), info).await,
+            Ok(Ok(stream)) => {
+                let io = Watched::new(stream, self.max_header_bytes, heads.clone());
+                self.serve(TokioIo::new(io), info, heads).await;
+            }
             Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
             Err(_) => tracing::debug!("TLS handshake timed out"),
         }
     }
 
-    async fn serve<I>(self, io: I, info: ConnInfo)
+    async fn serve<I>(self, io: I, info: ConnInfo, heads: Arc<heads::Connection>)
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
@@ -372,12 +389,25 @@ impl Connection {
                     first_request.notify_one();
                 }
                 let in_flight = activity.begin();
+                // An HTTP/2 stream's header list is held as long as its
+                // exchange runs: charged first, refused at once past the
+                // budget (an HTTP/1 head was charged while it arrived).
+                let charge = match request.version() {
+                    Version::HTTP_2 => heads
+                        .charge(heads::header_list_size(&request) + heads::STREAM_COST)
+                        .map(Some),
+                    _ => Ok(None),
+                };
                 let proxy = proxy.clone();
                 // Read as the request begins: one that began before the
                 // delay ends with the connection still kept alive, and
                 // the next one is told to close.
                 let closing = winding_down.load(Ordering::Relaxed);
                 async move {
+                    let charge = match charge {
+                        Ok(charge) => charge,
+                        Err(over) => return Ok(respond::over_head_budget(over)),
+                    };
                     let response = proxy.handle(request, &info).await;
                     let response = match stream_watchdog::current() {
                         // HTTP/2: the stream's watchdog watches the body,
@@ -386,12 +416,13 @@ impl Connection {
                         // response has been handed to h2 whole.
                         Some(handed) => {
                             in_flight.0.http2.store(true, Ordering::Relaxed);
-                            response.map(|body| stream_watchdog::watched(body, handed, in_flight))
+                            let held = (in_flight, charge);
+                            response.map(|body| stream_watchdog::watched(body, handed, held))
                         }
                         // HTTP/1: the connection's own writes block on a
                         // client that stops reading (`SendTimeout`).
                         None => {
-                            drop(in_flight);
+                            drop((in_flight, charge));
                             let mut response = response;
                             if closing && response.status() != StatusCode::SWITCHING_PROTOCOLS {
                                 response

@@ -8,6 +8,8 @@
 //!   watchers only when they woke it.
 //! - `send_timeout`: the connection wrapper that cuts a client that stops
 //!   reading.
+//! - [`heads`]: the memory budget for request heads, per connection,
+//!   per client address and in all.
 //! - `stream_watchdog`: the same for one HTTP/2 stream, which flow control
 //!   stops before any socket write blocks.
 //! - [`proxy_protocol`]: the PROXY protocol header, parsed; `proxied`
@@ -16,6 +18,7 @@
 pub mod accept;
 mod beside;
 mod framing;
+pub mod heads;
 mod listener;
 mod per_peer;
 mod proxied;
@@ -54,6 +57,8 @@ pub struct Settings {
     /// Of those, at most this many from one address (an IPv6 /64).
     pub max_connections_per_ip: usize,
     pub http2: config::Http2,
+    /// The memory budget for request heads.
+    pub request_heads: config::RequestHeads,
     /// Read from `identity.trusted_proxies` only.
     pub proxy_protocol: config::ProxyProtocol,
 }
@@ -69,6 +74,7 @@ impl From<&config::ServerBoot> for Settings {
             max_connections: server.max_connections,
             max_connections_per_ip: server.max_connections_per_ip,
             http2: server.http2,
+            request_heads: server.request_heads,
             proxy_protocol: server.proxy_protocol,
         }
     }

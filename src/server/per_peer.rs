@@ -14,12 +14,20 @@
 use crate::sync;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
 /// The connections each address holds, bounded by `limit`.
 pub struct PerPeer {
     limit: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<HashMap<IpAddr, Peer>>,
+}
+
+/// One address's connections, and the request-head bytes they hold
+/// (`heads`).
+struct Peer {
+    connections: usize,
+    heads: Arc<AtomicUsize>,
 }
 
 /// One connection's place; given back when dropped, however the
@@ -27,6 +35,7 @@ pub struct PerPeer {
 pub struct Held {
     table: Arc<PerPeer>,
     peer: IpAddr,
+    heads: Arc<AtomicUsize>,
 }
 
 impl PerPeer {
@@ -42,14 +51,18 @@ impl PerPeer {
     pub fn try_hold(self: &Arc<Self>, peer: IpAddr) -> Option<Held> {
         let peer = group(peer);
         let mut open = self.lock();
-        let count = open.entry(peer).or_insert(0);
-        if *count >= self.limit {
+        let entry = open.entry(peer).or_insert_with(|| Peer {
+            connections: 0,
+            heads: Arc::default(),
+        });
+        if entry.connections >= self.limit {
             return None;
         }
-        *count += 1;
+        entry.connections += 1;
         Some(Held {
             table: self.clone(),
             peer,
+            heads: entry.heads.clone(),
         })
     }
 
@@ -59,22 +72,31 @@ impl PerPeer {
         self.lock().len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Peer>> {
         // Counts are whole at every step: a panic elsewhere leaves them
         // consistent.
         sync::lock(&self.open)
     }
 }
 
+impl Held {
+    /// Request-head bytes held by every connection of this address
+    /// (`heads`, the budget's per-client share).
+    pub fn heads(&self) -> &AtomicUsize {
+        &self.heads
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         let mut open = self.table.lock();
-        if let Some(count) = open.get_mut(&self.peer) {
-            *count -= 1;
+        if let Some(entry) = open.get_mut(&self.peer) {
+            entry.connections -= 1;
+            let count = entry.connections;
             // Gone with its last connection: the table holds only
             // addresses with connections open, never more entries than
             // `max_connections`.
-            if *count == 0 {
+            if count == 0 {
                 open.remove(&self.peer);
             }
         }

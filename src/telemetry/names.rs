@@ -90,6 +90,8 @@ pub const CONFIG_REVISION: &str = "sluice_config_revision";
 pub const CONFIG_INFO: &str = "sluice_config_info";
 pub const BUILD_INFO: &str = "sluice_build_info";
 pub const CONNECTIONS_REFUSED: &str = "sluice_connections_refused_total";
+pub const HEAD_BUDGET_REFUSED: &str = "sluice_head_budget_refused_total";
+pub const HEAD_BYTES_HELD: &str = "sluice_head_bytes_held";
 pub const PROXY_PROTOCOL_HEADERS: &str = "sluice_proxy_protocol_headers_total";
 pub const PROXY_PROTOCOL_REJECTED: &str = "sluice_proxy_protocol_rejected_total";
 pub const FORWARDED_FOR_IGNORED: &str = "sluice_forwarded_for_ignored_total";
@@ -195,6 +197,14 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         CONNECTIONS_REFUSED,
         "Traffic connections closed at once: server.max_connections were open, or max_connections_per_ip from the peer's address (label limit).",
+    ),
+    Metric::counter(
+        HEAD_BUDGET_REFUSED,
+        "Request heads refused (HTTP/2 streams answered 503, HTTP/1 connections answered 503 and closed) because they would have taken the connection, the client address or the process past server.request_heads (label reason: connection, client, total).",
+    ),
+    Metric::gauge(
+        HEAD_BYTES_HELD,
+        "Bytes of request heads held now, as server.request_heads counts them (HTTP/1 heads still arriving, HTTP/2 header lists of open streams).",
     ),
     Metric::counter(
         PROXY_PROTOCOL_HEADERS,

@@ -1,8 +1,12 @@
+use super::head::Refusal;
 use super::*;
+
+/// hyper's bound in these tests.
+const MAX_HEAD: usize = 64 * 1024;
 
 /// Feeds `input` in pieces of `step` bytes; returns what hyper would read.
 fn through(input: &[u8], step: usize) -> (Vec<u8>, Framing) {
-    let mut framing = Framing::new();
+    let mut framing = Framing::new(MAX_HEAD);
     let mut out = input.to_vec();
     for piece in out.chunks_mut(step.max(1)) {
         framing.inspect(piece);
@@ -67,7 +71,7 @@ POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n\
     each_split(good, |out, framing| {
         assert_eq!(framing.refused(), 0);
         assert_eq!(out, &good[..]);
-        assert_eq!(framing.state, State::Idle);
+        assert!(matches!(framing.state, State::Idle));
     });
     let mut smuggled = good.to_vec();
     smuggled.extend_from_slice(CL_AND_TE);
@@ -113,7 +117,7 @@ fn what_cannot_be_followed_is_left_to_hyper() {
         let (out, framing) = through(&bytes, 3);
         assert_eq!(framing.refused(), 0, "{:?}", String::from_utf8_lossy(input));
         assert_eq!(out, bytes);
-        assert_eq!(framing.state, State::Off);
+        assert!(matches!(framing.state, State::Off));
     }
 }
 
@@ -122,5 +126,205 @@ fn a_head_too_large_to_follow_stops_the_watch() {
     let mut head = b"GET / HTTP/1.1\r\nX: ".to_vec();
     head.resize(MAX_HEAD + 10, b'a');
     let (_, framing) = through(&head, 4096);
-    assert_eq!(framing.state, State::Off);
+    assert!(matches!(framing.state, State::Off));
+}
+
+// The reader against the whole-head reading it replaced (which kept a
+// copy of the head): the same verdict and the same end, however the head
+// is cut into reads.
+
+/// Heads built from pieces that exercise every rule: line endings, the
+/// three fields in any case and spacing, lengths that do and do not parse.
+fn heads() -> Vec<Vec<u8>> {
+    let request_lines: [&[u8]; 7] = [
+        b"GET / HTTP/1.1",
+        b"POST /a?b=c HTTP/1.0",
+        b"CONNECT a:443 HTTP/1.1",
+        b"connect a:443 HTTP/1.1",
+        b"GET  / HTTP/1.1",
+        b"GET / HTTP/2.0",
+        b"GET /x\ry HTTP/1.1",
+    ];
+    let fields: [&[u8]; 22] = [
+        b"Host: a",
+        b"Content-Length: 5",
+        b"content-length:5 ",
+        b"Content-Length: 5",
+        b"Content-Length: 6",
+        b"Content-Length: 0005",
+        b"Content-Length: +5",
+        b"Content-Length: 5 5",
+        b"Content-Length: 99999999999999999999999",
+        b"Content-Length:",
+        b"Transfer-Encoding: chunked",
+        b"transfer-encoding: gzip, CHUNKED  ",
+        b"Transfer-Encoding: chunked, gzip",
+        b"Transfer-Encoding: chun ked",
+        b"Transfer-Encoding:\tchunked\t",
+        b"Transfer-Encoding : chunked",
+        b"Upgrade: websocket",
+        b"upgrade:",
+        b"Cookie: a=b; c=d",
+        b"X-Long: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        b"Contentious: x",
+        b"no colon here",
+    ];
+    let endings: [&[u8]; 3] = [b"\r\n", b"\n", b"\r\r\n"];
+    let mut heads = Vec::new();
+    let mut seed = 7u64;
+    let mut next = |n: usize| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as usize % n
+    };
+    for _ in 0..4000 {
+        let mut head = request_lines[next(request_lines.len())].to_vec();
+        let ending = |n: usize| if n < 12 { endings[n % 3] } else { endings[0] };
+        head.extend_from_slice(ending(next(40)));
+        for _ in 0..next(5) {
+            head.extend_from_slice(fields[next(fields.len())]);
+            head.extend_from_slice(ending(next(40)));
+        }
+        head.extend_from_slice(ending(next(40)));
+        heads.push(head);
+    }
+    heads
+}
+
+#[test]
+fn the_reader_gives_the_verdict_of_a_whole_head_however_it_is_cut() {
+    let mut ended = 0;
+    for head in heads() {
+        // Where the blank line is, if there is one, and what it closes.
+        let expected = oracle_find_end(&[], &head).map(|end| (end, oracle_read_head(&head[..end])));
+        ended += usize::from(expected.is_some());
+        for step in [1, 2, 3, 7, head.len()] {
+            let mut reader = HeadReader::new();
+            let mut got = None;
+            for (n, piece) in head.chunks(step).enumerate() {
+                if let Some((used, verdict)) = reader.read(piece) {
+                    got = Some((n * step + used, verdict));
+                    break;
+                }
+            }
+            assert_eq!(
+                got,
+                expected,
+                "{:?} in reads of {step}",
+                String::from_utf8_lossy(&head)
+            );
+            let read = expected.as_ref().map_or(head.len(), |(end, _)| *end);
+            assert_eq!(reader.len(), read);
+        }
+    }
+    assert!(ended > 3000, "most heads end: {ended}");
+}
+
+/// Where the head ends in `rest`, given the head's last bytes `tail` before
+/// it: the count of bytes of `rest` through the blank line's LF.
+fn oracle_find_end(tail: &[u8], rest: &[u8]) -> Option<usize> {
+    // The byte `back` places before `rest[i]`, looking into `tail` when
+    // `rest` does not reach back that far.
+    let before = |i: usize, back: usize| -> Option<u8> {
+        match i.checked_sub(back) {
+            Some(j) => Some(rest[j]),
+            None => tail.len().checked_sub(back - i).map(|j| tail[j]),
+        }
+    };
+    let mut from = 0;
+    while let Some(found) = rest[from..].iter().position(|&b| b == b'\n') {
+        let i = from + found;
+        let blank = match before(i, 1) {
+            Some(b'\n') => true,
+            Some(b'\r') => before(i, 2) == Some(b'\n'),
+            _ => false,
+        };
+        if blank {
+            return Some(i + 1);
+        }
+        from = i + 1;
+    }
+    None
+}
+
+/// Reads a whole head (request line through the blank line).
+fn oracle_read_head(head: &[u8]) -> Head {
+    // Every line, without its LF; the last is the blank line.
+    let body = head.strip_suffix(b"\n").unwrap_or(head);
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut transfer_encoding = false;
+    let mut content_length = false;
+    let mut unfollowable = false;
+    for (n, line) in body.split(|&b| b == b'\n').enumerate() {
+        let Some(line) = line.strip_suffix(b"\r") else {
+            return Head::Refuse(Refusal::BareLineFeed);
+        };
+        if n == 0 {
+            let mut parts = line.split(|&b| b == b' ');
+            let method = parts.next().unwrap_or_default();
+            let version = parts.nth(1).unwrap_or_default();
+            if method == b"CONNECT" || !version.starts_with(b"HTTP/1.") {
+                unfollowable = true;
+            }
+            continue;
+        }
+        // Only three names matter; most lines are passed over at their
+        // first byte.
+        if !matches!(line.first(), Some(b'c' | b'C' | b't' | b'T' | b'u' | b'U')) {
+            continue;
+        }
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], oracle_trim(&line[colon + 1..]));
+        if name.eq_ignore_ascii_case(b"content-length") {
+            content_length = true;
+            // Digits only, as hyper reads a length (`+5` is none).
+            let parsed = std::str::from_utf8(value)
+                .ok()
+                .filter(|v| v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok());
+            match (parsed, length) {
+                (Some(v), None) => length = Some(v),
+                (Some(v), Some(prev)) if v == prev => {}
+                // Different or unreadable lengths: hyper refuses those.
+                _ => unfollowable = true,
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            transfer_encoding = true;
+            chunked = value
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|last| oracle_trim(last).eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            unfollowable = true;
+        }
+    }
+    if content_length && transfer_encoding {
+        return Head::Refuse(Refusal::ContentLengthAndTransferEncoding);
+    }
+    if unfollowable {
+        return Head::Unfollowable;
+    }
+    match (transfer_encoding, chunked, length) {
+        (true, true, _) => Head::Chunked,
+        // A coding other than a final `chunked`: hyper refuses it.
+        (true, false, _) => Head::Unfollowable,
+        (false, _, Some(n)) => Head::Length(n),
+        (false, _, None) => Head::Empty,
+    }
+}
+
+fn oracle_trim(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !matches!(b, b' ' | b'\t'))
+        .map_or(start, |e| e + 1);
+    &bytes[start..end.max(start)]
 }

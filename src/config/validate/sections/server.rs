@@ -10,7 +10,8 @@ use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, ScalarList};
 use crate::config::validate::check::{self, Checker};
 use crate::config::{
-    Http2, MinUploadRate, ProxyProtocol, Secret, ServerBoot, ServerLive, Tls, Underscores,
+    Http2, MinUploadRate, ProxyProtocol, RequestHeads, Secret, ServerBoot, ServerLive, Tls,
+    Underscores,
 };
 
 use super::*;
@@ -127,6 +128,12 @@ pub fn server(
         },
     );
     let http2 = http2(cx, &path.key("http2"), raw.http2.unwrap_or_default());
+    let request_heads = request_heads(
+        cx,
+        &path.key("request_heads"),
+        raw.request_heads.unwrap_or_default(),
+        max_header_bytes,
+    );
     let proxy_protocol = proxy_protocol(cx, &path.key("proxy_protocol"), raw.proxy_protocol);
     let paths = match raw.paths {
         None => Some(PathRules::default()),
@@ -169,6 +176,7 @@ pub fn server(
         max_connections: usize::try_from(max_connections?).ok()?,
         max_connections_per_ip: usize::try_from(max_connections_per_ip?).ok()?,
         http2: http2?,
+        request_heads: request_heads?,
         proxy_protocol: proxy_protocol?,
     };
     let live = ServerLive {
@@ -298,6 +306,61 @@ fn http2(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Http2) -> Option<Http2>
         max_concurrent_streams: u32::try_from(streams?).ok()?,
         max_pending_accept_reset_streams: usize::try_from(pending?).ok()?,
         max_local_error_reset_streams: usize::try_from(local?).ok()?,
+    })
+}
+
+/// `server.request_heads`: each bound at least the one inside it (a head
+/// of `max_header_bytes` fits a connection's, a connection's fits a
+/// client's, a client's the total), so none of them can refuse what
+/// another one allows. The defaults, and how they fit a pod's memory
+/// limit, are worked out in docs/OPERATIONS.md ("Memory").
+fn request_heads(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::RequestHeads,
+    max_header_bytes: Option<u64>,
+) -> Option<RequestHeads> {
+    const MAX: u64 = 1 << 40;
+    let at_least = |floor: Option<u64>, what: &'static str| {
+        move |s: &str| {
+            check::number(1, MAX)(s).and_then(|n| match floor {
+                Some(floor) if n < floor => Err(format!("{n} is below {what} ({floor})")),
+                _ => Ok(n),
+            })
+        }
+    };
+    let per_connection = cx.defaulted(
+        path,
+        &keys::SERVER_REQUEST_HEADS_PER_CONNECTION,
+        raw.per_connection.as_ref(),
+        at_least(max_header_bytes, "server.max_header_bytes"),
+    );
+    let total = cx.defaulted(
+        path,
+        &keys::SERVER_REQUEST_HEADS_TOTAL,
+        raw.total.as_ref(),
+        check::number(1, MAX),
+    );
+    let per_client_default = total.map_or(1, |t| (t / 4).max(1));
+    let per_client = cx.optional(
+        &path.key("per_client"),
+        raw.per_client.as_ref(),
+        per_client_default.max(per_connection.unwrap_or(0)),
+        at_least(per_connection, "per_connection"),
+    );
+    let (per_client, total) = (per_client?, total?);
+    if total < per_client {
+        cx.error(
+            &path.key("total"),
+            At::Key,
+            format!("{total} is below per_client ({per_client})"),
+        );
+        return None;
+    }
+    Some(RequestHeads {
+        per_connection: usize::try_from(per_connection?).ok()?,
+        per_client: usize::try_from(per_client).ok()?,
+        total: usize::try_from(total).ok()?,
     })
 }
 

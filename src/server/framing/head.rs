@@ -1,0 +1,350 @@
+//! One HTTP/1 request head, read as its bytes arrive, never copied.
+//!
+//! hyper already holds every byte of a head that spans reads in its own
+//! buffer; a second copy here would double what a slow client makes
+//! sluice hold. So the head is read line by line as it passes, keeping
+//! only what the verdict needs: how each line ends, the method and
+//! version, and the value of the few fields that decide the framing
+//! (`Content-Length`, the last coding of `Transfer-Encoding`, whether
+//! `Upgrade` is there), each in a few bytes of fixed size.
+
+/// What a whole head says about the request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Head {
+    /// Refused: hyper must not take it.
+    Refuse(Refusal),
+    /// Followed by a body of this framing.
+    Length(u64),
+    Chunked,
+    /// No body.
+    Empty,
+    /// Cannot be followed (an upgrade, `CONNECT`, not HTTP/1).
+    Unfollowable,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    ContentLengthAndTransferEncoding,
+    BareLineFeed,
+}
+
+const TRANSFER_ENCODING: &[u8] = b"transfer-encoding";
+
+/// The count of `bytes` before the first one `stop` is true of (all of
+/// them if none is).
+fn memchr(bytes: &[u8], stop: impl Fn(u8) -> bool) -> usize {
+    bytes.iter().position(|&b| stop(b)).unwrap_or(bytes.len())
+}
+
+/// A head being read: everything kept is of fixed size.
+#[derive(Debug, Clone)]
+pub struct HeadReader {
+    /// Bytes of the head so far (what hyper holds of it).
+    len: usize,
+    /// The line being read is the request line.
+    first_line: bool,
+    /// Bytes of the current line so far, its LF aside.
+    line_len: usize,
+    /// A CR that may be the one ending the line: held back until the next
+    /// byte says whether it is.
+    cr: bool,
+    line: Line,
+    bare_lf: bool,
+    content_length: bool,
+    length: Option<u64>,
+    transfer_encoding: bool,
+    chunked: bool,
+    unfollowable: bool,
+}
+
+/// What the current line is being read as.
+#[derive(Debug, Clone)]
+enum Line {
+    /// The request line: which space-separated part (method 0, target 1,
+    /// version 2, ...) and the first bytes of the method and the version.
+    Request {
+        part: usize,
+        method: Small<8>,
+        version: Small<8>,
+    },
+    /// A field line's name, up to its colon.
+    Name(Small<17>),
+    /// The value of a field that does not matter here, or a line with no
+    /// colon.
+    Skip,
+    ContentLength(Number),
+    /// The last comma-separated coding so far, leading whitespace left
+    /// out, a run of inner or trailing whitespace kept as one space.
+    TransferEncoding {
+        coding: Small<8>,
+        space: bool,
+    },
+}
+
+/// A `Content-Length` value read digit by digit: `None` once it cannot be
+/// a length (overflow, a byte that is no digit, digits after a space).
+#[derive(Debug, Clone, Copy)]
+struct Number {
+    value: Option<u64>,
+    digits: bool,
+    ended: bool,
+}
+
+/// The first `N` bytes of something, and its whole length.
+#[derive(Debug, Clone, Copy)]
+struct Small<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Small<N> {
+    const EMPTY: Small<N> = Small {
+        bytes: [0; N],
+        len: 0,
+    };
+
+    fn push(&mut self, byte: u8) {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = byte;
+        }
+        self.len += 1;
+    }
+
+    /// Equal to `other` in whole (`other` no longer than `N`).
+    fn is(&self, other: &[u8]) -> bool {
+        self.len == other.len()
+            && self
+                .bytes
+                .get(..self.len)
+                .is_some_and(|bytes| bytes.eq_ignore_ascii_case(other))
+    }
+
+    /// Equal to `other`, byte for byte.
+    fn equals(&self, other: &[u8]) -> bool {
+        self.len == other.len() && self.bytes.get(..self.len) == Some(other)
+    }
+
+    /// Begins with `prefix`, byte for byte.
+    fn starts_with(&self, prefix: &[u8]) -> bool {
+        self.len >= prefix.len() && self.bytes.get(..prefix.len()) == Some(prefix)
+    }
+}
+
+impl Default for HeadReader {
+    fn default() -> Self {
+        HeadReader::new()
+    }
+}
+
+impl HeadReader {
+    pub fn new() -> HeadReader {
+        HeadReader {
+            len: 0,
+            first_line: true,
+            line_len: 0,
+            cr: false,
+            line: Line::Request {
+                part: 0,
+                method: Small::EMPTY,
+                version: Small::EMPTY,
+            },
+            bare_lf: false,
+            content_length: false,
+            length: None,
+            transfer_encoding: false,
+            chunked: false,
+            unfollowable: false,
+        }
+    }
+
+    /// Bytes of the head read so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Reads `bytes`, the head's next ones; the count of them that ends
+    /// the head (through the blank line's LF) and its verdict, or `None`
+    /// when the head goes on past them.
+    pub fn read(&mut self, bytes: &[u8]) -> Option<(usize, Head)> {
+        let mut i = 0;
+        while let Some(&byte) = bytes.get(i) {
+            // Bytes that cannot change the verdict (most of a head: the
+            // target, every field but three) are passed over in a run,
+            // minding only whether the last of them is a CR.
+            let run = self.run(&bytes[i..]);
+            if run > 0 {
+                self.len += run;
+                self.line_len += run;
+                self.cr = bytes[i + run - 1] == b'\r';
+                i += run;
+                continue;
+            }
+            self.len += 1;
+            i += 1;
+            if byte != b'\n' {
+                if self.cr {
+                    // The CR held back was inside the line.
+                    self.content(b'\r');
+                }
+                self.cr = byte == b'\r';
+                if !self.cr {
+                    self.content(byte);
+                }
+                self.line_len += 1;
+                continue;
+            }
+            if !self.cr {
+                self.bare_lf = true;
+            }
+            // A line with nothing but its line ending is the blank one.
+            let blank = self.line_len == usize::from(self.cr);
+            if blank && !self.first_line {
+                return Some((i, self.verdict()));
+            }
+            self.end_line();
+        }
+        None
+    }
+
+    /// How many of `rest`'s first bytes may be passed over: up to the
+    /// line's end in a line that cannot matter, up to the next space in
+    /// the request target.
+    fn run(&self, rest: &[u8]) -> usize {
+        match self.line {
+            Line::Skip => memchr(rest, |b| b == b'\n'),
+            Line::Request { part: 1, .. } => memchr(rest, |b| b == b' ' || b == b'\n'),
+            _ => 0,
+        }
+    }
+
+    /// One byte of a line's content (its final CR and LF aside).
+    fn content(&mut self, byte: u8) {
+        match &mut self.line {
+            Line::Request {
+                part,
+                method,
+                version,
+            } => match (byte, *part) {
+                (b' ', _) => *part += 1,
+                (_, 0) => method.push(byte),
+                (_, 2) => version.push(byte),
+                _ => {}
+            },
+            Line::Name(name) => {
+                if byte != b':' {
+                    // Only names beginning so can be one of the three.
+                    let first = name.len == 0;
+                    name.push(byte);
+                    if first && !matches!(byte, b'c' | b'C' | b't' | b'T' | b'u' | b'U')
+                        || name.len > TRANSFER_ENCODING.len()
+                    {
+                        self.line = Line::Skip;
+                    }
+                    return;
+                }
+                self.line = if name.is(b"content-length") {
+                    self.content_length = true;
+                    Line::ContentLength(Number {
+                        value: Some(0),
+                        digits: false,
+                        ended: false,
+                    })
+                } else if name.is(TRANSFER_ENCODING) {
+                    self.transfer_encoding = true;
+                    Line::TransferEncoding {
+                        coding: Small::EMPTY,
+                        space: false,
+                    }
+                } else {
+                    if name.is(b"upgrade") {
+                        self.unfollowable = true;
+                    }
+                    Line::Skip
+                };
+            }
+            Line::Skip => {}
+            Line::ContentLength(number) => number.push(byte),
+            Line::TransferEncoding { coding, space } => match byte {
+                b',' => {
+                    *coding = Small::EMPTY;
+                    *space = false;
+                }
+                b' ' | b'\t' => *space = coding.len > 0,
+                _ => {
+                    if std::mem::take(space) {
+                        coding.push(b' ');
+                    }
+                    coding.push(byte);
+                }
+            },
+        }
+    }
+
+    /// The line just ended (at its LF).
+    fn end_line(&mut self) {
+        match &self.line {
+            Line::Request {
+                method, version, ..
+            } => {
+                if method.equals(b"CONNECT") || !version.starts_with(b"HTTP/1.") {
+                    self.unfollowable = true;
+                }
+            }
+            Line::ContentLength(number) => match (number.length(), self.length) {
+                (Some(v), None) => self.length = Some(v),
+                (Some(v), Some(prev)) if v == prev => {}
+                // Different or unreadable lengths: hyper refuses those.
+                _ => self.unfollowable = true,
+            },
+            Line::TransferEncoding { coding, .. } => {
+                // The last field's last coding decides.
+                self.chunked = coding.is(b"chunked");
+            }
+            Line::Name(_) | Line::Skip => {}
+        }
+        self.first_line = false;
+        self.line_len = 0;
+        self.cr = false;
+        self.line = Line::Name(Small::EMPTY);
+    }
+
+    fn verdict(&self) -> Head {
+        if self.bare_lf {
+            return Head::Refuse(Refusal::BareLineFeed);
+        }
+        if self.content_length && self.transfer_encoding {
+            return Head::Refuse(Refusal::ContentLengthAndTransferEncoding);
+        }
+        if self.unfollowable {
+            return Head::Unfollowable;
+        }
+        match (self.transfer_encoding, self.chunked, self.length) {
+            (true, true, _) => Head::Chunked,
+            // A coding other than a final `chunked`: hyper refuses it.
+            (true, false, _) => Head::Unfollowable,
+            (false, _, Some(n)) => Head::Length(n),
+            (false, _, None) => Head::Empty,
+        }
+    }
+}
+
+impl Number {
+    fn push(&mut self, byte: u8) {
+        match byte {
+            b' ' | b'\t' => self.ended = self.digits,
+            b'0'..=b'9' if !self.ended => {
+                let digit = u64::from(byte - b'0');
+                self.value = self
+                    .value
+                    .and_then(|v| v.checked_mul(10))
+                    .and_then(|v| v.checked_add(digit));
+                self.digits = true;
+            }
+            _ => self.value = None,
+        }
+    }
+
+    fn length(&self) -> Option<u64> {
+        self.value.filter(|_| self.digits)
+    }
+}

@@ -109,7 +109,7 @@ fn the_product_example_parses_into_domain_values() {
     assert_eq!(c.boot.server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(c.live.server.body_idle_timeout, Duration::from_secs(30));
     assert_eq!(c.boot.server.send_timeout, Duration::from_secs(60));
-    assert_eq!(c.boot.server.max_header_bytes, 65_536);
+    assert_eq!(c.boot.server.max_header_bytes, 32_768);
     assert_eq!(c.boot.server.workers, 0);
 
     assert_eq!(c.live.upstream.url.to_string(), "http://127.0.0.1:3000/");
@@ -635,8 +635,16 @@ fn omitted_keys_take_their_documented_defaults() {
         })
     );
     assert_eq!(c.boot.server.send_timeout, Duration::from_secs(60));
-    assert_eq!(c.boot.server.max_header_bytes, 65_536);
+    assert_eq!(c.boot.server.max_header_bytes, 32_768);
     assert_eq!(c.boot.server.workers, 0);
+    assert_eq!(
+        c.boot.server.request_heads,
+        RequestHeads {
+            per_connection: 512 << 10,
+            per_client: 4 << 20,
+            total: 16 << 20,
+        }
+    );
     let StoreKind::Memory(memory) = &c.boot.store.kind else {
         panic!("memory store is the default")
     };
@@ -654,6 +662,42 @@ fn omitted_keys_take_their_documented_defaults() {
     assert!(c.live.policies.is_empty() && c.live.routes.is_empty());
     // No `default:`: unmatched requests are forwarded unlimited.
     assert!(c.live.default.limits.is_empty());
+}
+
+#[test]
+fn request_head_budgets_nest_and_a_client_budget_follows_the_total() {
+    let base =
+        "version: 1\nserver: { listen: 127.0.0.1:0, max_header_bytes: 16384, request_heads: ";
+    let load = |heads: &str| {
+        parse(&format!(
+            "{base}{heads} }}\nupstream: {{ url: http://127.0.0.1:1 }}\n"
+        ))
+    };
+    let c = load("{ per_connection: 100000, total: 1000000 }").expect("valid");
+    assert_eq!(c.boot.server.request_heads.per_client, 250_000);
+    let c = load("{ per_connection: 600000, total: 1000000 }").expect("valid");
+    assert_eq!(
+        c.boot.server.request_heads.per_client, 600_000,
+        "never below a connection's"
+    );
+    for (heads, message) in [
+        (
+            "{ per_connection: 8192 }",
+            "server.request_heads.per_connection: 8192 is below server.max_header_bytes (16384)",
+        ),
+        (
+            "{ per_connection: 65536, per_client: 32768 }",
+            "server.request_heads.per_client: 32768 is below per_connection (65536)",
+        ),
+        (
+            "{ per_connection: 20000, per_client: 200000, total: 100000 }",
+            "server.request_heads.total: 100000 is below per_client (200000)",
+        ),
+        ("{ totl: 1 }", "totl"),
+    ] {
+        let errors = load(heads).expect_err(heads).to_string();
+        assert!(errors.contains(message), "{heads}: {errors}");
+    }
 }
 
 #[test]

@@ -83,6 +83,8 @@ pub async fn serve(
     let proxy_headers = Arc::new(proxied::Counters::new());
     let pending_header = PerPeer::new(settings.max_connections_per_ip);
     let mut trim = Trim::default();
+    let mut heads_check = tokio::time::interval(Duration::from_secs(1));
+    heads_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let heads = heads::Budget::new(heads::Limits {
         per_connection: settings.request_heads.per_connection,
         per_client: settings.request_heads.per_client,
@@ -95,6 +97,11 @@ pub async fn serve(
             () = &mut shutdown => break,
             () = tokio::time::sleep_until(trim.due().unwrap_or_else(Instant::now)), if trim.due().is_some() => {
                 if trim.fire(Instant::now()) {
+                    trim::release_freed_memory();
+                }
+            }
+            _ = heads_check.tick() => {
+                if trim.held(heads.held(), Instant::now()) {
                     trim::release_freed_memory();
                 }
             }

@@ -8,9 +8,13 @@
 //! malloc setting (arena count, trim threshold, top pad) bounded it. One
 //! `malloc_trim(0)` gives it all back. A trim holds malloc's locks while
 //! it walks the heaps (a few ms, tens right after a large flood), so it
-//! runs only when a flood has ended: the open connections fell to a
-//! quarter of a high of at least [`FLOOD`], at most once per
-//! [`SPACING`], on a blocking thread.
+//! runs only when a flood has ended, at most once per [`SPACING`], on a
+//! blocking thread. A flood is what clients made sluice hold, by either
+//! measure: the open connections, or the bytes of request heads held
+//! (HTTP/2 streams held open on a few connections take as much as a
+//! connection flood, with no connection count to show it). It has ended
+//! when the measure fell to a quarter of a high of at least [`FLOOD`]
+//! connections or [`FLOOD_BYTES`] bytes.
 
 use std::time::Duration;
 
@@ -18,6 +22,10 @@ use tokio::time::Instant;
 
 /// Fewer connections than this at their high were no flood worth a trim.
 pub const FLOOD: usize = 512;
+
+/// Fewer bytes of request heads than this at their high were no flood
+/// worth a trim (with their streams' own state, tens of MB).
+pub const FLOOD_BYTES: usize = 4 << 20;
 
 /// At most one trim this often.
 pub const SPACING: Duration = Duration::from_secs(10);
@@ -27,6 +35,8 @@ pub const SPACING: Duration = Duration::from_secs(10);
 pub struct Trim {
     /// The most connections open since the last trim.
     high: usize,
+    /// The most bytes of request heads held since the last trim.
+    high_bytes: usize,
     last: Option<Instant>,
     /// A flood ended within [`SPACING`] of the last trim: trim then.
     pending: bool,
@@ -40,6 +50,17 @@ impl Trim {
         let ended = self.high >= FLOOD && open <= self.high / 4;
         if ended {
             self.high = open;
+            self.pending = true;
+        }
+        self.fire(now)
+    }
+
+    /// `held` bytes of request heads are held now (read every second);
+    /// `true` when the freed memory should be given back now.
+    pub fn held(&mut self, held: usize, now: Instant) -> bool {
+        self.high_bytes = self.high_bytes.max(held);
+        if self.high_bytes >= FLOOD_BYTES && held <= self.high_bytes / 4 {
+            self.high_bytes = held;
             self.pending = true;
         }
         self.fire(now)
@@ -114,5 +135,24 @@ mod tests {
         assert!(!trim.fire(start + Duration::from_secs(3)));
         assert!(trim.fire(start + SPACING));
         assert_eq!(trim.due(), None);
+    }
+
+    #[test]
+    fn a_flood_of_held_heads_trims_once_it_has_ended() {
+        let start = Instant::now();
+        let mut trim = Trim::default();
+        // Steady heads never trim.
+        for held in [0, 100_000, 2 << 20, 0] {
+            assert!(!trim.held(held, start));
+        }
+        // Streams pile up on a few connections, then go.
+        assert!(!trim.held(30 << 20, start));
+        assert!(!trim.held(10 << 20, start));
+        assert!(trim.held(5 << 20, start), "down to a quarter of the high");
+        // The rest going is worth another trim, once spaced.
+        assert!(!trim.held(0, start));
+        assert_eq!(trim.due(), Some(start + SPACING));
+        assert!(trim.fire(start + SPACING));
+        assert!(!trim.held(0, start + SPACING * 2), "nothing held, no flood");
     }
 }

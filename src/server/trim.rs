@@ -24,8 +24,8 @@ use tokio::time::Instant;
 pub const FLOOD: usize = 512;
 
 /// Fewer bytes of request heads than this at their high were no flood
-/// worth a trim (with their streams' own state, tens of MB).
-pub const FLOOD_BYTES: usize = 4 << 20;
+/// worth a trim.
+pub const FLOOD_BYTES: usize = 1 << 20;
 
 /// At most one trim this often.
 pub const SPACING: Duration = Duration::from_secs(10);
@@ -142,7 +142,7 @@ mod tests {
         let start = Instant::now();
         let mut trim = Trim::default();
         // Steady heads never trim.
-        for held in [0, 100_000, 2 << 20, 0] {
+        for held in [0, 100_000, 900_000, 0] {
             assert!(!trim.held(held, start));
         }
         // Streams pile up on a few connections, then go.

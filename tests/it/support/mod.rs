@@ -11,6 +11,7 @@
 //!
 //! Each test file compiles this module on its own and uses only part of it.
 
+pub mod cgroup;
 pub mod client;
 pub mod faults;
 pub mod ops;

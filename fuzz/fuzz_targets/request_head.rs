@@ -4,13 +4,16 @@
 //! - `check_head`: an accepted `Host` (and an absolute-form authority) is
 //!   a valid RFC 3986 `host [":" port]` with a port of at most 65535; an
 //!   accepted request has at most one `Host`, a lower-case-free method that
-//!   is not CONNECT, and at most one transfer-coding, `chunked`.
+//!   is not CONNECT, and at most one transfer-coding, `chunked`; a target
+//!   of `*` is accepted only with OPTIONS. An HTTP/2 input is also checked
+//!   as hyper hands an HTTP/2 request over: the target as `:path` beside a
+//!   scheme and an `:authority`, where `:path: *` looks like absolute form.
 //! - `check_connection` / `check_identity_headers`: a refusal names a
 //!   header that really is relied on; an acceptance means none is.
 //! - `client_ip`: the right-most untrusted `X-Forwarded-For` entry behind
 //!   trusted peers, the peer otherwise (checked against a second reading).
 //! - `methods`: the wire method comes first and every override names a
-//!   method of letters and `-`; `*` is accepted only with OPTIONS.
+//!   method of letters and `-`.
 //! - `credentials`: an `Authorization` value read twice reads the same.
 //! - `path::normalize`: the forwarded form is absolute, has no dot segment
 //!   (nor `//` when slashes are merged), and normalizes to itself.
@@ -20,14 +23,15 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use arbitrary::Arbitrary;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, TRANSFER_ENCODING};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Uri, Version};
 use ipnet::IpNet;
 use libfuzzer_sys::fuzz_target;
-use sluice::route::SubjectSource;
 use sluice::fuzzing::{
     check_connection, check_head, check_identity_headers, credentials, methods, Invalid,
 };
 use sluice::path::{normalize, EscapedSlashes, PathParameters, PathRules};
+use sluice::route::SubjectSource;
 use sluice::subject::client_ip;
 
 /// Names the checks read, most of the time; any name otherwise.
@@ -187,6 +191,63 @@ fn believed(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> Option<IpAd
     Some(client)
 }
 
+/// The URI hyper gives an HTTP/2 request whose `:path` is `target`: h2
+/// keeps `:scheme` beside an `:authority` (here the `Host` value when it is
+/// one, as a client sending both would have them agree), so the path,
+/// `*` included, arrives with a scheme and an authority. `None` for a
+/// `:path` h2 itself refuses.
+fn http2_uri(target: &[u8], headers: &HeaderMap) -> Option<Uri> {
+    if target.is_empty() {
+        return None;
+    }
+    let authority = headers
+        .get(HOST)
+        .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+        .unwrap_or(Authority::from_static("app.test"));
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(authority);
+    parts.path_and_query = Some(PathAndQuery::try_from(target).ok()?);
+    Uri::from_parts(parts).ok()
+}
+
+/// What an accepted head must hold.
+fn accepted(method: &Method, version: Version, uri: &Uri, headers: &HeaderMap) {
+    assert_ne!(method, Method::CONNECT);
+    assert!(!method.as_str().bytes().any(|b| b.is_ascii_lowercase()));
+    let hosts: Vec<_> = headers.get_all(HOST).iter().collect();
+    assert!(hosts.len() <= 1);
+    if let Some(host) = hosts.first() {
+        assert!(valid_authority(host.as_bytes()), "accepted Host {host:?}");
+    }
+    if let Some(authority) = uri.authority() {
+        assert!(uri.scheme().is_some(), "authority-form {uri}");
+        assert!(
+            valid_authority(authority.as_str().as_bytes()),
+            "accepted {uri}"
+        );
+    }
+    if version == Version::HTTP_11 {
+        assert_eq!(hosts.len(), 1);
+    }
+    // In any form: hyper hands `:path: *` over with a scheme and an
+    // authority.
+    if uri.path() == "*" {
+        assert_eq!(
+            method,
+            Method::OPTIONS,
+            "accepted {method} {uri} ({version:?})"
+        );
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let codings = members(headers, TRANSFER_ENCODING);
+        assert!(
+            codings.len() == 1 && codings[0].eq_ignore_ascii_case(b"chunked"),
+            "accepted {codings:?}"
+        );
+    }
+}
+
 fn check_path(raw: &str, rules: &PathRules) {
     let Ok(normal) = normalize(raw, rules) else {
         return;
@@ -236,32 +297,13 @@ fuzz_target!(|input: Input| {
 
     if let Some(method) = method(&input.method) {
         if check_head(&method, version, &uri, &headers).is_ok() {
-            assert_ne!(method, Method::CONNECT);
-            assert!(!method.as_str().bytes().any(|b| b.is_ascii_lowercase()));
-            let hosts: Vec<_> = headers.get_all(HOST).iter().collect();
-            assert!(hosts.len() <= 1);
-            if let Some(host) = hosts.first() {
-                assert!(valid_authority(host.as_bytes()), "accepted Host {host:?}");
-            }
-            if let Some(authority) = uri.authority() {
-                assert!(uri.scheme().is_some(), "authority-form {uri}");
-                assert!(
-                    valid_authority(authority.as_str().as_bytes()),
-                    "accepted {uri}"
-                );
-            }
-            if version == Version::HTTP_11 {
-                assert_eq!(hosts.len(), 1);
-            }
-            if uri.path() == "*" && uri.scheme().is_none() {
-                assert_eq!(method, Method::OPTIONS, "accepted {method} *");
-            }
-            if headers.contains_key(TRANSFER_ENCODING) {
-                let codings = members(&headers, TRANSFER_ENCODING);
-                assert!(
-                    codings.len() == 1 && codings[0].eq_ignore_ascii_case(b"chunked"),
-                    "accepted {codings:?}"
-                );
+            accepted(&method, version, &uri, &headers);
+        }
+        if version == Version::HTTP_2 {
+            if let Some(uri) = http2_uri(&input.target, &headers) {
+                if check_head(&method, version, &uri, &headers).is_ok() {
+                    accepted(&method, version, &uri, &headers);
+                }
             }
         }
     }
@@ -273,7 +315,10 @@ fuzz_target!(|input: Input| {
                 assert_eq!(found.next(), Some(&method));
                 for other in found {
                     assert!(
-                        other.as_str().bytes().all(|b| b.is_ascii_uppercase() || b == b'-'),
+                        other
+                            .as_str()
+                            .bytes()
+                            .all(|b| b.is_ascii_uppercase() || b == b'-'),
                         "override {other}"
                     );
                 }

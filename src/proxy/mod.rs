@@ -12,7 +12,8 @@
 //! - `upstream`: everything between sluice and the app (the exchange, the
 //!   pooled connections, the response head limits, the upstream timer,
 //!   upgrades) and the one map of upstream failures.
-//! - `respond`: every synthetic response (400, 408, 429, 501, 502, 503, 504).
+//! - `respond`: every synthetic response (200 to `OPTIONS *`, 400, 408,
+//!   429, 501, 502, 503, 504).
 //! - `runtime`: what one request runs under (live configuration, route
 //!   table, per-route metric handles and prepared answers), swapped whole
 //!   on reload.

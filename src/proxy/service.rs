@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::config::{Live, Underscores};
 use crate::limit::{Decision, LimitPolicy};
 use crate::path;
-use crate::route::{Limit, Route};
+use crate::route::{Limit, PathMatch, Route};
 use crate::store::in_flight::{InFlight, Permit};
 use crate::store::{Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
@@ -147,7 +147,8 @@ impl Proxy {
             drop_underscored,
             ..
         } = match routed {
-            Ok(routed) => routed,
+            Ok(Destination::Routes(routed)) => routed,
+            Ok(Destination::Sluice) => return respond::server_options(),
             Err(invalid) => return refuse(&invalid),
         };
         if drop_underscored {
@@ -441,6 +442,18 @@ pub(super) struct Routed<'r> {
     pub methods: Methods,
 }
 
+/// Where a request that passed every check goes.
+// Made once a request and matched at once, as `Routed` alone was: boxing
+// it would allocate on every request to spare a move.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Destination<'r> {
+    /// To the routes it matched, and on to the app if they let it through.
+    Routes(Routed<'r>),
+    /// `OPTIONS *` that no route asks for: sluice, the server the client
+    /// reached, answers it ([`respond::server_options`]).
+    Sluice,
+}
+
 /// Everything a request goes through before a store is asked: the head
 /// checks, the identity headers, the methods it may run as, the path
 /// normalized and routed, and every limit's subject resolved. The proxy
@@ -453,7 +466,7 @@ pub(super) fn prepare<'r>(
     uri: &Uri,
     headers: &HeaderMap,
     peer: IpAddr,
-) -> Result<Routed<'r>, Invalid> {
+) -> Result<Destination<'r>, Invalid> {
     headers::check_head(method, version, uri, headers)?;
     let live = &*runtime.live;
     let identity = runtime.routes.identity_headers();
@@ -461,6 +474,16 @@ pub(super) fn prepare<'r>(
     headers::check_identity_headers(headers, identity)?;
     let fold = underscored && live.server.underscores == Underscores::Allow;
     let methods = overrides::methods(method, headers, uri.query(), fold)?;
+    if headers::is_asterisk(uri) {
+        // The head check saw the wire method only: an app honouring an
+        // override would run `OPTIONS *` as `DELETE *`, that is `/*`.
+        if methods.iter().any(|m| *m != Method::OPTIONS) {
+            return Err(Invalid::AsteriskForm);
+        }
+        if !asterisk_routed(runtime) {
+            return Ok(Destination::Sluice);
+        }
+    }
     let (matched, rewritten) = route(runtime, &methods, uri, live)?;
 
     // Every subject is resolved before anything is charged, so a
@@ -511,13 +534,23 @@ pub(super) fn prepare<'r>(
             });
         }
     }
-    Ok(Routed {
+    Ok(Destination::Routes(Routed {
         matched,
         rewritten,
         checks,
         drop_underscored: underscored && live.server.underscores == Underscores::Drop,
         methods,
-    })
+    }))
+}
+
+/// Whether `OPTIONS *` goes to the app: only when the route it matches
+/// names `*` as its path. A route for any path (the default, a route
+/// without `path`) was written for the app's resources, and `*` is none:
+/// forwarded under it, `OPTIONS *` would reach an app that may read it as
+/// `/*` while counting against a route that never meant it.
+fn asterisk_routed(runtime: &Runtime) -> bool {
+    let route = runtime.routes.route(&Method::OPTIONS, "*");
+    matches!(&route.matcher.path, PathMatch::Exact(path) if path == "*")
 }
 
 /// The routes a request matched: one per distinct route its methods

@@ -304,28 +304,48 @@ async fn case_insensitive_routes_limit_what_express_routes_in_any_case() {
     assert_eq!(upstream.count(), 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_asterisk_target_is_for_options_alone_on_http1_and_http2() {
-    let upstream = Upstream::start().await;
-    let sluice = Sidecar::start(&config(&upstream, "", "", DELETE_ROUTE));
-    for method in ["GET", "POST", "DELETE", "HEAD", "PUT"] {
-        let response = send(&sluice, &format!("{method} * HTTP/1.1")).await;
-        assert_eq!(response.status, 400, "{method} *");
-    }
-    assert_eq!(upstream.count(), 0);
-    assert_eq!(send(&sluice, "OPTIONS * HTTP/1.1").await.status, 200);
-    let seen = upstream.last().expect("OPTIONS *");
-    assert_eq!((seen.method.as_str(), seen.path.as_str()), ("OPTIONS", "*"));
+/// One catch-all route: the limit every request reaching the app is meant
+/// to count against.
+const CATCH_ALL: &str =
+    "  - { name: everything, match: { path_prefix: / }, subject: client_ip, policy: three }\n";
 
-    for (method, want) in [(http::Method::GET, 400), (http::Method::POST, 400)] {
-        let status = h2_asterisk(&sluice, method.clone()).await;
-        assert_eq!(status, want, "HTTP/2 {method} *");
-    }
-    assert_eq!(upstream.count(), 1);
+/// `head` sent on its own connection: the status, the head and the body
+/// its `Content-Length` announces.
+async fn h1_exchange(sluice: &Sidecar, head: &str) -> (u16, String, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("{head}\r\nHost: app.test\r\nContent-Length: 0\r\n\r\n");
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(sluice.addr())
+            .await
+            .expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let (head, mut body) = support::read_head(&mut stream).await;
+        let length = support::content_length(&head).unwrap_or_else(|| panic!("{head}"));
+        while body.len() < length {
+            let mut chunk = [0u8; 1024];
+            let n = stream.read(&mut chunk).await.expect("read the body");
+            assert!(n > 0, "the body was cut short: {head}");
+            body.extend_from_slice(&chunk[..n]);
+        }
+        (support::parse_status(&head), head, body)
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("an answer in time")
 }
 
-/// An HTTP/2 request with `:path: *`, which hyper's client cannot write.
-async fn h2_asterisk(sluice: &Sidecar, method: http::Method) -> u16 {
+/// An HTTP/2 request whose `:path` is exactly `*`, which hyper's client
+/// cannot write; h2 sends the URI's parts as they are. With `authority`,
+/// as browsers and curl send it: `:scheme`, `:authority` and `:path`, which
+/// hyper hands sluice as a URI with a scheme, an authority and the path
+/// `*`. Without, `:scheme` alone (h2 adds `http` to a request with no
+/// authority) and a `Host` field.
+async fn h2_asterisk(
+    sluice: &Sidecar,
+    method: http::Method,
+    authority: bool,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, Vec<u8>) {
     let tcp = tokio::net::TcpStream::connect(sluice.addr())
         .await
         .expect("connect");
@@ -333,21 +353,164 @@ async fn h2_asterisk(sluice: &Sidecar, method: http::Method) -> u16 {
     tokio::spawn(async move {
         let _ = connection.await;
     });
-    let request = http::Request::builder()
-        .method(method)
-        .uri("*")
-        .header("host", "app.test")
-        .body(())
-        .expect("request");
-    let mut client = client.ready().await.expect("ready");
-    let (response, _) = client.send_request(request, true).expect("send");
-    let response = tokio::time::timeout(Duration::from_secs(10), response)
-        .await
-        .expect("an answer in time");
-    match response {
-        Ok(response) => response.status().as_u16(),
-        Err(error) => panic!("HTTP/2 *: {error}"),
+    let mut request = http::Request::builder().method(method.clone());
+    request = if authority {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(http::uri::Authority::from_static("app.test"));
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
+        request.uri(http::Uri::from_parts(parts).expect("a URI"))
+    } else {
+        request.uri("*").header("host", "app.test")
+    };
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
+    let request = request.body(()).expect("request");
+    let exchange = async {
+        let mut client = client.ready().await.expect("ready");
+        let (response, _) = client.send_request(request, true).expect("send");
+        let response = response
+            .await
+            .unwrap_or_else(|e| panic!("HTTP/2 {method} *: {e}"));
+        let (head, mut body) = response.into_parts();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("the body");
+            let _ = body.flow_control().release_capacity(chunk.len());
+            bytes.extend_from_slice(&chunk);
+        }
+        (head.status.as_u16(), head.headers, bytes)
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("an answer in time")
+}
+
+async fn refused_as_asterisk(sluice: &Sidecar) -> f64 {
+    let admin = sluice.admin_addr().expect("an admin listener");
+    let text = support::ops::scrape(admin).await;
+    let labels = [("reason", "asterisk_form")];
+    support::ops::metric(&text, "sluice_requests_refused_total", &labels).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asterisk_target_is_for_options_alone_on_http1_and_http2() {
+    let upstream = Upstream::start().await;
+    let admin = "  admin: 127.0.0.1:0\n";
+    let sluice = Sidecar::start(&config(&upstream, admin, "", CATCH_ALL));
+    let (status, _, http1_body) = h1_exchange(&sluice, "GET * HTTP/1.1").await;
+    assert_eq!(status, 400);
+    let problem: serde_json::Value = serde_json::from_slice(&http1_body).expect("a problem");
+    assert_eq!(
+        problem["detail"],
+        "a request-target of * is for OPTIONS only"
+    );
+    for method in ["POST", "DELETE", "HEAD", "PUT"] {
+        let response = send(&sluice, &format!("{method} * HTTP/1.1")).await;
+        assert_eq!(response.status, 400, "{method} *: {}", response.head);
+    }
+    let mut refused = 5;
+
+    // HTTP/2, as every client sends it (with `:authority`) and without:
+    // the same 400 and the same problem, counted under the same reason.
+    for authority in [true, false] {
+        for method in ["GET", "POST", "DELETE", "PUT", "PATCH"] {
+            let method = http::Method::from_bytes(method.as_bytes()).expect("a method");
+            let (status, headers, body) =
+                h2_asterisk(&sluice, method.clone(), authority, &[]).await;
+            let what = format!("HTTP/2 {method} * (authority: {authority})");
+            assert_eq!(status, 400, "{what}");
+            assert_eq!(
+                headers["content-type"], "application/problem+json",
+                "{what}"
+            );
+            assert_eq!(body, http1_body, "{what}");
+            refused += 1;
+        }
+    }
+    assert_eq!(upstream.count(), 0, "{:?}", upstream.requests());
+    assert_eq!(refused_as_asterisk(&sluice).await, f64::from(refused));
+
+    // The catch-all still limits every path, `/*` included.
+    for _ in 0..3 {
+        assert_eq!(send(&sluice, "GET /* HTTP/1.1").await.status, 200);
+    }
+    assert_eq!(send(&sluice, "GET /* HTTP/1.1").await.status, 429);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_asterisk_is_answered_by_sluice_and_never_forwarded() {
+    let upstream = Upstream::start().await;
+    let admin = "  admin: 127.0.0.1:0\n";
+    let sluice = Sidecar::start(&config(&upstream, admin, "", CATCH_ALL));
+    // More than the catch-all's three: none of them is counted, since
+    // none reaches the app.
+    for _ in 0..4 {
+        let (status, head, body) = h1_exchange(&sluice, "OPTIONS * HTTP/1.1").await;
+        assert_eq!(status, 200, "{head}");
+        let allow = head.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("allow").then(|| value.trim())
+        });
+        assert_eq!(
+            allow,
+            Some("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
+            "{head}"
+        );
+        assert_eq!(support::content_length(&head), Some(0), "{head}");
+        assert!(body.is_empty());
+    }
+    for authority in [true, false] {
+        let (status, headers, body) =
+            h2_asterisk(&sluice, http::Method::OPTIONS, authority, &[]).await;
+        let what = format!("HTTP/2 OPTIONS * (authority: {authority})");
+        assert_eq!(status, 200, "{what}");
+        assert_eq!(
+            headers["allow"], "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS",
+            "{what}"
+        );
+        assert_eq!(headers["content-length"], "0", "{what}");
+        assert!(body.is_empty(), "{what}");
+    }
+    assert_eq!(upstream.count(), 0, "{:?}", upstream.requests());
+
+    // Overridden to another method, it is that method's `*`: an app that
+    // honours the override would run it as `/*`.
+    let head = "OPTIONS * HTTP/1.1\r\nX-HTTP-Method-Override: POST";
+    assert_eq!(h1_exchange(&sluice, head).await.0, 400);
+    let overridden = [("x-http-method-override", "DELETE")];
+    let (status, _, _) = h2_asterisk(&sluice, http::Method::OPTIONS, true, &overridden).await;
+    assert_eq!(status, 400);
+    assert_eq!(upstream.count(), 0, "{:?}", upstream.requests());
+    assert_eq!(refused_as_asterisk(&sluice).await, 2.0);
+    // The catch-all's quota is whole.
+    for _ in 0..3 {
+        assert_eq!(send(&sluice, "GET /x HTTP/1.1").await.status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_asterisk_reaches_the_app_under_a_route_written_for_it() {
+    let upstream = Upstream::start().await;
+    let server_route = "  - { name: server, match: { methods: [OPTIONS], path: \"*\" }, subject: client_ip, policy: three }\n";
+    let routes = format!("{server_route}{CATCH_ALL}");
+    let sluice = Sidecar::start(&config(&upstream, "", "", &routes));
+    for n in 0..3 {
+        let (status, head, _) = h1_exchange(&sluice, "OPTIONS * HTTP/1.1").await;
+        assert_eq!(status, 200, "{head}");
+        assert_eq!(upstream.count(), n + 1);
+    }
+    assert_eq!(upstream.last().expect("forwarded").path, "*");
+    // Counted under its own route: the fourth is over its limit of three,
+    // the catch-all untouched.
+    assert_eq!(h1_exchange(&sluice, "OPTIONS * HTTP/1.1").await.0, 429);
+    let (status, _, _) = h2_asterisk(&sluice, http::Method::OPTIONS, true, &[]).await;
+    assert_eq!(status, 429);
+    // Any other method on `*` is still refused.
+    assert_eq!(h1_exchange(&sluice, "GET * HTTP/1.1").await.0, 400);
+    assert_eq!(send(&sluice, "GET /x HTTP/1.1").await.status, 200);
+    assert_eq!(upstream.count(), 4);
 }
 
 const CLAIMS: &str = "\r\nX-Real-IP: 6.6.6.6\r\nTrue-Client-IP: 6.6.6.7\r\nCF-Connecting-IP: 6.6.6.8\r\nForwarded: for=6.6.6.9";

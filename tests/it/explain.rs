@@ -275,6 +275,59 @@ async fn a_request_the_proxy_refuses_is_explained_as_refused() {
 }
 
 #[tokio::test]
+async fn an_asterisk_target_is_explained_as_the_wire_answers_it() {
+    let upstream = Upstream::start().await;
+    let catch_all =
+        "  - { name: everything, match: { path_prefix: / }, subject: client_ip, policy: login }\n";
+    let yaml = format!("{}{catch_all}", memory_yaml(&upstream));
+    let sluice = Sidecar::start(&yaml);
+    let (dir, config) = write_config(&yaml);
+    let offline = |described: &Value| {
+        let file = dir.path().join("asterisk.json");
+        std::fs::write(&file, described.to_string()).expect("write the request");
+        let args = [
+            "check",
+            "--config",
+            config.to_str().expect("a UTF-8 path"),
+            "--explain",
+            file.to_str().expect("a UTF-8 path"),
+        ];
+        let (code, stdout, stderr) = run_binary(&args, &[]);
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str::<Value>(&stdout).expect("JSON on stdout")
+    };
+    for method in ["GET", "POST", "DELETE"] {
+        let described = json!({"method": method, "path": "*"});
+        for explained in [explain(&sluice, &described).await, offline(&described)] {
+            assert_eq!(explained["answer"]["status"], 400, "{explained}");
+            assert_eq!(
+                explained["refused"]["label"], "asterisk_form",
+                "{explained}"
+            );
+        }
+        let wire = format!("{method} * HTTP/1.1\r\nHost: app\r\nContent-Length: 0\r\n\r\n");
+        let answered = support::raw_exchange(sluice.addr(), wire.as_bytes()).await;
+        assert_eq!(answered.status, 400, "{}", answered.head);
+    }
+    let described = json!({"method": "OPTIONS", "path": "*"});
+    for explained in [explain(&sluice, &described).await, offline(&described)] {
+        let answer = &explained["answer"];
+        assert_eq!(answer["status"], 200, "{explained}");
+        assert_eq!(answer["outcome"], "answered", "{explained}");
+        assert_eq!(answer["forwarded"], false, "{explained}");
+        assert_eq!(
+            answer["allow"],
+            "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"
+        );
+        assert!(explained.get("routes").is_none(), "{explained}");
+    }
+    let wire = b"OPTIONS * HTTP/1.1\r\nHost: app\r\n\r\n";
+    let answered = support::raw_exchange(sluice.addr(), wire).await;
+    assert_eq!(answered.status, 200, "{}", answered.head);
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
 async fn a_malformed_explain_body_is_refused_with_a_json_error() {
     let upstream = Upstream::start().await;
     let sluice = Sidecar::start(&memory_yaml(&upstream));

@@ -487,6 +487,11 @@ fn normal_path(s: &str, rules: &PathRules) -> Result<String, String> {
 
 /// `/login` (exact) or `/users/{id}` (a template).
 fn exact_path(s: &str, rules: &PathRules) -> Result<PathMatch, String> {
+    // `OPTIONS *` (the server, not a resource) goes to the app only under
+    // a route written for it: sluice answers it otherwise.
+    if s == "*" {
+        return Ok(PathMatch::Exact(s.to_owned()));
+    }
     check_path(s)?;
     if !s.contains(['{', '}']) {
         return Ok(PathMatch::Exact(normal_path(s, rules)?));

@@ -34,9 +34,10 @@ use crate::subject::{Pseudonym, Resolved};
 
 use super::fallback::Fallback;
 use super::headers::Invalid;
+use super::respond;
 use super::runtime::Runtime;
 use super::service::plan::{self, Action, Judgement, Rated, Step};
-use super::service::{self, Check};
+use super::service::{self, Check, Destination};
 use super::verdict::{Failure, Verdict};
 
 pub use request::{BadDescription, Described, DEFAULT_PEER, MAX_BODY};
@@ -94,7 +95,11 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         described.peer,
     );
     let routed = match routed {
-        Ok(routed) => routed,
+        Ok(Destination::Routes(routed)) => routed,
+        Ok(Destination::Sluice) => {
+            out.insert("answer".to_owned(), answered_by_sluice());
+            return Value::Object(out);
+        }
         Err(invalid) => {
             let (refused, answer) = refused(&invalid);
             out.insert("refused".to_owned(), refused);
@@ -516,6 +521,17 @@ fn refused(invalid: &Invalid) -> (Value, Value) {
         "why": format!("refused before routing: {}", invalid.reason()),
     });
     (refused, answer)
+}
+
+/// `OPTIONS *` that sluice answers itself, on either protocol.
+fn answered_by_sluice() -> Value {
+    json!({
+        "status": 200,
+        "outcome": "answered",
+        "forwarded": false,
+        "allow": respond::SERVER_ALLOW,
+        "why": "OPTIONS * asks about the server, not a resource, and no route has path \"*\": sluice answers it (200, Allow), nothing is charged or forwarded",
+    })
 }
 
 /// Seconds, to the millisecond.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::config::Config;
+use crate::config::{Config, Live};
 use crate::store::memory::MemoryStore;
 use crate::store::{Evaluation, EvaluationId};
 use crate::subject::PseudonymKey;
@@ -13,6 +13,11 @@ use crate::subject::PseudonymKey;
 /// `/shadow` under a shadow limit of 1, `/open` unlimited, the rest by
 /// `x-api-key` under a limit of 2; no pseudonym key unless `key`.
 fn runtime(key: bool) -> Runtime {
+    Runtime::new(Arc::new(live(key)), PseudonymKey::new(b"explain-tests", 1))
+}
+
+/// The configuration of [`runtime`].
+fn live(key: bool) -> Live {
     let identity = if key {
         "identity: { pseudonym_key: \"0123456789abcdef0123456789abcdef\" }\n"
     } else {
@@ -32,11 +37,10 @@ routes:
   - {{ name: keyed, match: {{ path_prefix: / }}, subject: \"header:x-api-key\", policy: two }}
 "
     );
-    let live = match Config::parse(Path::new("explain.yaml"), &yaml) {
+    match Config::parse(Path::new("explain.yaml"), &yaml) {
         Ok(config) => config.live,
         Err(errors) => panic!("{errors}"),
-    };
-    Runtime::new(Arc::new(live), PseudonymKey::new(b"explain-tests", 1))
+    }
 }
 
 fn described(body: Value) -> Described {
@@ -161,5 +165,87 @@ fn the_explanation_quotes_no_identity() {
                 assert!(!text.contains(raw), "{raw} in {text}");
             }
         }
+    }
+}
+
+/// A description of `method *` as it reaches the proxy: HTTP/1's asterisk
+/// form, or HTTP/2's `:path: *` beside `:authority`, which hyper hands over
+/// with a scheme and an authority.
+fn asterisk(method: &str, http2: bool, headers: Value) -> Described {
+    let mut described = described(json!({"method": method, "path": "*", "headers": headers}));
+    if http2 {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(http::uri::Authority::from_static("localhost"));
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
+        described.uri = http::Uri::from_parts(parts).expect("an HTTP/2 URI");
+    }
+    described
+}
+
+fn run_described(runtime: &Runtime, source: Source<'_>, described: &Described) -> Value {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(explain(runtime, source, described))
+}
+
+#[test]
+fn an_asterisk_target_is_explained_as_the_wire_answers_it_on_either_protocol() {
+    // The catch-all `keyed` route (`path_prefix: /`) is no route for `*`.
+    let (runtime, store) = (runtime(true), store());
+    let fallback = Fallback::for_sidecar();
+    for http2 in [false, true] {
+        for source in [Source::Store(&store, &fallback), Source::Offline] {
+            for method in ["GET", "POST", "DELETE"] {
+                let out = run_described(&runtime, source, &asterisk(method, http2, json!({})));
+                assert_eq!(out["refused"]["label"], "asterisk_form", "{out}");
+                assert_eq!(out["answer"]["status"], 400, "{out}");
+                assert_eq!(out["answer"]["forwarded"], false);
+            }
+            let out = run_described(&runtime, source, &asterisk("OPTIONS", http2, json!({})));
+            assert_eq!(out["answer"]["status"], 200, "{out}");
+            assert_eq!(out["answer"]["outcome"], "answered", "{out}");
+            assert_eq!(out["answer"]["forwarded"], false);
+            assert_eq!(out["answer"]["allow"], respond::SERVER_ALLOW);
+            assert!(out.get("routes").is_none(), "{out}");
+            assert!(out.get("refused").is_none(), "{out}");
+            // Overridden to another method, it is that method's `*`.
+            let overridden = asterisk(
+                "OPTIONS",
+                http2,
+                json!({"X-HTTP-Method-Override": "DELETE"}),
+            );
+            let out = run_described(&runtime, source, &overridden);
+            assert_eq!(out["refused"]["label"], "asterisk_form", "{out}");
+        }
+    }
+}
+
+#[test]
+fn options_asterisk_goes_to_a_route_whose_path_is_the_asterisk() {
+    // Validation refuses `path: "*"` (paths start with `/`): the route
+    // table is given one directly, in the form a route's exact path takes.
+    let mut live = live(true);
+    live.routes[1].matcher.path = crate::route::PathMatch::Exact("*".to_owned());
+    let runtime = Runtime::new(Arc::new(live), PseudonymKey::new(b"explain-tests", 1));
+    let store = store();
+    for http2 in [false, true] {
+        let out = run_described(
+            &runtime,
+            Source::Store(&store, &Fallback::for_sidecar()),
+            &asterisk("OPTIONS", http2, json!({})),
+        );
+        assert_eq!(out["routes"][0]["route"], "open", "{out}");
+        assert_eq!(out["answer"]["outcome"], "unlimited", "{out}");
+        assert_eq!(out["answer"]["forwarded"], true);
+        // Still OPTIONS alone: the route's path does not make `GET *` one.
+        let out = run_described(
+            &runtime,
+            Source::Offline,
+            &asterisk("GET", http2, json!({})),
+        );
+        assert_eq!(out["refused"]["label"], "asterisk_form", "{out}");
     }
 }

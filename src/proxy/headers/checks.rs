@@ -53,8 +53,9 @@ pub enum Invalid {
     ForwardedFor,
     /// A method-override header sent twice, or naming no method.
     MethodOverride,
-    /// A request-target of `*` with another method than OPTIONS (RFC
-    /// 9112 §3.2.4).
+    /// A request-target of `*` (HTTP/1) or a `:path` of `*` (HTTP/2)
+    /// with another method than OPTIONS (RFC 9112 §3.2.4, RFC 9113
+    /// §8.3.1), the wire method or one it is overridden to.
     AsteriskForm,
     /// A header name with `_`, under `server.headers_with_underscores:
     /// reject`.
@@ -152,8 +153,10 @@ pub fn check_head(
     }
     // `*` names the server, not a resource: only OPTIONS may ask it. Any
     // other method would reach a catch-all route of the app as `/*`
-    // (Werkzeug) while no sluice route matched it.
-    if origin && uri.path() == "*" && method != Method::OPTIONS {
+    // (Werkzeug) while no sluice route matched it. Not only in origin
+    // form: hyper gives an HTTP/2 request with `:authority` a scheme and
+    // an authority, so `:path: *` arrives looking like absolute form.
+    if is_asterisk(uri) && method != Method::OPTIONS {
         return Err(Invalid::AsteriskForm);
     }
     match version {
@@ -178,6 +181,13 @@ pub fn check_head(
         },
     }
     check_transfer_coding(headers)
+}
+
+/// Whether the request-target is `*`: HTTP/1's asterisk form, or an
+/// HTTP/2 `:path` of `*` with or without `:authority`. No other target has
+/// the path `*` (every other path starts with `/`), whatever its form.
+pub fn is_asterisk(uri: &Uri) -> bool {
+    uri.path() == "*"
 }
 
 /// `host [ ":" port ]` as RFC 9110 §7.2 allows it: a reg-name of

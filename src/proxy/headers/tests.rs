@@ -513,6 +513,46 @@ fn request_targets_are_origin_or_absolute_form() {
     }
 }
 
+/// `:path: *` as hyper hands it over: h2 keeps `:scheme` only beside an
+/// `:authority`, so a client that sends one (every browser and curl does)
+/// gives a URI with a scheme, an authority and the path `*`.
+fn h2_asterisk(authority: Option<&str>) -> Uri {
+    let mut parts = http::uri::Parts::default();
+    if let Some(authority) = authority {
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(authority.parse().unwrap());
+    }
+    parts.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
+    Uri::from_parts(parts).unwrap()
+}
+
+#[test]
+fn an_http2_asterisk_path_is_for_options_alone_with_or_without_authority() {
+    let v = Version::HTTP_2;
+    let h = headers(&[]);
+    for uri in [h2_asterisk(Some("app.test")), h2_asterisk(None)] {
+        assert_eq!(uri.path(), "*");
+        let h = if uri.authority().is_some() {
+            h.clone()
+        } else {
+            headers(&[("host", "app.test")])
+        };
+        assert_eq!(check_head(&Method::OPTIONS, v, &uri, &h), Ok(()), "{uri}");
+        for method in [Method::GET, Method::POST, Method::DELETE, Method::HEAD] {
+            assert_eq!(
+                check_head(&method, v, &uri, &h),
+                Err(Invalid::AsteriskForm),
+                "{method} {uri}"
+            );
+        }
+    }
+    assert!(is_asterisk(&h2_asterisk(Some("app.test"))));
+    assert!(is_asterisk(&"*".parse().unwrap()));
+    for not in ["/*", "http://app.test/*", "/", "http://app.test"] {
+        assert!(!is_asterisk(&not.parse().unwrap()), "{not}");
+    }
+}
+
 #[test]
 fn http2_cookie_fields_become_one_line() {
     let mut h = headers(&[("cookie", "a=1"), ("cookie", "b=2"), ("cookie", "c=3")]);

@@ -222,6 +222,22 @@ async fn gateway_errors_are_problems_without_route() {
     }
 }
 
+#[tokio::test]
+async fn options_asterisk_is_answered_with_allow_and_no_body() {
+    let response = server_options();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers();
+    assert_eq!(headers["allow"], SERVER_ALLOW);
+    assert_eq!(headers["content-length"], "0");
+    // Every method listed is one sluice passes on: CONNECT is refused.
+    for method in SERVER_ALLOW.split(", ") {
+        let method = http::Method::from_bytes(method.as_bytes()).unwrap();
+        assert_ne!(method, http::Method::CONNECT);
+    }
+    assert!(SERVER_ALLOW.split(", ").any(|m| m == "OPTIONS"));
+    assert!(bytes(response).await.is_empty());
+}
+
 async fn bytes(response: Response<Body>) -> Bytes {
     response.into_body().collect().await.unwrap().to_bytes()
 }

@@ -139,9 +139,9 @@ keys! { ALL:
         "of those, at most this many from one peer address (IPv6: one /64)";
     SERVER_PROXY_PROTOCOL: "server.proxy_protocol", "`v1`, `v2` or a list", Value("[]"), Restart,
         "read a PROXY protocol header from peers in `identity.trusted_proxies`";
-    SERVER_REQUEST_HEADS_PER_CONNECTION: "server.request_heads.per_connection", "number", Value("524288"), Restart,
-        "bytes of request heads one connection may hold at once (HTTP/2: its open streams' header lists, 2 KiB more a stream); at least `max_header_bytes`";
-    SERVER_REQUEST_HEADS_PER_CLIENT: "server.request_heads.per_client", "number", Derived("a quarter of `total`"), Restart,
+    SERVER_REQUEST_HEADS_PER_CONNECTION: "server.request_heads.per_connection", "number", Value("2097152"), Restart,
+        "bytes of request heads one connection may hold at once (HTTP/1: a head still arriving; HTTP/2: its open streams' header lists, 16 KiB more a stream); at least `max_header_bytes`";
+    SERVER_REQUEST_HEADS_PER_CLIENT: "server.request_heads.per_client", "number", Derived("a quarter of `total`, at least `per_connection`"), Restart,
         "the same for all the connections of one client address (IPv6: one /64); at least `per_connection`";
     SERVER_REQUEST_HEADS_TOTAL: "server.request_heads.total", "number", Value("16777216"), Restart,
         "the same for every connection at once; at least `per_client`; see the memory formula in docs/OPERATIONS.md";

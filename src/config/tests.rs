@@ -640,7 +640,7 @@ fn omitted_keys_take_their_documented_defaults() {
     assert_eq!(
         c.boot.server.request_heads,
         RequestHeads {
-            per_connection: 512 << 10,
+            per_connection: 2 << 20,
             per_client: 4 << 20,
             total: 16 << 20,
         }

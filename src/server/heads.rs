@@ -32,10 +32,13 @@ use crate::telemetry;
 
 use super::per_peer::Held;
 
-/// What one HTTP/2 stream costs beyond its header list: h2's stream
-/// state, the request's task and its exchange with the app (measured,
-/// `bench/headflood.py`, rounded up).
-pub const STREAM_COST: usize = 4 * 1024;
+/// What one HTTP/2 stream is charged beyond its header list: h2's stream
+/// state, the request's task and its exchange with the app, an upstream
+/// connection of its own among them. Measured at about 24 KB of RSS a
+/// held stream with a 150-byte list (and 61 KB with a 30 KB one), so with
+/// the list's own bytes every held stream costs about 1.5 times what it is
+/// charged (docs/OPERATIONS.md, "Memory").
+pub const STREAM_COST: usize = 16 * 1024;
 
 /// At most one WARN this often, however many heads are refused.
 pub const WARN_EVERY: Duration = Duration::from_secs(10);

@@ -758,6 +758,7 @@ RESTART_CHANGES = {
     "server.shutdown_delay": sluice_config({"server": {"shutdown_delay": "3s"}}),
     "server.max_connections": sluice_config({"server": {"max_connections": 5000}}),
     "server.http2": sluice_config({"server": {"http2": {"max_concurrent_streams": 64}}}),
+    "server.request_heads": sluice_config({"server": {"request_heads": {"total": 8388608}}}),
     "upstream.connect_timeout": sluice_config({"upstream": {"connect_timeout": "2s"}}),
     "traffic port": {"sluice": {"ports": {"traffic": 8081}}},
     "pseudonym key secret": {"sluice": {"secrets": {"pseudonymKey": {"secretName": "keys"}}}},

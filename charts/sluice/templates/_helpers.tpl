@@ -310,7 +310,7 @@ changing them does not roll the pods: sluice reloads the mounted file.
 {{- $upstream := default (dict) (index $cfg "upstream") }}
 {{- $store := default (dict) (index $cfg "store") }}
 {{- $restart := dict
-  "server" (pick $server "listen" "admin" "tls" "shutdown_delay" "shutdown_grace" "header_read_timeout" "max_header_bytes" "workers" "idle_timeout" "send_timeout" "max_connections" "max_connections_per_ip" "http2" "proxy_protocol")
+  "server" (pick $server "listen" "admin" "tls" "shutdown_delay" "shutdown_grace" "header_read_timeout" "max_header_bytes" "workers" "idle_timeout" "send_timeout" "max_connections" "max_connections_per_ip" "http2" "request_heads" "proxy_protocol")
   "upstream" (pick $upstream "connect_timeout")
   "store" (omit $store "budget" "on_failure" "local_share" "failure_retry_after")
 }}

@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
 seconds="${FUZZ_SECONDS:-60}"
-read -r -a targets <<<"${FUZZ_TARGETS:-config request_head script_reply ratelimit_fields proxy_header}"
+read -r -a targets <<<"${FUZZ_TARGETS:-config request_head script_reply ratelimit_fields proxy_header framing}"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "== installing cargo-fuzz"

@@ -50,6 +50,7 @@ pub mod fuzzing {
         check_connection, check_head, check_identity_headers, Invalid,
     };
     pub use crate::proxy::overrides::methods;
+    pub use crate::server::framing::Framing;
     pub use crate::server::proxy_protocol::{parse as parse_proxy_header, Parsed, MAX_HEADER};
     pub use crate::store::redis::reply::{
         decode as decode_reply, decode_frame as decode_reply_frame, Malformed, Reply,

@@ -17,7 +17,7 @@
 
 pub mod accept;
 mod beside;
-mod framing;
+pub(crate) mod framing;
 pub mod heads;
 mod listener;
 mod per_peer;

@@ -46,6 +46,24 @@ use crate::telemetry;
 const POOL_IDLE: Duration = Duration::from_secs(90);
 /// How often connections idle for longer are closed.
 const REAP_EVERY: Duration = Duration::from_secs(30);
+/// At most this many idle connections are kept (nginx's `keepalive`
+/// caches a set number too): past it the longest idle is closed. A flood
+/// of held requests opens a connection each, and each keeps the buffers
+/// its request head grew (up to `max_header_bytes`) for as long as it is
+/// kept: unbounded, those would stay for [`POOL_IDLE`] after the flood.
+/// Steady traffic needs about as many as it has requests in flight.
+const MAX_IDLE: usize = 256;
+
+/// Pushes `item` at the back of `list`, and takes the front off when
+/// `list` is then longer than `max`.
+fn push_bounded<T>(list: &mut VecDeque<T>, item: T, max: usize) -> Option<T> {
+    list.push_back(item);
+    if list.len() > max {
+        list.pop_front()
+    } else {
+        None
+    }
+}
 
 /// The connections to the upstream.
 pub(super) struct Pool {
@@ -197,11 +215,14 @@ impl Pool {
     }
 
     fn put(&self, authority: Authority, sender: SendRequest<Body>) {
-        self.idle().push_back(Idle {
+        let idle = Idle {
             authority,
             sender,
             since: Instant::now(),
-        });
+        };
+        let closed = push_bounded(&mut self.idle(), idle, MAX_IDLE);
+        // Closed outside the lock.
+        drop(closed);
     }
 
     /// Closes the connections idle for longer than [`POOL_IDLE`] (the
@@ -396,6 +417,18 @@ mod tests {
 
     fn uri(s: &str) -> Uri {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_idle_list_keeps_the_most_recent_up_to_its_bound() {
+        let mut list = VecDeque::new();
+        for n in 0..3 {
+            assert_eq!(push_bounded(&mut list, n, 3), None);
+        }
+        // The longest idle goes; the most recent is taken first.
+        assert_eq!(push_bounded(&mut list, 3, 3), Some(0));
+        assert_eq!(list, [1, 2, 3]);
+        assert_eq!(list.pop_back(), Some(3));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 """Instructions per request, by stage, for each of sluice's paths.
 
     python3 bench/profile.py [--sluice target/release/sluice] [--seconds 6] [--keep]
+        [--label TEXT] [--stem profile]
 
 Runs one sluice (release build, `server.workers: 1`) under
 `valgrind --tool=callgrind` in front of nginx `return 200`, with Redis on
@@ -15,7 +16,8 @@ For each path it prints instructions per request in total and, inclusive,
 for the stages of the request path: the self cost of every function, grouped
 by where its code lives (sluice's modules, the crates), so the stages add
 up to the total. Written to
-`bench/results/profile.md` and `.json`.
+`bench/results/profile.md` and `.json` (`--stem NAME`: `NAME.md` and
+`NAME.json`, to keep a committed profile while measuring another build).
 """
 
 import argparse
@@ -270,6 +272,7 @@ def main():
     ap.add_argument("--conns", type=int, default=8)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--label", default="")
+    ap.add_argument("--stem", default="profile", help="write bench/results/STEM.md and STEM.json")
     args = ap.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="sluice-profile-")
@@ -317,12 +320,12 @@ def main():
         results["nginx"] = profile_nginx(procs, workdir, upstream.port, args.seconds, args.conns)
     finally:
         procs.stop_all()
-    write(results)
+    write(results, args.stem)
     if not args.keep:
         subprocess.run(["rm", "-rf", workdir])
 
 
-def write(results):
+def write(results, stem="profile"):
     lines = ["# Instructions per request, by stage (callgrind)", ""]
     if results["label"]:
         lines += [f"Build: {results['label']}", ""]
@@ -345,9 +348,9 @@ def write(results):
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
-    with open(os.path.join(BENCH, "results", "profile.md"), "w") as f:
+    with open(os.path.join(BENCH, "results", stem + ".md"), "w") as f:
         f.write(text)
-    with open(os.path.join(BENCH, "results", "profile.json"), "w") as f:
+    with open(os.path.join(BENCH, "results", stem + ".json"), "w") as f:
         json.dump(results, f, indent=1)
 
 

@@ -75,8 +75,13 @@ pub struct Limits {
 pub struct Budget {
     limits: Limits,
     held: AtomicUsize,
+    /// The most held at once since [`Budget::high_since`] last read it: a
+    /// flood on a fast path holds its heads for a moment only, between two
+    /// readings of `held`.
+    high: AtomicUsize,
     held_gauge: metrics::Gauge,
     refused: [metrics::Counter; 3],
+    refusals: AtomicUsize,
     last_warning: Mutex<Option<Instant>>,
 }
 
@@ -88,8 +93,10 @@ impl Budget {
         Arc::new(Budget {
             limits,
             held: AtomicUsize::new(0),
+            high: AtomicUsize::new(0),
             held_gauge: metrics::gauge!(telemetry::HEAD_BYTES_HELD),
             refused,
+            refusals: AtomicUsize::new(0),
             last_warning: Mutex::new(None),
         })
     }
@@ -97,6 +104,18 @@ impl Budget {
     /// Bytes held now, by every connection.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes held at once since the last call (at least what is
+    /// held now).
+    pub fn high_since(&self) -> usize {
+        let held = self.held();
+        self.high.swap(held, Ordering::Relaxed).max(held)
+    }
+
+    /// Heads refused since start.
+    pub fn refusals(&self) -> usize {
+        self.refusals.load(Ordering::Relaxed)
     }
 
     /// Sets the gauge to what is held now.
@@ -118,6 +137,7 @@ impl Budget {
     /// Counts a refusal; logs it unless one was logged lately.
     fn refused(&self, over: Over) {
         self.refused[over as usize].increment(1);
+        self.refusals.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let mut last = sync::lock(&self.last_warning);
         if last.is_some_and(|at| now < at + WARN_EVERY) {
@@ -170,6 +190,7 @@ impl Connection {
             (client, limits.per_client, Over::Client),
             (&self.budget.held, limits.total, Over::Total),
         ];
+        let mut total = 0;
         for (i, (held, limit, over)) in steps.iter().enumerate() {
             let before = held.fetch_add(bytes, Ordering::Relaxed);
             if before + bytes > *limit {
@@ -179,7 +200,9 @@ impl Connection {
                 self.budget.refused(*over);
                 return Err(*over);
             }
+            total = before + bytes;
         }
+        self.budget.high.fetch_max(total, Ordering::Relaxed);
         self.budget.show();
         Ok(())
     }

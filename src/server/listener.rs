@@ -101,7 +101,9 @@ pub async fn serve(
                 }
             }
             _ = heads_check.tick() => {
-                if trim.held(heads.held(), Instant::now()) {
+                let now = Instant::now();
+                let held = trim.held(heads.high_since(), heads.held(), now);
+                if held || trim.refusals(heads.refusals(), connections.len(), now) {
                     trim::release_freed_memory();
                 }
             }
@@ -399,11 +401,20 @@ impl Connection {
                 // An HTTP/2 stream's header list is held as long as its
                 // exchange runs: charged first, refused at once past the
                 // budget (an HTTP/1 head was charged while it arrived).
+                // This runs as h2 hands the stream over, before its task
+                // is spawned: a refused stream's request is dropped here,
+                // not held by a task waiting its turn behind a burst of
+                // thousands.
                 let charge = match request.version() {
                     Version::HTTP_2 => heads
                         .charge(heads::header_list_size(&request) + heads::STREAM_COST)
                         .map(Some),
                     _ => Ok(None),
+                };
+                let admitted = match charge {
+                    Ok(charge) => Ok((charge, request)),
+                    // `request` is dropped as this closure returns.
+                    Err(over) => Err(over),
                 };
                 let proxy = proxy.clone();
                 // Read as the request begins: one that began before the
@@ -411,8 +422,8 @@ impl Connection {
                 // the next one is told to close.
                 let closing = winding_down.load(Ordering::Relaxed);
                 async move {
-                    let charge = match charge {
-                        Ok(charge) => charge,
+                    let (charge, request) = match admitted {
+                        Ok(admitted) => admitted,
                         Err(over) => return Ok(respond::over_head_budget(over)),
                     };
                     let response = proxy.handle(request, &info).await;

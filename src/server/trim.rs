@@ -14,7 +14,10 @@
 //! (HTTP/2 streams held open on a few connections take as much as a
 //! connection flood, with no connection count to show it). It has ended
 //! when the measure fell to a quarter of a high of at least [`FLOOD`]
-//! connections or [`FLOOD_BYTES`] bytes.
+//! connections or [`FLOOD_BYTES`] bytes. A flood the budget refused may
+//! hold little of it for long (its heads refused at once) and still have
+//! grown its connections' buffers: it has ended when, after refusals, a
+//! quarter of the connections open then have closed.
 
 use std::time::Duration;
 
@@ -37,6 +40,11 @@ pub struct Trim {
     high: usize,
     /// The most bytes of request heads held since the last trim.
     high_bytes: usize,
+    /// Heads refused for the budget, as last read.
+    refusals: usize,
+    /// The most connections open since heads were last refused (0: none
+    /// refused since that flood was trimmed).
+    refused_open: usize,
     last: Option<Instant>,
     /// A flood ended within [`SPACING`] of the last trim: trim then.
     pending: bool,
@@ -55,12 +63,27 @@ impl Trim {
         self.fire(now)
     }
 
-    /// `held` bytes of request heads are held now (read every second);
-    /// `true` when the freed memory should be given back now.
-    pub fn held(&mut self, held: usize, now: Instant) -> bool {
-        self.high_bytes = self.high_bytes.max(held);
+    /// `held` bytes of request heads are held now, and at most `high` were
+    /// since the last reading (read every second); `true` when the freed
+    /// memory should be given back now.
+    pub fn held(&mut self, high: usize, held: usize, now: Instant) -> bool {
+        self.high_bytes = self.high_bytes.max(high).max(held);
         if self.high_bytes >= FLOOD_BYTES && held <= self.high_bytes / 4 {
             self.high_bytes = held;
+            self.pending = true;
+        }
+        self.fire(now)
+    }
+
+    /// `refusals` heads have been refused for the budget since start, and
+    /// `open` connections are open (read every second); `true` when the
+    /// freed memory should be given back now.
+    pub fn refusals(&mut self, refusals: usize, open: usize, now: Instant) -> bool {
+        if refusals != self.refusals {
+            self.refusals = refusals;
+            self.refused_open = self.refused_open.max(open).max(1);
+        } else if self.refused_open > 0 && open <= self.refused_open * 3 / 4 {
+            self.refused_open = 0;
             self.pending = true;
         }
         self.fire(now)
@@ -143,16 +166,35 @@ mod tests {
         let mut trim = Trim::default();
         // Steady heads never trim.
         for held in [0, 100_000, 900_000, 0] {
-            assert!(!trim.held(held, start));
+            assert!(!trim.held(held, held, start));
         }
         // Streams pile up on a few connections, then go.
-        assert!(!trim.held(30 << 20, start));
-        assert!(!trim.held(10 << 20, start));
-        assert!(trim.held(5 << 20, start), "down to a quarter of the high");
+        assert!(!trim.held(30 << 20, 30 << 20, start));
+        assert!(!trim.held(30 << 20, 10 << 20, start));
+        assert!(trim.held(10 << 20, 5 << 20, start), "down to a quarter of the high");
         // The rest going is worth another trim, once spaced.
-        assert!(!trim.held(0, start));
+        assert!(!trim.held(5 << 20, 0, start));
         assert_eq!(trim.due(), Some(start + SPACING));
         assert!(trim.fire(start + SPACING));
-        assert!(!trim.held(0, start + SPACING * 2), "nothing held, no flood");
+        assert!(!trim.held(0, 0, start + SPACING * 2), "nothing held, no flood");
+        // A flood on a fast path: its heads come and go between readings,
+        // and only the high since the last reading shows it.
+        assert!(trim.held(8 << 20, 0, start + SPACING * 3));
+        assert_eq!(trim.due(), None);
+    }
+
+    #[test]
+    fn a_refused_flood_trims_once_its_connections_have_gone() {
+        let start = Instant::now();
+        let mut trim = Trim::default();
+        // Nothing refused: connections come and go untrimmed.
+        assert!(!trim.refusals(0, 80, start));
+        assert!(!trim.refusals(0, 1, start));
+        // 80 connections' heads refused, held open, then closed.
+        assert!(!trim.refusals(9_000, 81, start));
+        assert!(!trim.refusals(10_000, 81, start));
+        assert!(!trim.refusals(10_000, 81, start), "still open");
+        assert!(trim.refusals(10_000, 1, start), "gone");
+        assert!(!trim.refusals(10_000, 0, start + SPACING), "once");
     }
 }

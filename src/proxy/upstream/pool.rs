@@ -52,7 +52,7 @@ const REAP_EVERY: Duration = Duration::from_secs(30);
 /// its request head grew (up to `max_header_bytes`) for as long as it is
 /// kept: unbounded, those would stay for [`POOL_IDLE`] after the flood.
 /// Steady traffic needs about as many as it has requests in flight.
-const MAX_IDLE: usize = 256;
+const MAX_IDLE: usize = 64;
 
 /// Pushes `item` at the back of `list`, and takes the front off when
 /// `list` is then longer than `max`.

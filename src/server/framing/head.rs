@@ -110,6 +110,17 @@ impl<const N: usize> Small<N> {
         self.len += 1;
     }
 
+    fn extend(&mut self, bytes: &[u8]) {
+        let room = N.saturating_sub(self.len).min(bytes.len());
+        if let (Some(slots), Some(taken)) = (
+            self.bytes.get_mut(self.len..self.len + room),
+            bytes.get(..room),
+        ) {
+            slots.copy_from_slice(taken);
+        }
+        self.len += bytes.len();
+    }
+
     /// Equal to `other` in whole (`other` no longer than `N`).
     fn is(&self, other: &[u8]) -> bool {
         self.len == other.len()
@@ -179,6 +190,27 @@ impl HeadReader {
                 i += run;
                 continue;
             }
+            // The method and the version are kept, a run of them at once.
+            let word = self.word(&bytes[i..]);
+            if word > 0 {
+                if self.cr {
+                    self.content(b'\r');
+                    self.cr = false;
+                }
+                if let Line::Request {
+                    part,
+                    method,
+                    version,
+                } = &mut self.line
+                {
+                    let kept = if *part == 0 { method } else { version };
+                    kept.extend(&bytes[i..i + word]);
+                }
+                self.len += word;
+                self.line_len += word;
+                i += word;
+                continue;
+            }
             self.len += 1;
             i += 1;
             if byte != b'\n' {
@@ -213,6 +245,17 @@ impl HeadReader {
         match self.line {
             Line::Skip => memchr(rest, |b| b == b'\n'),
             Line::Request { part: 1, .. } => memchr(rest, |b| b == b' ' || b == b'\n'),
+            _ => 0,
+        }
+    }
+
+    /// How many of `rest`'s first bytes are the method's or the version's
+    /// (no space, CR or LF among them).
+    fn word(&self, rest: &[u8]) -> usize {
+        match self.line {
+            Line::Request { part: 0 | 2, .. } => {
+                memchr(rest, |b| b == b' ' || b == b'\r' || b == b'\n')
+            }
             _ => 0,
         }
     }

@@ -171,12 +171,18 @@ mod tests {
         // Streams pile up on a few connections, then go.
         assert!(!trim.held(30 << 20, 30 << 20, start));
         assert!(!trim.held(30 << 20, 10 << 20, start));
-        assert!(trim.held(10 << 20, 5 << 20, start), "down to a quarter of the high");
+        assert!(
+            trim.held(10 << 20, 5 << 20, start),
+            "down to a quarter of the high"
+        );
         // The rest going is worth another trim, once spaced.
         assert!(!trim.held(5 << 20, 0, start));
         assert_eq!(trim.due(), Some(start + SPACING));
         assert!(trim.fire(start + SPACING));
-        assert!(!trim.held(0, 0, start + SPACING * 2), "nothing held, no flood");
+        assert!(
+            !trim.held(0, 0, start + SPACING * 2),
+            "nothing held, no flood"
+        );
         // A flood on a fast path: its heads come and go between readings,
         // and only the high since the last reading shows it.
         assert!(trim.held(8 << 20, 0, start + SPACING * 3));

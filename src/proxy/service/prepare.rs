@@ -1,0 +1,194 @@
+//! The routing half of a request, before any store is asked: the head
+//! checks, the identity headers, the methods it may run as, the path
+//! normalized and routed, and every limit's subject resolved.
+
+use super::*;
+
+/// What the routing half found for a request: the routes it matched, the
+/// URI to forward when normalization changed the path, and every limit of
+/// those routes with the subject it counts, in the order they are checked.
+pub(in crate::proxy) struct Routed<'r> {
+    pub matched: Matched<'r>,
+    pub rewritten: Option<Uri>,
+    pub checks: SmallVec<[Check<'r>; 2]>,
+    /// Header names with `_` are to be removed before forwarding.
+    pub drop_underscored: bool,
+    /// The methods the request was matched as, the wire method first.
+    pub methods: Methods,
+}
+
+/// Where a request that passed every check goes.
+// Made once a request and matched at once, as `Routed` alone was: boxing
+// it would allocate on every request to spare a move.
+#[allow(clippy::large_enum_variant)]
+pub(in crate::proxy) enum Destination<'r> {
+    /// To the routes it matched, and on to the app if they let it through.
+    Routes(Routed<'r>),
+    /// `OPTIONS *` that no route asks for: sluice, the server the client
+    /// reached, answers it ([`respond::server_options`]).
+    Sluice,
+}
+
+/// Everything a request goes through before a store is asked: the head
+/// checks, the identity headers, the methods it may run as, the path
+/// normalized and routed, and every limit's subject resolved. The proxy
+/// and `POST /explain` both call it, so an explanation follows the very
+/// rules a request is judged by.
+pub(in crate::proxy) fn prepare<'r>(
+    runtime: &'r Runtime,
+    method: &Method,
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+    peer: IpAddr,
+) -> Result<Destination<'r>, Invalid> {
+    headers::check_head(method, version, uri, headers)?;
+    let live = &*runtime.live;
+    let identity = runtime.routes.identity_headers();
+    let underscored = underscores::check(headers, live.server.underscores, identity)?;
+    headers::check_identity_headers(headers, identity)?;
+    let fold = underscored && live.server.underscores == Underscores::Allow;
+    let methods = overrides::methods(method, headers, uri.query(), fold)?;
+    if headers::is_asterisk(uri) {
+        // The head check saw the wire method only: an app honouring an
+        // override would run `OPTIONS *` as `DELETE *`, that is `/*`.
+        if methods.iter().any(|m| *m != Method::OPTIONS) {
+            return Err(Invalid::AsteriskForm);
+        }
+        if !asterisk_routed(runtime) {
+            return Ok(Destination::Sluice);
+        }
+    }
+    let (matched, rewritten) = route(runtime, &methods, uri, live)?;
+
+    // Every subject is resolved before anything is charged, so a
+    // request refused for one route consumes nothing of another.
+    let mut checks: SmallVec<[Check<'r>; 2]> = SmallVec::new();
+    for (route_at, entry) in matched.iter().enumerate() {
+        let route = entry.route;
+        headers::check_connection(headers, route.subject_sources())?;
+        let tier = route.tiers.as_ref().map_or(0, |tiers| {
+            tiers.choose(
+                headers,
+                subject::resolve::trusted_peer(peer, &live.identity.trusted_proxies),
+            )
+        });
+        let first = checks.len();
+        for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
+            if !limit.applies(tier) {
+                continue;
+            }
+            // Limits of one route counting the same subject share its
+            // pseudonym: one HMAC, not one per limit.
+            let known = match state.fixed_subject {
+                Some(global) => Some((global, Resolved::Global)),
+                None => checks[first..]
+                    .iter()
+                    .find(|c| c.limit().subject == limit.subject)
+                    .map(|c| (c.subject, c.resolved)),
+            };
+            let (subject, resolved) = match known {
+                Some(known) => known,
+                None => subject::resolve(
+                    &limit.subject,
+                    &route.name,
+                    peer,
+                    headers,
+                    &live.identity,
+                    &runtime.key,
+                )
+                .map_err(|UnreadableForwardedFor| Invalid::ForwardedFor)?,
+            };
+            checks.push(Check {
+                entry,
+                route_at,
+                limit: i,
+                subject,
+                resolved,
+                tier,
+            });
+        }
+    }
+    Ok(Destination::Routes(Routed {
+        matched,
+        rewritten,
+        checks,
+        drop_underscored: underscored && live.server.underscores == Underscores::Drop,
+        methods,
+    }))
+}
+
+/// Whether `OPTIONS *` goes to the app: only when the route it matches
+/// names `*` as its path. A route for any path (the default, a route
+/// without `path`) was written for the app's resources, and `*` is none:
+/// forwarded under it, `OPTIONS *` would reach an app that may read it as
+/// `/*` while counting against a route that never meant it.
+fn asterisk_routed(runtime: &Runtime) -> bool {
+    let route = runtime.routes.route(&Method::OPTIONS, "*");
+    matches!(&route.matcher.path, PathMatch::Exact(path) if path == "*")
+}
+
+/// The routes a request matched: one per distinct route its methods
+/// found, the wire method's first. Nothing is allocated.
+pub(in crate::proxy) struct Matched<'r> {
+    entries: [Option<Entry<'r>>; MAX_METHODS],
+}
+
+impl<'r> Matched<'r> {
+    pub(in crate::proxy) fn iter(&self) -> impl Iterator<Item = Entry<'r>> + '_ {
+        self.entries.iter().flatten().copied()
+    }
+
+    /// The wire method's route: its metrics count the upstream's answer,
+    /// and it says which upgrades pass.
+    pub(in crate::proxy) fn primary(&self) -> Entry<'r> {
+        self.iter()
+            .next()
+            .expect("the wire method always finds a route (the default at worst)")
+    }
+}
+
+/// Normalizes the path and finds the route of each method the request may
+/// run as; the URI to forward when normalization changed the path.
+fn route<'r>(
+    runtime: &'r Runtime,
+    methods: &Methods,
+    uri: &Uri,
+    live: &Live,
+) -> Result<(Matched<'r>, Option<Uri>), Invalid> {
+    let normal = path::normalize(uri.path(), &live.server.paths).map_err(Invalid::Path)?;
+    let mut matched = Matched {
+        entries: [None; MAX_METHODS],
+    };
+    for (i, method) in methods.iter().enumerate() {
+        let entry = runtime.entry(runtime.routes.find(method, &normal.matching));
+        if !matched_already(&matched.entries, entry.route) {
+            matched.entries[i] = Some(entry);
+        }
+    }
+    let rewritten = if normal.unchanged() {
+        None
+    } else {
+        Some(with_path(uri, &normal.forward))
+    };
+    Ok((matched, rewritten))
+}
+
+fn matched_already(entries: &[Option<Entry>], route: &Route) -> bool {
+    entries
+        .iter()
+        .flatten()
+        .any(|e| std::ptr::eq(e.route, route))
+}
+
+/// `uri` with its path replaced and its query kept as sent.
+fn with_path(uri: &Uri, path: &str) -> Uri {
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    // A normalized path holds only characters a URI path may: this parses.
+    parts.path_and_query = PathAndQuery::try_from(path_and_query).ok();
+    Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}

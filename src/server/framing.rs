@@ -145,6 +145,13 @@ impl Framing {
             }
             return bytes.len();
         };
+        if reader.len() > self.max_head {
+            // Ended, but past hyper's bound: hyper refuses it (431), and
+            // the verdict must not depend on whether the bound was passed
+            // within a read or at the end of one.
+            self.state = State::Off;
+            return bytes.len();
+        }
         // `used` bytes from `at` complete the head.
         let last = at + used - 1;
         self.state = match verdict {

@@ -122,6 +122,22 @@ fn what_cannot_be_followed_is_left_to_hyper() {
 }
 
 #[test]
+fn a_head_past_the_bound_stops_the_watch_however_it_is_read() {
+    // Refused when small; past the bound, hyper's 431 instead, whether
+    // the head ended within the read that passed the bound or later.
+    let mut head =
+        b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\nX: ".to_vec();
+    head.resize(MAX_HEAD + 10, b'a');
+    head.extend_from_slice(b"\r\n\r\n");
+    for step in [1, 7, 4096, head.len()] {
+        let (out, framing) = through(&head, step);
+        assert_eq!(framing.refused(), 0, "reads of {step}");
+        assert!(matches!(framing.state, State::Off));
+        assert_eq!(out, head);
+    }
+}
+
+#[test]
 fn a_head_too_large_to_follow_stops_the_watch() {
     let mut head = b"GET / HTTP/1.1\r\nX: ".to_vec();
     head.resize(MAX_HEAD + 10, b'a');

@@ -131,6 +131,30 @@ async fn settles(sluice: &Sidecar, idle: u64) -> u64 {
     }
 }
 
+/// Samples sluice's RSS every 100 ms until `until`, failing if it dies;
+/// the peak.
+async fn watch_until(sluice: &mut Sidecar, until: Instant) -> u64 {
+    let mut peak = 0;
+    while Instant::now() < until {
+        peak = peak.max(rss_bytes(sluice.pid()));
+        assert!(
+            sluice.wait_exit(Duration::ZERO).is_none(),
+            "sluice died during the flood (peak RSS {peak})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    peak
+}
+
+/// sluice is alive after the flood, and its peak stayed under the limit.
+fn survived(sluice: &mut Sidecar, peak: u64) {
+    assert!(
+        sluice.wait_exit(Duration::ZERO).is_none(),
+        "sluice died (peak RSS {peak})"
+    );
+    assert!(peak < LIMIT_BYTES, "peak RSS {peak}");
+}
+
 async fn refused(sluice: &Sidecar, reason: &str) -> f64 {
     let text = support::ops::scrape(sluice.admin_addr().expect("admin")).await;
     support::ops::metric(
@@ -219,15 +243,7 @@ async fn an_http2_header_list_flood_leaves_sluice_alive_inside_128_mib() {
         flood.spawn(hold_streams(addr, 128, list, until));
     }
     let regular = tokio::spawn(regular_client(addr, first - 1, until));
-    let mut peak = 0;
-    while Instant::now() < until {
-        peak = peak.max(rss_bytes(sluice.pid()));
-        assert!(
-            sluice.wait_exit(Duration::ZERO).is_none(),
-            "sluice died during the flood (peak RSS {peak})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let peak = watch_until(&mut sluice, until).await;
     let mut answered = std::collections::BTreeMap::<u16, usize>::new();
     while let Some(statuses) = flood.join_next().await {
         for status in statuses.expect("flood task") {
@@ -235,11 +251,7 @@ async fn an_http2_header_list_flood_leaves_sluice_alive_inside_128_mib() {
         }
     }
     regular.await.expect("the regular client");
-    assert!(
-        sluice.wait_exit(Duration::ZERO).is_none(),
-        "sluice died (peak RSS {peak})"
-    );
-    assert!(peak < LIMIT_BYTES, "peak RSS {peak}");
+    survived(&mut sluice, peak);
     let reasons = [
         refused(&sluice, "connection").await,
         refused(&sluice, "client").await,
@@ -302,26 +314,14 @@ async fn an_http1_partial_head_flood_leaves_sluice_alive_inside_128_mib() {
         });
     }
     let regular = tokio::spawn(regular_client(addr, first - 1, until));
-    let mut peak = 0;
-    while Instant::now() < until {
-        peak = peak.max(rss_bytes(sluice.pid()));
-        assert!(
-            sluice.wait_exit(Duration::ZERO).is_none(),
-            "sluice died during the flood (peak RSS {peak})"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let peak = watch_until(&mut sluice, until).await;
     let mut answered = std::collections::BTreeMap::<String, usize>::new();
     while let Some(status) = flood.join_next().await {
         let status = status.expect("flood task").flatten().unwrap_or_default();
         *answered.entry(status).or_default() += 1;
     }
     regular.await.expect("the regular client");
-    assert!(
-        sluice.wait_exit(Duration::ZERO).is_none(),
-        "sluice died (peak RSS {peak})"
-    );
-    assert!(peak < LIMIT_BYTES, "peak RSS {peak}");
+    survived(&mut sluice, peak);
     assert!(
         refused(&sluice, "client").await > 0.0,
         "the flood's heads went past its address's budget: {answered:?}"

@@ -63,13 +63,9 @@ impl Over {
 }
 
 /// The bounds, in bytes of request head (HTTP/2: the header list's size
-/// as RFC 9113 §6.5.2 counts it, plus [`STREAM_COST`] a stream).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub per_connection: usize,
-    pub per_client: usize,
-    pub total: usize,
-}
+/// as RFC 9113 §6.5.2 counts it, plus [`STREAM_COST`] a stream), as
+/// `server.request_heads` sets them.
+pub type Limits = crate::config::RequestHeads;
 
 /// The process's budget: what every connection holds in all.
 pub struct Budget {

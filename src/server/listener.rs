@@ -85,11 +85,7 @@ pub async fn serve(
     let mut trim = Trim::default();
     let mut heads_check = tokio::time::interval(Duration::from_secs(1));
     heads_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let heads = heads::Budget::new(heads::Limits {
-        per_connection: settings.request_heads.per_connection,
-        per_client: settings.request_heads.per_client,
-        total: settings.request_heads.total,
-    });
+    let heads = heads::Budget::new(settings.request_heads);
 
     loop {
         tokio::select! {

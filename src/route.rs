@@ -113,10 +113,18 @@ pub enum CostRead {
     Invalid,
     /// The app reported more than `max`: `max` was charged.
     AboveMax,
+    /// The app did not answer within `upstream.timeout`: charged as a
+    /// listed status without a reported cost would be.
+    TimedOut,
 }
 
 impl CostRead {
-    pub const FALLBACKS: [CostRead; 3] = [CostRead::Missing, CostRead::Invalid, CostRead::AboveMax];
+    pub const FALLBACKS: [CostRead; 4] = [
+        CostRead::Missing,
+        CostRead::Invalid,
+        CostRead::AboveMax,
+        CostRead::TimedOut,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -124,6 +132,7 @@ impl CostRead {
             CostRead::Missing => "missing",
             CostRead::Invalid => "invalid",
             CostRead::AboveMax => "above_max",
+            CostRead::TimedOut => "timed_out",
         }
     }
 }
@@ -158,6 +167,19 @@ impl OnResponse {
             // At most `max`, a u32.
             Some(n) => (n as u32, CostRead::Exact),
         })
+    }
+}
+
+impl OnResponse {
+    /// The units charged when the app did not answer within
+    /// `upstream.timeout` (sluice's 504). The app had the request and may
+    /// well have done the work, so the 504 stands for a listed status:
+    /// were it given back, a guess slow enough to time out would never be
+    /// counted. The cost is the limit's `cost`, or the reported cost's
+    /// `default`, as for a listed answer that reports none.
+    pub fn units_timed_out(&self, cost: u32) -> (u32, CostRead) {
+        let units = self.from_header.as_ref().map_or(cost, |from| from.default);
+        (units, CostRead::TimedOut)
     }
 }
 

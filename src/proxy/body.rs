@@ -47,44 +47,6 @@ where
     body.map_err(Into::into).boxed()
 }
 
-pin_project! {
-    /// A response body that holds what must live exactly as long as the
-    /// response (a request's concurrency permits): dropped with the body,
-    /// that is once its last frame is written, or as soon as the client
-    /// goes away, whichever comes first.
-    pub struct Holding<B, H> {
-        #[pin]
-        inner: B,
-        held: H,
-    }
-}
-
-impl<B, H> Holding<B, H> {
-    pub fn new(inner: B, held: H) -> Holding<B, H> {
-        Holding { inner, held }
-    }
-}
-
-impl<B: http_body::Body, H> http_body::Body for Holding<B, H> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// The client went quiet in the middle of its request body.
 #[derive(Debug, thiserror::Error)]
 #[error("no request body data for {0:?}")]
@@ -415,31 +377,6 @@ mod tests {
         assert!(err.downcast_ref::<ClientBodyError>().is_none(), "{err}");
         let err = body.frame().await.unwrap().unwrap_err();
         assert!(err.downcast_ref::<UpstreamBodyIdle>().is_some(), "{err}");
-    }
-
-    #[tokio::test]
-    async fn what_a_body_holds_lives_until_the_body_is_done_with() {
-        let held = std::sync::Arc::new(());
-        let (tx, inner) = channel_body();
-        let mut body = Box::pin(Holding::new(inner, held.clone()));
-        tx.send(Ok(Frame::data(Bytes::from_static(b"x"))))
-            .await
-            .unwrap();
-        assert_eq!(
-            body.frame().await.unwrap().unwrap().into_data().unwrap(),
-            "x"
-        );
-        assert_eq!(
-            std::sync::Arc::strong_count(&held),
-            2,
-            "held while streaming"
-        );
-        drop(body);
-        assert_eq!(
-            std::sync::Arc::strong_count(&held),
-            1,
-            "released with the body"
-        );
     }
 
     fn floor(bytes_per_second: u32, grace: Duration) -> Option<MinUploadRate> {

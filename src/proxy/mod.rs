@@ -32,6 +32,7 @@ mod body;
 pub mod explain;
 pub mod fallback;
 pub(crate) mod headers;
+mod holding;
 mod log_budget;
 pub(crate) mod metrics;
 pub(crate) mod overrides;

@@ -53,6 +53,7 @@ impl Runtime {
     pub(super) fn entry(&self, i: usize) -> Entry<'_> {
         let state = &self.states[i];
         Entry {
+            at: i,
             route: &self.routes.routes()[i],
             metrics: &state.metrics,
             log_budget: &state.log_budget,
@@ -109,6 +110,8 @@ pub struct LimitState {
 /// A route a request matched, with what the proxy keeps for it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Entry<'r> {
+    /// Its number in the route table ([`Runtime::entry`] gives it back).
+    pub at: usize,
     pub route: &'r Route,
     pub metrics: &'r RouteMetrics,
     pub log_budget: &'r LogBudget,

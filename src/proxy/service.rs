@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
-use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use smallvec::SmallVec;
 use tokio::time::Instant;
@@ -32,7 +31,7 @@ use crate::store::in_flight::{InFlight, Permit};
 use crate::store::{Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
-use super::body::{Body, Holding};
+use super::body::Body;
 use super::fallback::Fallback;
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
@@ -42,7 +41,7 @@ use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
 use super::underscores;
 use super::untrusted_forwarder::UntrustedForwarder;
 use super::upstream::Tunnels;
-use super::upstream::{self, Upstream};
+use super::upstream::{self, Upstream, UpstreamError};
 use super::verdict::Verdict;
 use super::ConnInfo;
 use plan::{Judgement, Passed, Refusal};
@@ -122,7 +121,11 @@ impl Proxy {
         }
     }
 
-    pub async fn handle(&self, mut request: Request<Incoming>, conn: &ConnInfo) -> Response<Body> {
+    pub async fn handle(
+        self: &Arc<Self>,
+        mut request: Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> Response<Body> {
         let arrival = Instant::now();
         // Loaded once: a reload mid-request does not change the rules it
         // is judged by.
@@ -178,23 +181,31 @@ impl Proxy {
         };
 
         let primary = matched.primary();
-        let (mut response, from_app) = self.forward(request, conn, live, primary).await;
+        let (mut response, charges) = if exchange::needed(&checks, &admitted.permits) {
+            let (proxy, runtime) = (self.clone(), runtime.clone());
+            exchange::run(
+                proxy,
+                runtime,
+                request,
+                *conn,
+                primary.at,
+                &checks,
+                admitted.permits,
+            )
+            .await
+        } else {
+            // Nothing held or owed: the exchange may go with the client.
+            let (response, _) = self.forward(request, conn, live, primary).await;
+            (response, exchange::Charges::new())
+        };
         let mut ratelimit = admitted.ratelimit;
-        if from_app {
-            self.charge_on_response(&checks, &response, &mut ratelimit, live);
-        }
+        counted_in_ratelimit(&checks, &charges, &mut ratelimit);
         if let Some((prepared, decision)) = ratelimit {
             if !response.status().is_informational() {
                 respond::add_ratelimit_headers(response.headers_mut(), prepared, &decision);
             }
         }
-        if admitted.permits.is_empty() {
-            response
-        } else {
-            // Also when the upstream failed (502/504): the place is given
-            // back once that answer is written.
-            response.map(|body| Holding::new(body, admitted.permits).boxed())
-        }
+        response
     }
 
     /// Every limit of every matched route, together: `Ok` to forward (with
@@ -350,45 +361,14 @@ impl Proxy {
         }
     }
 
-    /// Charges the limits that wait for the response, `response` being the
-    /// app's; the `RateLimit` fields of such a limit count the charge.
-    fn charge_on_response<'r>(
-        &self,
-        checks: &[Check<'r>],
-        response: &Response<Body>,
-        ratelimit: &mut Option<(&'r Prepared, Decision)>,
-        live: &Live,
-    ) {
-        let status = response.status().as_u16();
-        for check in checks {
-            if check.limit().on_response().is_none() {
-                continue;
-            }
-            let due = on_response::due(check, status, response.headers());
-            if let Some((prepared, decision)) = ratelimit {
-                if std::ptr::eq(*prepared, check.responses()) {
-                    // The check read what would be left after `cost`; what
-                    // is left is what the response is charged.
-                    let units = due.as_ref().map_or(0, |due| due.units());
-                    let before = decision.remaining + u64::from(check.limit().cost);
-                    decision.remaining = before.saturating_sub(u64::from(units));
-                }
-            }
-            if let Some(due) = due {
-                on_response::charge(&self.store, due, live.store.budget);
-            }
-        }
-    }
-
-    /// The response, and whether it is the app's (rather than sluice's
-    /// 502 or 504).
+    /// The response, and who gave it.
     async fn forward(
         &self,
         request: Request<Incoming>,
         conn: &ConnInfo,
         live: &Live,
         entry: Entry<'_>,
-    ) -> (Response<Body>, bool) {
+    ) -> (Response<Body>, Answered) {
         let sent = Instant::now();
         let response = upstream::forward(
             &self.upstream,
@@ -402,11 +382,15 @@ impl Proxy {
         match response {
             Ok(response) => {
                 entry.metrics.upstream(response.status(), sent.elapsed());
-                (response, true)
+                (response, Answered::App)
             }
             Err(error) => {
                 entry.metrics.upstream_error(error);
-                (error.response(), false)
+                let answered = match error {
+                    UpstreamError::Timeout => Answered::TimedOut,
+                    _ => Answered::Sluice,
+                };
+                (error.response(), answered)
             }
         }
     }
@@ -426,6 +410,41 @@ impl Proxy {
     /// Lets upgraded connections run until `deadline`, then cuts them.
     pub async fn drain_tunnels(&self, deadline: Instant) {
         self.tunnels.drain(deadline).await;
+    }
+}
+
+/// Who answered a forwarded request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answered {
+    /// The app: its response head came.
+    App,
+    /// Nobody in time: sluice's 504 for `upstream.timeout`.
+    TimedOut,
+    /// sluice, for any other failure of the exchange (502, 408, 400).
+    Sluice,
+}
+
+/// Counts each charge made on response in the `RateLimit` fields, when
+/// they are the fields of the limit charged: the check read what would be
+/// left after `cost`; what is left is what the response was charged.
+fn counted_in_ratelimit<'r>(
+    checks: &[Check<'r>],
+    charges: &exchange::Charges,
+    ratelimit: &mut Option<(&'r Prepared, Decision)>,
+) {
+    let Some((prepared, decision)) = ratelimit else {
+        return;
+    };
+    for (index, check) in checks.iter().enumerate() {
+        if check.limit().on_response().is_none() || !std::ptr::eq(*prepared, check.responses()) {
+            continue;
+        }
+        let units = charges
+            .iter()
+            .find(|(at, _)| *at == index)
+            .map_or(0, |(_, units)| *units);
+        let before = decision.remaining + u64::from(check.limit().cost);
+        decision.remaining = before.saturating_sub(u64::from(units));
     }
 }
 
@@ -463,6 +482,7 @@ pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
     }
 }
 
+mod exchange;
 pub(super) mod on_response;
 pub(super) mod plan;
 mod prepare;

@@ -14,6 +14,7 @@ mod clocks_and_cardinality;
 mod config_check;
 mod e2e_limits;
 mod explain;
+mod hang_ups;
 mod head_budget;
 mod hostile_requests;
 mod identity;

@@ -21,7 +21,7 @@ const WITHIN: Duration = Duration::from_secs(5);
 
 /// A sidecar on the memory store, or on `redis`, with `policies` and
 /// `routes` (YAML bodies, indented two spaces) and `trusted` proxies.
-async fn sidecar(
+pub(crate) async fn sidecar(
     upstream: &Upstream,
     redis: Option<&RedisServer>,
     trusted: &str,
@@ -55,7 +55,7 @@ policies:
 
 /// Waits until the sidecar has made `n` charges on response with
 /// `result` for `policy`; panics with what it counted otherwise.
-async fn charges(sluice: &Sidecar, route_policy: (&str, &str), result: &str, n: f64) {
+pub(crate) async fn charges(sluice: &Sidecar, route_policy: (&str, &str), result: &str, n: f64) {
     let (route, policy) = route_policy;
     let labels = [("route", route), ("policy", policy), ("result", result)];
     let deadline = tokio::time::Instant::now() + WITHIN;

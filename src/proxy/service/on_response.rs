@@ -189,6 +189,23 @@ pub(in crate::proxy) fn due(check: &Check<'_>, status: u16, headers: &HeaderMap)
     })
 }
 
+/// The charge `check` is due when the app did not answer within
+/// `upstream.timeout`, if it is charged on response
+/// ([`OnResponse::units_timed_out`](crate::route::OnResponse::units_timed_out)).
+pub(in crate::proxy) fn due_timed_out(check: &Check<'_>) -> Option<Due> {
+    let limit = check.limit();
+    let on = limit.on_response()?;
+    let policy = limit.policy.as_rate()?;
+    let (units, read) = on.units_timed_out(limit.cost);
+    Some(Due {
+        policy: policy.clone(),
+        subject: check.subject,
+        units,
+        read,
+        counters: check.entry.metrics.on_response(check.limit),
+    })
+}
+
 /// Makes `due` in a task of its own, within `budget` per store call.
 pub(in crate::proxy) fn charge(store: &Arc<Store>, due: Due, budget: Duration) {
     let store = store.clone();

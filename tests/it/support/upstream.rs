@@ -55,6 +55,9 @@ struct Behaviour {
     echo_body: bool,
     extra_headers: Vec<(HeaderName, HeaderValue)>,
     any_upgrade: bool,
+    /// Works out the whole delay even when sluice goes away, as most app
+    /// servers do (they notice a closed socket only when they write).
+    oblivious: bool,
 }
 
 #[derive(Default)]
@@ -160,6 +163,13 @@ impl Upstream {
         self.state.behaviour().any_upgrade = true;
     }
 
+    /// Makes every request take its whole delay, counted in flight, even
+    /// when sluice drops the exchange: an app that does not notice a
+    /// closed socket (Werkzeug, gunicorn's sync workers, Puma).
+    pub fn work_through_hang_ups(&self) {
+        self.state.behaviour().oblivious = true;
+    }
+
     /// Adds a header to every response (may be given several times).
     pub fn add_response_header(&self, name: &str, value: &str) {
         let name = HeaderName::from_bytes(name.as_bytes()).expect("a valid header name");
@@ -225,8 +235,9 @@ async fn handle(
     state.heads.fetch_add(1, Ordering::SeqCst);
     let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     state.peak.fetch_max(now, Ordering::SeqCst);
-    // Counted down however the handler ends, a cancelled one included.
-    let _in_flight = InFlight(state.clone());
+    // Counted down however the handler ends, a cancelled one included
+    // (unless the app works through hang-ups: then once its delay is over).
+    let in_flight = InFlight(state.clone());
     let behaviour = state.behaviour().clone();
     let method = req.method().clone();
     let path = req
@@ -271,8 +282,20 @@ async fn handle(
         body: body.clone(),
     });
 
-    if !behaviour.delay.is_zero() {
-        tokio::time::sleep(behaviour.delay).await;
+    if behaviour.oblivious {
+        let delay = behaviour.delay;
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            drop(in_flight);
+            let _ = done.send(());
+        });
+        let _ = finished.await;
+    } else {
+        if !behaviour.delay.is_zero() {
+            tokio::time::sleep(behaviour.delay).await;
+        }
+        drop(in_flight);
     }
     let out = if behaviour.echo_body {
         body

@@ -1,0 +1,273 @@
+//! What a request holds and owes, it keeps when its client hangs up:
+//! the exchange with the app runs on, its in-flight place is held until
+//! the app's response ends, and a charge made on response is made. The
+//! upstream here works through hang-ups, as Werkzeug, gunicorn and Puma
+//! do: it counts a request in progress until its delay is over, whether
+//! or not sluice is still there to read the answer.
+//!
+//! Through the built binary, on the memory store and on real Redis.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::response_limits::charges;
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{redis_yaml, start_ready};
+use crate::support::sidecar::Sidecar;
+use crate::support::{get, Upstream};
+
+/// A sidecar on the memory store, or on `redis`, with `policies` and
+/// `routes` (YAML bodies, indented two spaces) and `upstream_lines` added
+/// to its `upstream` section. 127.0.0.1 is a trusted proxy, so each
+/// client names itself in `X-Forwarded-For`.
+async fn sidecar(
+    upstream: &Upstream,
+    redis: Option<&RedisServer>,
+    policies: &str,
+    routes: &str,
+    upstream_lines: &str,
+) -> Sidecar {
+    let url_line = format!("  url: {}\n", upstream.url());
+    let with_lines = format!("{url_line}{upstream_lines}");
+    match redis {
+        Some(redis) => {
+            let yaml = redis_yaml(upstream, &redis.url(), policies, routes)
+                .replace(&url_line, &with_lines)
+                .replace(
+                    "identity:\n",
+                    "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
+                );
+            start_ready(&yaml).await
+        }
+        None => Sidecar::start(&format!(
+            "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+upstream:
+{with_lines}identity:
+  trusted_proxies: [127.0.0.1/32]
+policies:
+{policies}routes:
+{routes}"
+        )),
+    }
+}
+
+/// Sends one request on a connection of its own and closes it `after`,
+/// whatever has come back by then.
+async fn hang_up(addr: SocketAddr, path: &str, headers: &[(&str, &str)], after: Duration) {
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: sluice.test\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut stream = TcpStream::connect(addr).await.expect("connect to sluice");
+    stream.write_all(head.as_bytes()).await.expect("send");
+    tokio::time::sleep(after).await;
+    drop(stream);
+}
+
+/// Waits until the upstream has nothing in progress.
+async fn settled(upstream: &Upstream, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while upstream.in_flight() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the upstream still has {} requests in progress",
+            upstream.in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const IN_FLIGHT: &str = "  in_flight: { algorithm: concurrency, limit: 3 }\n";
+const IN_FLIGHT_ROUTES: &str = "  - name: slow
+    match: { path_prefix: /slow }
+    policy: in_flight
+    subject: global
+";
+
+async fn hanging_up_does_not_free_an_in_flight_place(redis: Option<&RedisServer>) {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(1500));
+    upstream.work_through_hang_ups();
+    let sluice = sidecar(&upstream, redis, IN_FLIGHT, IN_FLIGHT_ROUTES, "").await;
+    let addr = sluice.addr();
+
+    // Twelve clients, each gone 0.2 s after sending, one after another:
+    // the app is at its limit of 3 from the third on.
+    for i in 0..12 {
+        let client = format!("198.51.100.{}", i + 1);
+        hang_up(
+            addr,
+            "/slow",
+            &[("x-forwarded-for", &client)],
+            Duration::from_millis(200),
+        )
+        .await;
+    }
+    settled(&upstream, Duration::from_secs(10)).await;
+    assert!(
+        upstream.peak_in_flight() <= 3,
+        "the app had {} requests in progress against a limit of 3",
+        upstream.peak_in_flight()
+    );
+    assert_eq!(upstream.peak_in_flight(), 3, "the limit was reached");
+
+    // Every place came back once the app was done.
+    for _ in 0..3 {
+        let (status, ..) = get(addr, "/slow", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_up_does_not_free_an_in_flight_place_memory() {
+    hanging_up_does_not_free_an_in_flight_place(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_up_does_not_free_an_in_flight_place_redis() {
+    let redis = RedisServer::start();
+    hanging_up_does_not_free_an_in_flight_place(Some(&redis)).await;
+}
+
+/// The same over HTTP/2: a stream reset (the client's request future
+/// dropped) is a hang-up too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resetting_a_stream_does_not_free_an_in_flight_place() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(1500));
+    upstream.work_through_hang_ups();
+    let sluice = sidecar(&upstream, None, IN_FLIGHT, IN_FLIGHT_ROUTES, "").await;
+    let client = crate::support::client::http2_client();
+    let uri = format!("http://{}/slow", sluice.addr());
+    for _ in 0..8 {
+        let request = http::Request::get(&uri)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("a request");
+        // Dropped unanswered after 0.2 s: h2 resets the stream.
+        let _ = tokio::time::timeout(Duration::from_millis(200), client.request(request)).await;
+    }
+    settled(&upstream, Duration::from_secs(10)).await;
+    assert!(
+        upstream.peak_in_flight() <= 3,
+        "the app had {} requests in progress against a limit of 3",
+        upstream.peak_in_flight()
+    );
+}
+
+const LOGIN_POLICIES: &str = "  failed_logins: { algorithm: fixed-window, limit: 5, window: 1h }\n";
+const LOGIN_ROUTES: &str = "  - name: login
+    match: { path: /login }
+    policy: failed_logins
+    charge: { on: response, statuses: [401, 403] }
+";
+
+async fn a_guess_that_hangs_up_is_still_charged(redis: Option<&RedisServer>) {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(600));
+    upstream.work_through_hang_ups();
+    let sluice = sidecar(&upstream, redis, LOGIN_POLICIES, LOGIN_ROUTES, "").await;
+    let guesser = [
+        ("x-forwarded-for", "198.51.100.7"),
+        ("x-answer-status", "401"),
+    ];
+
+    // Five failed guesses, each client gone long before the app answers.
+    for _ in 0..5 {
+        hang_up(
+            sluice.addr(),
+            "/login",
+            &guesser,
+            Duration::from_millis(100),
+        )
+        .await;
+        // One at a time: what is checked here is the hang-up, not
+        // concurrent guesses.
+        settled(&upstream, Duration::from_secs(5)).await;
+    }
+    charges(&sluice, ("login", "failed_logins"), "charged", 5.0).await;
+    let (status, ..) = get(sluice.addr(), "/login", &guesser).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "the sixth guess");
+    assert_eq!(upstream.count(), 5, "the sixth guess never reached the app");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guess_that_hangs_up_is_still_charged_memory() {
+    a_guess_that_hangs_up_is_still_charged(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guess_that_hangs_up_is_still_charged_redis() {
+    let redis = RedisServer::start();
+    a_guess_that_hangs_up_is_still_charged(Some(&redis)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reported_cost_is_charged_when_the_client_has_gone() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(600));
+    upstream.work_through_hang_ups();
+    upstream.add_response_header("x-tokens", "500");
+    let policies = "  tokens: { algorithm: fixed-window, limit: 1000, window: 1h }\n";
+    let routes = "  - name: complete
+    match: { path: /complete }
+    policy: tokens
+    subject: header:X-Key
+    cost: { from_response_header: X-Tokens, max: 1000, default: 1 }
+";
+    let sluice = sidecar(&upstream, None, policies, routes, "").await;
+    let key = [("x-key", "k1")];
+    for _ in 0..2 {
+        hang_up(sluice.addr(), "/complete", &key, Duration::from_millis(100)).await;
+        settled(&upstream, Duration::from_secs(5)).await;
+    }
+    charges(&sluice, ("complete", "tokens"), "charged", 2.0).await;
+    let (status, ..) = get(sluice.addr(), "/complete", &key).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "1,000 tokens were spent"
+    );
+}
+
+async fn a_guess_the_app_answers_too_late_is_charged(redis: Option<&RedisServer>) {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_millis(800));
+    let sluice = sidecar(
+        &upstream,
+        redis,
+        LOGIN_POLICIES,
+        LOGIN_ROUTES,
+        "  timeout: 200ms\n",
+    )
+    .await;
+    let guesser = [
+        ("x-forwarded-for", "198.51.100.9"),
+        ("x-answer-status", "401"),
+    ];
+    for _ in 0..5 {
+        let (status, ..) = get(sluice.addr(), "/login", &guesser).await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    charges(&sluice, ("login", "failed_logins"), "charged", 5.0).await;
+    let (status, ..) = get(sluice.addr(), "/login", &guesser).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guess_the_app_answers_too_late_is_charged_memory() {
+    a_guess_the_app_answers_too_late_is_charged(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guess_the_app_answers_too_late_is_charged_redis() {
+    let redis = RedisServer::start();
+    a_guess_the_app_answers_too_late_is_charged(Some(&redis)).await;
+}

@@ -57,18 +57,32 @@ end
 -- 2.5 us of 9.5). Only the evaluation id and the cost change from call to
 -- call: checked here, first thing in every call, with the record's key
 -- (de-duplication, below).
+--
+-- A third argument, when present, is how long the record lives (ms, at
+-- most a day) instead of dedupe_window: a charge reserved before a request
+-- is forwarded is settled when the app's answer comes, by a refund that
+-- needs the record (lua/refund.lua).
 local function arguments(KEYS, ARGV)
   if not format then
     format, match, tonumber, unpack = standard()
   end
-  if #ARGV ~= 2 then
-    fail('expects 2 arguments: the evaluation id and the cost')
+  if #ARGV ~= 2 and #ARGV ~= 3 then
+    fail('expects 2 or 3 arguments: the evaluation id, the cost and the record life')
   end
   local id = ARGV[1]
   if #id ~= 32 or not match(id, '^%x+$') then
     fail('ARGV[1] is not an evaluation id')
   end
-  return id, int_arg(ARGV, 2, 1), KEYS[#KEYS]
+  -- nil: the policy's P_DEDUPE_WINDOW_TEXT (declared after this file).
+  local record_life = nil
+  if #ARGV == 3 then
+    local life = int_arg(ARGV, 3, 1)
+    if life > 86400000 then
+      fail('ARGV[3] is not a record life in range')
+    end
+    record_life = format('%d', life)
+  end
+  return id, int_arg(ARGV, 2, 1), KEYS[#KEYS], record_life
 end
 
 -- Checks the number of keys and of band parameters (`args`, the policy's

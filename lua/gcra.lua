@@ -7,7 +7,7 @@
 -- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
 -- (lua/several.lua) stand-in for it.
 local function decide(redis, KEYS, ARGV)
-  local id, cost, record_key = arguments(KEYS, ARGV)
+  local id, cost, record_key, record_life = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
   -- Per band: limit, window_us, burst.
@@ -64,6 +64,6 @@ local function decide(redis, KEYS, ARGV)
     redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
       'PX', P_TTL_TEXT)
   end
-  remember(redis, record_key, decision, now, P_DEDUPE_WINDOW_TEXT)
+  remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   return reply(decision, skew)
 end

@@ -7,7 +7,7 @@
 -- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
 -- (lua/several.lua) stand-in for it.
 local function decide(redis, KEYS, ARGV)
-  local id, cost, record_key = arguments(KEYS, ARGV)
+  local id, cost, record_key, record_life = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
   -- Two keys: the log, a sorted set for every band, and this evaluation's
@@ -93,6 +93,6 @@ local function decide(redis, KEYS, ARGV)
     end
     redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
   end
-  remember(redis, record_key, decision, now, P_DEDUPE_WINDOW_TEXT)
+  remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   return reply(decision, skew)
 end

@@ -341,6 +341,7 @@ mod tests {
             cost: 1,
             deadline: tokio::time::Instant::now(),
             id: EvaluationId(0),
+            settle_within: None,
         };
         let share = NonZeroU32::new(share).unwrap();
         (0..n)
@@ -400,6 +401,7 @@ mod tests {
             cost,
             deadline: tokio::time::Instant::now(),
             id: EvaluationId(0),
+            settle_within: None,
         };
         let second = Evaluation {
             policy: per_client,
@@ -464,6 +466,7 @@ mod tests {
             cost: 5,
             deadline: tokio::time::Instant::now(),
             id: EvaluationId(0),
+            settle_within: None,
         };
         let (outcome, _) = fallback.evaluate(&evaluation, &global, NonZeroU32::MIN);
         assert!(matches!(outcome, Outcome::Allowed(_)), "all 5 still there");
@@ -480,6 +483,7 @@ mod tests {
             cost: 1,
             deadline: tokio::time::Instant::now(),
             id: EvaluationId(0),
+            settle_within: None,
         };
         let (_, local) = fallback.evaluate(&evaluation, &p, NonZeroU32::new(3).unwrap());
         assert_eq!(local.field, "\"p\";q=10;w=86400");

@@ -14,6 +14,12 @@
 //! the lease's `ttl` and the time its return takes; its `Retry-After` is
 //! still the store's.
 //!
+//! Reservations break it too: a limit charged on response reserves its
+//! units before forwarding and gives back those the app's answer does not
+//! charge, on any sidecar. A denial of a reservation is remembered for at
+//! most [`RESERVED_RECHECK`]: a refund elsewhere is seen that late at most,
+//! and a refused subject still asks the store no more than once a second.
+//!
 //! Bounded in entries; when full, the entry closest to expiry is evicted
 //! (it would have been asked of the store again soonest anyway). The cache
 //! never answers "allowed".
@@ -31,6 +37,9 @@ use super::shards::{Shards, SubjectKey, SHARDS};
 /// How long after a lease ends its units are back in the store at most
 /// (the lease upkeep's period, and a call).
 const LEASE_RETURNED: Duration = Duration::from_millis(100);
+
+/// The longest a denial of a reservation is remembered.
+pub const RESERVED_RECHECK: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -105,15 +114,32 @@ impl DenyCache {
         arrival: Instant,
         decision: &Decision,
     ) {
+        self.remember_denial(policy, subject, cost, arrival, decision, false);
+    }
+
+    /// [`DenyCache::remember`]; `reserved`: the denied request reserved
+    /// its units, to be settled on response.
+    pub fn remember_denial(
+        &self,
+        policy: &Policy,
+        subject: &Pseudonym,
+        cost: u32,
+        arrival: Instant,
+        decision: &Decision,
+        reserved: bool,
+    ) {
         if decision.allowed || decision.retry_after == Duration::ZERO {
             return;
         }
         let key = SubjectKey::new(policy, subject);
         let until = arrival + decision.retry_after;
-        let recheck = match policy.lease {
+        let mut recheck = match policy.lease {
             Some(lease) => until.min(arrival + lease.ttl + LEASE_RETURNED),
             None => until,
         };
+        if reserved {
+            recheck = recheck.min(arrival + RESERVED_RECHECK);
+        }
         let mut shard = self.shards.lock(&key);
         if shard.len() >= self.per_shard && !shard.contains_key(&key) {
             let now = Instant::now();

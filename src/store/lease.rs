@@ -181,6 +181,7 @@ impl Return {
             cost: self.units,
             deadline,
             id: self.id,
+            settle_within: None,
         }
     }
 }

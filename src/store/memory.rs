@@ -242,7 +242,9 @@ impl MemoryStore {
     /// [`MemoryStore::evaluate_all`] at a given time.
     pub fn evaluate_all_at(&self, evaluations: &[Evaluation<'_>], now: Micros) -> Outcomes {
         if let [one] = evaluations {
-            return Outcomes::at(0, self.evaluate_at(one, now));
+            let mut outcomes = Outcomes::at(0, self.evaluate_at(one, now));
+            outcomes.at = now;
+            return outcomes;
         }
         let keys: SmallVec<[Key; 2]> = evaluations.iter().map(|e| self.key(e)).collect();
         // Room for one of this request's subjects is never made by
@@ -258,6 +260,7 @@ impl MemoryStore {
         // blocks.
         let mut undo: SmallVec<[(Key, Before); 2]> = SmallVec::new();
         let mut outcomes = Outcomes::empty();
+        outcomes.at = now;
         let last = evaluations.len() - 1;
         for (i, (evaluation, key)) in evaluations.iter().zip(keys).enumerate() {
             let map = locked(&mut guards, self.shard_of(key.hash));
@@ -406,6 +409,19 @@ impl MemoryStore {
     /// `POST /explain`): the step runs on a copy of the subject's state,
     /// and nothing is written back: no entry is made for a subject never
     /// seen, and no expiry moves.
+    /// Gives back `units` of what `evaluation` reserved at `at` (a limit
+    /// charged on response, settled): as `lua/refund.lua` does on Redis,
+    /// each algorithm undoing its own step where the state still holds it.
+    /// An entry since forgotten needs nothing.
+    pub fn refund(&self, evaluation: &Evaluation<'_>, at: Micros, units: u32) {
+        let key = self.key(evaluation);
+        let mut map = self.lock(self.shard_of(key.hash));
+        if let Some(entry) = map.get_mut(&key) {
+            algorithm::refund(evaluation.policy.bands(), &mut entry.state, at, units);
+            entry.admitted = entry.admitted.saturating_sub(units);
+        }
+    }
+
     pub fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
         self.peek_at(evaluation, self.clock.now())
     }
@@ -533,6 +549,7 @@ mod tests {
             cost: 1,
             deadline: tokio::time::Instant::now(),
             id: EvaluationId(0),
+            settle_within: None,
         }
     }
 
@@ -675,6 +692,7 @@ mod tests {
                 cost: 1,
                 deadline: tokio::time::Instant::now(),
                 id: EvaluationId(0),
+                settle_within: None,
             })
             .collect();
         let outcomes = store.evaluate_all_at(&evaluations, now);

@@ -17,7 +17,7 @@ use std::fmt;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use crate::limit::{Outcome, Policy};
+use crate::limit::{Micros, Outcome, Policy};
 use crate::subject::Pseudonym;
 
 /// A server-generated id per request. An ambiguous store call may be retried
@@ -54,6 +54,11 @@ pub struct Evaluation<'a> {
     /// arrival + `store.budget`: the whole decision happens before it.
     pub deadline: Instant,
     pub id: EvaluationId,
+    /// A reservation, settled once the app has answered (a limit charged
+    /// on response), within this long: the store keeps what it needs to
+    /// give the charge back (on Redis, the evaluation's record) that long.
+    /// `None`: a charge that stands.
+    pub settle_within: Option<std::time::Duration>,
 }
 
 /// What [`Store::evaluate_all`] found: the outcomes of `evaluations[first..]`,
@@ -69,6 +74,10 @@ pub struct Outcomes {
     /// [`Source::Store`] when the store itself was asked (by any of the
     /// limits), rather than the over-limit cache answering alone.
     pub source: Source,
+    /// The memory store's time of decision, which giving back a
+    /// reservation needs (0 from Redis, where the evaluation's record
+    /// keeps it).
+    pub at: Micros,
 }
 
 impl Outcomes {
@@ -78,6 +87,7 @@ impl Outcomes {
             first: at,
             list: smallvec::smallvec![outcome],
             source: Source::Store,
+            at: 0,
         }
     }
 
@@ -87,6 +97,7 @@ impl Outcomes {
             first: 0,
             list: SmallVec::new(),
             source: Source::Store,
+            at: 0,
         }
     }
 
@@ -173,6 +184,20 @@ impl Store {
         }
     }
 
+    /// Gives back `units` of what `evaluation` reserved (a limit charged on
+    /// response, settled once the app answered). `at`: the memory store's
+    /// time of decision ([`Outcomes::at`]). Whether they were given back:
+    /// on Redis a refund that cannot be made leaves the charge standing.
+    pub async fn refund_reserved(&self, evaluation: &Evaluation<'_>, at: Micros, units: u32) -> bool {
+        match self {
+            Store::Memory(store) => {
+                store.refund(evaluation, at, units);
+                true
+            }
+            Store::Redis(store, _) => Box::pin(store.refund_reserved(evaluation, units)).await,
+        }
+    }
+
     /// What `evaluation` would be answered now, charging nothing and
     /// writing nothing (for `POST /explain`). The local over-limit cache
     /// is not consulted: it only repeats a denial the store would give.
@@ -249,7 +274,8 @@ pub(crate) async fn evaluate_shared(
     }
     let outcome = store.evaluate(evaluation).await;
     if let Outcome::Denied(decision) = &outcome {
-        cache.remember(policy, subject, cost, asked, decision);
+        let reserved = evaluation.settle_within.is_some();
+        cache.remember_denial(policy, subject, cost, asked, decision, reserved);
     }
     (outcome, Source::Store)
 }

@@ -107,6 +107,7 @@ fn evaluation<'a>(policy: &'a Policy, subject: &'a Pseudonym, id: u128) -> Evalu
         cost: 1,
         deadline: Instant::now() + BUDGET,
         id: EvaluationId(id),
+        settle_within: None,
     }
 }
 

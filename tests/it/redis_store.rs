@@ -158,6 +158,7 @@ fn evaluation<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32) -> Eval
         cost,
         deadline: Instant::now() + BUDGET,
         id: EvaluationId::random(),
+        settle_within: None,
     }
 }
 
@@ -622,6 +623,7 @@ async fn concurrent_requests_admit_exactly_the_limit() {
                         cost: 1,
                         deadline: Instant::now() + Duration::from_secs(5),
                         id: EvaluationId::random(),
+                        settle_within: None,
                     };
                     store.evaluate(&ev).await
                 })

@@ -39,6 +39,15 @@ impl Spec for FixedWindow {
     ) -> Decision {
         per_band::<Self, _>(bands, state, now, cost, check)
     }
+
+    fn refund(bands: &[WindowBand], state: &mut Vec<BandState>, at: Micros, cost: u32) {
+        for (band, state) in bands.iter().zip(state.iter_mut()) {
+            let w = micros(band.window).max(1);
+            if state.start == at - at % w {
+                state.count = state.count.saturating_sub(u64::from(cost));
+            }
+        }
+    }
 }
 
 /// `(start, count)`: units admitted in the window starting at `start`.

@@ -81,6 +81,13 @@ impl Spec for Gcra {
     ) -> Decision {
         per_band::<Self, _>(bands, state, now, cost, check)
     }
+
+    fn refund(bands: &[GcraBand], state: &mut Vec<BandState>, _at: Micros, cost: u32) {
+        for (band, state) in bands.iter().zip(state.iter_mut()) {
+            let t = band.emission_interval_us().max(1);
+            state.tat = state.tat.saturating_sub(u64::from(cost).saturating_mul(t));
+        }
+    }
 }
 
 impl BandSpec for GcraBand {

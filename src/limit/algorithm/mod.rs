@@ -65,7 +65,7 @@ use std::time::Duration;
 use super::{Decision, Micros};
 
 pub use gcra::GcraBand;
-pub use registry::{evaluate, Algorithm, Bands, State};
+pub use registry::{evaluate, refund, Algorithm, Bands, State};
 pub use token_bucket::BucketBand;
 pub use window::WindowBand;
 
@@ -123,6 +123,10 @@ pub trait Spec {
     /// Checks every band; charges all of them only if all admit `cost`. A
     /// state that does not fit `bands` reads as a subject never seen.
     fn evaluate(bands: &[Self::Band], state: &mut Self::State, now: Micros, cost: u32) -> Decision;
+    /// Gives back `cost` units admitted at `at`, where the state still
+    /// holds them (the twin of `lua/refund/<name>.lua`): a window since
+    /// ended, or a log entry since dropped, needs nothing.
+    fn refund(bands: &[Self::Band], state: &mut Self::State, at: Micros, cost: u32);
 }
 
 /// What one band provides, whichever algorithm reads it: the three window

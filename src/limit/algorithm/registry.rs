@@ -177,6 +177,17 @@ macro_rules! register {
                 }
             }
         }
+
+        /// Gives back `cost` units admitted at `at` ([`Spec::refund`]).
+        pub fn refund(bands: &Bands, state: &mut State, at: Micros, cost: u32) {
+            match (bands, &mut state.0) {
+                $((Bands::$variant(b), PerAlgorithm::$variant(s)) => {
+                    <$spec as Spec>::refund(b, s, at, cost)
+                })*
+                // A state of another algorithm holds nothing of this one.
+                _ => {}
+            }
+        }
     };
 }
 

@@ -53,6 +53,20 @@ impl Spec for SlidingCounter {
     ) -> Decision {
         per_band::<Self, _>(bands, state, now, cost, check)
     }
+
+    fn refund(bands: &[WindowBand], state: &mut Vec<BandState>, at: Micros, cost: u32) {
+        for (band, state) in bands.iter().zip(state.iter_mut()) {
+            let w = micros(band.window).max(1);
+            let charged = at - at % w;
+            // The charged window is the current one, or the previous once
+            // the band has moved one window on.
+            if state.start == charged {
+                state.cur = state.cur.saturating_sub(u64::from(cost));
+            } else if state.start == charged.saturating_add(w) {
+                state.prev = state.prev.saturating_sub(u64::from(cost));
+            }
+        }
+    }
 }
 
 /// `(start, cur, prev)`: units admitted in the window starting at `start`

@@ -48,6 +48,10 @@ impl Spec for SlidingLog {
         }
         decision
     }
+
+    fn refund(_bands: &[WindowBand], log: &mut Log, at: Micros, cost: u32) {
+        log.take_back(at, u64::from(cost));
+    }
 }
 
 /// The log of one subject under one policy. The default is a subject never
@@ -77,6 +81,24 @@ impl Log {
 
     fn total(&self) -> u64 {
         self.entries.back().map_or(self.dropped, |e| e.through)
+    }
+
+    /// Takes `units` out of the entry written at `at` (or, the clock having
+    /// been behind the log then, the first written after it), where the
+    /// log still holds it; an entry left with none is removed.
+    fn take_back(&mut self, at: Micros, units: u64) {
+        let i = self.entries.partition_point(|e| e.at < at);
+        let Some(entry) = self.entries.get(i) else {
+            return;
+        };
+        let held = entry.through - self.through_before(i);
+        let taken = units.min(held);
+        for later in self.entries.iter_mut().skip(i) {
+            later.through -= taken;
+        }
+        if taken == held {
+            self.entries.remove(i);
+        }
     }
 
     /// The running total just before entry `index`.

@@ -72,6 +72,13 @@ impl Spec for TokenBucket {
     ) -> Decision {
         per_band::<Self, _>(bands, state, now, cost, check)
     }
+
+    fn refund(bands: &[BucketBand], state: &mut Vec<BandState>, _at: Micros, cost: u32) {
+        for (band, state) in bands.iter().zip(state.iter_mut()) {
+            let capacity = u64::from(band.capacity.get());
+            state.tokens = state.tokens.saturating_add(u64::from(cost)).min(capacity);
+        }
+    }
 }
 
 impl BandSpec for BucketBand {

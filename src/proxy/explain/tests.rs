@@ -81,6 +81,7 @@ fn a_shadow_limit_over_its_quota_still_forwards() {
         cost: 1,
         deadline: Instant::now() + Duration::from_secs(1),
         id: EvaluationId(1),
+        settle_within: None,
     };
     let Store::Memory(memory) = &store else {
         unreachable!("built as memory");

@@ -241,6 +241,7 @@ async fn take(
             cost: units,
             deadline: Instant::now() + budget,
             id: EvaluationId::random(),
+            settle_within: None,
         };
         let outcomes = store.evaluate_all(std::slice::from_ref(&evaluation)).await;
         match outcomes.list.first() {

@@ -62,6 +62,7 @@ pub(in crate::proxy) fn asked<'a, 'r>(
                 cost: check.limit().cost,
                 deadline,
                 id: EvaluationId::random(),
+                settle_within: None,
             };
             Some(((check, policy), evaluation))
         })

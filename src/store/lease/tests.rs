@@ -73,6 +73,7 @@ fn ask<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32, at: Instant) -
         cost,
         deadline: at + Duration::from_secs(1),
         id: EvaluationId::random(),
+        settle_within: None,
     }
 }
 

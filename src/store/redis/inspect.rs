@@ -122,6 +122,7 @@ pub async fn inspect(
             cost: 1,
             deadline: Instant::now() + STEP_TIMEOUT,
             id: EvaluationId::random(),
+            settle_within: None,
         };
         let found = match inner.evaluate(&evaluation).await {
             Outcome::Allowed(_) | Outcome::Denied(_) => {

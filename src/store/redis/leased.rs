@@ -41,7 +41,12 @@ impl RedisStore {
     /// answered at once, with no future to make; else what the book said
     /// of each, for [`RedisStore::decide_all`] to act on.
     pub fn from_leases(&self, evaluations: &[Evaluation<'_>]) -> Leased {
-        if !evaluations.iter().any(|e| e.policy.lease.is_some()) {
+        // A reservation is settled by a refund that needs the store's
+        // record of it, which a lease's spending leaves none of: a request
+        // with one asks the store for every limit.
+        if !evaluations.iter().any(|e| e.policy.lease.is_some())
+            || evaluations.iter().any(|e| e.settle_within.is_some())
+        {
             return Leased::None;
         }
         let leases = &self.inner.leases;
@@ -71,6 +76,7 @@ impl RedisStore {
             first: 0,
             list,
             source: Source::Lease,
+            at: 0,
         })
     }
 
@@ -354,6 +360,7 @@ impl RedisStore {
                 cost: top.units,
                 deadline: sent_at + inner.budget,
                 id,
+                settle_within: None,
             };
             let outcome = inner.evaluate(&grant).await;
             let mut returns = Vec::new();

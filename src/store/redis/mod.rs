@@ -302,6 +302,20 @@ impl RedisStore {
         }
     }
 
+    /// Gives back `units` of what `evaluation` reserved (a limit charged on
+    /// response, settled), by its record; whether they were given back.
+    pub async fn refund_reserved(&self, evaluation: &Evaluation<'_>, units: u32) -> bool {
+        let refund = Evaluation {
+            cost: units,
+            settle_within: None,
+            deadline: Instant::now() + self.inner.budget,
+            ..*evaluation
+        };
+        let result = self.inner.refund_one(&refund, refund.deadline).await;
+        self.inner.count_refund(result);
+        result == refund::Refund::Refunded
+    }
+
     /// Makes the scripts of every route's several limits, and loads those
     /// not seen before in the background, as [`RedisStore::learn`] does
     /// for policies.
@@ -462,7 +476,8 @@ fn remember(
 ) {
     for (i, outcome) in outcomes.iter() {
         if let (Outcome::Denied(decision), Some(e)) = (outcome, evaluations.get(i)) {
-            cache.remember(e.policy, e.subject, e.cost, asked, &decision);
+            let reserved = e.settle_within.is_some();
+            cache.remember_denial(e.policy, e.subject, e.cost, asked, &decision, reserved);
         }
     }
 }
@@ -593,6 +608,7 @@ async fn probe(inner: Weak<Inner>, cooldown: Duration) {
             cost: 1,
             deadline: now + store.budget,
             id: EvaluationId::random(),
+            settle_within: None,
         };
         let outcome = store.evaluate(&evaluation).await;
         tracing::debug!(?outcome, "redis: breaker probe");

@@ -40,11 +40,16 @@ impl Inner {
         let deadline = Instant::now() + self.budget;
         let calls = charged.iter().map(|e| self.refund_one(e, deadline));
         for result in futures_util::future::join_all(calls).await {
-            match result {
-                Refund::Refunded => self.stats.refunded.count(),
-                Refund::Unneeded => self.stats.refund_unneeded.count(),
-                Refund::Failed => self.stats.refund_failed.count(),
-            }
+            self.count_refund(result);
+        }
+    }
+
+    /// Counts one refund in `sluice_refunds_total`.
+    pub(super) fn count_refund(&self, result: Refund) {
+        match result {
+            Refund::Refunded => self.stats.refunded.count(),
+            Refund::Unneeded => self.stats.refund_unneeded.count(),
+            Refund::Failed => self.stats.refund_failed.count(),
         }
     }
 

@@ -431,7 +431,16 @@ pub fn fcall(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> C
     let id = hex_id(evaluation.id.0);
     push_keys(&mut cmd, common, evaluation, &id);
     cmd.arg(&id[..]).arg(evaluation.cost);
+    if let Some(within) = evaluation.settle_within {
+        cmd.arg(record_life(within));
+    }
     cmd
+}
+
+/// The third argument of a reserved evaluation: how long its record lives
+/// (`lua/README.md`, "ARGV"), in whole milliseconds, at most a day.
+fn record_life(within: Duration) -> u64 {
+    ceil_ms(within).clamp(1, 86_400_000)
 }
 
 /// An evaluation's two keys: its state, then its record,
@@ -467,6 +476,10 @@ pub fn fcall_several(script: &Script, common: &Common, evaluations: &[Evaluation
     cmd.arg(&id[..]);
     for evaluation in evaluations {
         cmd.arg(evaluation.cost);
+    }
+    // One record life for the call: the longest any limit asks.
+    if let Some(within) = evaluations.iter().filter_map(|e| e.settle_within).max() {
+        cmd.arg(record_life(within));
     }
     cmd
 }
@@ -768,6 +781,7 @@ mod tests {
                 cost: 2,
                 deadline: tokio::time::Instant::now(),
                 id: EvaluationId(0xab),
+                settle_within: None,
             };
             let sent = args(&fcall(&script, &common(), &evaluation));
             let state = format!(
@@ -833,6 +847,7 @@ mod tests {
             cost,
             deadline: tokio::time::Instant::now(),
             id: EvaluationId(0xab),
+            settle_within: None,
         };
         let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
         let sent = args(&fcall_several(&several, &common(), &evaluations));

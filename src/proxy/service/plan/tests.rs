@@ -537,6 +537,7 @@ fn fallback_for(runtime: &Runtime, limits: &[Limit]) -> Fallback {
             cost: 1,
             deadline: Instant::now(),
             id: EvaluationId(0),
+            settle_within: None,
         };
         if limit.spent {
             // Charged until it refuses (a refusal charges nothing).
@@ -661,6 +662,7 @@ fn a_request_a_limit_refuses_charges_no_local_limit_before_it() {
         cost: 1,
         deadline: Instant::now(),
         id: EvaluationId(0),
+        settle_within: None,
     };
     match fallback
         .peek(&evaluation, policy, runtime.live.store.local_share)

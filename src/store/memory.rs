@@ -287,19 +287,6 @@ impl MemoryStore {
         Outcome::from_decision(decision)
     }
 
-    /// Drops every entry: what the local fallback does once the shared
-    /// store decides again, so the next outage starts from nothing.
-    pub fn clear(&self) -> usize {
-        let mut removed = 0;
-        for shard in self.shards.iter() {
-            let mut map = sync::lock(shard);
-            removed += map.len();
-            map.clear();
-        }
-        self.len.fetch_sub(removed, Ordering::Relaxed);
-        removed
-    }
-
     /// Drops expired entries. Called periodically by the sweeper task; the
     /// lock is taken one shard at a time.
     pub fn sweep(&self) -> usize {

@@ -262,7 +262,7 @@ async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
 
     // Two clients, 6 each, decided here: the first gets its own 5, the
     // second what the route has left of 8 (Redis's earlier count is not
-    // known here: the fallback starts fresh).
+    // known here: the fallback never saw it).
     let mut admitted = Vec::new();
     for client in ["198.51.100.1", "198.51.100.2"] {
         let mut n = 0;

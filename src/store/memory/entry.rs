@@ -29,8 +29,11 @@ pub(super) struct Entry {
     /// when that ends (the wait for one more unit, or for the refused
     /// cost). 0 when neither.
     refusing_until: Micros,
-    /// Since when it has refused (or had nothing left) without a break.
-    refusing_since: Micros,
+    /// How long before `refusing_until` the refusal began, in whole
+    /// milliseconds (saturated past 49 days): a `u32` beside `used` keeps
+    /// an entry at 64 bytes, the size the store's bound per subject was
+    /// measured with.
+    refusal_ms: u32,
 }
 
 /// What forgetting an entry costs; the least goes first. The order of
@@ -59,7 +62,7 @@ impl Entry {
             expires_at: 0,
             used: 0,
             refusing_until: 0,
-            refusing_since: 0,
+            refusal_ms: 0,
         }
     }
 
@@ -74,7 +77,7 @@ impl Entry {
         } else {
             Cost::Refusing {
                 until: self.refusing_until,
-                since: Reverse(self.refusing_since),
+                since: Reverse(self.refusing_since()),
             }
         }
     }
@@ -117,10 +120,21 @@ impl Entry {
     }
 
     fn refuse_until(&mut self, now: Micros, until: Micros) {
-        if self.refusing_until <= now {
-            self.refusing_since = now;
-        }
+        let since = if self.refusing_until <= now {
+            now
+        } else {
+            self.refusing_since()
+        };
         self.refusing_until = until;
+        let ms = until.saturating_sub(since) / 1_000;
+        self.refusal_ms = u32::try_from(ms).unwrap_or(u32::MAX);
+    }
+
+    /// When the current refusal began, to the millisecond (a little later
+    /// than it did, never earlier).
+    fn refusing_since(&self) -> Micros {
+        self.refusing_until
+            .saturating_sub(u64::from(self.refusal_ms) * 1_000)
     }
 }
 
@@ -172,6 +186,12 @@ mod tests {
             }
         }
         entry
+    }
+
+    #[test]
+    fn an_entry_stays_within_the_size_its_bound_was_measured_with() {
+        // `memory_bound::BYTES_PER_ENTRY` was measured with 64-byte entries.
+        assert!(std::mem::size_of::<Entry>() <= 64);
     }
 
     #[test]

@@ -24,9 +24,9 @@ pub struct Decision {
 /// Why a store could not make a decision. Each maps to `on_failure`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unavailable {
-    /// Budget spent before sending, pool exhausted, breaker open, or the
-    /// embedded store full (a new subject is never handed a fresh bucket by
-    /// forgetting an old one).
+    /// Budget spent before sending, pool exhausted, breaker open, or
+    /// a memory store with room for nothing (a full one evicts instead:
+    /// `store::memory`).
     AdmissionRejected,
     /// The store could not be reached; nothing was sent.
     BeforeSend,

@@ -6,8 +6,12 @@
 //! store could not decide, and left at the first decision the store makes
 //! again (after an outage, the breaker's probe), whatever its policy. Its
 //! state lives in a [`MemoryStore`] of its own, bounded like the embedded
-//! store, and is dropped when the fallback is left: counts made alone
-//! mean nothing beside the shared ones, and a later outage starts fresh.
+//! store, and outlives the outage: what was granted alone is remembered
+//! until it would have expired in one long outage (the policy's horizon
+//! after the subject's last local admission), so a subject is granted its
+//! local quota once per window however many times the store comes and
+//! goes. The counts are never mixed with the store's: back on the store,
+//! the store decides from its own; alone again, from these.
 
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -98,8 +102,7 @@ impl Fallback {
 
     /// Bounded as the embedded store would be (a process with a shared
     /// store holds no other per-subject state of that size), with the
-    /// default `ttl_grace`: local state is dropped when the store is back
-    /// anyway.
+    /// default `ttl_grace`.
     pub fn for_sidecar() -> Fallback {
         Fallback::new(MemoryBound::resolve(None).entries(), Duration::from_secs(5))
     }
@@ -218,8 +221,11 @@ impl Fallback {
         (outcome, local)
     }
 
-    /// The store decided: back on it, and what was counted alone is
-    /// forgotten. One atomic load when there is no fallback to leave.
+    /// The store decided: back on it. What was counted alone is kept for
+    /// the next outage (it expires as it would have in one long outage):
+    /// dropping it would hand every subject its local quota afresh each
+    /// time the store blinks. One atomic load when there is no fallback to
+    /// leave.
     pub fn store_decided(&self) {
         if !self.active() {
             return;
@@ -231,7 +237,9 @@ impl Fallback {
         self.active.store(false, Ordering::Release);
         let lasted = times.since.take().map(|s| s.elapsed()).unwrap_or_default();
         times.spent += lasted;
-        let dropped = self.store.clear();
+        // The local policies are made again from whatever is configured
+        // then; they keep their names and revisions, so the counts still
+        // apply.
         lock(&self.policies).clear();
         self.metrics.active.set(0.0);
         if !self.log_budget.take(Instant::now()) {
@@ -239,8 +247,8 @@ impl Fallback {
         }
         tracing::info!(
             lasted_ms = u64::try_from(lasted.as_millis()).unwrap_or(u64::MAX),
-            subjects_dropped = dropped,
-            "the store decides again: local fallback left, its state dropped"
+            subjects_remembered = self.store.len(),
+            "the store decides again: local fallback left, its counts kept for their windows"
         );
     }
 
@@ -301,7 +309,8 @@ impl Fallback {
             .absolute((times.spent + current).as_secs());
     }
 
-    /// Subjects decided locally right now.
+    /// Subjects whose local counts are held (decided alone in this
+    /// outage or an earlier one whose counts have not expired).
     pub fn subjects(&self) -> usize {
         self.store.len()
     }
@@ -355,7 +364,7 @@ mod tests {
     }
 
     #[test]
-    fn each_sidecar_admits_its_share_until_the_store_decides_again() {
+    fn what_was_granted_alone_is_remembered_across_outages() {
         let fallback = Fallback::new(1000, Duration::ZERO);
         let p = policy(30);
         assert!(!fallback.active());
@@ -365,9 +374,13 @@ mod tests {
 
         fallback.store_decided();
         assert!(!fallback.active());
-        assert_eq!(fallback.subjects(), 0, "the local state is dropped");
-        // The next outage starts fresh, under the share in effect then.
-        assert_eq!(admitted(&fallback, &p, 2, 20), 15);
+        assert_eq!(fallback.subjects(), 1, "the local counts are kept");
+        // The next outage in the same window grants nothing more...
+        assert_eq!(admitted(&fallback, &p, 3, 15), 0);
+        assert!(fallback.active());
+        fallback.store_decided();
+        // ...and under another share, what it allows beyond the 10 granted.
+        assert_eq!(admitted(&fallback, &p, 2, 20), 5);
     }
 
     fn named(name: &str, limit: u32) -> Arc<Policy> {

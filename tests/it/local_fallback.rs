@@ -262,7 +262,7 @@ async fn with_redis_down_each_of_several_limits_follows_its_own_on_failure() {
 
     // Two clients, 6 each, decided here: the first gets its own 5, the
     // second what the route has left of 8 (Redis's earlier count is not
-    // known here: the fallback starts fresh).
+    // known here: the fallback never saw it).
     let mut admitted = Vec::new();
     for client in ["198.51.100.1", "198.51.100.2"] {
         let mut n = 0;
@@ -376,4 +376,64 @@ async fn with_redis_down_a_request_one_local_limit_refuses_charges_none_of_the_o
     assert_eq!(counted("per_ip", "local_denied"), 1.0, "{text}");
     assert_eq!(counted("everyone", "local_denied"), 1.0, "{text}");
     assert_eq!(counted("everyone", "unavailable"), 0.0, "{text}");
+}
+
+/// Redis paused five times within one window (`SIGSTOP`, then `SIGCONT`),
+/// the sidecar back on it between pauses: what the local fallback granted
+/// a subject in the first outage is remembered in the next ones, so the
+/// subject gets its local quota once for the window, not once per pause.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subject_gets_its_local_quota_once_a_window_however_often_redis_pauses() {
+    const LOCAL: usize = 5;
+    const PAUSES: usize = 5;
+    let hour = Duration::from_secs(3600);
+    clear_of_window_edge(hour, Duration::from_secs(120)).await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  hourly: { algorithm: fixed-window, limit: 5, window: 1h }\n";
+    let routes =
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: hourly }\n";
+    let yaml = alone_on_failure(&upstream, &redis.url(), policies, routes);
+    let sluice = start_on_redis(&yaml).await;
+    // Four of five on Redis: one left there.
+    for _ in 0..4 {
+        assert_eq!(get(sluice.addr(), "/api", &[]).await.0, StatusCode::OK);
+    }
+
+    let mut admitted_alone = Vec::new();
+    for pause in 0..PAUSES {
+        tokio::task::block_in_place(|| redis.signal("STOP"));
+        let mut ok = 0;
+        for _ in 0..40 {
+            match get(sluice.addr(), "/api", &[]).await.0 {
+                StatusCode::OK => ok += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("pause {pause}: {other}, never a 503 under local"),
+            }
+        }
+        admitted_alone.push(ok);
+        tokio::task::block_in_place(|| redis.signal("CONT"));
+        // A request at a time until one is Redis's again: the fallback is
+        // left between pauses, as the outages are separate.
+        eventually(Duration::from_secs(10), || async {
+            let _ = get(sluice.addr(), "/api", &[]).await;
+            let text = scrape(admin(&sluice)).await;
+            (metric(&text, "sluice_store_fallback", &[]) == Some(0.0)).then_some(())
+        })
+        .await;
+    }
+    println!("admitted alone in each pause: {admitted_alone:?}");
+
+    let text = scrape(admin(&sluice)).await;
+    assert_eq!(
+        metric(&text, "sluice_store_fallbacks_total", &[]),
+        Some(PAUSES as f64),
+        "{admitted_alone:?}"
+    );
+    assert_eq!(admitted_alone[0], LOCAL, "{admitted_alone:?}");
+    assert_eq!(
+        requests_counted(&text, "api", "hourly", "local_allowed"),
+        LOCAL as f64,
+        "granted alone over {PAUSES} pauses: {admitted_alone:?}"
+    );
 }

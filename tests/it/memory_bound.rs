@@ -2,7 +2,8 @@
 //! under a real cgroup memory limit, with `max_entries` not written, sluice
 //! derives its bound from the limit, makes room for new subjects beyond
 //! it by evicting (never growing past it), keeps the subjects that matter,
-//! and is never killed.
+//! and is never killed. With a small `max_entries`: what a full store keeps
+//! under a flood (a spent subject, the subject refused longest).
 
 use crate::support;
 use crate::support::cgroup::{rss_bytes, MemoryCgroup};
@@ -139,4 +140,108 @@ async fn under_a_memory_limit_new_subjects_meet_the_store_s_bound_before_the_ker
     );
     assert_eq!(cgroup.limit_hits(), 0, "the cgroup's limit was reached");
     drop(sluice);
+}
+
+/// A memory store of 16 entries (one shard, so every newcomer's sample
+/// can reach every entry) shared by a cheap route (`small`: 5 an hour,
+/// or `once`: 1 an hour) and a costly one (`cost: 50` of 100 an hour).
+fn small_store(upstream: &Upstream) -> String {
+    format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
+upstream:
+  url: {}
+store:
+  kind: memory
+  max_entries: 16
+  on_failure: deny
+policies:
+  small: {{ algorithm: fixed-window, limit: 5, window: 1h }}
+  once: {{ algorithm: fixed-window, limit: 1, window: 1h }}
+  costly: {{ algorithm: fixed-window, limit: 100, window: 1h }}
+routes:
+  - {{ name: api, match: {{ path: /api }}, subject: header:X-Key, policy: small }}
+  - {{ name: login, match: {{ path: /login }}, subject: header:X-Key, policy: once }}
+  - {{ name: export, match: {{ path: /export }}, subject: header:X-Key, policy: costly, cost: 50 }}
+",
+        upstream.url()
+    )
+}
+
+/// `path` as `key`: the status and the `r` of its `RateLimit`.
+async fn ask(sluice: &Sidecar, path: &str, key: &str) -> (StatusCode, Option<u64>) {
+    let (status, headers, _) = get(sluice.addr(), path, &[("X-Key", key)]).await;
+    let remaining = support::client::header(&headers, "ratelimit")
+        .and_then(support::parse_ratelimit)
+        .and_then(|item| item.param("r"));
+    (status, remaining)
+}
+
+/// Waits until the store has evicted at least `n` entries.
+async fn evicted_at_least(sluice: &Sidecar, n: f64) {
+    let admin = sluice.admin_addr().expect("an admin port");
+    support::eventually(Duration::from_secs(5), || async {
+        let text = support::ops::scrape(admin).await;
+        let evicted = support::ops::metric(&text, "sluice_memory_store_evictions_total", &[])?;
+        (evicted >= n).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spent_subject_never_refused_outlives_a_flood_on_a_costly_route() {
+    clear_of_window_edge(Duration::from_secs(3600), Duration::from_secs(60)).await;
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&small_store(&upstream));
+    for _ in 0..5 {
+        assert_eq!(ask(&sluice, "/api", "spent").await.0, StatusCode::OK);
+    }
+    // One request each on the costly route: 50 units, ten times what the
+    // spent subject ever had, half of their own limit.
+    for n in 0..300 {
+        let (status, remaining) = ask(&sluice, "/export", &format!("flood-{n}")).await;
+        assert_eq!((status, remaining), (StatusCode::OK, Some(50)), "flood-{n}");
+    }
+    evicted_at_least(&sluice, 280.0).await;
+    let (status, _) = ask(&sluice, "/api", "spent").await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the spent subject was forgotten"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn of_subjects_refused_until_one_window_edge_the_one_refused_longest_outlives_a_flood() {
+    clear_of_window_edge(Duration::from_secs(3600), Duration::from_secs(60)).await;
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&small_store(&upstream));
+    assert_eq!(ask(&sluice, "/login", "first").await.0, StatusCode::OK);
+    assert_eq!(
+        ask(&sluice, "/login", "first").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Each newcomer pushed over its limit too: every one of them is
+    // refused until the same edge of the hour.
+    for n in 0..300 {
+        let key = format!("flood-{n}");
+        assert_eq!(
+            ask(&sluice, "/login", &key).await.0,
+            StatusCode::OK,
+            "{key}"
+        );
+        assert_eq!(
+            ask(&sluice, "/login", &key).await.0,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{key}"
+        );
+    }
+    evicted_at_least(&sluice, 280.0).await;
+    assert_eq!(
+        ask(&sluice, "/login", "first").await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the subject refused longest was forgotten"
+    );
 }

@@ -692,6 +692,7 @@ fn each_matched_route_is_counted_under_its_own_limits() {
         first: 0,
         list: smallvec::smallvec![a, b],
         source: crate::store::Source::Store,
+        at: 0,
     };
     let allowed = Outcome::Allowed(decision(true, 3));
     let denied = Outcome::Denied(decision(false, 0));

@@ -62,6 +62,15 @@ impl Limit {
     }
 
     /// The response's charge, when it waits for one.
+    /// The units taken before forwarding: `cost`; for a cost the response
+    /// reports, its `reserve`, settled when the response head arrives.
+    pub fn reserved_units(&self) -> u32 {
+        match self.on_response().and_then(|on| on.from_header.as_ref()) {
+            Some(from) => from.reserve,
+            None => self.cost,
+        }
+    }
+
     pub fn on_response(&self) -> Option<&OnResponse> {
         match &self.charge {
             Charge::Request => None,
@@ -100,6 +109,9 @@ pub struct ResponseCost {
     pub max: u32,
     /// Charged when the header is missing or not a whole number.
     pub default: u32,
+    /// Held before forwarding (at least 1, at most `max`), and settled to
+    /// the reported cost when the response head arrives.
+    pub reserve: u32,
 }
 
 /// How a response's cost was read, for metrics.

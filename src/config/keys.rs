@@ -290,8 +290,10 @@ keys! { ENTRIES:
         "the most one response is charged; a larger report is charged this";
     ROUTE_COST_DEFAULT: "routes[].cost.default", "number", Derived("`max`"), Reload,
         "charged when the header is missing or not a whole number";
+    ROUTE_COST_RESERVE: "routes[].cost.reserve", "number", Derived("`default`, at least 1"), Reload,
+        "units held before forwarding, settled to the reported cost when the response head arrives";
     ROUTE_CHARGE: "routes[].charge", "mapping", Unset("charged before forwarding"), Reload,
-        "`{ on: response, statuses: [...] }`: checked before forwarding, charged when the response head arrives";
+        "`{ on: response, statuses: [...] }`: a unit reserved before forwarding, kept for a listed status, given back otherwise";
     ROUTE_CHARGE_ON: "routes[].charge.on", "`request`, `response`", Derived("`response` with a cost from the response, else `request`"), Reload,
         "when the limit is charged";
     ROUTE_CHARGE_STATUSES: "routes[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,
@@ -318,8 +320,10 @@ keys! { ENTRIES:
         "the most one response is charged; a larger report is charged this";
     ROUTE_LIMITS_COST_DEFAULT: "routes[].limits[].cost.default", "number", Derived("`max`"), Reload,
         "charged when the header is missing or not a whole number";
+    ROUTE_LIMITS_COST_RESERVE: "routes[].limits[].cost.reserve", "number", Derived("`default`, at least 1"), Reload,
+        "units held before forwarding, settled to the reported cost when the response head arrives";
     ROUTE_LIMITS_CHARGE: "routes[].limits[].charge", "mapping", Unset("charged before forwarding"), Reload,
-        "`{ on: response, statuses: [...] }`: checked before forwarding, charged when the response head arrives";
+        "`{ on: response, statuses: [...] }`: a unit reserved before forwarding, kept for a listed status, given back otherwise";
     ROUTE_LIMITS_CHARGE_ON: "routes[].limits[].charge.on", "`request`, `response`", Derived("`response` with a cost from the response, else `request`"), Reload,
         "when the limit is charged";
     ROUTE_LIMITS_CHARGE_STATUSES: "routes[].limits[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,
@@ -360,8 +364,10 @@ keys! { ENTRIES:
         "the most one response is charged; a larger report is charged this";
     DEFAULT_ROUTE_LIMITS_COST_DEFAULT: "default.limits[].cost.default", "number", Derived("`max`"), Reload,
         "charged when the header is missing or not a whole number";
+    DEFAULT_ROUTE_LIMITS_COST_RESERVE: "default.limits[].cost.reserve", "number", Derived("`default`, at least 1"), Reload,
+        "units held before forwarding, settled to the reported cost when the response head arrives";
     DEFAULT_ROUTE_LIMITS_CHARGE: "default.limits[].charge", "mapping", Unset("charged before forwarding"), Reload,
-        "`{ on: response, statuses: [...] }`: checked before forwarding, charged when the response head arrives";
+        "`{ on: response, statuses: [...] }`: a unit reserved before forwarding, kept for a listed status, given back otherwise";
     DEFAULT_ROUTE_LIMITS_CHARGE_ON: "default.limits[].charge.on", "`request`, `response`", Derived("`response` with a cost from the response, else `request`"), Reload,
         "when the limit is charged";
     DEFAULT_ROUTE_LIMITS_CHARGE_STATUSES: "default.limits[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,

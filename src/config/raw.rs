@@ -418,7 +418,7 @@ pub struct Limit {
     pub charge: Option<Charge>,
 }
 
-/// `cost`: a number, or `{ from_response_header, max, default }`.
+/// `cost`: a number, or `{ from_response_header, max, default, reserve }`.
 pub type Cost = OneOr<ResponseCost>;
 
 #[derive(Debug, Default, Deserialize)]
@@ -427,6 +427,7 @@ pub struct ResponseCost {
     pub from_response_header: Option<Scalar>,
     pub max: Option<Scalar>,
     pub default: Option<Scalar>,
+    pub reserve: Option<Scalar>,
 }
 
 /// `charge: { on: request | response, statuses: [...] }`.

@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::config::{Live, Underscores};
-use crate::limit::{Decision, LimitPolicy};
+use crate::limit::{Decision, LimitPolicy, Outcome};
 use crate::path;
 use crate::route::{Limit, PathMatch, Route};
 use crate::store::in_flight::{InFlight, Permit};
@@ -44,6 +44,7 @@ use super::upstream::Tunnels;
 use super::upstream::{self, Upstream, UpstreamError};
 use super::verdict::Verdict;
 use super::ConnInfo;
+use on_response::Reservation;
 use plan::{Judgement, Passed, Refusal};
 
 pub struct Proxy {
@@ -100,6 +101,20 @@ struct Admitted<'r> {
     ratelimit: Option<(&'r Prepared, Decision)>,
     /// Its concurrency places, given back with the response body.
     permits: SmallVec<[Permit; 1]>,
+    /// What the limits charged on response reserved.
+    reservations: Reservations,
+}
+
+/// What each limit charged on response reserved: its index among the
+/// request's checks, and the reservation.
+type Reservations = SmallVec<[(usize, Reservation); 1]>;
+
+/// How long a reservation may wait for its settlement: the app's turn
+/// (`upstream.timeout`) and a margin for the request body and the store
+/// calls on either side. A settlement later than this finds nothing to
+/// give back, and the reservation stands.
+fn settle_within(live: &Live) -> std::time::Duration {
+    live.upstream.timeout + 2 * live.store.budget + std::time::Duration::from_secs(10)
 }
 
 impl Proxy {
@@ -183,16 +198,11 @@ impl Proxy {
         let primary = matched.primary();
         let (mut response, charges) = if exchange::needed(&checks, &admitted.permits) {
             let (proxy, runtime) = (self.clone(), runtime.clone());
-            exchange::run(
-                proxy,
-                runtime,
-                request,
-                *conn,
-                primary.at,
-                &checks,
-                admitted.permits,
-            )
-            .await
+            let held = exchange::Held {
+                permits: admitted.permits,
+                reservations: admitted.reservations,
+            };
+            exchange::run(proxy, runtime, request, *conn, primary.at, &checks, held).await
         } else {
             // Nothing held or owed: the exchange may go with the client.
             let (response, _) = self.forward(request, conn, live, primary).await;
@@ -218,8 +228,8 @@ impl Proxy {
         arrival: Instant,
     ) -> Result<Admitted<'r>, Response<Body>> {
         let mut permits = SmallVec::new();
-        let judgement = match self.take_places(checks, &mut permits) {
-            Some(refusal) => Judgement::Refused(refusal),
+        let (judgement, reservations) = match self.take_places(checks, &mut permits) {
+            Some(refusal) => (Judgement::Refused(refusal), Reservations::new()),
             None => self.judge(checks, live, arrival).await,
         };
         self.count(matched, checks, &judgement, arrival);
@@ -229,6 +239,7 @@ impl Proxy {
             Judgement::Passed(passed) => Ok(Admitted {
                 ratelimit: passed.ratelimit,
                 permits,
+                reservations,
             }),
         }
     }
@@ -269,13 +280,13 @@ impl Proxy {
         checks: &'a [Check<'r>],
         live: &Live,
         arrival: Instant,
-    ) -> Judgement<'a, 'r> {
-        let (limits, evaluations) = plan::asked(checks, arrival + live.store.budget);
+    ) -> (Judgement<'a, 'r>, Reservations) {
+        let deadline = arrival + live.store.budget;
+        let (limits, evaluations) = plan::asked(checks, deadline, settle_within(live));
         if limits.is_empty() {
-            return Judgement::Passed(Passed::new());
+            return (Judgement::Passed(Passed::new()), Reservations::new());
         }
-        let asked = on_response::ask(&self.store, &limits, &evaluations).await;
-        let outcomes = &asked.outcomes;
+        let outcomes = &self.store.evaluate_all(&evaluations).await;
         if outcomes.source == Source::Store && outcomes.list.iter().any(plan::decided) {
             self.fallback.store_decided();
         }
@@ -302,10 +313,29 @@ impl Proxy {
             plan.settle(&local, &shared, live)
         };
         if let Judgement::Refused(_) = judgement {
-            let (charged, outcomes) = asked.charged(&evaluations);
-            self.store.give_back(charged, outcomes).await;
+            self.store.give_back(&evaluations, outcomes).await;
+            return (judgement, Reservations::new());
         }
-        judgement
+        // What the store took for the limits charged on response, to be
+        // settled when the app answers.
+        let mut reservations = Reservations::new();
+        for (i, outcome) in outcomes.iter() {
+            let (Some(evaluation), Some(&(check, _))) = (evaluations.get(i), limits.get(i)) else {
+                continue;
+            };
+            if evaluation.settle_within.is_none() || !matches!(outcome, Outcome::Allowed(_)) {
+                continue;
+            }
+            if let Some(index) = checks.iter().position(|c| std::ptr::eq(c, check)) {
+                let reserved = Reservation {
+                    units: evaluation.cost,
+                    id: evaluation.id,
+                    at: outcomes.at,
+                };
+                reservations.push((index, reserved));
+            }
+        }
+        (judgement, reservations)
     }
 
     /// Counts the request: once, under the route and limit that refused
@@ -425,8 +455,8 @@ pub(super) enum Answered {
 }
 
 /// Counts each charge made on response in the `RateLimit` fields, when
-/// they are the fields of the limit charged: the check read what would be
-/// left after `cost`; what is left is what the response was charged.
+/// they are the fields of the limit charged: the decision left what its
+/// reservation did not take; what is left is what the response owes.
 fn counted_in_ratelimit<'r>(
     checks: &[Check<'r>],
     charges: &exchange::Charges,
@@ -443,7 +473,7 @@ fn counted_in_ratelimit<'r>(
             .iter()
             .find(|(at, _)| *at == index)
             .map_or(0, |(_, units)| *units);
-        let before = decision.remaining + u64::from(check.limit().cost);
+        let before = decision.remaining + u64::from(check.limit().reserved_units());
         decision.remaining = before.saturating_sub(u64::from(units));
     }
 }

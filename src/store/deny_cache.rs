@@ -105,6 +105,13 @@ impl DenyCache {
         })
     }
 
+    /// Forgets a denial of `subject` under `policy`: units were given back
+    /// here, and the store may admit it again.
+    pub fn forget(&self, policy: &Policy, subject: &Pseudonym) {
+        let key = SubjectKey::new(policy, subject);
+        self.shards.lock(&key).remove(&key);
+    }
+
     /// Records a store denial of a request that arrived at `arrival`.
     pub fn remember(
         &self,
@@ -212,6 +219,22 @@ mod tests {
 
     fn subject(s: &str) -> Pseudonym {
         PseudonymKey::new(b"k", 1).pseudonym("ip", s.as_bytes(), "r")
+    }
+
+    #[test]
+    fn a_denied_reservation_is_asked_again_within_a_second_or_once_given_back_here() {
+        let cache = DenyCache::new(100);
+        let (p, s) = (policy(), subject("a"));
+        let t0 = Instant::now();
+        let hour = denied(Duration::from_secs(3600));
+        cache.remember_denial(&p, &s, 1, t0, &hour, true);
+        assert!(cache.check(&p, &s, 1, t0 + Duration::from_millis(900)).is_some());
+        // Units given back on another sidecar are seen a second later.
+        assert!(cache.check(&p, &s, 1, t0 + RESERVED_RECHECK).is_none());
+        // Given back here: at once.
+        cache.remember_denial(&p, &s, 1, t0, &hour, true);
+        cache.forget(&p, &s);
+        assert!(cache.check(&p, &s, 1, t0).is_none());
     }
 
     #[test]

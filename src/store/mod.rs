@@ -188,13 +188,24 @@ impl Store {
     /// response, settled once the app answered). `at`: the memory store's
     /// time of decision ([`Outcomes::at`]). Whether they were given back:
     /// on Redis a refund that cannot be made leaves the charge standing.
-    pub async fn refund_reserved(&self, evaluation: &Evaluation<'_>, at: Micros, units: u32) -> bool {
+    pub async fn refund_reserved(
+        &self,
+        evaluation: &Evaluation<'_>,
+        at: Micros,
+        units: u32,
+    ) -> bool {
         match self {
             Store::Memory(store) => {
                 store.refund(evaluation, at, units);
                 true
             }
-            Store::Redis(store, _) => Box::pin(store.refund_reserved(evaluation, units)).await,
+            Store::Redis(store, cache) => {
+                let given = Box::pin(store.refund_reserved(evaluation, units)).await;
+                if let (true, Some(cache)) = (given, cache) {
+                    cache.forget(evaluation.policy, evaluation.subject);
+                }
+                given
+            }
         }
     }
 

@@ -31,6 +31,7 @@ mod redis_several;
 mod redis_store;
 mod redis_topologies;
 mod request_corpus;
+mod reservations;
 mod response_limits;
 mod several_limits;
 mod slow_clients;

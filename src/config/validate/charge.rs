@@ -104,7 +104,7 @@ fn fits(
     }
 }
 
-/// `cost: { from_response_header, max, default }`.
+/// `cost: { from_response_header, max, default, reserve }`.
 fn response_cost(
     cx: &mut Checker<'_>,
     path: &KeyPath,
@@ -142,10 +142,29 @@ fn response_cost(
             }
         }
     };
+    let reserve = match &raw.reserve {
+        None => default.map(|d| d.max(1)),
+        Some(s) => {
+            let reserve_at = path.key("reserve");
+            let reserve = cx.value(&reserve_at, s, check::number_u32(1));
+            match (reserve, max) {
+                (Some(r), Some(m)) if r > m => {
+                    cx.error(
+                        &reserve_at,
+                        At::Value,
+                        format!("reserve {r} is above `max` {m}: a response is never charged more than `max`"),
+                    );
+                    None
+                }
+                (reserve, _) => reserve,
+            }
+        }
+    };
     Some(ResponseCost {
         header: header?,
         max: max?,
         default: default?,
+        reserve: reserve?,
     })
 }
 

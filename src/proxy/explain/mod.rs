@@ -125,7 +125,7 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
 
     // Each rate limit as the store would answer it now, charging nothing.
     let deadline = Instant::now() + live.store.budget;
-    let (limits, evaluations) = plan::asked(&routed.checks, deadline);
+    let (limits, evaluations) = plan::asked(&routed.checks, deadline, live.upstream.timeout);
     let rated = plan::rated(&limits, &evaluations);
     // A request every limit of which a lease held here pays for is
     // answered from them, with no store call: so is this one.

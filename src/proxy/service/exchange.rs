@@ -30,11 +30,21 @@ use crate::proxy::ConnInfo;
 use crate::store::in_flight::Permit;
 use crate::subject::{Pseudonym, Resolved};
 
-use super::{on_response, Answered, Check, Proxy};
+use super::on_response::{self, Due, Reservation, Settlement};
+use super::{Answered, Check, Proxy};
 
 /// The units each limit charged on response was charged: its index among
 /// the request's checks, and the units.
 pub(super) type Charges = SmallVec<[(usize, u32); 1]>;
+
+/// What a forwarded request holds until its exchange is done.
+pub(super) struct Held {
+    /// Its concurrency places, held until the response body ends.
+    pub permits: SmallVec<[Permit; 1]>,
+    /// What the limits charged on response reserved, settled when the
+    /// response head arrives.
+    pub reservations: SmallVec<[(usize, Reservation); 1]>,
+}
 
 /// A [`Check`] without its borrow of the runtime, to take into a task
 /// that owns the runtime.
@@ -42,6 +52,7 @@ pub(super) type Charges = SmallVec<[(usize, u32); 1]>;
 struct Detached {
     /// Its index among the request's checks.
     index: usize,
+    reserved: Option<Reservation>,
     route: usize,
     route_at: usize,
     limit: usize,
@@ -51,9 +62,10 @@ struct Detached {
 }
 
 impl Detached {
-    fn of(index: usize, check: &Check<'_>) -> Detached {
+    fn of(index: usize, check: &Check<'_>, reserved: Option<Reservation>) -> Detached {
         Detached {
             index,
+            reserved,
             route: check.entry.at,
             route_at: check.route_at,
             limit: check.limit,
@@ -84,7 +96,7 @@ pub(super) fn needed(checks: &[Check<'_>], permits: &[Permit]) -> bool {
 /// Forwards `request` to the app through the request's primary route
 /// (`route`, its number in `runtime`), in a task of its own; the response
 /// once its head is in, and what the limits charged on response were
-/// charged. `permits` are held until the response body ends.
+/// charged. What the request `held` is kept until the exchange is done.
 pub(super) async fn run(
     proxy: Arc<Proxy>,
     runtime: Arc<Runtime>,
@@ -92,13 +104,20 @@ pub(super) async fn run(
     conn: ConnInfo,
     route: usize,
     checks: &[Check<'_>],
-    permits: SmallVec<[Permit; 1]>,
+    held: Held,
 ) -> (Response<Body>, Charges) {
+    let Held {
+        permits,
+        reservations,
+    } = held;
     let owed: SmallVec<[Detached; 1]> = checks
         .iter()
         .enumerate()
         .filter(|(_, check)| check.limit().on_response().is_some())
-        .map(|(i, check)| Detached::of(i, check))
+        .map(|(i, check)| {
+            let reserved = reservations.iter().find(|(at, _)| *at == i);
+            Detached::of(i, check, reserved.map(|&(_, r)| r))
+        })
         .collect();
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
@@ -116,9 +135,9 @@ pub(super) async fn run(
                 Answered::TimedOut => on_response::due_timed_out(&check),
                 Answered::Sluice => None,
             };
-            if let Some(due) = due {
-                charges.push((owed.index, due.units()));
-                on_response::charge(&proxy.store, due, live.store.budget);
+            charges.push((owed.index, due.as_ref().map_or(0, Due::units)));
+            if let Some(settlement) = Settlement::of(&check, owed.reserved, due) {
+                on_response::settle(&proxy.store, settlement, live.store.budget);
             }
         }
         let response = if permits.is_empty() {

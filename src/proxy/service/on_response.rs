@@ -1,37 +1,39 @@
 //! Limits charged by the response (`charge: { on: response }`, `cost: {
-//! from_response_header }`): checked before forwarding, charging nothing,
-//! and charged once the response head says what.
+//! from_response_header }`): reserved before forwarding, settled once the
+//! response head says what they owe.
 //!
-//! Before forwarding, each such limit is read without charging (the
-//! store's read-only step: the explain scripts on Redis, a peek on the
-//! memory store), cost `cost` (1 for a cost from the response): a limit
-//! already spent refuses the request, and nothing is forwarded or charged.
-//! The request's other limits are then charged together as usual. A read
-//! that refuses ends the request before the others are asked.
+//! Before forwarding, each such limit is charged with the request's other
+//! limits, in the same call: `cost` units, or for a cost the app reports,
+//! `reserve` (default: `default`). A spent limit refuses the request, and
+//! concurrent requests cannot all pass a check that charges nothing: 100
+//! concurrent guesses against a limit of 5 forward 5. The store keeps what
+//! it needs to give the reservation back (on Redis, the evaluation's
+//! record, kept for `upstream.timeout` and a margin).
 //!
-//! When the head arrives, each limit whose statuses include the response's
-//! is charged its units, in a task of its own: a client that goes away
-//! once the head is in cannot take the charge with it. A charge larger
-//! than what is left takes what is left (the limit ends spent, and the
-//! next request is refused until it refills), so a subject cannot carry a
-//! debt into a window it has not reached. Requests checked together may
-//! all pass before any is charged: the overshoot is at most the requests
-//! in flight when the limit was reached (a concurrency limit on the route
-//! bounds it).
+//! When the head arrives, in a task of its own (a client that goes away
+//! takes nothing with it), the reservation is settled: kept for a listed
+//! status; given back for an unlisted one; for a reported cost, the
+//! difference given back or, for more than was reserved, charged (a charge
+//! larger than what is left takes what is left, so a subject cannot carry
+//! a debt into a window it has not reached). What cannot be given back
+//! (the store not answering, a record expired) stands: a reservation can
+//! only ever over-count, never let a guess through uncounted.
+//!
+//! The cost: a successful answer holds its unit while the app works on
+//! it, so a burst of successes larger than what is left is refused in
+//! part (docs/LIMITS.md, "Limits that know the answer").
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderMap;
-use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use crate::limit::{Outcome, Policy};
+use crate::limit::{Micros, Outcome, Policy};
 use crate::route::CostRead;
-use crate::store::{Evaluation, EvaluationId, Outcomes, Source, Store};
+use crate::store::{Evaluation, EvaluationId, Source, Store};
 use crate::subject::Pseudonym;
 
-use super::plan::Limits;
 use super::Check;
 use crate::proxy::metrics::OnResponseCounters;
 
@@ -46,14 +48,17 @@ pub enum Charged {
     Spent,
     /// The store made no decision: nothing is known to be charged.
     NoDecision,
+    /// The response was not charged: the reservation went back.
+    GivenBack,
 }
 
 impl Charged {
-    pub const ALL: [Charged; 4] = [
+    pub const ALL: [Charged; 5] = [
         Charged::Full,
         Charged::TookRest,
         Charged::Spent,
         Charged::NoDecision,
+        Charged::GivenBack,
     ];
 
     pub fn label(self) -> &'static str {
@@ -62,109 +67,15 @@ impl Charged {
             Charged::TookRest => "took_rest",
             Charged::Spent => "spent",
             Charged::NoDecision => "no_decision",
+            Charged::GivenBack => "given_back",
         }
     }
 }
 
-/// The store's answers for a request's rate limits: `outcomes` for every
-/// one of them, as [`Store::evaluate_all`] gives them, and what was
-/// charged, to give back when the request is refused.
-pub(in crate::proxy) struct Asked<'e> {
-    pub outcomes: Outcomes,
-    /// The limits charged before forwarding and their outcomes, when some
-    /// limits were only checked; `None`: every limit was charged.
-    charged: Option<(SmallVec<[Evaluation<'e>; 2]>, Outcomes)>,
-}
-
-impl<'e> Asked<'e> {
-    /// What was charged, out of `evaluations` (all of the request's).
-    pub fn charged<'s>(
-        &'s self,
-        evaluations: &'s [Evaluation<'e>],
-    ) -> (&'s [Evaluation<'e>], &'s Outcomes) {
-        match &self.charged {
-            None => (evaluations, &self.outcomes),
-            Some((charged, outcomes)) => (charged, outcomes),
-        }
-    }
-}
-
-/// Asks `store` for `evaluations` (one per limit of `limits`): those
-/// charged on response are read first, the others charged together.
-pub(in crate::proxy) async fn ask<'e>(
-    store: &Store,
-    limits: &Limits<'_, '_>,
-    evaluations: &[Evaluation<'e>],
-) -> Asked<'e> {
-    let later = |i: usize| limits[i].0.limit().on_response().is_some();
-    if !(0..evaluations.len()).any(later) {
-        return Asked {
-            outcomes: store.evaluate_all(evaluations).await,
-            charged: None,
-        };
-    }
-    let mut read: SmallVec<[(usize, Outcome); 2]> = SmallVec::new();
-    for (i, evaluation) in evaluations.iter().enumerate() {
-        if !later(i) {
-            continue;
-        }
-        let outcome = store.peek(evaluation).await;
-        if outcome.blocks(evaluation.policy.shadow) {
-            return Asked {
-                outcomes: Outcomes::at(i, outcome),
-                charged: Some((SmallVec::new(), Outcomes::empty())),
-            };
-        }
-        read.push((i, outcome));
-    }
-    let at: SmallVec<[usize; 2]> = (0..evaluations.len()).filter(|&i| !later(i)).collect();
-    let now: SmallVec<[Evaluation<'e>; 2]> = at.iter().map(|&i| evaluations[i]).collect();
-    let charged = if now.is_empty() {
-        Outcomes::empty()
-    } else {
-        store.evaluate_all(&now).await
-    };
-    Asked {
-        outcomes: merged(evaluations.len(), &read, &at, &charged),
-        charged: Some((now, charged)),
-    }
-}
-
-/// One run of outcomes for all `n` limits, from those `read` (at their
-/// indices) and those `charged` (for the limits at `at`, in order).
-fn merged(n: usize, read: &[(usize, Outcome)], at: &[usize], charged: &Outcomes) -> Outcomes {
-    if charged.first > 0 {
-        // The over-limit cache (or a cost no policy admits) answered for
-        // a later limit alone.
-        let mut outcomes = Outcomes::at(at[charged.first], charged.list[0]);
-        outcomes.source = charged.source;
-        return outcomes;
-    }
-    // The charged run ended before its last limit: at its blocking answer.
-    let ended = charged.list.len() < at.len();
-    let mut outcomes = Outcomes::empty();
-    let mut next = charged.list.iter();
-    for i in 0..n {
-        if let Some(&(_, outcome)) = read.iter().find(|(r, _)| *r == i) {
-            outcomes.list.push(outcome);
-            continue;
-        }
-        let Some(&outcome) = next.next() else { break };
-        outcomes.list.push(outcome);
-        if ended && next.len() == 0 {
-            break;
-        }
-    }
-    outcomes
-}
-
-/// One charge to make once the response head is in.
+/// What a response owes one limit charged on response.
 pub(in crate::proxy) struct Due {
-    policy: Arc<Policy>,
-    subject: Pseudonym,
     units: u32,
     read: CostRead,
-    counters: Option<OnResponseCounters>,
 }
 
 impl Due {
@@ -173,50 +84,117 @@ impl Due {
     }
 }
 
-/// The charge `check` is due for a response with `status` and `headers`,
-/// if it is charged on response and this response charges it.
+/// What `check`, a limit charged on response, is owed by a response with
+/// `status` and `headers`; `None` when this response charges nothing.
 pub(in crate::proxy) fn due(check: &Check<'_>, status: u16, headers: &HeaderMap) -> Option<Due> {
     let limit = check.limit();
-    let on = limit.on_response()?;
-    let policy = limit.policy.as_rate()?;
-    let (units, read) = on.units(status, headers, limit.cost)?;
-    Some(Due {
-        policy: policy.clone(),
-        subject: check.subject,
-        units,
-        read,
-        counters: check.entry.metrics.on_response(check.limit),
-    })
+    let (units, read) = limit.on_response()?.units(status, headers, limit.cost)?;
+    Some(Due { units, read })
 }
 
-/// The charge `check` is due when the app did not answer within
-/// `upstream.timeout`, if it is charged on response
+/// What `check` is owed when the app did not answer within
+/// `upstream.timeout`
 /// ([`OnResponse::units_timed_out`](crate::route::OnResponse::units_timed_out)).
 pub(in crate::proxy) fn due_timed_out(check: &Check<'_>) -> Option<Due> {
     let limit = check.limit();
-    let on = limit.on_response()?;
-    let policy = limit.policy.as_rate()?;
-    let (units, read) = on.units_timed_out(limit.cost);
-    Some(Due {
-        policy: policy.clone(),
-        subject: check.subject,
-        units,
-        read,
-        counters: check.entry.metrics.on_response(check.limit),
-    })
+    let (units, read) = limit.on_response()?.units_timed_out(limit.cost);
+    Some(Due { units, read })
 }
 
-/// Makes `due` in a task of its own, within `budget` per store call.
-pub(in crate::proxy) fn charge(store: &Arc<Store>, due: Due, budget: Duration) {
+/// What a limit charged on response took before forwarding.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::proxy) struct Reservation {
+    pub units: u32,
+    /// The evaluation that took them, whose record gives them back.
+    pub id: EvaluationId,
+    /// The memory store's time of decision ([`crate::store::Outcomes::at`]).
+    pub at: Micros,
+}
+
+/// One limit to settle once the response head is in (or it is known that
+/// none will come).
+pub(in crate::proxy) struct Settlement {
+    pub policy: Arc<Policy>,
+    pub subject: Pseudonym,
+    /// `None`: nothing was reserved (a shadow denial, no decision under
+    /// `on_failure: allow`, the local fallback), and what is due is
+    /// charged as it is.
+    pub reserved: Option<Reservation>,
+    /// What the response owes; `None`: nothing.
+    pub due: Option<Due>,
+    pub counters: Option<OnResponseCounters>,
+}
+
+impl Settlement {
+    /// The settlement of `check`, a limit charged on response; `None` for
+    /// a limit that is not.
+    pub fn of(
+        check: &Check<'_>,
+        reserved: Option<Reservation>,
+        due: Option<Due>,
+    ) -> Option<Settlement> {
+        let limit = check.limit();
+        limit.on_response()?;
+        Some(Settlement {
+            policy: limit.policy.as_rate()?.clone(),
+            subject: check.subject,
+            reserved,
+            due,
+            counters: check.entry.metrics.on_response(check.limit),
+        })
+    }
+}
+
+/// Settles `settlement` in a task of its own, within `budget` per store
+/// call.
+pub(in crate::proxy) fn settle(store: &Arc<Store>, settlement: Settlement, budget: Duration) {
     let store = store.clone();
     tokio::spawn(async move {
-        let charged = if due.units == 0 {
-            Charged::Full
-        } else {
-            take(&store, &due.policy, &due.subject, due.units, budget).await
+        let Settlement {
+            policy,
+            subject,
+            reserved,
+            due,
+            counters,
+        } = settlement;
+        let read = due.as_ref().map_or(CostRead::Exact, |due| due.read);
+        let owed = due.as_ref().map(Due::units);
+        let charged = match (reserved, owed) {
+            (None, None) => return,
+            (None, Some(0)) => Charged::Full,
+            (None, Some(units)) => take(&store, &policy, &subject, units, budget).await,
+            (Some(r), owed) => {
+                let owed = owed.unwrap_or(0);
+                let evaluation = Evaluation {
+                    policy: &policy,
+                    subject: &subject,
+                    cost: r.units,
+                    deadline: Instant::now() + budget,
+                    id: r.id,
+                    settle_within: None,
+                };
+                // A refund that cannot be made leaves the reservation
+                // charged: counted so.
+                let given = owed < r.units
+                    && store
+                        .refund_reserved(&evaluation, r.at, r.units - owed)
+                        .await;
+                match owed.checked_sub(r.units) {
+                    None if owed == 0 && given => Charged::GivenBack,
+                    None | Some(0) => Charged::Full,
+                    Some(more) => match take(&store, &policy, &subject, more, budget).await {
+                        Charged::Full => Charged::Full,
+                        Charged::NoDecision => Charged::NoDecision,
+                        // The reservation was charged: some of it was taken.
+                        Charged::TookRest | Charged::Spent | Charged::GivenBack => {
+                            Charged::TookRest
+                        }
+                    },
+                }
+            }
         };
-        if let Some(counters) = &due.counters {
-            counters.count(charged, due.read);
+        if let Some(counters) = &counters {
+            counters.count(charged, read);
         }
     });
 }
@@ -265,65 +243,4 @@ async fn take(
         }
     }
     Charged::Spent
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limit::{Decision, Unavailable};
-
-    fn allowed() -> Outcome {
-        Outcome::Allowed(Decision {
-            allowed: true,
-            band: 0,
-            remaining: 3,
-            reset_after: Duration::from_secs(1),
-            retry_after: Duration::ZERO,
-            approximate: false,
-        })
-    }
-
-    fn denied() -> Outcome {
-        let Outcome::Allowed(d) = allowed() else {
-            unreachable!()
-        };
-        Outcome::Denied(Decision {
-            allowed: false,
-            remaining: 0,
-            ..d
-        })
-    }
-
-    fn charged(list: &[Outcome]) -> Outcomes {
-        let mut outcomes = Outcomes::empty();
-        outcomes.list.extend_from_slice(list);
-        outcomes
-    }
-
-    #[test]
-    fn the_read_and_the_charged_outcomes_keep_the_limits_order() {
-        let read = [(1, allowed())];
-        let merged = merged(3, &read, &[0, 2], &charged(&[allowed(), denied()]));
-        assert_eq!(merged.first, 0);
-        assert_eq!(&merged.list[..], &[allowed(), allowed(), denied()]);
-    }
-
-    #[test]
-    fn a_charged_run_that_ends_early_ends_the_merged_run() {
-        // The first charged limit refuses: the store asked no further.
-        let read = [(2, allowed())];
-        let none = Outcome::Unavailable(Unavailable::BeforeSend);
-        let merged = merged(3, &read, &[0, 1], &charged(&[none]));
-        assert_eq!(&merged.list[..], &[none]);
-    }
-
-    #[test]
-    fn an_answer_for_a_later_limit_alone_keeps_its_index() {
-        let mut cached = Outcomes::at(1, denied());
-        cached.source = Source::DenyCache;
-        let merged = merged(3, &[(0, allowed())], &[1, 2], &cached);
-        assert_eq!(merged.first, 2);
-        assert_eq!(&merged.list[..], &[denied()]);
-        assert_eq!(merged.source, Source::DenyCache);
-    }
 }

@@ -20,6 +20,7 @@
 //!   fields of the limit with the least remaining (the first on ties).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Response;
 use smallvec::SmallVec;
@@ -47,22 +48,26 @@ pub(in crate::proxy) struct Rated<'e, 'a, 'r> {
 }
 
 /// The rate limits among `checks`, in order, each with what the store is
-/// asked for it (a fresh evaluation id, due by `deadline`).
+/// asked for it (a fresh evaluation id, due by `deadline`). A limit
+/// charged on response reserves its units, to be settled within
+/// `settle_within`.
 pub(in crate::proxy) fn asked<'a, 'r>(
     checks: &'a [Check<'r>],
     deadline: Instant,
+    settle_within: Duration,
 ) -> (Limits<'a, 'r>, SmallVec<[Evaluation<'a>; 2]>) {
     checks
         .iter()
         .filter_map(|check| {
-            let policy = check.limit().policy.as_rate()?;
+            let limit = check.limit();
+            let policy = limit.policy.as_rate()?;
             let evaluation = Evaluation {
                 policy,
                 subject: &check.subject,
-                cost: check.limit().cost,
+                cost: limit.reserved_units(),
                 deadline,
                 id: EvaluationId::random(),
-                settle_within: None,
+                settle_within: limit.on_response().map(|_| settle_within),
             };
             Some(((check, policy), evaluation))
         })

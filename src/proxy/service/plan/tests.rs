@@ -112,7 +112,7 @@ fn judge(runtime: &Runtime, routes: &[usize], outcomes: &Outcomes, fallback: &Fa
             })
         })
         .collect();
-    let (limits, evaluations) = asked(&checks, Instant::now());
+    let (limits, evaluations) = asked(&checks, Instant::now(), Duration::from_secs(70));
     let rated = rated(&limits, &evaluations);
     let live = &*runtime.live;
     let plan = plan(&rated, outcomes, live);

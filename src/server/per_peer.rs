@@ -82,9 +82,7 @@ pub struct Refusals {
 
 impl Refusals {
     pub fn new() -> Refusals {
-        let counter = |refused: Refused| {
-            metrics::counter!(telemetry::CONNECTIONS_REFUSED, "limit" => refused.label())
-        };
+        let counter = |refused: Refused| metrics::counter!(telemetry::CONNECTIONS_REFUSED, "limit" => refused.label());
         Refusals {
             address: counter(Refused::Address),
             prefix_56: counter(Refused::Prefix56),

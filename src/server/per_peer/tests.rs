@@ -67,7 +67,9 @@ fn four_slash_64s_of_one_slash_56_cannot_refuse_another_slash_56() {
     assert_eq!(held.len(), 1024, "the /56 holds four shares in all");
     assert_eq!(refused, [4 * 44, 256 * 300 - 1024 - 4 * 44]);
     // Another customer's /56, even the next one, is served.
-    let next = table.try_hold(ip("2001:db8:0:ac00::1")).expect("another /56");
+    let next = table
+        .try_hold(ip("2001:db8:0:ac00::1"))
+        .expect("another /56");
     assert!(table.try_hold(ip("2001:db8:0:aa99::1")).is_ok());
     drop(next);
     // A /64 of the full /56 is refused for its /56, until one of its
@@ -96,7 +98,10 @@ fn a_slash_56_is_counted_whole_and_given_back_whole() {
     // A refused /56 took nothing: the /64 refused is not in the table.
     assert_eq!(table.entries(), (3, 1));
     // IPv4 has no /56.
-    let v4 = [table.try_hold(ip("10.0.0.1")), table.try_hold(ip("10.0.0.1"))];
+    let v4 = [
+        table.try_hold(ip("10.0.0.1")),
+        table.try_hold(ip("10.0.0.1")),
+    ];
     assert!(v4.iter().all(Result::is_ok));
     drop((a, b, c, v4));
     assert_eq!(table.entries(), (0, 0));
@@ -125,10 +130,7 @@ fn an_uncounted_place_takes_no_share_and_has_heads_of_its_own() {
     uncounted
         .heads()
         .fetch_add(5, std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(
-        other.heads().load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(other.heads().load(std::sync::atomic::Ordering::Relaxed), 0);
     drop((uncounted, other));
     assert_eq!(table.entries(), (1, 0));
 }

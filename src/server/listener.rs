@@ -306,7 +306,8 @@ impl Drop for InFlight {
 impl Connection {
     /// Serves the connection; `held` is its place among its peer's
     /// connections (for a trusted peer's, among those still sending a
-    /// header, traded for its client's once the header is read).
+    /// header, traded for its client's once the header is read, or for
+    /// none when it names no client).
     async fn run(mut self, mut stream: TcpStream, mut held: Held) {
         // Small writes (response heads, WebSocket frames) go out at once.
         let _ = stream.set_nodelay(true);

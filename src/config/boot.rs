@@ -48,7 +48,9 @@ pub struct ServerBoot {
     /// Traffic connections open at once; beyond it new ones are closed at
     /// once (the admin port does not count).
     pub max_connections: usize,
-    /// Of those, at most this many from one address (an IPv6 /64).
+    /// Of those, at most this many from one client address (an IPv6
+    /// /64; a /56 holds four times as many); trusted peers are not
+    /// counted, the clients their PROXY protocol headers name are.
     pub max_connections_per_ip: usize,
     pub http2: Http2,
     /// The memory budget for request heads.

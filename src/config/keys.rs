@@ -135,8 +135,8 @@ keys! { ALL:
         "a write to a client blocked this long closes the connection (HTTP/2: resets the stream); > 0";
     SERVER_MAX_CONNECTIONS: "server.max_connections", "number", Value("10000"), Restart,
         "traffic connections open at once; 1 to 1000000";
-    SERVER_MAX_CONNECTIONS_PER_IP: "server.max_connections_per_ip", "number", Derived("a quarter of `max_connections`"), Restart,
-        "of those, at most this many from one peer address (IPv6: one /64)";
+    SERVER_MAX_CONNECTIONS_PER_IP: "server.max_connections_per_ip", "number", Derived("256, at most an eighth of `max_connections`"), Restart,
+        "of those, at most this many from one client address (IPv6: one /64; a /56 four times as many); trusted proxies are not counted, the clients their PROXY protocol headers name are";
     SERVER_PROXY_PROTOCOL: "server.proxy_protocol", "`v1`, `v2` or a list", Value("[]"), Restart,
         "read a PROXY protocol header from peers in `identity.trusted_proxies`";
     SERVER_REQUEST_HEADS_PER_CONNECTION: "server.request_heads.per_connection", "number", Value("2097152"), Restart,

@@ -1571,15 +1571,21 @@ fn headers_with_underscores_and_format_suffixes_are_read() {
 }
 
 #[test]
-fn connections_per_ip_default_to_a_quarter_of_the_pool_and_stay_inside_it() {
+fn connections_per_ip_default_to_256_at_most_an_eighth_of_the_pool_and_stay_inside_it() {
     let c = parse_ok(BASE);
     assert_eq!(c.boot.server.max_connections, 10_000);
-    assert_eq!(c.boot.server.max_connections_per_ip, 2_500);
-    let small = BASE.replace(
-        "  listen: 127.0.0.1:8080\n",
-        "  listen: 127.0.0.1:8080\n  max_connections: 3\n",
-    );
-    assert_eq!(parse_ok(&small).boot.server.max_connections_per_ip, 1);
+    assert_eq!(c.boot.server.max_connections_per_ip, 256);
+    let pool = |n: u32| {
+        let yaml = BASE.replace(
+            "  listen: 127.0.0.1:8080\n",
+            &format!("  listen: 127.0.0.1:8080\n  max_connections: {n}\n"),
+        );
+        parse_ok(&yaml).boot.server.max_connections_per_ip
+    };
+    assert_eq!(pool(3), 1);
+    assert_eq!(pool(100), 12);
+    assert_eq!(pool(2_048), 256);
+    assert_eq!(pool(1_000_000), 256);
     let above = BASE.replace(
         "  listen: 127.0.0.1:8080\n",
         "  listen: 127.0.0.1:8080\n  max_connections: 100\n  max_connections_per_ip: 101\n",

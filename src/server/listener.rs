@@ -41,7 +41,7 @@ use super::accept::AcceptErrors;
 use super::beside::{beside, First};
 use super::framing::Watched;
 use super::heads;
-use super::per_peer::{Held, PerPeer};
+use super::per_peer::{self, Held, PerPeer};
 use super::proxied::{self, Prefixed};
 use super::send_timeout::SendTimeout;
 use super::stream_watchdog::{self, StreamExecutor};
@@ -75,13 +75,26 @@ pub async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut accept_errors = AcceptErrors::new("traffic");
     let refused = metrics::counter!(telemetry::CONNECTIONS_REFUSED, "limit" => "max_connections");
-    let refused_per_ip = metrics::counter!(
-        telemetry::CONNECTIONS_REFUSED,
-        "limit" => "max_connections_per_ip"
-    );
-    let per_peer = PerPeer::new(settings.max_connections_per_ip);
+    let refused_per_peer = Arc::new(per_peer::Refusals::new());
+    let per_peer = PerPeer::new(per_peer::Limits::of_pool(
+        settings.max_connections,
+        settings.max_connections_per_ip,
+    ));
     let proxy_headers = Arc::new(proxied::Counters::new());
-    let pending_header = PerPeer::new(settings.max_connections_per_ip);
+    // A trusted balancer's connections while their PROXY protocol header
+    // is awaited, per balancer address. It sends the header as it
+    // connects, so they wait only between accept and the first read, yet
+    // a burst of new clients through one balancer can put hundreds there
+    // at once: they may take a quarter of the pool (or the per-address
+    // share, if larger), so a trusted host that connects and says nothing
+    // (the trusted list is often a whole cluster's range) still cannot
+    // take it all.
+    let pending_header = PerPeer::new(per_peer::Limits::of_pool(
+        settings.max_connections,
+        settings
+            .max_connections_per_ip
+            .max(settings.max_connections / 4),
+    ));
     let mut trim = Trim::default();
     let mut heads_check = tokio::time::interval(Duration::from_secs(1));
     heads_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -120,23 +133,33 @@ pub async fn serve(
                     drop(stream);
                 }
                 Ok((stream, peer)) => {
-                    // A load balancer's connections carry many clients:
-                    // each is counted as the client its header names, once
-                    // that is read. Until then its place is held under the
-                    // balancer's own address, among the connections still
-                    // sending their header: a trusted host that connects
-                    // and says nothing is bounded as any client is.
-                    let reads_header = settings.proxy_protocol.any() && proxy.trusts(peer.ip());
-                    let table = if reads_header { &pending_header } else { &per_peer };
-                    let Some(held) = table.try_hold(peer.ip()) else {
-                        refused_per_ip.increment(1);
-                        drop(stream);
-                        continue;
+                    // A trusted peer's connections carry many clients:
+                    // with the PROXY protocol each is counted as the
+                    // client its header names, once that is read (until
+                    // then among the balancer's connections still sending
+                    // their header); without it (`X-Forwarded-For`) the
+                    // connection is shared and counted under no address.
+                    let trusted = proxy.trusts(peer.ip());
+                    let reads_header = trusted && settings.proxy_protocol.any();
+                    let held = if reads_header {
+                        pending_header.try_hold(peer.ip())
+                    } else if trusted {
+                        Ok(Held::uncounted())
+                    } else {
+                        per_peer.try_hold(peer.ip())
+                    };
+                    let held = match held {
+                        Ok(held) => held,
+                        Err(bound) => {
+                            refused_per_peer.count(bound);
+                            drop(stream);
+                            continue;
+                        }
                     };
                     let proxied = reads_header.then(|| Proxied {
                         versions: settings.proxy_protocol,
                         per_peer: per_peer.clone(),
-                        refused_per_ip: refused_per_ip.clone(),
+                        refused: refused_per_peer.clone(),
                         counters: proxy_headers.clone(),
                     });
                     let connection = Connection {
@@ -232,7 +255,7 @@ struct Connection {
 struct Proxied {
     versions: config::ProxyProtocol,
     per_peer: Arc<PerPeer>,
-    refused_per_ip: metrics::Counter,
+    refused: Arc<per_peer::Refusals>,
     counters: Arc<proxied::Counters>,
 }
 
@@ -283,7 +306,8 @@ impl Drop for InFlight {
 impl Connection {
     /// Serves the connection; `held` is its place among its peer's
     /// connections (for a trusted peer's, among those still sending a
-    /// header, traded for its client's once the header is read).
+    /// header, traded for its client's once the header is read, or for
+    /// none when it names no client).
     async fn run(mut self, mut stream: TcpStream, mut held: Held) {
         // Small writes (response heads, WebSocket frames) go out at once.
         let _ = stream.set_nodelay(true);
@@ -296,16 +320,25 @@ impl Connection {
         };
         let mut rest = Vec::new();
         if let Some(proxied) = self.proxied.take() {
-            let Some(read) = self.read_proxy_header(&mut stream, &proxied).await else {
+            let Some(opening) = self.read_proxy_header(&mut stream, &proxied).await else {
                 return;
             };
-            rest = read;
+            rest = opening.rest;
             drop(held);
-            held = match proxied.per_peer.try_hold(self.peer.ip()) {
-                Some(client) => client,
-                None => {
-                    proxied.refused_per_ip.increment(1);
-                    return;
+            // A header that names no client (none at all, LOCAL, UNKNOWN):
+            // the balancer's own connection, shared like any trusted
+            // peer's.
+            held = match opening.source {
+                None => Held::uncounted(),
+                Some(client) => {
+                    self.peer = client;
+                    match proxied.per_peer.try_hold(client.ip()) {
+                        Ok(client) => client,
+                        Err(bound) => {
+                            proxied.refused.count(bound);
+                            return;
+                        }
+                    }
                 }
             };
         }
@@ -328,14 +361,14 @@ impl Connection {
         }
     }
 
-    /// Reads a trusted peer's PROXY protocol header, if it sends one, and
-    /// takes the client it carries as the peer; the bytes read after it,
-    /// or `None` when the connection is closed for it.
+    /// Reads a trusted peer's PROXY protocol header, if it sends one: the
+    /// client it carries and the bytes read after it, or `None` when the
+    /// connection is closed for it.
     async fn read_proxy_header(
-        &mut self,
+        &self,
         stream: &mut TcpStream,
         proxied: &Proxied,
-    ) -> Option<Vec<u8>> {
+    ) -> Option<proxied::Opening> {
         let read = proxied::read_opening(
             stream,
             proxied.versions,
@@ -343,12 +376,7 @@ impl Connection {
             &proxied.counters,
         );
         match read.await {
-            Ok(Some(opening)) => {
-                if let Some(source) = opening.source {
-                    self.peer = source;
-                }
-                Some(opening.rest)
-            }
+            Ok(Some(opening)) => Some(opening),
             Ok(None) => None,
             Err(rejected) => {
                 tracing::debug!(peer = %self.peer, reason = ?rejected, "PROXY protocol header refused; connection closed");

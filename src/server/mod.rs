@@ -54,7 +54,9 @@ pub struct Settings {
     /// A write blocked on the client for this long fails the connection.
     pub send_timeout: Duration,
     pub max_connections: usize,
-    /// Of those, at most this many from one address (an IPv6 /64).
+    /// Of those, at most this many from one client address (an IPv6
+    /// /64; a /56 holds four times as many); trusted peers are not
+    /// counted, the clients their PROXY protocol headers name are.
     pub max_connections_per_ip: usize,
     pub http2: config::Http2,
     /// The memory budget for request heads.

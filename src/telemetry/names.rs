@@ -196,7 +196,7 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(
         CONNECTIONS_REFUSED,
-        "Traffic connections closed at once: server.max_connections were open, or max_connections_per_ip from the peer's address (label limit).",
+        "Traffic connections closed at once: server.max_connections were open, or max_connections_per_ip from the client's address, or four times that from its IPv6 /56 (label limit).",
     ),
     Metric::counter(
         HEAD_BUDGET_REFUSED,

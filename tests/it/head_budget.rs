@@ -1,6 +1,7 @@
 //! No client can make sluice run out of memory with request heads. Under a
 //! real cgroup limit of 128 MiB (the chart's default), with every other
-//! setting at its default, floods of HTTP/2 header lists held open on many
+//! setting at its default (but the connections one address may open: the
+//! floods come from one), floods of HTTP/2 header lists held open on many
 //! streams and of HTTP/1 heads sent all but their last line leave sluice
 //! alive; a client at another address is still answered and counted
 //! right throughout; past the budget the flood's heads are refused (and
@@ -35,6 +36,9 @@ fn config(upstream: &Upstream) -> String {
 server:
   listen: 127.0.0.1:0
   admin: 127.0.0.1:0
+  # The HTTP/1 flood's 2,000 connections from one address all reach
+  # the head budget rather than the connection share.
+  max_connections_per_ip: 2500
 upstream:
   url: {}
   timeout: 60s

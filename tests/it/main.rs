@@ -12,6 +12,7 @@ mod app_spellings;
 mod broken_upstream;
 mod clocks_and_cardinality;
 mod config_check;
+mod connection_shares;
 mod e2e_limits;
 mod explain;
 mod hang_ups;

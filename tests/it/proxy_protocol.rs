@@ -1,6 +1,7 @@
 //! The PROXY protocol from a trusted load balancer, through the binary: the
 //! client its header carries is the client, for limits, for
-//! `X-Forwarded-For` and for `max_connections_per_ip`; a header from any
+//! `X-Forwarded-For` and for `max_connections_per_ip` (the balancer's own
+//! connections hold no share); a header from any
 //! other peer is never believed; a broken or unlisted one closes the
 //! connection before anything reaches the app. And the lockout a proxy
 //! causes while nothing is trusted is named in the logs.
@@ -326,17 +327,80 @@ async fn a_header_sent_a_byte_at_a_time_is_read_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_trusted_peer_that_says_nothing_is_bounded_as_any_client() {
+async fn the_share_is_the_named_client_s_and_the_balancer_has_none() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(
+        &upstream.url(),
+        "[v1, v2]",
+        "[127.0.0.1]",
+        "  max_connections_per_ip: 2",
+    ));
+    let addr = sluice.addr();
+    let keep_alive = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: app\r\n\r\n").into_bytes();
+    let mut held = Vec::new();
+    // Through the balancer, each named client holds its share of two and
+    // no more: seven connections from one balancer address, six held.
+    for (n, client) in ["203.0.113.7", "198.51.100.9", "192.0.2.33"]
+        .iter()
+        .enumerate()
+    {
+        for k in 0..2u16 {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            stream.write_all(&v1(client, 51000 + k)).await.unwrap();
+            stream
+                .write_all(&keep_alive(&format!("/{n}/{k}")))
+                .await
+                .unwrap();
+            let status = answer(&mut stream).await;
+            // Only the first request of each client is within its limit.
+            assert_eq!(
+                status,
+                Some(if k == 0 { 200 } else { 429 }),
+                "{client} #{k}"
+            );
+            held.push(stream);
+        }
+    }
+    assert_eq!(exchange(addr, &v1("198.51.100.9", 51009)).await, None);
+    // The balancer's own connections (a LOCAL health check, or plain HTTP
+    // with the clients in X-Forwarded-For) carry no client of their own:
+    // no share holds them.
+    for _ in 0..3 {
+        let mut local = TcpStream::connect(addr).await.unwrap();
+        local.write_all(&v2_raw(0x20, 0x00, &[])).await.unwrap();
+        local.write_all(&keep_alive("/health")).await.unwrap();
+        assert!(answer(&mut local).await.is_some(), "a LOCAL connection");
+        held.push(local);
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        plain.write_all(&keep_alive("/plain")).await.unwrap();
+        assert!(answer(&mut plain).await.is_some(), "a plain connection");
+        held.push(plain);
+    }
+    let text = scrape(sluice.admin_addr().unwrap()).await;
+    assert_eq!(
+        metric(
+            &text,
+            "sluice_connections_refused_total",
+            &[("limit", "max_connections_per_ip")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(held.len(), 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_peer_that_says_nothing_is_bounded_to_a_quarter_of_the_pool() {
     let upstream = Upstream::start().await;
     let sluice = Sidecar::start(&config(
         &upstream.url(),
         "[v1]",
         "[127.0.0.1]",
-        "  max_connections_per_ip: 2",
+        "  max_connections: 8\n  max_connections_per_ip: 1",
     ));
     let addr = sluice.addr();
-    // Two silent connections from the balancer hold its two places while
-    // their headers are awaited; a third is closed at once.
+    // Two silent connections from the balancer hold a quarter of the pool
+    // while their headers are awaited; a third is closed at once.
     let _first = TcpStream::connect(addr).await.unwrap();
     let second = TcpStream::connect(addr).await.unwrap();
     assert_eq!(exchange(addr, &v1("203.0.113.7", 51000)).await, None);

@@ -1,5 +1,9 @@
 use super::*;
-use crate::server::per_peer::PerPeer;
+use crate::server::per_peer::{self, PerPeer};
+
+fn peers(per_address: usize) -> std::sync::Arc<PerPeer> {
+    PerPeer::new(per_peer::Limits::of_pool(1000, per_address))
+}
 
 fn limits() -> Limits {
     Limits {
@@ -12,7 +16,7 @@ fn limits() -> Limits {
 #[test]
 fn each_budget_refuses_what_would_go_past_it_and_charges_nothing_then() {
     let budget = Budget::new(limits());
-    let peers = PerPeer::new(10);
+    let peers = peers(10);
     let a1 = budget.connection(peers.try_hold("10.0.0.1".parse().unwrap()).unwrap());
     let a2 = budget.connection(peers.try_hold("10.0.0.1".parse().unwrap()).unwrap());
     let b = budget.connection(peers.try_hold("10.0.0.2".parse().unwrap()).unwrap());
@@ -40,7 +44,7 @@ fn each_budget_refuses_what_would_go_past_it_and_charges_nothing_then() {
 #[test]
 fn a_charge_grows_as_a_head_arrives_and_stays_as_it_was_when_refused() {
     let budget = Budget::new(limits());
-    let peers = PerPeer::new(10);
+    let peers = peers(10);
     let conn = budget.connection(peers.try_hold("192.0.2.1".parse().unwrap()).unwrap());
     let mut charge = conn.charge(10).unwrap();
     charge.grow(80).unwrap();
@@ -55,18 +59,18 @@ fn a_charge_grows_as_a_head_arrives_and_stays_as_it_was_when_refused() {
 #[test]
 fn a_charge_keeps_its_connection_place_until_it_is_given_back() {
     let budget = Budget::new(limits());
-    let peers = PerPeer::new(1);
+    let peers = peers(1);
     let ip = "2001:db8::1".parse().unwrap();
     let conn = budget.connection(peers.try_hold(ip).unwrap());
     let charge = conn.charge(10).unwrap();
     // The connection's task ended; one of its HTTP/2 streams runs on.
     drop(conn);
     assert!(
-        peers.try_hold("2001:db8::2".parse().unwrap()).is_none(),
+        peers.try_hold("2001:db8::2".parse().unwrap()).is_err(),
         "the /64 still holds its one connection"
     );
     drop(charge);
-    assert!(peers.try_hold(ip).is_some());
+    assert!(peers.try_hold(ip).is_ok());
 }
 
 #[test]

@@ -108,10 +108,13 @@ pub fn server(
         raw.max_connections.as_ref(),
         check::number(1, 1_000_000),
     );
-    // A quarter of the pool by default: one address can no longer refuse
-    // everyone, and a client behind a shared NAT (or a proxy that is not
-    // trusted) still gets many connections.
-    let per_ip_default = max_connections.map_or(1, |n| (n / 4).max(1));
+    // 256 by default, at most an eighth of the pool: with the default pool
+    // of 10,000 it takes 40 addresses to fill it (four hold a tenth of
+    // it), while an office behind one NAT (some 40 browsers at HTTP/1's
+    // six connections each) is still served. Trusted peers are not counted
+    // per address (their clients are), so it need not be raised behind an
+    // ingress.
+    let per_ip_default = max_connections.map_or(1, |n| (n / 8).clamp(1, 256));
     let ceiling = max_connections.unwrap_or(1_000_000);
     let max_connections_per_ip = cx.optional(
         &path.key("max_connections_per_ip"),

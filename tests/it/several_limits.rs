@@ -368,7 +368,7 @@ async fn concurrency_refusals_charge_no_rate_limit_and_429s_hold_no_place() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_place_is_given_back_when_the_upstream_fails_or_the_client_leaves() {
+async fn a_place_is_given_back_when_the_upstream_fails_or_once_the_app_is_done() {
     // Nothing listens on the upstream's port: every forward is a 502, and
     // the one place must come back each time.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -384,9 +384,11 @@ async fn a_place_is_given_back_when_the_upstream_fails_or_the_client_leaves() {
         );
     }
 
-    // A client that leaves before the answer gives its place back.
+    // A client that leaves before the answer keeps its place until the app
+    // is done with its request (the app is still working on it), and then
+    // gives it back.
     let upstream = Upstream::start().await;
-    upstream.set_delay(Duration::from_secs(3));
+    upstream.set_delay(Duration::from_secs(2));
     let sluice = Sidecar::start(&in_flight(&upstream.url(), one, policies));
     let addr = sluice.addr();
     let mut gone = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -401,10 +403,16 @@ async fn a_place_is_given_back_when_the_upstream_fails_or_the_client_leaves() {
         get(sluice.addr(), "/app/x", &[]).await.0,
         StatusCode::SERVICE_UNAVAILABLE
     );
-    // The upstream is still at it (3 s), but the client is gone.
+    // The upstream is still at it (2 s): the client's going changes nothing.
     drop(gone);
     upstream.set_delay(Duration::ZERO);
-    support::eventually(Duration::from_secs(2), || async {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        get(addr, "/app/x", &[]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the place is held while the app works"
+    );
+    support::eventually(Duration::from_secs(5), || async {
         (get(addr, "/app/x", &[]).await.0 == StatusCode::OK).then_some(())
     })
     .await;

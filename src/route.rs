@@ -85,8 +85,8 @@ pub enum Charge {
     /// Before the request is forwarded, `cost` units.
     #[default]
     Request,
-    /// Checked before forwarding (refused when spent, nothing charged),
-    /// charged when the response head arrives.
+    /// Reserved before forwarding (refused when spent), settled when the
+    /// response head arrives: kept, given back or trued up.
     Response(Arc<OnResponse>),
 }
 

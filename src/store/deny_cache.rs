@@ -228,7 +228,9 @@ mod tests {
         let t0 = Instant::now();
         let hour = denied(Duration::from_secs(3600));
         cache.remember_denial(&p, &s, 1, t0, &hour, true);
-        assert!(cache.check(&p, &s, 1, t0 + Duration::from_millis(900)).is_some());
+        assert!(cache
+            .check(&p, &s, 1, t0 + Duration::from_millis(900))
+            .is_some());
         // Units given back on another sidecar are seen a second later.
         assert!(cache.check(&p, &s, 1, t0 + RESERVED_RECHECK).is_none());
         // Given back here: at once.

@@ -1512,3 +1512,71 @@ async fn a_start_deletes_only_the_libraries_nobody_holds_a_lease_on() {
         );
     }
 }
+
+/// A reservation (a limit charged on response) is given back by its record
+/// long after `dedupe_window`, and the memory store's twin of each refund
+/// gives back the same: the two stores agree on what is left after a
+/// partial refund, for every algorithm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_is_given_back_after_the_dedupe_window_alike_on_both_stores() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let mut config = redis_config(server.url());
+    config.dedupe_window = ms(800);
+    let redis = connect_with(config, BUDGET).await;
+    let memory = MemoryStore::new(1000, Duration::from_secs(1));
+    let hour = 3_600_000;
+    let cases = [
+        ("fixed", Bands::FixedWindow(vec![window(4, hour)])),
+        ("counter", Bands::SlidingCounter(vec![window(4, hour)])),
+        ("log", Bands::SlidingLog(vec![window(4, hour)])),
+        ("bucket", Bands::TokenBucket(vec![bucket(4, 1, hour)])),
+        ("gcra", Bands::Gcra(vec![gcra(4, hour, 4)])),
+    ];
+    // The stores' clocks differ: what is compared is the verdict and what
+    // is left.
+    let left = |outcome: &Outcome| (allowed(outcome), decision(outcome).remaining);
+    let mut reserved = Vec::new();
+    for (name, bands) in &cases {
+        let policy = policy(&format!("reserve-{name}"), bands.clone());
+        let who = subject(name);
+        let ev = Evaluation {
+            settle_within: Some(Duration::from_secs(30)),
+            ..evaluation(&policy, &who, 3)
+        };
+        let on_redis = redis.evaluate(&ev).await;
+        let on_memory = memory.evaluate_all(std::slice::from_ref(&ev));
+        assert_eq!(decision(&on_redis).remaining, 1, "{name}: {on_redis:?}");
+        assert_eq!(left(&on_memory.list[0]), left(&on_redis), "{name}");
+        let record = format!("{}:e:{}", state_key(&policy, &who), ev.id);
+        let ttl: i64 = conn.pttl(&record).expect("PTTL");
+        assert!(
+            ttl > 25_000,
+            "{name}: the reservation's record lives {ttl} ms"
+        );
+        let (id, at) = (ev.id, on_memory.at);
+        reserved.push((policy, who, id, at));
+    }
+    // Past the dedupe window: a retry's record would be gone by now.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for (policy, who, id, at) in &reserved {
+        let name = &policy.name;
+        let ev = Evaluation {
+            id: *id,
+            ..evaluation(policy, who, 3)
+        };
+        assert!(redis.refund_reserved(&ev, 2).await, "{name}: given back");
+        memory.refund(&ev, *at, 2);
+        // 4 - 3 + 2: three left on both.
+        let on_redis = eval(&redis, policy, who, 3).await;
+        let on_memory = memory.evaluate(&evaluation(policy, who, 3));
+        assert!(allowed(&on_redis), "{name}: {on_redis:?}");
+        assert_eq!(left(&on_memory), left(&on_redis), "{name}");
+        let refused = eval(&redis, policy, who, 1).await;
+        assert!(!allowed(&refused), "{name}: {refused:?}");
+        let on_memory = memory.evaluate(&evaluation(policy, who, 1));
+        assert_eq!(left(&on_memory), left(&refused), "{name}");
+        // Given back once only.
+        assert!(!redis.refund_reserved(&ev, 2).await, "{name}: twice");
+    }
+}

@@ -341,6 +341,7 @@ fn charge(limit: &crate::route::Limit) -> Value {
             "from_response_header": from.header.as_str(),
             "max": from.max,
             "default": from.default,
+            "reserve": from.reserve,
         }),
     };
     json!({

@@ -25,8 +25,8 @@ pub use boot::{
 };
 pub use error::{ConfigError, ConfigErrors};
 pub use live::{
-    Identity, Live, MinUploadRate, OnFailure, Responses, ServerLive, StoreLive, Underscores,
-    UpstreamLive,
+    Identity, Live, MinUploadRate, OnFailure, RequestBuffering, Responses, ServerLive, StoreLive,
+    Underscores, UpstreamLive,
 };
 
 use std::path::{Path, PathBuf};

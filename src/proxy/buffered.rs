@@ -44,7 +44,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Request};
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
@@ -56,7 +56,7 @@ use crate::limit::{Concurrency, LimitPolicy};
 use crate::store::in_flight::{InFlight, Permit};
 use crate::telemetry;
 
-use super::body::{Body, BoxError, IdleTimeout};
+use super::body::{BoxError, IdleTimeout};
 use super::metrics::BodyCuts;
 use super::service::Check;
 use super::upstream::UpstreamError;
@@ -108,9 +108,9 @@ pub enum Inbound {
 
 /// A request ended while its body was being received.
 pub enum Stopped<'a, 'r> {
-    /// The body was cut or broken: the answer sluice gives when that
-    /// happens on the way to the app (408, 400).
-    Body(Response<Body>),
+    /// The body was cut or broken: answered as when that happens on the
+    /// way to the app (408, 400).
+    Body(UpstreamError),
     /// Every place `check`'s limit leaves to streaming bodies is taken.
     Streaming {
         check: &'a Check<'r>,
@@ -239,17 +239,17 @@ impl Buffering {
         }))
     }
 
-    /// sluice's answer to a body that broke while it was received, counted
-    /// as a cut body is on its way to the app.
-    fn broken(&self, error: &BoxError) -> Response<Body> {
+    /// What became of a body that broke while it was received, counted as
+    /// a cut body is on its way to the app.
+    fn broken(&self, error: &BoxError) -> UpstreamError {
         match self.cuts.count(error.as_ref()) {
             Some(cut) => {
                 tracing::debug!(reason = cut.label(), "request body cut before forwarding");
-                UpstreamError::BodyCut(cut).response()
+                UpstreamError::BodyCut(cut)
             }
             None => {
                 tracing::debug!(%error, "request body broken before forwarding");
-                UpstreamError::BodyBroken.response()
+                UpstreamError::BodyBroken
             }
         }
     }

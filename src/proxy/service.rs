@@ -212,7 +212,7 @@ impl Proxy {
     /// one refused for the streaming share is counted as over its limit.
     fn stopped(&self, stopped: Stopped<'_, '_>, arrival: Instant) -> Response<Body> {
         match stopped {
-            Stopped::Body(response) => response,
+            Stopped::Body(broken) => broken.response(),
             Stopped::Streaming { check, retry_after } => {
                 let verdict = Verdict::ConcurrencyDenied;
                 self.count_one(check.entry, check.limit, verdict, arrival);

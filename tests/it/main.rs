@@ -29,6 +29,7 @@ mod redis_failures;
 mod redis_several;
 mod redis_store;
 mod redis_topologies;
+mod request_buffering;
 mod request_corpus;
 mod response_limits;
 mod several_limits;

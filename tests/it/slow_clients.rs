@@ -8,7 +8,8 @@
 //! stream waiting on the upstream is not. An upload trickled under
 //! `server.min_upload_rate` (a byte well inside every idle timeout) is
 //! cut once its grace is over, on HTTP/1 and per HTTP/2 stream, and gives
-//! back its in-flight place; one above the floor is not cut.
+//! back its in-flight place; one above the floor is not cut (streamed
+//! bodies, buffering off; buffered ones are `request_buffering`'s).
 
 use crate::support;
 use std::time::{Duration, Instant};
@@ -498,13 +499,15 @@ const TRICKLE_LEN: usize = 1000;
 const CUT_WITHIN: Duration = Duration::from_secs(10);
 
 /// `config`'s sidecar with three places in flight for everyone together,
-/// the admin port, and [`FLOOR`].
+/// the admin port, and [`FLOOR`]; bodies are not buffered, so an upload
+/// holds its place as it streams (buffered ones: `request_buffering`).
 fn three_places(upstream_url: &str) -> String {
     format!(
         "version: 1
 server:
   listen: 127.0.0.1:0
   admin: 127.0.0.1:0
+  request_buffering: {{ max_body: 0 }}
 {FLOOR}upstream:
   url: {upstream_url}
   timeout: 60s

@@ -285,7 +285,8 @@ impl Buffering {
 
     fn show(&self) {
         #[allow(clippy::cast_precision_loss)] // exact below 2^53 bytes
-        self.held_gauge.set(self.held.load(Ordering::Relaxed) as f64);
+        self.held_gauge
+            .set(self.held.load(Ordering::Relaxed) as f64);
     }
 }
 

@@ -10,6 +10,8 @@
 //! as before (408, 400) and the app sees nothing of it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -48,12 +50,34 @@ const UPLOAD: usize = 32_000;
 
 /// A `POST` of `len` bytes announced in `Content-Length`, sent `piece`
 /// bytes every `gap`; then its status (0 when sluice closed without one).
-fn paced(addr: SocketAddr, path: String, len: usize, piece: usize, gap: Duration) -> JoinHandle<u16> {
+fn paced(
+    addr: SocketAddr,
+    path: String,
+    len: usize,
+    piece: usize,
+    gap: Duration,
+) -> JoinHandle<u16> {
+    paced_counted(addr, path, len, piece, gap, Arc::default())
+}
+
+/// [`paced`], counting the body bytes written in `sent`.
+fn paced_counted(
+    addr: SocketAddr,
+    path: String,
+    len: usize,
+    piece: usize,
+    gap: Duration,
+    sent: Arc<AtomicUsize>,
+) -> JoinHandle<u16> {
     tokio::spawn(async move {
         let stream = TcpStream::connect(addr).await.expect("connect");
         let (mut read, mut write) = stream.into_split();
-        let head = format!("POST {path} HTTP/1.1\r\nHost: app.test\r\nContent-Length: {len}\r\n\r\n");
-        write.write_all(head.as_bytes()).await.expect("write the head");
+        let head =
+            format!("POST {path} HTTP/1.1\r\nHost: app.test\r\nContent-Length: {len}\r\n\r\n");
+        write
+            .write_all(head.as_bytes())
+            .await
+            .expect("write the head");
         let body = support::pattern(len);
         let writer = async move {
             for chunk in body.chunks(piece) {
@@ -62,6 +86,7 @@ fn paced(addr: SocketAddr, path: String, len: usize, piece: usize, gap: Duration
                 if write.write_all(chunk).await.is_err() {
                     break;
                 }
+                sent.fetch_add(chunk.len(), Ordering::SeqCst);
             }
             std::future::pending::<()>().await;
         };
@@ -97,11 +122,13 @@ async fn buffered_bytes(sluice: &Sidecar) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Waits until sluice holds at least `bytes` of buffered bodies: with three
-/// uploads at 250 B/s, 4500 bytes is 6 s in, past the floor's grace.
-async fn until_buffered(sluice: &Sidecar, bytes: f64) {
+/// Waits until every upload has sent 1500 bytes: at 250 B/s, 6 s in,
+/// past the floor's grace.
+async fn past_the_grace(sent: &[Arc<AtomicUsize>]) {
     support::eventually(Duration::from_secs(30), || async {
-        (buffered_bytes(sluice).await >= bytes).then_some(())
+        sent.iter()
+            .all(|s| s.load(Ordering::SeqCst) >= 1500)
+            .then_some(())
     })
     .await;
 }
@@ -120,10 +147,14 @@ async fn slow_uploads_just_above_the_floor_hold_no_place() {
     let upstream = Upstream::start().await;
     let sluice = Sidecar::start(&three_places(&upstream.url(), ""));
     let addr = sluice.addr();
+    let sent: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
     let uploads: Vec<_> = (0..3)
-        .map(|i| paced(addr, format!("/upload/{i}"), UPLOAD, PIECE, GAP))
+        .map(|i| {
+            let path = format!("/upload/{i}");
+            paced_counted(addr, path, UPLOAD, PIECE, GAP, sent[i].clone())
+        })
         .collect();
-    until_buffered(&sluice, 4500.0).await;
+    past_the_grace(&sent).await;
 
     others_served(addr, 47).await;
     assert!(
@@ -133,6 +164,9 @@ async fn slow_uploads_just_above_the_floor_hold_no_place() {
     // The app saw the others only, never more at once than the limit.
     assert_eq!(upstream.count(), 47);
     assert!(upstream.peak_in_flight() <= 3);
+    // What they sent is held by sluice (some of it may still be on the
+    // way).
+    assert!(buffered_bytes(&sluice).await >= 3.0 * 1000.0);
     for upload in uploads {
         upload.abort();
     }
@@ -155,6 +189,7 @@ async fn slow_http2_uploads_on_one_connection_hold_no_place() {
 
     let mut client = client;
     let mut uploads = Vec::new();
+    let sent: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
     for i in 0..3 {
         let request = http::Request::post(format!("http://app.test/upload/{i}"))
             .header(http::header::CONTENT_LENGTH, UPLOAD)
@@ -163,19 +198,24 @@ async fn slow_http2_uploads_on_one_connection_hold_no_place() {
         let mut ready = client.clone().ready().await.expect("ready to send");
         let (response, mut body) = ready.send_request(request, false).expect("send");
         client = ready;
+        let sent = sent[i].clone();
         let trickling = tokio::spawn(async move {
             for chunk in support::pattern(UPLOAD).chunks(PIECE) {
                 // Pacing the client, not waiting for an outcome.
                 tokio::time::sleep(GAP).await;
-                if body.send_data(Bytes::copy_from_slice(chunk), false).is_err() {
+                if body
+                    .send_data(Bytes::copy_from_slice(chunk), false)
+                    .is_err()
+                {
                     break;
                 }
+                sent.fetch_add(chunk.len(), Ordering::SeqCst);
             }
             std::future::pending::<()>().await;
         });
         uploads.push((response, trickling));
     }
-    until_buffered(&sluice, 4500.0).await;
+    past_the_grace(&sent).await;
 
     // Other requests on the same connection are served, one at a time.
     for i in 0..20 {
@@ -300,26 +340,35 @@ async fn a_body_past_the_buffer_streams_whole() {
         assert!(got.body == body, "{path}: the body changed on the way");
     }
     assert_eq!(
-        scrape(&sluice, "sluice_request_bodies_streamed_total", &[("reason", "max_body")]).await,
+        scrape(
+            &sluice,
+            "sluice_request_bodies_streamed_total",
+            &[("reason", "max_body")]
+        )
+        .await,
         Some(2.0)
     );
 }
 
+/// Past the default `max_body`.
+const LARGE: usize = 100_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_still_streaming_hold_at_most_a_quarter_of_the_places() {
     let upstream = Upstream::start().await;
-    let sluice = Sidecar::start(&three_places(&upstream.url(), SMALL_BUFFER));
+    let sluice = Sidecar::start(&three_places(&upstream.url(), ""));
     let addr = sluice.addr();
 
-    // A slow upload past the buffer streams, and holds a place.
-    let first = paced(addr, "/large/first".into(), UPLOAD, PIECE, GAP);
+    // A slow upload past the default buffer (64 KiB) streams, and holds a
+    // place.
+    let first = paced(addr, "/large/first".into(), LARGE, PIECE, GAP);
     support::eventually(Duration::from_secs(10), || async {
         (upstream.count() == 1).then_some(())
     })
     .await;
     // A quarter of 3 is one: a second one is refused at once, and never
     // reaches the app.
-    let second = paced(addr, "/large/second".into(), UPLOAD, PIECE, GAP);
+    let second = paced(addr, "/large/second".into(), LARGE, PIECE, GAP);
     let status = tokio::time::timeout(REQUEST_DEADLINE, second)
         .await
         .expect("an answer in time")
@@ -329,8 +378,14 @@ async fn uploads_still_streaming_hold_at_most_a_quarter_of_the_places() {
 
     // The other places serve everyone else, a small upload included.
     others_served(addr, 10).await;
-    let (status, _, _) =
-        support::request(addr, Method::POST, "/small", &[], Bytes::from(vec![b'x'; 500])).await;
+    let (status, _, _) = support::request(
+        addr,
+        Method::POST,
+        "/small",
+        &[],
+        Bytes::from(vec![b'x'; 500]),
+    )
+    .await;
     assert_eq!(status, 200);
     assert!(!first.is_finished(), "the streaming upload was cut");
     assert!(upstream.peak_in_flight() <= 3);
@@ -338,7 +393,11 @@ async fn uploads_still_streaming_hold_at_most_a_quarter_of_the_places() {
         scrape(
             &sluice,
             "sluice_requests_total",
-            &[("route", "all"), ("policy", "three"), ("outcome", "concurrency_denied")]
+            &[
+                ("route", "all"),
+                ("policy", "three"),
+                ("outcome", "concurrency_denied")
+            ]
         )
         .await,
         Some(1.0)
@@ -350,9 +409,18 @@ async fn uploads_still_streaming_hold_at_most_a_quarter_of_the_places() {
         (upstream.in_flight() == 0).then_some(())
     })
     .await;
-    let body = Bytes::from(support::pattern(5_000));
+    let body = Bytes::from(support::pattern(LARGE));
     let (status, _, _) = support::request(addr, Method::POST, "/large/third", &[], body).await;
     assert_eq!(status, 200);
+    assert_eq!(
+        scrape(
+            &sluice,
+            "sluice_request_bodies_streamed_total",
+            &[("reason", "max_body")]
+        )
+        .await,
+        Some(3.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,11 +431,18 @@ async fn a_body_cut_while_buffered_takes_no_place_and_never_reaches_the_app() {
     let addr = sluice.addr();
 
     // Three trickles far under the floor (2 B/s).
+    let sent: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
     let trickles: Vec<_> = (0..3)
-        .map(|i| paced(addr, format!("/trickle/{i}"), 1000, 1, Duration::from_millis(500)))
+        .map(|i| {
+            let path = format!("/trickle/{i}");
+            let gap = Duration::from_millis(500);
+            paced_counted(addr, path, 1000, 1, gap, sent[i].clone())
+        })
         .collect();
     support::eventually(Duration::from_secs(10), || async {
-        (buffered_bytes(&sluice).await >= 3.0).then_some(())
+        sent.iter()
+            .all(|s| s.load(Ordering::SeqCst) >= 1)
+            .then_some(())
     })
     .await;
     // While they arrive, everyone else is served.
@@ -381,7 +456,12 @@ async fn a_body_cut_while_buffered_takes_no_place_and_never_reaches_the_app() {
         assert!(status == 408 || status == 0, "trickle {i}: {status}");
     }
     assert_eq!(
-        scrape(&sluice, "sluice_request_bodies_cut_total", &[("reason", "min_upload_rate")]).await,
+        scrape(
+            &sluice,
+            "sluice_request_bodies_cut_total",
+            &[("reason", "min_upload_rate")]
+        )
+        .await,
         Some(3.0)
     );
 

@@ -178,8 +178,8 @@ impl Buffering {
             Read::Whole(whole) => return Ok(Request::from_parts(parts, Inbound::Whole(whole))),
             Read::Over { read, charge, why } => (read, charge, why),
         };
-        self.streamed[why as usize].increment(1);
         let places = self.streaming_places(checks)?;
+        self.streamed[why as usize].increment(1);
         let streaming = Streaming {
             read,
             charge,

@@ -504,3 +504,32 @@ async fn bad_buffering_settings_are_named() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_upload_that_has_arrived_leaves_the_streaming_share() {
+    let upstream = Upstream::start().await;
+    upstream.set_delay(Duration::from_secs(3));
+    let sluice = Sidecar::start(&three_places(&upstream.url(), ""));
+    let addr = sluice.addr();
+    let post = |path: &'static str| {
+        let body = Bytes::from(support::pattern(LARGE));
+        tokio::spawn(async move {
+            support::request(addr, Method::POST, path, &[], body)
+                .await
+                .0
+        })
+    };
+
+    // The first large upload streams; once the app has read all of it
+    // (and takes its time answering), it holds an ordinary place.
+    let first = post("/large/first");
+    support::eventually(Duration::from_secs(10), || async {
+        (upstream.requests().len() == 1).then_some(())
+    })
+    .await;
+    // So the next large upload may stream beside it.
+    let second = post("/large/second");
+    assert_eq!(first.await.expect("the first upload"), StatusCode::OK);
+    assert_eq!(second.await.expect("the second upload"), StatusCode::OK);
+    assert_eq!(upstream.peak_in_flight(), 2);
+}

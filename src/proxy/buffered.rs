@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, Request};
 use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt as _;
@@ -190,15 +190,21 @@ impl Buffering {
     }
 
     /// Reads `body` to its end, or until it goes past `max_body` or the
-    /// budget; errors are the body's (cut, broken).
+    /// budget; errors are the body's (cut, broken). The buffer grows by
+    /// doubling as bytes arrive, each growth charged before it is made: a
+    /// body is charged at most twice what it has brought, never what it
+    /// merely announced.
     async fn read(
         self: &Arc<Self>,
         body: &mut Pin<Box<IdleTimeout<Incoming>>>,
         declared: Option<u64>,
         rules: RequestBuffering,
     ) -> Result<Read, BoxError> {
-        let capacity = declared.map_or(0, |len| usize::try_from(len).unwrap_or(usize::MAX));
-        let mut buffer = BytesMut::with_capacity(capacity.min(rules.max_body));
+        // No more than this can arrive and still be held.
+        let most = declared.map_or(rules.max_body, |len| {
+            usize::try_from(len).map_or(rules.max_body, |len| len.min(rules.max_body))
+        });
+        let mut buffer: Vec<u8> = Vec::new();
         let mut charge = Charge {
             budget: self.clone(),
             bytes: 0,
@@ -212,15 +218,22 @@ impl Buffering {
                     continue;
                 }
             };
-            let why = if buffer.len() + frame.len() > rules.max_body {
+            let needed = buffer.len() + frame.len();
+            let why = if needed > rules.max_body {
                 Some(Streamed::MaxBody)
-            } else if !charge.grow(frame.len(), rules.total) {
-                Some(Streamed::Total)
+            } else if needed > buffer.capacity() {
+                let grown = needed.max((2 * buffer.capacity()).min(most));
+                if charge.grow(grown - buffer.capacity(), rules.total) {
+                    buffer.reserve_exact(grown - buffer.len());
+                    None
+                } else {
+                    Some(Streamed::Total)
+                }
             } else {
                 None
             };
             if let Some(why) = why {
-                let read = [buffer.freeze(), frame]
+                let read = [Bytes::from(buffer), frame]
                     .into_iter()
                     .filter(|b| !b.is_empty())
                     .collect();
@@ -233,7 +246,7 @@ impl Buffering {
             buffer.extend_from_slice(&frame);
         }
         Ok(Read::Whole(Whole {
-            data: Some(buffer.freeze()).filter(|d| !d.is_empty()),
+            data: Some(Bytes::from(buffer)).filter(|d| !d.is_empty()),
             trailers,
             _charge: charge,
         }))

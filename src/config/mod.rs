@@ -124,6 +124,8 @@ impl Config {
 }
 
 #[cfg(test)]
+mod buffering_tests;
+#[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]
 mod response_tests;

@@ -6,8 +6,9 @@
 //! throughout; the app gets the body byte for byte, however it was framed.
 //! A body past `max_body` streams, what was read of it sent first, and
 //! requests still streaming their bodies hold at most a quarter of a
-//! limit's places. A body cut or broken while it is received is answered
-//! as before (408, 400) and the app sees nothing of it.
+//! limit's places, and leave the share once their bodies have arrived. A
+//! body cut or broken while it is received is answered as before (408,
+//! 400; on HTTP/2 that stream alone) and the app sees nothing of it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -532,4 +533,53 @@ async fn a_streamed_upload_that_has_arrived_leaves_the_streaming_share() {
     assert_eq!(first.await.expect("the first upload"), StatusCode::OK);
     assert_eq!(second.await.expect("the second upload"), StatusCode::OK);
     assert_eq!(upstream.peak_in_flight(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_cut_while_buffered_is_answered_alone() {
+    let upstream = Upstream::start().await;
+    let floor = "  min_upload_rate: { bytes_per_second: 1000, grace: 2s }\n";
+    let sluice = Sidecar::start(&three_places(&upstream.url(), floor));
+    let tcp = TcpStream::connect(sluice.addr()).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    let _driven = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+
+    // A stream trickling its body far under the floor (2 B/s).
+    let request = http::Request::post("http://app.test/trickle")
+        .header(http::header::CONTENT_LENGTH, 1000)
+        .body(())
+        .expect("request");
+    let mut ready = client.clone().ready().await.expect("ready to send");
+    let (response, mut body) = ready.send_request(request, false).expect("send");
+    let trickling = tokio::spawn(async move {
+        loop {
+            // Pacing the client, not waiting for an outcome.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if body.send_data(Bytes::from_static(b"x"), false).is_err() {
+                break;
+            }
+        }
+        std::future::pending::<()>().await;
+    });
+    let response = tokio::time::timeout(Duration::from_secs(20), response)
+        .await
+        .expect("the trickle was cut")
+        .expect("an answer before any reset");
+    assert_eq!(response.status(), 408);
+    trickling.abort();
+
+    // The connection goes on; the app never saw the trickle.
+    let request = http::Request::get("http://app.test/next")
+        .body(())
+        .expect("request");
+    let mut ready = ready.ready().await.expect("ready to send");
+    let (next, _) = ready.send_request(request, true).expect("send");
+    let next = tokio::time::timeout(REQUEST_DEADLINE, next)
+        .await
+        .expect("a response head in time")
+        .expect("a response head");
+    assert_eq!(next.status(), 200);
+    assert_eq!(upstream.count(), 1);
 }

@@ -145,6 +145,10 @@ keys! { ALL:
         "the same for all the connections of one client address (IPv6: one /64); at least `per_connection`";
     SERVER_REQUEST_HEADS_TOTAL: "server.request_heads.total", "number", Value("16777216"), Restart,
         "the same for every connection at once; at least `per_client`; see the memory formula in docs/OPERATIONS.md";
+    SERVER_REQUEST_BUFFERING_MAX_BODY: "server.request_buffering.max_body", "number", Value("65536"), Reload,
+        "a request that matched a concurrency limit, with a body of at most this many bytes, is received whole before it takes its place; larger bodies stream, at most a quarter of the limit's places at once; `0`: off, every body streams";
+    SERVER_REQUEST_BUFFERING_TOTAL: "server.request_buffering.total", "number", Value("4194304"), Reload,
+        "bytes of request bodies so received held at once; past it a body streams instead; at least `max_body`; see the memory formula in docs/OPERATIONS.md";
     SERVER_HTTP2_MAX_CONCURRENT_STREAMS: "server.http2.max_concurrent_streams", "number", Value("128"), Restart,
         "streams a client may have open on one HTTP/2 connection";
     SERVER_HTTP2_MAX_PENDING_ACCEPT_RESET_STREAMS: "server.http2.max_pending_accept_reset_streams", "number", Value("20"), Restart,

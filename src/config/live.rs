@@ -35,14 +35,16 @@ pub struct Live {
     pub default: Route,
 }
 
-/// `server.paths`, `server.body_idle_timeout` and
-/// `server.min_upload_rate`: read per request.
+/// `server.paths`, `server.body_idle_timeout`, `server.min_upload_rate`
+/// and `server.request_buffering`: read per request.
 #[derive(Debug, Clone)]
 pub struct ServerLive {
     /// Longest silence allowed between two pieces of a request body.
     pub body_idle_timeout: Duration,
     /// The slowest a request body may arrive; `None` when switched off.
     pub min_upload_rate: Option<MinUploadRate>,
+    /// Which request bodies are received whole before they take a place.
+    pub request_buffering: RequestBuffering,
     /// How request paths are normalized before matching and forwarding.
     pub paths: PathRules,
     /// What is done with request headers whose names contain `_`.
@@ -62,6 +64,23 @@ pub struct ServerLive {
 pub struct MinUploadRate {
     pub bytes_per_second: NonZeroU32,
     pub grace: Duration,
+}
+
+/// `server.request_buffering`: a request that matched a concurrency limit
+/// and whose body is at most `max_body` bytes is received whole before it
+/// takes a place in flight, so a slow upload holds no place while it
+/// arrives; `total` bounds the bytes so held by every request together.
+/// `max_body` 0 switches buffering off (`proxy::buffered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestBuffering {
+    pub max_body: usize,
+    pub total: usize,
+}
+
+impl RequestBuffering {
+    pub fn is_on(self) -> bool {
+        self.max_body > 0
+    }
 }
 
 /// `server.headers_with_underscores`: CGI-style servers (Puma, gunicorn

@@ -25,8 +25,8 @@ pub use boot::{
 };
 pub use error::{ConfigError, ConfigErrors};
 pub use live::{
-    Identity, Live, MinUploadRate, OnFailure, Responses, ServerLive, StoreLive, Underscores,
-    UpstreamLive,
+    Identity, Live, MinUploadRate, OnFailure, RequestBuffering, Responses, ServerLive, StoreLive,
+    Underscores, UpstreamLive,
 };
 
 use std::path::{Path, PathBuf};
@@ -123,6 +123,8 @@ impl Config {
     }
 }
 
+#[cfg(test)]
+mod buffering_tests;
 #[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]

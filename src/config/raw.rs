@@ -154,6 +154,7 @@ pub struct Server {
     pub max_connections_per_ip: Option<Scalar>,
     pub http2: Option<Http2>,
     pub request_heads: Option<RequestHeads>,
+    pub request_buffering: Option<RequestBuffering>,
     pub proxy_protocol: Option<ScalarList>,
 }
 
@@ -229,6 +230,13 @@ pub struct Explain {
 pub struct RequestHeads {
     pub per_connection: Option<Scalar>,
     pub per_client: Option<Scalar>,
+    pub total: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct RequestBuffering {
+    pub max_body: Option<Scalar>,
     pub total: Option<Scalar>,
 }
 

@@ -20,6 +20,9 @@
 //! - `body`: the boxed body type, the request-body idle timeout, and the
 //!   wrapper that holds a request's places in flight until its response
 //!   body is done.
+//! - `buffered`: request bodies received whole before their request takes
+//!   a place in flight (`server.request_buffering`), and the share of a
+//!   concurrency limit left to requests still streaming theirs.
 //! - `fallback`: `on_failure: local`, deciding alone while the store
 //!   cannot, each quota divided by `store.local_share`.
 //! - `verdict`: what became of a request, the hook metrics attach to.
@@ -29,6 +32,7 @@
 //!   `X-Forwarded-For` is ignored because nothing is trusted.
 
 mod body;
+mod buffered;
 pub mod explain;
 pub mod fallback;
 pub(crate) mod headers;

@@ -32,6 +32,7 @@ use crate::store::{Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::Body;
+use super::buffered::{Buffering, Inbound, Stopped};
 use super::fallback::Fallback;
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
@@ -55,6 +56,8 @@ pub struct Proxy {
     /// Requests in flight per concurrency policy and subject; outlives
     /// reloads, as the requests it counts do.
     in_flight: Arc<InFlight>,
+    /// Request bodies received before their request takes its places.
+    buffering: Arc<Buffering>,
     upstream: Upstream,
     tunnels: Tunnels,
     metrics: ProxyMetrics,
@@ -130,6 +133,7 @@ impl Proxy {
             store,
             fallback,
             in_flight: InFlight::new(),
+            buffering: Buffering::new(),
             upstream,
             tunnels: Tunnels::new(),
             untrusted_forwarder: UntrustedForwarder::new(),
@@ -190,6 +194,15 @@ impl Proxy {
             *request.uri_mut() = uri;
         }
 
+        // A body that fits the buffer arrives whole before the request
+        // takes a place in flight: a slow upload holds none (`buffered`).
+        let request = match self.buffering.receive(request, &checks, live).await {
+            Ok(request) => request,
+            Err(stopped) => return self.stopped(stopped, arrival),
+        };
+        // The decision's budget starts now, however long the body took.
+        let arrival = Instant::now();
+
         let admitted = match self.admit(&matched, &checks, live, arrival).await {
             Ok(admitted) => admitted,
             Err(response) => return response,
@@ -216,6 +229,19 @@ impl Proxy {
             }
         }
         response
+    }
+
+    /// The answer to a request that ended while its body was received;
+    /// one refused for the streaming share is counted as over its limit.
+    fn stopped(&self, stopped: Stopped<'_, '_>, arrival: Instant) -> Response<Body> {
+        match stopped {
+            Stopped::Body(broken) => broken.response(),
+            Stopped::Streaming { check, retry_after } => {
+                let verdict = Verdict::ConcurrencyDenied;
+                self.count_one(check.entry, check.limit, verdict, arrival);
+                respond::over_concurrency(check.responses(), retry_after)
+            }
+        }
     }
 
     /// Every limit of every matched route, together: `Ok` to forward (with
@@ -394,7 +420,7 @@ impl Proxy {
     /// The response, and who gave it.
     async fn forward(
         &self,
-        request: Request<Incoming>,
+        request: Request<Inbound>,
         conn: &ConnInfo,
         live: &Live,
         entry: Entry<'_>,

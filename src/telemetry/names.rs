@@ -92,6 +92,8 @@ pub const BUILD_INFO: &str = "sluice_build_info";
 pub const CONNECTIONS_REFUSED: &str = "sluice_connections_refused_total";
 pub const HEAD_BUDGET_REFUSED: &str = "sluice_head_budget_refused_total";
 pub const HEAD_BYTES_HELD: &str = "sluice_head_bytes_held";
+pub const REQUEST_BODY_BYTES_BUFFERED: &str = "sluice_request_body_bytes_buffered";
+pub const REQUEST_BODIES_STREAMED: &str = "sluice_request_bodies_streamed_total";
 pub const PROXY_PROTOCOL_HEADERS: &str = "sluice_proxy_protocol_headers_total";
 pub const PROXY_PROTOCOL_REJECTED: &str = "sluice_proxy_protocol_rejected_total";
 pub const FORWARDED_FOR_IGNORED: &str = "sluice_forwarded_for_ignored_total";
@@ -205,6 +207,14 @@ pub const ALL: &[Metric] = &[
     Metric::gauge(
         HEAD_BYTES_HELD,
         "Bytes of request heads held now, as server.request_heads counts them (HTTP/1 heads still arriving, HTTP/2 header lists of open streams).",
+    ),
+    Metric::gauge(
+        REQUEST_BODY_BYTES_BUFFERED,
+        "Bytes of request bodies held now, received before their requests take a place in flight (server.request_buffering).",
+    ),
+    Metric::counter(
+        REQUEST_BODIES_STREAMED,
+        "Request bodies of requests under a concurrency limit that streamed instead of being received whole, by reason (max_body: larger than server.request_buffering.max_body; total: the budget was full).",
     ),
     Metric::counter(
         PROXY_PROTOCOL_HEADERS,

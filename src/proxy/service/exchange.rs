@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
+use crate::proxy::buffered::Inbound;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
@@ -100,7 +100,7 @@ pub(super) fn needed(checks: &[Check<'_>], permits: &[Permit]) -> bool {
 pub(super) async fn run(
     proxy: Arc<Proxy>,
     runtime: Arc<Runtime>,
-    request: Request<Incoming>,
+    request: Request<Inbound>,
     conn: ConnInfo,
     route: usize,
     checks: &[Check<'_>],

@@ -1,6 +1,7 @@
 //! Forwarding a decided request to the upstream, and its response back.
 //!
-//! Bodies stream both ways without buffering; the request body is cut when
+//! Bodies stream both ways, but for a request body received whole before
+//! the request was admitted (`proxy::buffered`); the request body is cut when
 //! the client goes quiet for `server.body_idle_timeout` or sends it slower
 //! than `server.min_upload_rate`, and
 //! `upstream.timeout` counts only the upstream's turns (`upstream_timer`). Requests to the
@@ -15,7 +16,6 @@ use std::sync::Arc;
 use http::uri::{Parts, PathAndQuery};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
-use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 
@@ -28,6 +28,7 @@ use super::pool::{self, Failure, Pool, Returning};
 use super::timer::UpstreamTimer;
 use super::upgrade::Tunnels;
 use crate::proxy::body::{self, Body, ClientBodyError, Cut, IdleTimeout};
+use crate::proxy::buffered::Inbound;
 use crate::proxy::headers::{self, Forwarded};
 use crate::proxy::respond;
 use crate::proxy::ConnInfo;
@@ -134,7 +135,7 @@ impl UpstreamError {
 /// hop-by-hop fields removed, or why there is none.
 pub(crate) async fn forward(
     upstream: &Upstream,
-    mut request: Request<Incoming>,
+    mut request: Request<Inbound>,
     conn: &ConnInfo,
     live: &Live,
     upgrades: &[Box<str>],
@@ -175,14 +176,27 @@ pub(crate) async fn forward(
     parts.extensions.clear();
     // A body already complete (most GETs) can never go quiet: no timer,
     // and the upstream's turn starts now.
-    let (body, mut timer) = if incoming.is_end_stream() {
-        let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
-        (body::boxed(incoming), timer)
-    } else {
-        let idle = IdleTimeout::new(incoming, live.server.body_idle_timeout)
-            .with_floor(live.server.min_upload_rate);
-        let (tracked, timer) = UpstreamTimer::tracking(idle, live.upstream.timeout);
-        (body::boxed(tracked), timer)
+    // So can a body received whole.
+    let (body, mut timer) = match incoming {
+        Inbound::Arriving(incoming) if incoming.is_end_stream() => {
+            let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
+            (body::boxed(incoming), timer)
+        }
+        Inbound::Whole(whole) => {
+            let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
+            (body::boxed(whole), timer)
+        }
+        Inbound::Arriving(incoming) => {
+            let idle = IdleTimeout::new(incoming, live.server.body_idle_timeout)
+                .with_floor(live.server.min_upload_rate);
+            let (tracked, timer) = UpstreamTimer::tracking(idle, live.upstream.timeout);
+            (body::boxed(tracked), timer)
+        }
+        // Already under its idle timeout and floor since it began.
+        Inbound::Streaming(streaming) => {
+            let (tracked, timer) = UpstreamTimer::tracking(streaming, live.upstream.timeout);
+            (body::boxed(tracked), timer)
+        }
     };
     let mut request = Request::from_parts(parts, body);
     let informational = Informational::watch(&mut request);

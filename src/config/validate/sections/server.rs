@@ -10,8 +10,8 @@ use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, ScalarList};
 use crate::config::validate::check::{self, Checker};
 use crate::config::{
-    Http2, MinUploadRate, ProxyProtocol, RequestHeads, Secret, ServerBoot, ServerLive, Tls,
-    Underscores,
+    Http2, MinUploadRate, ProxyProtocol, RequestBuffering, RequestHeads, Secret, ServerBoot,
+    ServerLive, Tls, Underscores,
 };
 
 use super::*;
@@ -137,6 +137,11 @@ pub fn server(
         raw.request_heads.unwrap_or_default(),
         max_header_bytes,
     );
+    let request_buffering = request_buffering(
+        cx,
+        &path.key("request_buffering"),
+        raw.request_buffering.unwrap_or_default(),
+    );
     let proxy_protocol = proxy_protocol(cx, &path.key("proxy_protocol"), raw.proxy_protocol);
     let paths = match raw.paths {
         None => Some(PathRules::default()),
@@ -185,6 +190,7 @@ pub fn server(
     let live = ServerLive {
         body_idle_timeout: body_idle_timeout?,
         min_upload_rate: min_upload_rate?,
+        request_buffering: request_buffering?,
         paths: paths?,
         underscores: underscores?,
         explain_token: explain_token?,
@@ -363,6 +369,42 @@ fn request_heads(
     Some(RequestHeads {
         per_connection: usize::try_from(per_connection?).ok()?,
         per_client: usize::try_from(per_client).ok()?,
+        total: usize::try_from(total).ok()?,
+    })
+}
+
+/// `server.request_buffering`: `max_body` 0 (off) to 1 GiB, and a `total`
+/// that holds at least one body of `max_body`, or it would refuse every
+/// body `max_body` lets in.
+fn request_buffering(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: raw::RequestBuffering,
+) -> Option<RequestBuffering> {
+    const MAX: u64 = 1 << 40;
+    let max_body = cx.defaulted(
+        path,
+        &keys::SERVER_REQUEST_BUFFERING_MAX_BODY,
+        raw.max_body.as_ref(),
+        check::number(0, 1 << 30),
+    );
+    let total = cx.defaulted(
+        path,
+        &keys::SERVER_REQUEST_BUFFERING_TOTAL,
+        raw.total.as_ref(),
+        check::number(0, MAX),
+    );
+    let (max_body, total) = (max_body?, total?);
+    if total < max_body {
+        cx.error(
+            &path.key("total"),
+            At::Key,
+            format!("{total} is below max_body ({max_body})"),
+        );
+        return None;
+    }
+    Some(RequestBuffering {
+        max_body: usize::try_from(max_body).ok()?,
         total: usize::try_from(total).ok()?,
     })
 }

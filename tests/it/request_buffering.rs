@@ -583,3 +583,34 @@ async fn an_http2_stream_cut_while_buffered_is_answered_alone() {
     assert_eq!(next.status(), 200);
     assert_eq!(upstream.count(), 1);
 }
+
+/// The decision's budget starts once the body is in: on Redis, an upload
+/// that took far longer than `store.budget` (50 ms here) to arrive is
+/// still decided, not refused for a budget spent while it was received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_on_redis_is_decided_within_a_budget_of_its_own() {
+    let redis = crate::support::redis::RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  three: { algorithm: concurrency, limit: 3 }\n  hourly: { algorithm: fixed-window, limit: 100, window: 1h }\n";
+    let routes = "  - name: all
+    match: { path_prefix: / }
+    limits:
+      - { policy: three, subject: global }
+      - { policy: hourly, subject: client_ip }
+";
+    let yaml =
+        crate::support::redis_sidecar::redis_yaml(&upstream, &redis.url(), policies, routes);
+    let sluice = crate::support::redis_sidecar::start_ready(&yaml).await;
+    // 1,000 bytes in 40 pieces 25 ms apart: a second in all.
+    let status = paced(
+        sluice.addr(),
+        "/upload".to_owned(),
+        1000,
+        PIECE,
+        Duration::from_millis(25),
+    )
+    .await
+    .expect("the upload task");
+    assert_eq!(status, 200);
+    assert_eq!(upstream.count(), 1);
+}

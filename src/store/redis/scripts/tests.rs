@@ -1,0 +1,394 @@
+use std::num::NonZeroU32;
+
+use super::*;
+use crate::limit::{BucketBand, GcraBand, WindowBand};
+use crate::store::EvaluationId;
+use crate::subject::PseudonymKey;
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("non-zero")
+}
+
+fn common() -> Common {
+    Common {
+        key_prefix: "sl".to_owned(),
+        ttl_grace: Duration::from_secs(1),
+        max_clock_regression: Duration::from_millis(250),
+        dedupe_window: Duration::from_secs(5),
+    }
+}
+
+fn window(limit: u32, secs: u64) -> WindowBand {
+    WindowBand {
+        limit: nz(limit),
+        window: Duration::from_secs(secs),
+    }
+}
+
+/// One policy per algorithm, each revision distinct.
+fn policies() -> Vec<Policy> {
+    let bands = [
+        Bands::FixedWindow(vec![window(5, 1), window(100, 60)]),
+        Bands::SlidingCounter(vec![window(5, 1)]),
+        Bands::SlidingLog(vec![window(5, 1)]),
+        Bands::TokenBucket(vec![BucketBand {
+            capacity: nz(5),
+            refill_tokens: nz(1),
+            refill_every: Duration::from_secs(2),
+        }]),
+        Bands::Gcra(vec![GcraBand {
+            limit: nz(60),
+            window: Duration::from_secs(60),
+            burst: nz(10),
+        }]),
+    ];
+    bands
+        .into_iter()
+        .enumerate()
+        .map(|(i, bands)| Policy::new(format!("p{i}"), format!("r{i}"), bands, false))
+        .collect()
+}
+
+#[test]
+fn every_library_is_named_after_its_code_and_defines_its_helpers_once() {
+    for &algorithm in Algorithm::ALL {
+        let file = algorithm.lua();
+        assert!(!file.starts_with("#!"), "{}", algorithm.name());
+        assert_eq!(file.matches(DECIDE).count(), 1, "{}", algorithm.name());
+        // A compact state's function reads it once, with as many
+        // numbers per band as Rust compiles its pattern for.
+        let per_band = algorithm.state_numbers();
+        let (reads, declared) = if per_band > 0 {
+            (1, format!("\n  local per_band = {per_band}\n"))
+        } else {
+            (0, "\n  local per_band".to_owned())
+        };
+        assert_eq!(
+            file.matches("read_state(").count(),
+            reads,
+            "{}",
+            algorithm.name()
+        );
+        assert_eq!(
+            file.contains(&declared),
+            per_band > 0,
+            "{}",
+            algorithm.name()
+        );
+    }
+    for policy in policies() {
+        let script = Script::for_policy(&policy, &common());
+        let name = script.algorithm.map_or("several", |a| a.name());
+        assert!(script.name.starts_with(LIBRARY_PREFIX), "{name}");
+        assert_eq!(script.name.len(), LIBRARY_PREFIX.len() + 40, "{name}");
+        assert!(
+            script
+                .source
+                .starts_with(&format!("#!lua name={}\n", script.name)),
+            "{name}"
+        );
+        assert!(script.source.contains(&format!(
+            "redis.register_function{{function_name = '{}', callback = \
+             function(keys, args) return decide(redis, keys, args) end}}",
+            script.name
+        )));
+        // The helpers are the library's, once, outside any function.
+        assert_eq!(script.source.matches(COMMON).count(), 1, "{name}");
+        assert_eq!(script.source.matches(STATE).count(), 1, "{name}");
+        assert!(script.source.find(COMMON) < script.source.find(DECIDE));
+        assert!(!script.source.contains(NAME_AT), "{name}");
+        assert!(!script.source.contains("EVAL"), "libraries never nest EVAL");
+        // The name is the SHA-1 of the code with the name left out.
+        let unnamed = script.source.replace(&script.name, NAME_AT);
+        assert_eq!(
+            script.name,
+            format!(
+                "{LIBRARY_PREFIX}{}",
+                redis::Script::new(&unnamed).get_hash()
+            )
+        );
+    }
+}
+
+#[test]
+fn every_refund_library_carries_the_policy_and_its_algorithm_part() {
+    assert_eq!(REFUND.matches(UNDO_AT).count(), 1);
+    for policy in policies() {
+        let script = Script::refund_for_policy(&policy, &common());
+        let name = policy.algorithm().name();
+        assert!(script.source.starts_with("#!lua name=sluice_"), "{name}");
+        assert!(
+            script.source.contains(policy.algorithm().refund_lua()),
+            "{name}"
+        );
+        assert!(script.source.contains("local P_BAND_ARGS = {"), "{name}");
+        assert!(script.source.contains(COMMON), "{name}");
+        assert!(script.source.ends_with(&format!(
+            "redis.register_function{{function_name = '{}', callback = refund}}\n",
+            script.name
+        )));
+        assert!(!script.source.contains(UNDO_AT), "{name}: a marker left");
+        assert_ne!(script.name, Script::for_policy(&policy, &common()).name);
+    }
+}
+
+#[test]
+fn the_read_only_library_is_the_same_function_writing_nothing() {
+    for policy in policies() {
+        let script = Script::for_policy(&policy, &common());
+        let peek = Script::peek_for_policy(&policy, &common());
+        let name = script.algorithm.map_or("several", |a| a.name());
+        assert!(!script.source.contains(PEEK), "{name}: requests run it");
+        assert_ne!(peek.name, script.name, "{name}");
+        assert!(peek.source.ends_with(&format!(
+            "redis.register_function{{function_name = '{}', callback = \
+             function(keys, args) return decide(READ_ONLY, keys, args) end, \
+             flags = {{'no-writes'}}}}\n",
+            peek.name
+        )));
+        // Take the read-only part out again and it is the request's
+        // library: the algorithm itself is not touched.
+        let back = peek
+            .source
+            .replace(&peek.name, &script.name)
+            .replacen(PEEK, "", 1)
+            .replacen(
+                "decide(READ_ONLY, keys, args) end, flags = {'no-writes'}}",
+                "decide(redis, keys, args) end}",
+                1,
+            );
+        assert_eq!(back, script.source, "{name}");
+    }
+    let scripts = Scripts::new(common());
+    let policy = &policies()[0];
+    let (peek, made) = scripts.peek(policy);
+    assert!(made);
+    let (again, made) = scripts.peek(policy);
+    assert!(Arc::ptr_eq(&peek, &again) && !made);
+    // Never loaded with the request libraries, but leased.
+    assert!(scripts.all().is_empty());
+    assert!(scripts.names().contains(&peek.name));
+    assert!(!scripts.has(policy));
+}
+
+#[test]
+fn a_policy_s_numbers_are_compiled_into_its_script() {
+    let policies = policies();
+    let fixed = Script::for_policy(&policies[0], &common());
+    // TTL: horizon 60 s + grace 1 s; both bands, limit then window µs.
+    for line in [
+        "local P_TTL_MS, P_TTL_TEXT = 61000, '61000'",
+        "local P_MAX_REGRESSION_US = 250000",
+        "local P_DEDUPE_WINDOW_TEXT = '5000'",
+        "local P_BANDS = 2",
+        "local P_BAND_ARGS = {5, 1000000, 100, 60000000}",
+    ] {
+        assert!(fixed.source.contains(line), "{line} not in the script");
+    }
+    assert!(fixed.source.contains(
+        "local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+):(%d+):(%d+):(%d+)$', \
+         '%d:%d:%d:%d:%d'"
+    ));
+    assert!(fixed.source.contains(STATE));
+    let gcra = Script::for_policy(&policies[4], &common());
+    assert!(gcra
+        .source
+        .contains("local P_BAND_ARGS = {60, 60000000, 10}"));
+    assert!(gcra
+        .source
+        .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)$', '%d:%d'"));
+    let log = Script::for_policy(&policies[2], &common());
+    assert!(!log.source.contains("local P_STATE_"));
+    // Past Lua's 32 captures, the general path reads the state.
+    let many = Policy::new(
+        "many",
+        "r",
+        Bands::SlidingCounter((1..=11).map(|i| window(i, 1)).collect()),
+        false,
+    );
+    let many = Script::for_policy(&many, &common());
+    assert!(many
+        .source
+        .contains("local P_STATE_PATTERN, P_STATE_FORMAT = false, '%d"));
+    // Another store setting is another script.
+    let other = Common {
+        dedupe_window: Duration::from_secs(1),
+        ..common()
+    };
+    assert_ne!(Script::for_policy(&policies[0], &other).name, fixed.name);
+}
+
+#[test]
+fn scripts_are_made_once_per_bands_whatever_the_revision() {
+    let scripts = Scripts::new(common());
+    let policies = policies();
+    let first = scripts.get(&policies[0]);
+    assert!(Arc::ptr_eq(&first, &scripts.get(&policies[0])));
+    assert!(scripts.has(&policies[0]) && !scripts.has(&policies[1]));
+    for p in &policies {
+        assert_eq!(scripts.get(p).algorithm, Some(p.algorithm()));
+    }
+    let mut shas: Vec<String> = scripts.all().iter().map(|s| s.name.clone()).collect();
+    shas.sort();
+    shas.dedup();
+    assert_eq!(shas.len(), 5);
+    // One revision written for two sets of bands: two scripts.
+    let changed = Policy::new(
+        policies[0].name.clone(),
+        policies[0].revision.clone(),
+        Bands::FixedWindow(vec![window(7, 1)]),
+        false,
+    );
+    assert_eq!(changed.revision, policies[0].revision);
+    assert_ne!(scripts.get(&changed).name, first.name);
+}
+
+/// The state key's mark and its separator, as the scripts' formats
+/// name them.
+fn mark(policy: &Policy) -> &'static str {
+    match policy.algorithm() {
+        Algorithm::FixedWindow => "fw1:",
+        Algorithm::SlidingCounter => "sc1:",
+        Algorithm::TokenBucket => "tb1:",
+        Algorithm::Gcra => "gc1:",
+        Algorithm::SlidingLog => "",
+    }
+}
+
+fn args(cmd: &Cmd) -> Vec<String> {
+    cmd.args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => "<cursor>".to_owned(),
+        })
+        .collect()
+}
+
+#[test]
+fn every_call_sends_its_state_its_record_the_id_and_the_cost() {
+    let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
+    for policy in policies() {
+        let script = Script::for_policy(&policy, &common());
+        let evaluation = Evaluation {
+            policy: &policy,
+            subject: &subject,
+            cost: 2,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0xab),
+            settle_within: None,
+        };
+        let sent = args(&fcall(&script, &common(), &evaluation));
+        let state = format!(
+            "sl:{{{}:{}:{}{subject}}}",
+            policy.name,
+            policy.revision,
+            mark(&policy)
+        );
+        let id = format!("{:032x}", 0xab);
+        assert_eq!(
+            sent,
+            [
+                "FCALL".to_owned(),
+                script.name.clone(),
+                "2".to_owned(),
+                state.clone(),
+                format!("{state}:e:{id}"),
+                id,
+                "2".to_owned(),
+            ]
+        );
+    }
+}
+
+#[test]
+fn several_limits_run_each_policy_s_own_script_in_one_call() {
+    let policies = policies();
+    let mut shadow = policies[2].clone();
+    shadow.shadow = true;
+    let set = [&policies[0], &shadow, &policies[4]];
+    let several = Script::for_limits(&set, &common());
+    assert!(several
+        .source
+        .starts_with(&format!("#!lua name={}\n", several.name)));
+    assert!(!several.source.contains(LIMITS_AT));
+    assert_eq!(several.source.matches(COMMON).count(), 1);
+    for (i, policy) in set.iter().enumerate() {
+        // What the policy runs alone: its numbers and its decide.
+        let n = i + 1;
+        let block = format!(
+            "do\n{}LIMITS[{n}], SHADOW[{n}] = decide, {}\nend\n",
+            decide(policy, &common()),
+            policy.shadow
+        );
+        assert!(several.source.contains(&block), "limit {n}");
+        let alone = Script::for_policy(policy, &common()).source;
+        assert!(alone.contains(&decide(policy, &common())), "limit {n}");
+    }
+    let scripts = Scripts::new(common());
+    let made = scripts.several(&set);
+    assert_eq!(made.name, several.name);
+    assert!(Arc::ptr_eq(&made, &scripts.several(&set)));
+    assert!(scripts.has_several(&set) && !scripts.has_several(&set[..2]));
+    assert!(scripts.all().iter().any(|s| s.name == several.name));
+
+    let (a, b) = (
+        PseudonymKey::new(b"k", 1).pseudonym("ip", b"192.0.2.1", "signup"),
+        PseudonymKey::new(b"k", 1).pseudonym("global", b"", "signup"),
+    );
+    let at = |policy, subject, cost| Evaluation {
+        policy,
+        subject,
+        cost,
+        deadline: tokio::time::Instant::now(),
+        id: EvaluationId(0xab),
+        settle_within: None,
+    };
+    let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
+    let sent = args(&fcall_several(&several, &common(), &evaluations));
+    let id = format!("{:032x}", 0xab);
+    let key =
+        |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{}{s}}}", p.name, p.revision, mark(p));
+    let (ka, kb) = (key(&policies[0], &a), key(&policies[4], &b));
+    assert_eq!(
+        sent,
+        [
+            "FCALL".to_owned(),
+            several.name.clone(),
+            "4".to_owned(),
+            ka.clone(),
+            format!("{ka}:e:{id}"),
+            kb.clone(),
+            format!("{kb}:e:{id}"),
+            id,
+            "1".to_owned(),
+            "3".to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn ids_are_sent_as_evaluation_id_displays_them() {
+    for id in [
+        0,
+        1,
+        0xab,
+        0x0123_4567_89ab_cdef,
+        u128::MAX,
+        u128::MAX >> 4,
+        1 << 127,
+    ] {
+        let hex = hex_id(id);
+        assert_eq!(
+            std::str::from_utf8(&hex),
+            Ok(EvaluationId(id).to_string().as_str())
+        );
+    }
+}
+
+#[test]
+fn ceil_ms_never_shortens() {
+    assert_eq!(ceil_ms(Duration::from_micros(1)), 1);
+    assert_eq!(ceil_ms(Duration::from_micros(1001)), 2);
+    assert_eq!(ceil_ms(Duration::from_millis(5)), 5);
+    assert_eq!(ceil_ms(Duration::ZERO), 1);
+}

@@ -31,8 +31,8 @@ use crate::sync;
 use tokio::time::Instant;
 
 mod window;
-pub use window::BUCKETS;
 use window::Window;
+pub use window::BUCKETS;
 
 /// When the breaker opens and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,7 +316,6 @@ mod tests {
             .expect("admitted")
             .report(Health::Answered, now);
     }
-
 
     #[test]
     fn a_streak_amid_many_answers_does_not_open() {

@@ -105,7 +105,6 @@ impl Window {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

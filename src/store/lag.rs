@@ -9,8 +9,9 @@
 //! had its whole budget of running time and still got no reply.
 //!
 //! Measured by a task that sleeps [`TICK`] at a time and records how late
-//! it woke, beyond [`SLACK`] (timer rounding and an ordinary wake-up): a
-//! late wake is time no thread could run it. One wake every few
+//! it woke: a wake later than [`SLACK`] (timer rounding and an ordinary
+//! wake-up) counts whole, as time no thread could run it; one within it
+//! counts nothing. One wake every few
 //! milliseconds, a lock taken per wake and per timed-out call: nothing on
 //! the path of a call that meets its deadline.
 
@@ -24,7 +25,7 @@ use crate::sync;
 
 /// How often the monitor wakes.
 pub const TICK: Duration = Duration::from_millis(5);
-/// Lateness below this is not lost time: tokio's timer rounds to the
+/// Lateness up to this is not lost time: tokio's timer rounds to the
 /// millisecond, and a thread takes a moment to wake.
 pub const SLACK: Duration = Duration::from_millis(2);
 /// The most a call is given back: a sidecar starved longer than this
@@ -62,7 +63,7 @@ impl Lag {
     /// The monitor woke at `woke`, having asked to wake at `due`.
     pub fn woke(&self, due: Instant, woke: Instant) {
         let mut ring = sync::lock(&self.ring);
-        ring.lost += woke.saturating_duration_since(due).saturating_sub(SLACK);
+        ring.lost += late(woke.saturating_duration_since(due));
         ring.last = woke;
         if ring.wakes.len() == KEPT {
             ring.wakes.pop_front();
@@ -85,12 +86,19 @@ impl Lag {
             0 => ring.wakes.front().map_or(Duration::ZERO, |&(_, lost)| lost),
             n => ring.wakes[n - 1].1,
         };
-        let pending = now
-            .saturating_duration_since(ring.last + TICK)
-            .saturating_sub(SLACK);
+        let pending = late(now.saturating_duration_since(ring.last + TICK));
         (ring.lost + pending)
             .saturating_sub(by_since)
             .min(now.saturating_duration_since(since))
+    }
+}
+
+/// Lost time, of a wake `lateness` late.
+fn late(lateness: Duration) -> Duration {
+    if lateness > SLACK {
+        lateness
+    } else {
+        Duration::ZERO
     }
 }
 
@@ -134,7 +142,7 @@ mod tests {
     }
 
     #[test]
-    fn a_late_wake_is_lost_time_after_the_slack() {
+    fn a_wake_later_than_the_slack_is_lost_time_whole() {
         let t = Instant::now();
         let lag = Lag::new(t);
         let before = on_time(&lag, t, 10);
@@ -142,13 +150,13 @@ mod tests {
         let woke = due + 80 * MS;
         lag.woke(due, woke);
         let after = on_time(&lag, woke, 10);
-        assert_eq!(lag.lost_since(before, after), 78 * MS);
+        assert_eq!(lag.lost_since(before, after), 80 * MS);
         assert_eq!(
             lag.lost_since(woke, after),
             Duration::ZERO,
             "the stall ended before"
         );
-        assert_eq!(lag.lost_since(t, after), 78 * MS);
+        assert_eq!(lag.lost_since(t, after), 80 * MS);
     }
 
     #[test]
@@ -157,7 +165,7 @@ mod tests {
         let lag = Lag::new(t);
         let last = on_time(&lag, t, 10);
         let now = last + TICK + 50 * MS;
-        assert_eq!(lag.lost_since(last, now), 48 * MS);
+        assert_eq!(lag.lost_since(last, now), 50 * MS);
         // Never more than the time asked about.
         assert_eq!(lag.lost_since(now - 10 * MS, now), 10 * MS);
     }

@@ -173,7 +173,7 @@ async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() 
 /// What a least-privilege user on a cluster needs: the standalone line
 /// plus `CLUSTER SLOTS`, which the cluster client reads its slot map from.
 const CLUSTER_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -813,7 +813,7 @@ async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_receive
 /// On a Sentinel-managed primary the user also needs `ROLE`: the client
 /// checks that the node the Sentinels name really is the primary.
 const SENTINEL_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +role";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,10 +3,11 @@
 //! classification of every failure by how far the command got.
 
 use std::pin::pin;
+use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use smallvec::SmallVec;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::limit::{Incompatible, Outcome, Unavailable};
 use crate::store::breaker::{Cause, Health};
@@ -18,6 +19,10 @@ use super::pool::{Checkout, Stage};
 use super::reply::{self, Answer, Reply, Shape};
 use super::scripts::Script;
 use super::Inner;
+
+/// Times a call past its deadline yields to the tasks ready before it
+/// (its connection's reader among them) and looks for its reply again.
+const LAST_LOOKS: usize = 2;
 
 /// One evaluation's command and how to read its reply.
 pub(super) struct Request<'a> {
@@ -106,6 +111,15 @@ impl Inner {
                     break;
                 }
                 deadline = later;
+            }
+            // A last look before giving up: a reply that came in while
+            // every thread was busy waits for its connection's reader, and
+            // yielding polls the socket and lets the reader run first.
+            for _ in 0..LAST_LOOKS {
+                tokio::task::yield_now().await;
+                if let Ok(attempt) = timeout(Duration::ZERO, exchange.as_mut()).await {
+                    return attempt;
+                }
             }
         }
         // Given back all it lost, the call had its whole budget of running

@@ -72,7 +72,7 @@ impl Inner {
             Attempt::NotApplied(unavailable, health) => {
                 (whole(Outcome::Unavailable(unavailable)), health)
             }
-            Attempt::Ambiguous(_) if Instant::now() < self.deadline(request.deadline).0 => {
+            Attempt::Ambiguous(_) if !self.passed(request.deadline) => {
                 // Safe to repeat: the same evaluation id makes the script
                 // return what it decided the first time, if it ran.
                 self.stats.retries.count();
@@ -99,7 +99,9 @@ impl Inner {
         };
         {
             let mut exchange = pin!(self.exchange(request, &mut progress));
-            let mut deadline = self.deadline(request.deadline).0;
+            // Given back only once passed: nothing on the path of a call
+            // in time.
+            let mut deadline = request.deadline;
             loop {
                 if let Ok(attempt) = timeout_at(deadline, exchange.as_mut()).await {
                     return attempt;
@@ -246,10 +248,17 @@ impl Inner {
         )
     }
 
+    /// Whether `deadline` has passed, once given back what this sidecar
+    /// lost; the lost time is only looked up for a deadline passed.
+    pub(super) fn passed(&self, deadline: Instant) -> bool {
+        let now = Instant::now();
+        now >= deadline && now >= self.deadline(deadline).0
+    }
+
     /// Sending after the deadline would only add load for an answer nobody
     /// waits for.
     fn past_deadline(&self, request: &Request<'_>) -> Option<Attempt> {
-        if Instant::now() < self.deadline(request.deadline).0 {
+        if !self.passed(request.deadline) {
             return None;
         }
         self.stats.budget_spent.count();

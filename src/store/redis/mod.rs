@@ -413,7 +413,7 @@ impl Inner {
             return Outcome::Incompatible(Incompatible::CostAboveMaximum);
         }
         let now = Instant::now();
-        if inner.deadline(evaluation.deadline).0 <= now {
+        if inner.passed(evaluation.deadline) {
             inner.stats.budget_spent.count();
             return Outcome::Unavailable(Unavailable::AdmissionRejected);
         }
@@ -451,7 +451,7 @@ impl Inner {
             .min()
             .unwrap_or_else(Instant::now);
         let now = Instant::now();
-        if self.deadline(deadline).0 <= now {
+        if self.passed(deadline) {
             self.stats.budget_spent.count();
             return Outcomes::at(0, Outcome::Unavailable(Unavailable::AdmissionRejected));
         }

@@ -28,6 +28,7 @@ pub mod inspect;
 mod leased;
 mod libraries;
 mod pool;
+mod readiness;
 mod refund;
 pub(crate) mod reply;
 pub use leased::Leased;
@@ -38,10 +39,9 @@ pub(crate) mod wire;
 
 pub use stats::{RedisStats, Stat};
 
-use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -50,24 +50,23 @@ use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use crate::config;
-use crate::limit::{Bands, Incompatible, Outcome, Policy, Unavailable, WindowBand};
+use crate::limit::{Incompatible, Outcome, Policy, Unavailable};
 use crate::route::Route;
-use crate::subject::{Pseudonym, PseudonymKey};
 
 use super::breaker::{Breaker, Thresholds};
 use super::deny_cache::DenyCache;
 use super::lag::{self, Lag};
 use super::lease::{Before, Leases};
-use super::{Evaluation, EvaluationId, Outcomes, Source};
+use super::{Evaluation, Outcomes, Source};
 use call::Request;
 use pool::Lanes;
+use readiness::Probe;
 use reply::Shape;
 use scripts::{Common, Scripts};
 
 /// How long the start-up task gives one attempt at connecting and loading
 /// the scripts (a TLS handshake over a real network included).
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(2);
-const PREPARE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisSetupError {
@@ -174,8 +173,11 @@ impl RedisStore {
                 inner.scripts.refund(policy);
             }
         }
-        runtime.spawn(prepare(Arc::downgrade(&inner)));
-        runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
+        runtime.spawn(readiness::prepare(Arc::downgrade(&inner)));
+        runtime.spawn(readiness::probe(
+            Arc::downgrade(&inner),
+            redis.breaker_cooldown,
+        ));
         runtime.spawn(libraries::renew(Arc::downgrade(&inner)));
         runtime.spawn(leased::upkeep(Arc::downgrade(&inner)));
         runtime.spawn(lag::monitor(Arc::downgrade(&inner.lag)));
@@ -566,89 +568,5 @@ impl RedisStore {
     /// `pool_size` lanes or one per core, whichever is fewer.
     pub fn connections(&self) -> usize {
         self.inner.lanes.connected()
-    }
-}
-
-/// A fixed window far above anything it is charged, on a key of its own
-/// under the store's prefix: evaluating it proves Redis runs the scripts
-/// and takes writes, and consumes nothing anyone else counts.
-struct Probe {
-    policy: Policy,
-    subject: Pseudonym,
-}
-
-impl Probe {
-    fn new() -> Probe {
-        let band = WindowBand {
-            limit: NonZeroU32::new(1_000_000).expect("non-zero"),
-            window: Duration::from_secs(1),
-        };
-        Probe {
-            policy: Policy::new("sluice-probe", "1", Bands::FixedWindow(vec![band]), false),
-            subject: PseudonymKey::new(b"sluice-probe", 1).pseudonym("probe", b"", "probe"),
-        }
-    }
-}
-
-/// While the breaker waits for its probe and no request brings one (a pod
-/// whose readiness failed gets no traffic), sends the probe itself, so the
-/// store recovers, and readiness with it, within a cool-down of Redis
-/// deciding again.
-async fn probe(inner: Weak<Inner>, cooldown: Duration) {
-    let every = (cooldown / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(store) = inner.upgrade() else {
-            return;
-        };
-        let now = Instant::now();
-        if !store.prepared.load(Ordering::Acquire) || !store.breaker.wants_probe(now) {
-            continue;
-        }
-        store.stats.probes.count();
-        let evaluation = Evaluation {
-            policy: &store.probe.policy,
-            subject: &store.probe.subject,
-            cost: 1,
-            deadline: now + store.budget,
-            id: EvaluationId::random(),
-        };
-        let outcome = store.evaluate(&evaluation).await;
-        tracing::debug!(?outcome, "redis: breaker probe");
-    }
-}
-
-/// Connects and loads every script, retrying with backoff until it works
-/// or the store is dropped. Readiness waits for it.
-async fn prepare(inner: Weak<Inner>) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let Some(store) = inner.upgrade() else {
-            return;
-        };
-        match tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await {
-            Ok(Ok(())) => {
-                store.prepared.store(true, Ordering::Release);
-                tracing::info!("redis: connected, libraries loaded");
-                // Only once the libraries this sidecar needs are in.
-                match tokio::time::timeout(PREPARE_TIMEOUT, store.prune()).await {
-                    Ok(Ok(0)) => {}
-                    Ok(Ok(n)) => tracing::info!(deleted = n, "redis: unused libraries deleted"),
-                    Ok(Err(e)) => tracing::warn!(
-                        error = %e,
-                        "redis: unused libraries not deleted (the user needs +function|list +function|delete)"
-                    ),
-                    Err(_) => tracing::warn!("redis: unused libraries not deleted: timed out"),
-                }
-                return;
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "redis: not ready yet"),
-            Err(_) => tracing::warn!("redis: not ready yet: timed out"),
-        }
-        drop(store);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(PREPARE_BACKOFF_MAX);
     }
 }

@@ -22,7 +22,9 @@ use tokio::task::JoinSet;
 
 use crate::support::client::{build, http1_client, send};
 use crate::support::redis::{tls_files, RedisServer};
-use crate::support::redis_sidecar::{readyz, readyz_becomes, redis_yaml, start_ready, Load, Shot};
+use crate::support::redis_sidecar::{
+    readyz, readyz_becomes, redis_yaml, sample, start_ready, Load, Shot,
+};
 use crate::support::topology::{sentinel_tls_builder, RedisCluster, Relay, SentinelSet};
 use crate::support::{clear_of_window_edge, Sidecar, Upstream};
 
@@ -168,6 +170,36 @@ async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() 
             "primary {primary} holds no subject: {keys:?}"
         );
     }
+
+    // A second later, the subjects the over-limit caches answer have
+    // their keys touched, each on its own primary, none dropped.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for sluice in &sidecars {
+        for i in 0..subjects {
+            let key = format!("key-{i}");
+            let (status, _, _) = support::get(sluice.addr(), "/fw", &[("x-api-key", &key)]).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{key}");
+        }
+    }
+    let events = |kind: &'static str| {
+        let sidecars = &sidecars;
+        async move {
+            let mut total = 0.0;
+            for sluice in sidecars {
+                total += sample(sluice, "sluice_store_events_total", &[("kind", kind)])
+                    .await
+                    .unwrap_or(0.0);
+            }
+            total
+        }
+    };
+    let touched = support::eventually(Duration::from_secs(5), || async {
+        let n = events("touched").await;
+        (n >= 1.0).then_some(n)
+    })
+    .await;
+    assert!(touched <= (3 * subjects) as f64, "{touched} touches");
+    assert_eq!(events("touches_dropped").await, 0.0);
 }
 
 /// What a least-privilege user on a cluster needs: the standalone line

@@ -79,6 +79,10 @@ impl Lag {
     /// giving a call more time, never less.
     pub fn lost_since(&self, since: Instant, now: Instant) -> Duration {
         let ring = sync::lock(&self.ring);
+        if ring.wakes.is_empty() {
+            // No monitor (yet): nothing is known to be lost.
+            return Duration::ZERO;
+        }
         // What was lost by `since`: as of the last wake at or before it
         // (or, when `since` is older than every wake kept, the oldest).
         let before = ring.wakes.partition_point(|&(at, _)| at <= since);
@@ -130,6 +134,16 @@ mod tests {
             at = due + MS;
         }
         at
+    }
+
+    #[test]
+    fn without_a_monitor_nothing_is_lost() {
+        let t = Instant::now();
+        let lag = Lag::new(t);
+        assert_eq!(
+            lag.lost_since(t, t + Duration::from_secs(5)),
+            Duration::ZERO
+        );
     }
 
     #[test]

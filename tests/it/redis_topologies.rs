@@ -193,13 +193,32 @@ async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() 
             total
         }
     };
-    let touched = support::eventually(Duration::from_secs(5), || async {
+    let polled = Instant::now();
+    let touched = loop {
         let n = events("touched").await;
-        (n >= 1.0).then_some(n)
-    })
-    .await;
+        if n >= 1.0 {
+            break n;
+        }
+        assert!(
+            polled.elapsed() < Duration::from_secs(5),
+            "no touch: {} dropped\n{}",
+            events("touches_dropped").await,
+            sidecars[0].logs().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(touched <= (3 * subjects) as f64, "{touched} touches");
-    assert_eq!(events("touches_dropped").await, 0.0);
+    let dropped = events("touches_dropped").await;
+    assert_eq!(
+        dropped,
+        0.0,
+        "{:?}",
+        sidecars
+            .iter()
+            .flat_map(|s| s.logs())
+            .filter(|l| l.contains("TOUCH"))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// What a least-privilege user on a cluster needs: the standalone line

@@ -7,8 +7,9 @@
 //! fresh window. So each hit that finds its key due
 //! ([`crate::store::deny_cache::TOUCH_EVERY`]: at most once a second per
 //! subject, however fast it asks) queues the key here, and a task sends
-//! the queue every [`FLUSH_EVERY`] as one pipeline of `TOUCH`es (which
-//! updates a key's access time, as a read would, without writing). Fire
+//! the queue every [`FLUSH_EVERY`] as one pipeline of `TOUCH`es (on a
+//! cluster, one call a key, all at once, each to its key's node), which
+//! updates a key's access time as a read would, without writing. Fire
 //! and forget: the queue is bounded ([`QUEUE`]; a key that does not fit
 //! is dropped, and its next hit a second later asks again), nothing waits
 //! for the reply, and nothing is sent while the breaker refuses requests.
@@ -16,11 +17,13 @@
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
+use redis::{RedisError, Value};
 use tokio::time::{timeout, MissedTickBehavior};
 
 use crate::store::Evaluation;
 use crate::sync;
 
+use super::connect::Conn;
 use super::pool::Stage;
 use super::scripts::{self, StateKey};
 use super::Inner;
@@ -73,15 +76,10 @@ impl Inner {
         if !self.breaker.closed() {
             return dropped();
         }
-        let mut pipe = redis::pipe();
-        for key in &keys {
-            pipe.cmd("TOUCH").arg(&key[..]).ignore();
-        }
         let sent = timeout(SEND_TIMEOUT, async {
             let mut stage = Stage::Waiting;
             let checkout = self.lanes.acquire(&mut stage).await?;
-            let mut conn = checkout.conn.clone();
-            pipe.query_async::<()>(&mut conn).await
+            send(checkout.conn.clone(), &keys).await
         })
         .await;
         match sent {
@@ -99,9 +97,44 @@ impl Inner {
                     );
                 }
             }
-            Err(_) => dropped(),
+            Err(_) => {
+                dropped();
+                if self.stats.may_warn() {
+                    tracing::warn!(
+                        timeout_seconds = SEND_TIMEOUT.as_secs_f64(),
+                        "redis: TOUCH of denied subjects' keys not answered in time"
+                    );
+                }
+            }
         }
     }
+}
+
+/// One `TOUCH` per key: as one pipeline to a single node; on a cluster,
+/// each on its own (concurrently, over the one multiplexed connection),
+/// so that each goes to the node that holds its key's slot.
+async fn send(mut conn: Conn, keys: &[StateKey]) -> Result<(), RedisError> {
+    let touch = |key: &StateKey| {
+        let mut cmd = redis::cmd("TOUCH");
+        cmd.arg(&key[..]);
+        cmd
+    };
+    if let Conn::Cluster(cluster) = &conn {
+        let calls = keys.iter().map(|key| {
+            let mut cluster = cluster.clone();
+            let cmd = touch(key);
+            async move { cmd.query_async::<Value>(&mut cluster).await }
+        });
+        for touched in futures_util::future::join_all(calls).await {
+            touched?;
+        }
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.add_command(touch(key)).ignore();
+    }
+    pipe.query_async::<()>(&mut conn).await
 }
 
 /// Sends the queued touches every [`FLUSH_EVERY`] until the store is

@@ -14,7 +14,9 @@
 //! - [`store`]: where state lives (embedded memory store; Redis) behind one
 //!   `evaluate` that always ends in exactly one [`limit::Outcome`], and
 //!   `evaluate_all` for every rate limit of a request at once; the requests
-//!   in flight that concurrency policies count, always in this process.
+//!   in flight that concurrency policies count, always in this process;
+//!   the time the process loses to its own event loop (`store::lag`), which
+//!   calls to Redis are given back.
 //! - [`proxy`]: the per-request service (route → subject → limit → one
 //!   exhaustive match), forwarding, and every synthetic response.
 //! - [`server`]: listeners (TCP, TLS) and the accept-and-drain loop.

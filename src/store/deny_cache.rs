@@ -23,6 +23,13 @@
 //! Bounded in entries; when full, the entry closest to expiry is evicted
 //! (it would have been asked of the store again soonest anyway). The cache
 //! never answers "allowed".
+//!
+//! A subject answered here is one whose key Redis no longer sees used:
+//! under a `maxmemory-policy` by recency (`volatile-lru`), a flood of
+//! other keys would make it the first evicted, and another sidecar would
+//! hand the subject a fresh window. So a hit says when the subject's key
+//! is due a `TOUCH` ([`Hit::touch`]): at most once per [`TOUCH_EVERY`] per
+//! entry, whatever the subject's rate.
 
 use std::time::Duration;
 
@@ -41,6 +48,20 @@ const LEASE_RETURNED: Duration = Duration::from_millis(100);
 /// The longest a denial of a reservation is remembered.
 pub const RESERVED_RECHECK: Duration = Duration::from_secs(1);
 
+/// The longest a denied subject's key goes unseen by Redis while the
+/// cache answers for it: about Redis's own LRU clock (one second), so the
+/// key is never older, to eviction, than a key written a second ago.
+pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
+
+/// A local denial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit {
+    pub decision: Decision,
+    /// The subject's key is due a `TOUCH` (none was asked for it in the
+    /// last [`TOUCH_EVERY`]).
+    pub touch: bool,
+}
+
 #[derive(Clone, Copy)]
 struct Entry {
     until: Instant,
@@ -54,6 +75,9 @@ struct Entry {
     /// old numbers says nothing under the new ones.
     numbers: u64,
     decision: Decision,
+    /// When the store last saw the subject's key: its denial, or the last
+    /// `TOUCH` asked for it.
+    touched: Instant,
 }
 
 pub struct DenyCache {
@@ -80,21 +104,26 @@ impl DenyCache {
         subject: &Pseudonym,
         cost: u32,
         now: Instant,
-    ) -> Option<Decision> {
+    ) -> Option<Hit> {
         let key = SubjectKey::new(policy, subject);
         let mut shard = self.shards.lock(&key);
-        let entry = *shard.get(&key)?;
-        if entry.recheck <= now || entry.numbers != policy.numbers() {
+        let found = shard.get_mut(&key)?;
+        if found.recheck <= now || found.numbers != policy.numbers() {
             shard.remove(&key);
             return None;
         }
-        if cost < entry.cost {
+        if cost < found.cost {
             return None;
         }
+        let touch = now.saturating_duration_since(found.touched) >= TOUCH_EVERY;
+        if touch {
+            found.touched = now;
+        }
+        let entry = *found;
         drop(shard);
         self.hits.increment(1);
         let left = entry.until - now;
-        Some(Decision {
+        let decision = Decision {
             retry_after: left,
             reset_after: entry
                 .decision
@@ -102,7 +131,8 @@ impl DenyCache {
                 .saturating_sub(entry.decision.retry_after)
                 + left,
             ..entry.decision
-        })
+        };
+        Some(Hit { decision, touch })
     }
 
     /// Forgets a denial of `subject` under `policy`: units were given back
@@ -170,6 +200,7 @@ impl DenyCache {
                 cost,
                 numbers: policy.numbers(),
                 decision: *decision,
+                touched: arrival,
             },
         );
     }
@@ -247,7 +278,8 @@ mod tests {
         cache.remember(&p, &s, 1, t0, &denied(Duration::from_secs(2)));
         let d = cache
             .check(&p, &s, 1, t0 + Duration::from_millis(500))
-            .expect("denied locally");
+            .expect("denied locally")
+            .decision;
         assert!(!d.allowed);
         assert_eq!(d.retry_after, Duration::from_millis(1500));
         assert!(cache
@@ -270,7 +302,8 @@ mod tests {
         // store's Retry-After.
         let d = cache
             .check(&p, &s, 1, t0 + Duration::from_millis(299))
-            .expect("denied locally");
+            .expect("denied locally")
+            .decision;
         assert_eq!(
             d.retry_after,
             Duration::from_secs(3600) - Duration::from_millis(299)
@@ -303,6 +336,27 @@ mod tests {
             cache.check(&p, &subject("a"), 3, t0).is_none(),
             "the entry of the old numbers is gone"
         );
+    }
+
+    #[test]
+    fn a_hit_asks_for_a_touch_at_most_once_a_period() {
+        let cache = DenyCache::new(100);
+        let (p, s) = (policy(), subject("a"));
+        let t0 = Instant::now();
+        cache.remember(&p, &s, 1, t0, &denied(Duration::from_secs(60)));
+        let touches = |from: Duration, to: Duration| {
+            let mut at = from;
+            let mut n = 0;
+            while at < to {
+                n += u32::from(cache.check(&p, &s, 1, t0 + at).expect("denied").touch);
+                at += Duration::from_millis(10);
+            }
+            n
+        };
+        // The denial itself was the store seeing the key.
+        assert_eq!(touches(Duration::ZERO, TOUCH_EVERY), 0);
+        // Then one a period, however many hits: 100 a second here.
+        assert_eq!(touches(TOUCH_EVERY, TOUCH_EVERY * 5), 4);
     }
 
     #[test]

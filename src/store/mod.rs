@@ -6,6 +6,7 @@
 pub mod breaker;
 pub mod deny_cache;
 pub mod in_flight;
+pub mod lag;
 pub mod lease;
 pub mod memory;
 pub mod memory_bound;
@@ -280,8 +281,11 @@ pub(crate) async fn evaluate_shared(
     // Taken before the store is asked, so a remembered denial can only end
     // early, never late.
     let asked = Instant::now();
-    if let Some(decision) = cache.check(policy, subject, cost, asked) {
-        return (Outcome::Denied(decision), Source::DenyCache);
+    if let Some(hit) = cache.check(policy, subject, cost, asked) {
+        if hit.touch {
+            store.touch(evaluation);
+        }
+        return (Outcome::Denied(hit.decision), Source::DenyCache);
     }
     let outcome = store.evaluate(evaluation).await;
     if let Outcome::Denied(decision) = &outcome {

@@ -493,7 +493,7 @@ fn steps(stdout: &str) -> Vec<(bool, String)> {
 #[test]
 fn connect_tries_the_store_step_by_step_and_exits_1_at_the_first_failure() {
     let sluice_acl = "user sluice on >pw resetchannels ~sluice:* -@all \
-         +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+         +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
          +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
     let no_load =
         "user noload on >pw resetchannels ~sluice:* -@all +fcall +ping +time +get +set +pexpire";

@@ -464,7 +464,7 @@ async fn every_algorithm_is_explained_without_charging_on_the_memory_store() {
 /// The user a deployment should create (lua/README.md): the read-only
 /// scripts need nothing more than the others.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test]

@@ -27,6 +27,7 @@ mod proxy_protocol;
 mod proxy_smoke;
 mod proxying;
 mod redis_e2e;
+mod redis_eviction;
 mod redis_failures;
 mod redis_several;
 mod redis_store;

@@ -413,7 +413,7 @@ async fn metrics_after_redis_traffic_pass_promtool() {
 /// The user a deployment should create (lua/README.md): `FCALL`,
 /// `FUNCTION LOAD` (and LIST, DELETE) and the commands the functions call, on the key prefix.
 const SLUICE_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -359,102 +359,110 @@ fn used_memory(conn: &mut redis::Connection) -> u64 {
         .expect("used_memory in INFO memory")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_out_of_memory_fails_closed_and_is_counted_as_oom() {
-    /// With the one decided before, fewer calls than the breaker's
-    /// default minimum (10): each of them reaches Redis.
-    const REQUESTS: usize = 8;
-    let _serial = SERIAL.lock().await;
-    let redis = RedisServer::builder()
-        .config("maxmemory-policy noeviction")
-        .start();
-    let upstream = Upstream::start().await;
-    let sluice = start_ready(&config(&upstream, &redis.url())).await;
-    assert_eq!(get(sluice.addr(), "/api", &[]).await.0, StatusCode::OK);
-
-    // Full: a MiB of junk, then a limit half a MiB below what Redis holds
-    // (transient buffers, a client's query buffer among them, count in
-    // `used_memory`: a limit just reached comes and goes with them). Set
-    // once sluice has loaded its libraries: a Redis full from the start
-    // refuses those too, and sluice is never ready.
-    let mut conn = redis.connection();
+/// Fills Redis past a `maxmemory` it is then held over (junk without a
+/// TTL, a limit half a MiB below what it holds: transient buffers, a
+/// client's query buffer among them, count in `used_memory`, and a limit
+/// just reached comes and goes with them). After sluice has loaded its
+/// libraries: a Redis full from the start refuses those too.
+fn fill(conn: &mut redis::Connection) {
     let junk = vec![b'x'; 16 * 1024];
     for i in 0..64 {
         let _: () = redis::cmd("SET")
             .arg(format!("junk:{i}"))
             .arg(&junk)
-            .query(&mut conn)
+            .query(conn)
             .expect("SET junk");
     }
-    let limit = used_memory(&mut conn) - 512 * 1024;
+    let limit = used_memory(conn) - 512 * 1024;
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
         .arg(limit)
-        .query(&mut conn)
+        .query(conn)
         .expect("CONFIG SET maxmemory");
-    let refused: redis::RedisResult<()> = redis::cmd("SET")
-        .arg("junk:more")
-        .arg(&junk)
-        .query(&mut conn);
+    let refused: redis::RedisResult<()> = redis::cmd("SET").arg("junk:more").arg(&junk).query(conn);
     assert_eq!(
         refused.as_ref().err().and_then(|e| e.code()),
         Some("OOM"),
         "{refused:?}"
     );
+}
 
+/// An `OOM` is Redis answering, at once: the request it concerns gets the
+/// failure answer, and nobody else is refused for it. Asserted: while
+/// Redis is full, each of one client's requests (more than the breaker's
+/// minimum of calls, every one refused) is 503 with `Retry-After: 1`,
+/// counted once as `oom`; the breaker never opens (no opening counted or
+/// logged, `/readyz` stays 200); and the moment Redis has room again,
+/// another client's very first request is decided, where a breaker opened
+/// by the first client's refusals would answer it 503 for a cool-down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_fails_each_request_closed_and_never_opens_the_breaker() {
+    /// More than the breaker's minimum of calls (10), all refused.
+    const REQUESTS: usize = 30;
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::builder()
+        .config("maxmemory-policy noeviction")
+        .start();
+    let upstream = Upstream::start().await;
+    let yaml = config(&upstream, &redis.url())
+        .replace("subject: client_ip", "subject: header:X-Client")
+        // Long enough that an opened breaker would still refuse at the end.
+        .replace("  breaker_cooldown: 500ms\n", "  breaker_cooldown: 60s\n");
+    assert!(yaml.contains("breaker_cooldown: 60s"));
+    let sluice = start_ready(&yaml).await;
+    let first = [("x-client", "first")];
+    let other = [("x-client", "other")];
+    assert_eq!(get(sluice.addr(), "/api", &first).await.0, StatusCode::OK);
+
+    let mut conn = redis.connection();
+    fill(&mut conn);
     for _ in 0..REQUESTS {
-        let (status, headers, _) = get(sluice.addr(), "/api", &[]).await;
+        let (status, headers, _) = get(sluice.addr(), "/api", &first).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(header(&headers, "retry-after"), Some("1"));
     }
     assert_eq!(upstream.count(), 1, "forwarded while Redis was full");
+    let (ready, body) = readyz(&sluice).await;
+    assert_eq!(
+        ready,
+        StatusCode::OK,
+        "not ready while Redis answers: {body}"
+    );
     let text = scrape(admin(&sluice)).await;
     let kind = |kind: &str| {
         support::ops::metric(&text, "sluice_store_errors_total", &[("kind", kind)]).unwrap_or(0.0)
     };
     assert_eq!(kind("oom"), REQUESTS as f64, "{text}");
     assert_eq!(kind("refused"), 0.0, "{text}");
+    assert_eq!(kind("breaker_rejected"), 0.0, "{text}");
     // Nothing ran, so nothing is indeterminate.
     assert_eq!(requests(&text, "unavailable"), REQUESTS as f64, "{text}");
     assert_eq!(requests(&text, "indeterminate"), 0.0, "{text}");
+    assert_eq!(
+        support::ops::metric(&text, "sluice_store_breaker_opened_total", &[]),
+        Some(0.0),
+        "{text}"
+    );
     let logs = sluice.logs().join("\n");
     assert!(
         logs.contains("redis: out of memory")
             && logs.contains("command not allowed when used memory"),
         "no log line says Redis is out of memory:\n{logs}"
     );
+    assert!(
+        !logs.contains("store: stopped answering"),
+        "the breaker opened:\n{logs}"
+    );
 
-    // More of them open the breaker, and its one warning says why.
-    for _ in 0..4 {
-        assert_eq!(
-            get(sluice.addr(), "/api", &[]).await.0,
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-    }
-    let opened: Vec<serde_json::Value> = sluice
-        .logs()
-        .iter()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|v| {
-            v["level"] == "WARN"
-                && v["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("store: stopped answering"))
-        })
-        .collect();
-    assert_eq!(opened.len(), 1, "{opened:?}");
-    assert_eq!(opened[0]["cause"], "oom", "{:?}", opened[0]);
-
-    // Room again: decided again.
+    // Room again: the other client is decided at once, no cool-down.
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
         .arg(0)
         .query(&mut conn)
         .expect("CONFIG SET maxmemory");
-    eventually(RECOVERY, || async {
-        (get(sluice.addr(), "/api", &[]).await.0 == StatusCode::OK).then_some(())
-    })
-    .await;
+    assert_eq!(get(sluice.addr(), "/api", &other).await.0, StatusCode::OK);
+    assert_eq!(get(sluice.addr(), "/api", &first).await.0, StatusCode::OK);
+    assert_eq!(upstream.count(), 3);
 }

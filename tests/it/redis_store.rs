@@ -1180,7 +1180,7 @@ async fn readiness_waits_for_redis_and_the_scripts() {
 /// The ACL a deployment needs (lua/README.md): FCALL, FUNCTION LOAD, LIST and DELETE and
 /// exactly the commands the scripts call, on the key prefix; never EVAL.
 const SLUICE_ACL: &str = "user sluice on >sluice-pw resetchannels ~sluice:* -@all \
-     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

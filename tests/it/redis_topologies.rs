@@ -22,7 +22,9 @@ use tokio::task::JoinSet;
 
 use crate::support::client::{build, http1_client, send};
 use crate::support::redis::{tls_files, RedisServer};
-use crate::support::redis_sidecar::{readyz, readyz_becomes, redis_yaml, start_ready, Load, Shot};
+use crate::support::redis_sidecar::{
+    readyz, readyz_becomes, redis_yaml, sample, start_ready, Load, Shot,
+};
 use crate::support::topology::{sentinel_tls_builder, RedisCluster, Relay, SentinelSet};
 use crate::support::{clear_of_window_edge, Sidecar, Upstream};
 
@@ -168,12 +170,61 @@ async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() 
             "primary {primary} holds no subject: {keys:?}"
         );
     }
+
+    // A second later, the subjects the over-limit caches answer have
+    // their keys touched, each on its own primary, none dropped.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for sluice in &sidecars {
+        for i in 0..subjects {
+            let key = format!("key-{i}");
+            let (status, _, _) = support::get(sluice.addr(), "/fw", &[("x-api-key", &key)]).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{key}");
+        }
+    }
+    let events = |kind: &'static str| {
+        let sidecars = &sidecars;
+        async move {
+            let mut total = 0.0;
+            for sluice in sidecars {
+                total += sample(sluice, "sluice_store_events_total", &[("kind", kind)])
+                    .await
+                    .unwrap_or(0.0);
+            }
+            total
+        }
+    };
+    let polled = Instant::now();
+    let touched = loop {
+        let n = events("touched").await;
+        if n >= 1.0 {
+            break n;
+        }
+        assert!(
+            polled.elapsed() < Duration::from_secs(5),
+            "no touch: {} dropped\n{}",
+            events("touches_dropped").await,
+            sidecars[0].logs().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(touched <= (3 * subjects) as f64, "{touched} touches");
+    let dropped = events("touches_dropped").await;
+    assert_eq!(
+        dropped,
+        0.0,
+        "{:?}",
+        sidecars
+            .iter()
+            .flat_map(|s| s.logs())
+            .filter(|l| l.contains("TOUCH"))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// What a least-privilege user on a cluster needs: the standalone line
 /// plus `CLUSTER SLOTS`, which the cluster client reads its slot map from.
 const CLUSTER_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -813,7 +864,7 @@ async fn a_failover_over_admits_exactly_what_the_lagging_replica_had_not_receive
 /// On a Sentinel-managed primary the user also needs `ROLE`: the client
 /// checks that the node the Sentinels name really is the primary.
 const SENTINEL_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
-     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire \
+     +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
      +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +role";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

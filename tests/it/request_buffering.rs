@@ -598,8 +598,7 @@ async fn a_slow_body_on_redis_is_decided_within_a_budget_of_its_own() {
       - { policy: three, subject: global }
       - { policy: hourly, subject: client_ip }
 ";
-    let yaml =
-        crate::support::redis_sidecar::redis_yaml(&upstream, &redis.url(), policies, routes);
+    let yaml = crate::support::redis_sidecar::redis_yaml(&upstream, &redis.url(), policies, routes);
     let sluice = crate::support::redis_sidecar::start_ready(&yaml).await;
     // 1,000 bytes in 40 pieces 25 ms apart: a second in all.
     let status = paced(

@@ -8,6 +8,7 @@
 use crate::support;
 use std::time::{Duration, Instant};
 
+use crate::support::cgroup::{launcher_into, CpuCgroup};
 use crate::support::faults::DelayRelay;
 use crate::support::ops::scrape;
 use crate::support::redis::RedisServer;
@@ -211,4 +212,75 @@ async fn moments_of_calls_over_the_budget_do_not_refuse_everybody_but_a_slow_sto
         "{began} warnings, {openings} openings"
     );
     assert!(ended <= began, "{ended} recoveries after {began} outages");
+}
+
+/// sluice starved of CPU by its cgroup's quota (a pod's CPU limit on a
+/// busy node), Redis healthy and fast: the time sluice itself did not run
+/// is not Redis's. Asserted: under a closed-loop load for [`STARVED_FOR`],
+/// with the quota throttling sluice in many periods, not one request is
+/// answered 503, and the breaker never opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_starved_sidecar_does_not_open_its_breaker_against_a_healthy_redis() {
+    /// 5 ms of CPU in every 100 ms, every thread of sluice together.
+    const QUOTA: Duration = Duration::from_millis(5);
+    const PERIOD: Duration = Duration::from_millis(100);
+    const STARVED_FOR: Duration = Duration::from_secs(8);
+    /// The chart's budget: a starved sidecar misses it on every freeze.
+    const TIGHT: Duration = Duration::from_millis(25);
+    let cgroup = CpuCgroup::new();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let yaml = redis_yaml(
+        &upstream,
+        &redis.url(),
+        "  big: { algorithm: fixed-window, limit: 10000000, window: 1h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: big }\n",
+    )
+    .replace(
+        "  budget: 50ms\n",
+        &format!("  budget: {}ms\n", TIGHT.as_millis()),
+    );
+    let launch = launcher_into(&cgroup.procs());
+    let launch: Vec<&str> = launch.iter().map(String::as_str).collect();
+    let sluice = Sidecar::start_via(&yaml, &[], &launch);
+    readyz_becomes(&sluice, StatusCode::OK, Duration::from_secs(10)).await;
+
+    cgroup.limit(QUOTA, PERIOD);
+    let load = Load::start(sluice.addr(), "/api", LOOPS * 2, Duration::ZERO);
+    tokio::time::sleep(STARVED_FOR).await;
+    let shots = load.stop().await;
+    let throttled = cgroup.throttled();
+    let text = scrape(admin(&sluice)).await;
+    let events = |kind: &str| {
+        support::ops::metric(&text, "sluice_store_events_total", &[("kind", kind)]).unwrap_or(0.0)
+    };
+    let errors = |kind: &str| {
+        support::ops::metric(&text, "sluice_store_errors_total", &[("kind", kind)]).unwrap_or(0.0)
+    };
+    let refused = shots
+        .iter()
+        .filter(|s| s.status == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    let slowest = shots.iter().map(|s| s.elapsed).max().unwrap_or_default();
+    println!(
+        "starved: {} requests in {STARVED_FOR:?}, throttled in {throttled} periods, {refused} answered 503, \
+         slowest {slowest:?}; {} timeouts, {} given up starved, {} budget spent before sending",
+        shots.len(),
+        errors("timeouts"),
+        events("starved"),
+        errors("budget_spent"),
+    );
+    assert!(
+        throttled >= 10,
+        "the quota hardly throttled sluice ({throttled} periods): no starvation tested"
+    );
+    assert_eq!(refused, 0, "answered 503 while Redis was healthy");
+    assert!(shots.iter().all(|s| s.status == StatusCode::OK));
+    assert_eq!(
+        support::ops::metric(&text, "sluice_store_breaker_opened_total", &[]),
+        Some(0.0),
+        "the breaker opened: {text}"
+    );
+    assert_eq!(errors("breaker_rejected"), 0.0);
+    drop(sluice);
 }

@@ -17,8 +17,8 @@
 
 use std::sync::Arc;
 
-use http::{Request, Response};
 use crate::proxy::buffered::Inbound;
+use http::{Request, Response};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 

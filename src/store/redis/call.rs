@@ -2,12 +2,16 @@
 //! of a library the node does not have, the single retry of an ambiguous attempt, and the
 //! classification of every failure by how far the command got.
 
+use std::pin::pin;
+use std::time::Duration;
+
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use smallvec::SmallVec;
-use tokio::time::{timeout_at, Instant};
+use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::limit::{Incompatible, Outcome, Unavailable};
 use crate::store::breaker::{Cause, Health};
+use crate::store::lag;
 use crate::store::Outcomes;
 
 use super::connect::Conn;
@@ -15,6 +19,10 @@ use super::pool::{Checkout, Stage};
 use super::reply::{self, Answer, Reply, Shape};
 use super::scripts::Script;
 use super::Inner;
+
+/// Times a call past its deadline yields to the tasks ready before it
+/// (its connection's reader among them) and looks for its reply again.
+const LAST_LOOKS: usize = 2;
 
 /// One evaluation's command and how to read its reply.
 pub(super) struct Request<'a> {
@@ -42,8 +50,9 @@ enum Attempt {
     Answered(Outcomes),
     /// Nothing was applied: the script never ran.
     NotApplied(Unavailable, Health),
-    /// Sent, then no confirmed reply: the script may have run.
-    Ambiguous(Cause),
+    /// Sent, then no confirmed reply: the script may have run. What it
+    /// says of Redis: a failure, unless this sidecar was starved meanwhile.
+    Ambiguous(Health),
 }
 
 /// How far one attempt got, read when its deadline cuts it short.
@@ -63,7 +72,7 @@ impl Inner {
             Attempt::NotApplied(unavailable, health) => {
                 (whole(Outcome::Unavailable(unavailable)), health)
             }
-            Attempt::Ambiguous(_) if Instant::now() < request.deadline => {
+            Attempt::Ambiguous(_) if !self.passed(request.deadline) => {
                 // Safe to repeat: the same evaluation id makes the script
                 // return what it decided the first time, if it ran.
                 self.stats.retries.count();
@@ -75,12 +84,10 @@ impl Inner {
                     // been charged.
                     Attempt::Answered(_) => (whole(Outcome::Indeterminate), Health::Answered),
                     Attempt::NotApplied(_, health) => (whole(Outcome::Indeterminate), health),
-                    Attempt::Ambiguous(cause) => {
-                        (whole(Outcome::Indeterminate), Health::Failed(cause))
-                    }
+                    Attempt::Ambiguous(health) => (whole(Outcome::Indeterminate), health),
                 }
             }
-            Attempt::Ambiguous(cause) => (whole(Outcome::Indeterminate), Health::Failed(cause)),
+            Attempt::Ambiguous(health) => (whole(Outcome::Indeterminate), health),
         }
     }
 
@@ -90,25 +97,61 @@ impl Inner {
             loading: false,
             sent: None,
         };
-        let exchange = self.exchange(request, &mut progress);
-        if let Ok(attempt) = timeout_at(request.deadline, exchange).await {
-            return attempt;
+        {
+            let mut exchange = pin!(self.exchange(request, &mut progress));
+            // Given back only once passed: nothing on the path of a call
+            // in time.
+            let mut deadline = request.deadline;
+            loop {
+                if let Ok(attempt) = timeout_at(deadline, exchange.as_mut()).await {
+                    return attempt;
+                }
+                // The time this sidecar lost meanwhile is given back: the
+                // reply may be in the socket, waiting for a thread.
+                let later = self.deadline(request.deadline).0;
+                if later <= deadline {
+                    break;
+                }
+                deadline = later;
+            }
+            // A last look before giving up: a reply that came in while
+            // every thread was busy waits for its connection's reader, and
+            // yielding polls the socket and lets the reader run first.
+            for _ in 0..LAST_LOOKS {
+                tokio::task::yield_now().await;
+                if let Ok(attempt) = timeout(Duration::ZERO, exchange.as_mut()).await {
+                    return attempt;
+                }
+            }
         }
+        // Given back all it lost, the call had its whole budget of running
+        // time: Redis did not answer in it. Given back less (more was lost
+        // than `lag::GIVEN_BACK`), nothing is known of Redis.
+        let starved = !self.deadline(request.deadline).1;
+        let blame = |cause| {
+            if starved {
+                self.stats.starved.count();
+                Health::Unknown
+            } else {
+                Health::Failed(cause)
+            }
+        };
         // Dropping the future does not take back a command already written:
         // classify by how far it got.
         if let Some(checkout) = &progress.sent {
             self.stats.timeouts.count();
             // A connection that stopped answering may be dead without an
-            // error (a partition): the lane reconnects on next use.
-            self.lanes.retire(checkout);
-            return Attempt::Ambiguous(Cause::Timeout);
+            // error (a partition): the lane reconnects on next use. Not
+            // when this sidecar did not read it: reconnecting would only
+            // add work to a starved process.
+            if !starved {
+                self.lanes.retire(checkout);
+            }
+            return Attempt::Ambiguous(blame(Cause::Timeout));
         }
         if progress.loading || progress.stage == Stage::Connecting {
             self.stats.unreachable.count();
-            return Attempt::NotApplied(
-                Unavailable::BeforeSend,
-                Health::Failed(Cause::Unreachable),
-            );
+            return Attempt::NotApplied(Unavailable::BeforeSend, blame(Cause::Unreachable));
         }
         self.stats.budget_spent.count();
         Attempt::NotApplied(Unavailable::AdmissionRejected, Health::Unknown)
@@ -163,13 +206,11 @@ impl Inner {
                     self.lanes.retire(checkout);
                 }
             }
-            // `FUNCTION LOAD` may write too: a full Redis refuses it.
+            // `FUNCTION LOAD` may write too: a full Redis refuses it, and
+            // answered doing so (see `failed_after_send`).
             if e.code() == Some("OOM") {
                 self.stats.out_of_memory.count();
-                return Attempt::NotApplied(
-                    Unavailable::Refused,
-                    Health::Failed(Cause::OutOfMemory),
-                );
+                return Attempt::NotApplied(Unavailable::Refused, Health::Answered);
             }
             self.stats.unreachable.count();
             return Attempt::NotApplied(
@@ -193,10 +234,31 @@ impl Inner {
         }
     }
 
+    /// `deadline` moved later by the time this sidecar lost to its own
+    /// event loop since the request arrived (`deadline - store.budget`,
+    /// the budget as it was at start), and whether all of it was given
+    /// back (at most [`lag::GIVEN_BACK`] is).
+    pub(super) fn deadline(&self, deadline: Instant) -> (Instant, bool) {
+        let now = Instant::now();
+        let arrival = deadline.checked_sub(self.budget).unwrap_or(deadline);
+        let lost = self.lag.lost_since(arrival, now);
+        (
+            deadline + lost.min(lag::GIVEN_BACK),
+            lost <= lag::GIVEN_BACK,
+        )
+    }
+
+    /// Whether `deadline` has passed, once given back what this sidecar
+    /// lost; the lost time is only looked up for a deadline passed.
+    pub(super) fn passed(&self, deadline: Instant) -> bool {
+        let now = Instant::now();
+        now >= deadline && now >= self.deadline(deadline).0
+    }
+
     /// Sending after the deadline would only add load for an answer nobody
     /// waits for.
     fn past_deadline(&self, request: &Request<'_>) -> Option<Attempt> {
-        if Instant::now() < request.deadline {
+        if !self.passed(request.deadline) {
             return None;
         }
         self.stats.budget_spent.count();
@@ -284,6 +346,15 @@ impl Inner {
             // may write, a function without `no-writes` whole, before
             // running any of it. Counted apart: it is fixed in Redis's
             // memory settings, not in sluice or the network.
+            //
+            // The request gets the failure answer (`on_failure`), for itself
+            // alone: nothing ran, so nothing says the subject is over its
+            // limit, and a 429 would tell a client within its limit to back
+            // off and be remembered as a denial. But Redis answered, at
+            // once, over a working connection: an answer for the breaker,
+            // never a failure. One flood that fills Redis must not open the
+            // breaker and refuse every subject for a cool-down, the ones
+            // whose writes Redis can still take (as keys expire) included.
             Some("OOM") => {
                 self.stats.out_of_memory.count();
                 if self.stats.may_warn() {
@@ -292,7 +363,7 @@ impl Inner {
                         "redis: out of memory (maxmemory reached, nothing to evict), refused the evaluation"
                     );
                 }
-                Attempt::NotApplied(Unavailable::Refused, Health::Failed(Cause::OutOfMemory))
+                Attempt::NotApplied(Unavailable::Refused, Health::Answered)
             }
             // Refused before the script ran: nothing was applied.
             Some(
@@ -324,7 +395,7 @@ impl Inner {
                         self.lanes.retire(checkout);
                     }
                 }
-                Attempt::Ambiguous(Cause::ConnectionLost)
+                Attempt::Ambiguous(Health::Failed(Cause::ConnectionLost))
             }
         }
     }

@@ -135,9 +135,12 @@ impl RedisStore {
         let asked = Instant::now();
         if let Some(cache) = cache {
             let e = evaluation;
-            if let Some(decision) = cache.check(e.policy, e.subject, e.cost, asked) {
+            if let Some(hit) = cache.check(e.policy, e.subject, e.cost, asked) {
+                if hit.touch {
+                    self.touch(e);
+                }
                 leases.asked(evaluation);
-                let mut outcomes = Outcomes::at(0, Outcome::Denied(decision));
+                let mut outcomes = Outcomes::at(0, Outcome::Denied(hit.decision));
                 outcomes.source = Source::DenyCache;
                 return outcomes;
             }

@@ -28,19 +28,20 @@ pub mod inspect;
 mod leased;
 mod libraries;
 mod pool;
+mod readiness;
 mod refund;
 pub(crate) mod reply;
 pub use leased::Leased;
 mod scripts;
 mod stats;
+mod touch;
 pub(crate) mod wire;
 
 pub use stats::{RedisStats, Stat};
 
-use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -49,23 +50,23 @@ use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use crate::config;
-use crate::limit::{Bands, Incompatible, Outcome, Policy, Unavailable, WindowBand};
+use crate::limit::{Incompatible, Outcome, Policy, Unavailable};
 use crate::route::Route;
-use crate::subject::{Pseudonym, PseudonymKey};
 
 use super::breaker::{Breaker, Thresholds};
 use super::deny_cache::DenyCache;
+use super::lag::{self, Lag};
 use super::lease::{Before, Leases};
-use super::{Evaluation, EvaluationId, Outcomes, Source};
+use super::{Evaluation, Outcomes, Source};
 use call::Request;
 use pool::Lanes;
+use readiness::Probe;
 use reply::Shape;
 use scripts::{Common, Scripts};
 
 /// How long the start-up task gives one attempt at connecting and loading
 /// the scripts (a TLS handshake over a real network included).
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(2);
-const PREPARE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisSetupError {
@@ -104,6 +105,11 @@ struct Inner {
     stats: RedisStats,
     /// The leases this sidecar holds, and the subjects it follows for them.
     leases: Leases,
+    /// The time this process lost to its own event loop: given back to
+    /// calls, never counted against Redis.
+    lag: Arc<Lag>,
+    /// Denied subjects' keys waiting for a `TOUCH`.
+    touches: touch::Touches,
 }
 
 impl Inner {
@@ -134,6 +140,8 @@ impl Inner {
             one_call: !matches!(redis.topology, config::Topology::Cluster { .. }),
             stats: RedisStats::new(),
             leases: Leases::default(),
+            lag: Arc::new(Lag::new(Instant::now())),
+            touches: touch::Touches::default(),
         })
     }
 }
@@ -165,15 +173,27 @@ impl RedisStore {
                 inner.scripts.refund(policy);
             }
         }
-        runtime.spawn(prepare(Arc::downgrade(&inner)));
-        runtime.spawn(probe(Arc::downgrade(&inner), redis.breaker_cooldown));
+        runtime.spawn(readiness::prepare(Arc::downgrade(&inner)));
+        runtime.spawn(readiness::probe(
+            Arc::downgrade(&inner),
+            redis.breaker_cooldown,
+        ));
         runtime.spawn(libraries::renew(Arc::downgrade(&inner)));
         runtime.spawn(leased::upkeep(Arc::downgrade(&inner)));
+        runtime.spawn(lag::monitor(Arc::downgrade(&inner.lag)));
+        runtime.spawn(touch::flush(Arc::downgrade(&inner)));
         Ok(RedisStore { inner })
     }
 
     pub async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
         self.inner.evaluate(evaluation).await
+    }
+
+    /// Keeps `evaluation`'s key in Redis's sight while the over-limit
+    /// cache answers for it (`touch`): queued, sent within a tenth of a
+    /// second, never waited for.
+    pub fn touch(&self, evaluation: &Evaluation<'_>) {
+        self.inner.touch(evaluation);
     }
 
     /// Every rate limit of one request (see [`super::Store::evaluate_all`]),
@@ -219,11 +239,14 @@ impl RedisStore {
                 if e.policy.shadow {
                     continue;
                 }
-                if let Some(decision) = cache.check(e.policy, e.subject, e.cost, asked) {
+                if let Some(hit) = cache.check(e.policy, e.subject, e.cost, asked) {
+                    if hit.touch {
+                        self.inner.touch(e);
+                    }
                     if let Some(befores) = befores {
                         self.not_asked(evaluations, befores);
                     }
-                    let mut outcomes = Outcomes::at(i, Outcome::Denied(decision));
+                    let mut outcomes = Outcomes::at(i, Outcome::Denied(hit.decision));
                     outcomes.source = Source::DenyCache;
                     return outcomes;
                 }
@@ -406,7 +429,7 @@ impl Inner {
             return Outcome::Incompatible(Incompatible::CostAboveMaximum);
         }
         let now = Instant::now();
-        if evaluation.deadline <= now {
+        if inner.passed(evaluation.deadline) {
             inner.stats.budget_spent.count();
             return Outcome::Unavailable(Unavailable::AdmissionRejected);
         }
@@ -444,7 +467,7 @@ impl Inner {
             .min()
             .unwrap_or_else(Instant::now);
         let now = Instant::now();
-        if deadline <= now {
+        if self.passed(deadline) {
             self.stats.budget_spent.count();
             return Outcomes::at(0, Outcome::Unavailable(Unavailable::AdmissionRejected));
         }
@@ -560,90 +583,5 @@ impl RedisStore {
     /// `pool_size` lanes or one per core, whichever is fewer.
     pub fn connections(&self) -> usize {
         self.inner.lanes.connected()
-    }
-}
-
-/// A fixed window far above anything it is charged, on a key of its own
-/// under the store's prefix: evaluating it proves Redis runs the scripts
-/// and takes writes, and consumes nothing anyone else counts.
-struct Probe {
-    policy: Policy,
-    subject: Pseudonym,
-}
-
-impl Probe {
-    fn new() -> Probe {
-        let band = WindowBand {
-            limit: NonZeroU32::new(1_000_000).expect("non-zero"),
-            window: Duration::from_secs(1),
-        };
-        Probe {
-            policy: Policy::new("sluice-probe", "1", Bands::FixedWindow(vec![band]), false),
-            subject: PseudonymKey::new(b"sluice-probe", 1).pseudonym("probe", b"", "probe"),
-        }
-    }
-}
-
-/// While the breaker waits for its probe and no request brings one (a pod
-/// whose readiness failed gets no traffic), sends the probe itself, so the
-/// store recovers, and readiness with it, within a cool-down of Redis
-/// deciding again.
-async fn probe(inner: Weak<Inner>, cooldown: Duration) {
-    let every = (cooldown / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(store) = inner.upgrade() else {
-            return;
-        };
-        let now = Instant::now();
-        if !store.prepared.load(Ordering::Acquire) || !store.breaker.wants_probe(now) {
-            continue;
-        }
-        store.stats.probes.count();
-        let evaluation = Evaluation {
-            policy: &store.probe.policy,
-            subject: &store.probe.subject,
-            cost: 1,
-            deadline: now + store.budget,
-            id: EvaluationId::random(),
-            settle_within: None,
-        };
-        let outcome = store.evaluate(&evaluation).await;
-        tracing::debug!(?outcome, "redis: breaker probe");
-    }
-}
-
-/// Connects and loads every script, retrying with backoff until it works
-/// or the store is dropped. Readiness waits for it.
-async fn prepare(inner: Weak<Inner>) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let Some(store) = inner.upgrade() else {
-            return;
-        };
-        match tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await {
-            Ok(Ok(())) => {
-                store.prepared.store(true, Ordering::Release);
-                tracing::info!("redis: connected, libraries loaded");
-                // Only once the libraries this sidecar needs are in.
-                match tokio::time::timeout(PREPARE_TIMEOUT, store.prune()).await {
-                    Ok(Ok(0)) => {}
-                    Ok(Ok(n)) => tracing::info!(deleted = n, "redis: unused libraries deleted"),
-                    Ok(Err(e)) => tracing::warn!(
-                        error = %e,
-                        "redis: unused libraries not deleted (the user needs +function|list +function|delete)"
-                    ),
-                    Err(_) => tracing::warn!("redis: unused libraries not deleted: timed out"),
-                }
-                return;
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "redis: not ready yet"),
-            Err(_) => tracing::warn!("redis: not ready yet: timed out"),
-        }
-        drop(store);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(PREPARE_BACKOFF_MAX);
     }
 }

@@ -54,6 +54,15 @@ pub struct RedisStats {
     /// Probes the store sent on its own to learn whether Redis decides
     /// again, while the breaker was open and no request came to probe.
     pub probes: Stat,
+    /// Calls that missed their deadline while this sidecar itself was
+    /// starved of CPU for longer than it gives back (`store::lag`): not
+    /// counted against Redis by the breaker.
+    pub starved: Stat,
+    /// Denied subjects' keys `TOUCH`ed so that Redis's eviction sees them
+    /// in use while the over-limit cache answers for them.
+    pub touched: Stat,
+    /// Touches dropped: their queue was full, or Redis did not take them.
+    pub touches_dropped: Stat,
 
     // Failures (`sluice_store_errors_total`).
     /// Unavailable(BeforeSend): connecting failed or timed out.
@@ -103,6 +112,9 @@ impl RedisStats {
             clock_steps_absorbed: event("clock_steps_absorbed"),
             reconnects: event("reconnects"),
             probes: event("probes"),
+            starved: event("starved"),
+            touched: event("touched"),
+            touches_dropped: event("touches_dropped"),
             unreachable: error("unreachable"),
             refused: error("refused"),
             out_of_memory: error("oom"),

@@ -1,4 +1,5 @@
-//! A real memory cgroup for one test, and what a process in it holds.
+//! Real cgroups for one test: a memory one (and what a process in it
+//! holds), and a CPU one that starves a process of CPU time.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -122,6 +123,100 @@ pub fn rss_bytes(pid: u32) -> u64 {
 /// A shell launcher that moves the command it runs into `cgroup` first
 /// (for `Sidecar::start_via`).
 pub fn launcher(cgroup: &MemoryCgroup) -> Vec<String> {
-    let enter = format!("echo $$ > '{}' && exec \"$@\"", cgroup.procs());
+    launcher_into(&cgroup.procs())
+}
+
+/// A shell launcher that writes its own pid to `procs` (a cgroup's
+/// `cgroup.procs`), then runs the command in place.
+pub fn launcher_into(procs: &str) -> Vec<String> {
+    let enter = format!("echo $$ > '{procs}' && exec \"$@\"");
     vec!["sh".into(), "-c".into(), enter, "sh".into()]
+}
+
+/// A CPU cgroup made for one test, removed on drop: a bandwidth quota
+/// (cgroup v1 `cpu.cfs_quota_us`, v2 `cpu.max`) throttles what runs in
+/// it, as a pod's CPU limit does.
+pub struct CpuCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl CpuCgroup {
+    /// Without a quota yet (see [`CpuCgroup::limit`]). Panics when none
+    /// can be made: the starvation is the condition under test.
+    pub fn new() -> CpuCgroup {
+        let name = format!("sluice-test-cpu-{}-{}", std::process::id(), nanos());
+        let candidates = [
+            (Path::new("/sys/fs/cgroup/cpu"), "cpu", false),
+            (Path::new("/sys/fs/cgroup"), "", true),
+            (Path::new("/sys/fs/cgroup/unified"), "", true),
+        ];
+        let mut tried = Vec::new();
+        for (root, controller, v2) in candidates {
+            let Some(own) = own_cgroup(controller) else {
+                tried.push(format!("no `{controller}` line in /proc/self/cgroup"));
+                continue;
+            };
+            let parent = root.join(own.trim_start_matches('/'));
+            let file = if v2 { "cpu.max" } else { "cpu.cfs_quota_us" };
+            if !parent.join("cgroup.procs").exists() {
+                tried.push(format!("{}: not a cgroup directory", parent.display()));
+                continue;
+            }
+            let dir = parent.join(&name);
+            if let Err(e) = std::fs::create_dir(&dir) {
+                tried.push(format!("{}: {e}", dir.display()));
+                continue;
+            }
+            if dir.join(file).exists() {
+                return CpuCgroup { dir, v2 };
+            }
+            tried.push(format!("{}: no {file}", dir.display()));
+            let _ = std::fs::remove_dir(&dir);
+        }
+        panic!("no CPU cgroup could be made here: {tried:?}");
+    }
+
+    pub fn procs(&self) -> String {
+        self.dir.join("cgroup.procs").display().to_string()
+    }
+
+    /// At most `quota` of CPU time in every `period`, all threads together.
+    pub fn limit(&self, quota: Duration, period: Duration) {
+        let (quota, period) = (quota.as_micros(), period.as_micros());
+        let written = if self.v2 {
+            std::fs::write(self.dir.join("cpu.max"), format!("{quota} {period}"))
+        } else {
+            std::fs::write(self.dir.join("cpu.cfs_period_us"), period.to_string())
+                .and_then(|()| std::fs::write(self.dir.join("cpu.cfs_quota_us"), quota.to_string()))
+        };
+        written.unwrap_or_else(|e| panic!("{}: setting the quota: {e}", self.dir.display()));
+    }
+
+    /// Periods in which the quota ran out and the processes waited
+    /// (`nr_throttled` of `cpu.stat`).
+    pub fn throttled(&self) -> u64 {
+        std::fs::read_to_string(self.dir.join("cpu.stat"))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| {
+                        l.strip_prefix("nr_throttled ")
+                            .map(|n| n.trim().parse().ok())
+                    })
+                    .flatten()
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for CpuCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }

@@ -30,8 +30,9 @@ use std::time::Duration;
 use crate::sync;
 use tokio::time::Instant;
 
-/// How many slices the window is cut into.
-pub const BUCKETS: usize = 10;
+mod window;
+use window::Window;
+pub use window::BUCKETS;
 
 /// When the breaker opens and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,19 +98,18 @@ pub enum Cause {
     /// Sent, and the connection broke before the reply.
     ConnectionLost,
     /// The store refused the command before running it (read-only replica,
-    /// cluster down, busy script, ...).
+    /// cluster down, busy script, ...). Not `OOM`: a Redis at `maxmemory`
+    /// refusing a write answered, and the subject it concerned gets the
+    /// failure answer for that request alone (`call`).
     Refused,
-    /// At `maxmemory` with nothing it may evict.
-    OutOfMemory,
 }
 
 impl Cause {
-    const ALL: [Cause; 5] = [
+    const ALL: [Cause; 4] = [
         Cause::Unreachable,
         Cause::Timeout,
         Cause::ConnectionLost,
         Cause::Refused,
-        Cause::OutOfMemory,
     ];
 
     /// The `kind` label of `sluice_store_errors_total` counting it.
@@ -119,7 +119,6 @@ impl Cause {
             Cause::Timeout => "timeouts",
             Cause::ConnectionLost => "connection_lost",
             Cause::Refused => "refused",
-            Cause::OutOfMemory => "oom",
         }
     }
 }
@@ -283,100 +282,6 @@ impl Drop for Permit<'_> {
     }
 }
 
-/// Calls and failures of the last window, in [`BUCKETS`] slices.
-struct Window {
-    origin: Instant,
-    /// At least 1, so a window shorter than [`BUCKETS`] nanoseconds still
-    /// divides.
-    bucket_nanos: u128,
-    buckets: [Bucket; BUCKETS],
-}
-
-/// One slice: the calls of the slice numbered `slot` since the origin.
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    slot: u64,
-    calls: u32,
-    failures: u32,
-    /// The failures by [`Cause`], in [`Cause::ALL`] order.
-    causes: [u32; Cause::ALL.len()],
-}
-
-impl Window {
-    fn new(window: Duration, origin: Instant) -> Window {
-        Window {
-            origin,
-            bucket_nanos: (window.as_nanos() / BUCKETS as u128).max(1),
-            buckets: [Bucket::default(); BUCKETS],
-        }
-    }
-
-    fn slot(&self, now: Instant) -> u64 {
-        let since = now.saturating_duration_since(self.origin).as_nanos();
-        u64::try_from(since / self.bucket_nanos).unwrap_or(u64::MAX)
-    }
-
-    fn record(&mut self, now: Instant, failed: Option<Cause>) {
-        let slot = self.slot(now);
-        let bucket = &mut self.buckets[(slot % BUCKETS as u64) as usize];
-        if bucket.slot < slot {
-            *bucket = Bucket {
-                slot,
-                ..Bucket::default()
-            };
-        } else if bucket.slot > slot {
-            // A report a whole window late: its slice is already reused,
-            // and it is too old to count.
-            return;
-        }
-        bucket.calls = bucket.calls.saturating_add(1);
-        if let Some(cause) = failed {
-            bucket.failures = bucket.failures.saturating_add(1);
-            let count = &mut bucket.causes[cause as usize];
-            *count = count.saturating_add(1);
-        }
-    }
-
-    /// The cause of most failures inside the window ending at `now` (the
-    /// first of [`Cause::ALL`] on a tie), and how many it caused.
-    fn main_cause(&self, now: Instant) -> Option<(Cause, u64)> {
-        let slot = self.slot(now);
-        let mut counts = [0u64; Cause::ALL.len()];
-        for b in self
-            .buckets
-            .iter()
-            .filter(|b| b.slot <= slot && slot - b.slot < BUCKETS as u64)
-        {
-            for (total, n) in counts.iter_mut().zip(b.causes) {
-                *total += u64::from(n);
-            }
-        }
-        Cause::ALL
-            .into_iter()
-            .zip(counts)
-            .filter(|&(_, n)| n > 0)
-            .fold(None, |best: Option<(Cause, u64)>, (cause, n)| match best {
-                Some((_, most)) if most >= n => best,
-                _ => Some((cause, n)),
-            })
-    }
-
-    /// `(calls, failures)` of the buckets inside the window ending at `now`.
-    fn totals(&self, now: Instant) -> (u64, u64) {
-        let slot = self.slot(now);
-        self.buckets
-            .iter()
-            .filter(|b| b.slot <= slot && slot - b.slot < BUCKETS as u64)
-            .fold((0, 0), |(calls, failures), b| {
-                (calls + u64::from(b.calls), failures + u64::from(b.failures))
-            })
-    }
-
-    fn clear(&mut self) {
-        self.buckets = [Bucket::default(); BUCKETS];
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,36 +315,6 @@ mod tests {
         b.try_acquire(now)
             .expect("admitted")
             .report(Health::Answered, now);
-    }
-
-    #[test]
-    fn the_main_cause_is_what_most_failures_in_the_window_were() {
-        let t = Instant::now();
-        let mut w = Window::new(WINDOW, t);
-        assert_eq!(w.main_cause(t), None);
-        w.record(t, None);
-        assert_eq!(w.main_cause(t), None, "a success is no cause");
-        for _ in 0..3 {
-            w.record(t, Some(Cause::Timeout));
-        }
-        w.record(t + BUCKET, Some(Cause::Unreachable));
-        assert_eq!(w.main_cause(t + BUCKET), Some((Cause::Timeout, 3)));
-        for _ in 0..3 {
-            w.record(t + BUCKET * 2, Some(Cause::Unreachable));
-        }
-        assert_eq!(w.main_cause(t + BUCKET * 2), Some((Cause::Unreachable, 4)));
-        // The timeouts leave the window with their slice.
-        assert_eq!(w.main_cause(t + WINDOW), Some((Cause::Unreachable, 4)));
-        w.record(t + WINDOW, Some(Cause::OutOfMemory));
-        w.record(t + WINDOW, Some(Cause::OutOfMemory));
-        w.record(t + WINDOW, Some(Cause::OutOfMemory));
-        w.record(t + WINDOW, Some(Cause::OutOfMemory));
-        // A tie goes to the first in declaration order.
-        assert_eq!(w.main_cause(t + WINDOW), Some((Cause::Unreachable, 4)));
-        assert_eq!(
-            w.main_cause(t + WINDOW + BUCKET * 2),
-            Some((Cause::OutOfMemory, 4))
-        );
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Each client address's share of the connection pool, through the
 //! binary: a few addresses holding every connection they can cannot
 //! refuse anyone else, and a trusted proxy's connections (which carry
-//! many clients) are not capped by the share at all. (IPv6 /64 and /56
-//! grouping is checked by the table's unit tests: the test machine has no
-//! IPv6 prefix to connect from.)
+//! many clients) are not capped by the share at all. IPv6 clients come
+//! from a local route of the documentation prefix on `lo` (added by the
+//! test, root needed), counted per /64 and per /56.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -156,4 +156,79 @@ async fn a_trusted_proxy_opens_more_connections_than_an_address_s_share() {
     for stream in &mut ingress {
         assert_eq!(get_on(stream, "").await, Some(200));
     }
+}
+
+/// `local 2001:db8::/32` routed to `lo` while it lives: every address of
+/// the documentation prefix is this machine's, so a test can connect from
+/// any of them (bound with IPV6_FREEBIND). Removed on drop.
+struct DocumentationPrefix;
+
+impl DocumentationPrefix {
+    const ROUTE: [&'static str; 4] = ["local", "2001:db8::/32", "dev", "lo"];
+
+    fn add() -> DocumentationPrefix {
+        let status = std::process::Command::new("ip")
+            .args(["-6", "route", "replace"])
+            .args(Self::ROUTE)
+            .status()
+            .expect("run ip");
+        assert!(
+            status.success(),
+            "ip -6 route replace local 2001:db8::/32 dev lo (root needed)"
+        );
+        DocumentationPrefix
+    }
+}
+
+impl Drop for DocumentationPrefix {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["-6", "route", "del"])
+            .args(Self::ROUTE)
+            .status();
+    }
+}
+
+/// A connection from `ip`, an address of [`DocumentationPrefix`], to `to`.
+async fn connect_from_v6(ip: &str, to: SocketAddr) -> TcpStream {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).expect("socket");
+    socket.set_freebind_v6(true).expect("IPV6_FREEBIND");
+    socket.set_nonblocking(true).expect("non-blocking");
+    let from: SocketAddr = format!("[{ip}]:0").parse().expect("an address");
+    socket.bind(&from.into()).expect("bind");
+    let socket = TcpSocket::from_std_stream(socket.into());
+    socket.connect(to).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slash_64s_of_one_slash_56_cannot_refuse_another_slash_56() {
+    let _prefix = DocumentationPrefix::add();
+    let upstream = Upstream::start().await;
+    // A pool of 400: a /64's share is 50 (an eighth), a /56's four shares.
+    let yaml = config(&upstream, "  max_connections: 400", "[]")
+        .replace("listen: 127.0.0.1:0", "listen: \"[::1]:0\"");
+    let sluice = Sidecar::start(&yaml);
+    let addr = sluice.addr();
+    // Eight /64s of one /56 (a home customer has 256), 60 connections each:
+    // without the /56's cap they would fill the pool.
+    let mut held = Vec::new();
+    for net in 0..8 {
+        for host in 0..60 {
+            let ip = format!("2001:db8:0:1{net:02x}::{:x}", host + 1);
+            held.push(connect_from_v6(&ip, addr).await);
+        }
+    }
+    // The first four /64s kept 50 each (10 refused each for the /64), and
+    // then the /56 was full: 200 of it kept, 240 refused for the /56.
+    eventually(Duration::from_secs(10), || async {
+        let per_64 = refused(&sluice, "max_connections_per_ip").await;
+        let per_56 = refused(&sluice, "max_connections_per_ipv6_56").await;
+        (per_64 == 40.0 && per_56 == 240.0).then_some(())
+    })
+    .await;
+    // Another /56 is served, and the pool never filled.
+    let mut other = connect_from_v6("2001:db8:0:200::1", addr).await;
+    assert_eq!(get_on(&mut other, "").await, Some(200));
+    assert_eq!(refused(&sluice, "max_connections").await, 0.0);
 }

@@ -16,6 +16,9 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v slowhttptest >/dev/null 2>&1 || missing+=(slowhttptest)
 # faketime (libfaketime) steps the wall clock under a running sluice.
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+# ip routes the IPv6 documentation prefix to lo, so tests connect from many
+# /64s and /56s (connection shares).
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -27,6 +30,7 @@ command -v redis-cli >/dev/null
 command -v promtool >/dev/null
 command -v slowhttptest >/dev/null
 command -v faketime >/dev/null
+command -v ip >/dev/null
 
 echo "== cargo tests"
 if cargo nextest --version >/dev/null 2>&1; then

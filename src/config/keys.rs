@@ -279,7 +279,7 @@ keys! { ENTRIES:
     ROUTE_SUBJECT: "routes[].subject", "list", Value("client_ip"), Reload,
         "who is counted: `client_ip`, `header:NAME` (several: combined), or `global`";
     ROUTE_COST: "routes[].cost", "number or mapping", Value("1"), Reload,
-        "units one request takes from the policy, or `{ from_response_header, max, default }`; not for concurrency";
+        "units one request takes from the policy, or `{ from_response_header, max, default, reserve }`; not for concurrency";
     ROUTE_TIERS: "routes[].tiers", "mapping", Unset("one policy for every request"), Reload,
         "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
     ROUTE_TIERS_HEADER: "routes[].tiers.header", "header name", Required, Reload,
@@ -289,7 +289,7 @@ keys! { ENTRIES:
     ROUTE_TIERS_DEFAULT: "routes[].tiers.default", "text", Required, Reload,
         "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
     ROUTE_COST_FROM_RESPONSE_HEADER: "routes[].cost.from_response_header", "header name", Required, Reload,
-        "charge the number the app's response reports in this header (the charge waits for the response)";
+        "charge the number the app's response reports in this header (`reserve` units held before forwarding, settled when the response head arrives)";
     ROUTE_COST_MAX: "routes[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
         "the most one response is charged; a larger report is charged this";
     ROUTE_COST_DEFAULT: "routes[].cost.default", "number", Derived("`max`"), Reload,
@@ -319,7 +319,7 @@ keys! { ENTRIES:
     ROUTE_LIMITS_TIERS_DEFAULT: "routes[].limits[].tiers.default", "text", Required, Reload,
         "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
     ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "routes[].limits[].cost.from_response_header", "header name", Required, Reload,
-        "charge the number the app's response reports in this header (the charge waits for the response)";
+        "charge the number the app's response reports in this header (`reserve` units held before forwarding, settled when the response head arrives)";
     ROUTE_LIMITS_COST_MAX: "routes[].limits[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
         "the most one response is charged; a larger report is charged this";
     ROUTE_LIMITS_COST_DEFAULT: "routes[].limits[].cost.default", "number", Derived("`max`"), Reload,
@@ -363,7 +363,7 @@ keys! { ENTRIES:
     DEFAULT_ROUTE_LIMITS_TIERS_DEFAULT: "default.limits[].tiers.default", "text", Required, Reload,
         "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
     DEFAULT_ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "default.limits[].cost.from_response_header", "header name", Required, Reload,
-        "charge the number the app's response reports in this header (the charge waits for the response)";
+        "charge the number the app's response reports in this header (`reserve` units held before forwarding, settled when the response head arrives)";
     DEFAULT_ROUTE_LIMITS_COST_MAX: "default.limits[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
         "the most one response is charged; a larger report is charged this";
     DEFAULT_ROUTE_LIMITS_COST_DEFAULT: "default.limits[].cost.default", "number", Derived("`max`"), Reload,

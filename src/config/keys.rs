@@ -277,7 +277,7 @@ keys! { ENTRIES:
     ROUTE_POLICY: "routes[].policy", "text", Required, Reload,
         "a policy's name, or `none` for no limit; unless `limits` is written";
     ROUTE_SUBJECT: "routes[].subject", "list", Value("client_ip"), Reload,
-        "who is counted: `client_ip`, `header:NAME` (several: combined), or `global`";
+        "who is counted: `client_ip`, `header:NAME` or `global`; a list is tried in order and the first present counts";
     ROUTE_COST: "routes[].cost", "number or mapping", Value("1"), Reload,
         "units one request takes from the policy, or `{ from_response_header, max, default, reserve }`; not for concurrency";
     ROUTE_TIERS: "routes[].tiers", "mapping", Unset("one policy for every request"), Reload,

@@ -434,6 +434,41 @@ mod tests {
         }
     }
 
+    /// Express, Koa and Nest route `/LOGIN` and `/Login/` to `/login`:
+    /// a route written without `case_sensitive` limits every spelling.
+    #[test]
+    fn routes_match_any_letter_case_unless_they_say_otherwise() {
+        let with = |path: PathMatch| Match {
+            path,
+            ..Match::default()
+        };
+        let exact = with(PathMatch::Exact("/login".into()));
+        let prefix = with(PathMatch::Prefix("/api".into()));
+        let template = with(PathMatch::Template(vec![
+            lit("users"),
+            Segment::Param("id".into()),
+        ]));
+        for (matcher, path) in [
+            (&exact, "/login"),
+            (&exact, "/LOGIN"),
+            (&exact, "/Login/"),
+            (&prefix, "/API/x"),
+            (&prefix, "/Api"),
+            (&template, "/USERS/7/"),
+        ] {
+            assert!(matcher.matches(&Method::POST, path), "{path}");
+        }
+        for (matcher, path) in [(&exact, "/logins"), (&prefix, "/APIx")] {
+            assert!(!matcher.matches(&Method::POST, path), "{path}");
+        }
+        let sensitive = Match {
+            case_sensitive: true,
+            ..exact.clone()
+        };
+        assert!(sensitive.matches(&Method::POST, "/login/"));
+        assert!(!sensitive.matches(&Method::POST, "/LOGIN"));
+    }
+
     #[test]
     fn templates_capture_exactly_one_segment() {
         let segments = vec![lit("users"), Segment::Param("id".into()), lit("posts")];

@@ -105,8 +105,9 @@ fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
     if route.matcher.format_suffix {
         path.push_str("(.format)");
     }
-    if !route.matcher.case_sensitive {
-        path.push_str(" (any case)");
+    // Any case is the default: the exception is the one marked.
+    if route.matcher.case_sensitive {
+        path.push_str(" (exact case)");
     }
     let upgrades = if route.upgrades.is_empty() {
         "-".to_owned()

@@ -270,8 +270,8 @@ keys! { ENTRIES:
         "the whole path, `{name}` standing for one segment; excludes `path_prefix`";
     ROUTE_MATCH_PATH_PREFIX: "routes[].match.path_prefix", "text", Unset("any path"), Reload,
         "a path and everything below it, by whole segments";
-    ROUTE_MATCH_CASE_SENSITIVE: "routes[].match.case_sensitive", "`true`, `false`", Value("true"), Reload,
-        "`false`: the path matches in any case";
+    ROUTE_MATCH_CASE_SENSITIVE: "routes[].match.case_sensitive", "`true`, `false`", Value("false"), Reload,
+        "`false`: the path's ASCII letters match in any case, as Express, Koa and Nest route; `true`: only as written";
     ROUTE_MATCH_FORMAT_SUFFIX: "routes[].match.format_suffix", "`true`, `false`", Value("false"), Reload,
         "also match the path with a format suffix (`/users/1.json`)";
     ROUTE_POLICY: "routes[].policy", "text", Required, Reload,

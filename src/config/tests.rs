@@ -1215,21 +1215,26 @@ fn path_settings_case_and_upgrades_have_safe_defaults() {
         "{BASE}routes:\n  - {{ name: r, match: {{ path: /x }}, policy: none }}\n"
     ));
     assert_eq!(c.live.server.paths, crate::path::PathRules::default());
-    assert!(c.live.routes[0].matcher.case_sensitive);
+    // Any case by default: Express, Koa and Nest route `/LOGIN` to `/login`.
+    assert!(!c.live.routes[0].matcher.case_sensitive);
+    assert!(!c.route_table().contains("(exact case)"));
     assert_eq!(&*c.live.routes[0].upgrades, [Box::from("websocket")]);
     assert_eq!(&*c.live.default.upgrades, [Box::from("websocket")]);
 
     let c = parse_ok(&format!(
-        "{BASE}routes:\n  - {{ name: r, match: {{ path: /x, case_sensitive: false }}, policy: none, upgrades: [WebSocket, foo, foo] }}\n  - {{ name: s, match: {{ path: /y }}, policy: none, upgrades: [] }}\n"
+        "{BASE}routes:\n  - {{ name: r, match: {{ path: /x, case_sensitive: true }}, policy: none, upgrades: [WebSocket, foo, foo] }}\n  - {{ name: s, match: {{ path: /y }}, policy: none, upgrades: [] }}\n"
     ));
-    assert!(!c.live.routes[0].matcher.case_sensitive);
+    assert!(c.live.routes[0].matcher.case_sensitive);
+    assert!(!c.live.routes[1].matcher.case_sensitive);
     assert_eq!(
         &*c.live.routes[0].upgrades,
         [Box::from("websocket"), Box::from("foo")]
     );
     assert!(c.live.routes[1].upgrades.is_empty());
     let table = c.route_table();
-    assert!(table.contains("exact /x (any case)"), "{table}");
+    assert!(table.contains("exact /x (exact case)"), "{table}");
+    assert!(table.contains("exact /y "), "{table}");
+    assert!(!table.contains("exact /y (exact case)"), "{table}");
     assert!(table.contains("websocket,foo"), "{table}");
 
     let errors = parse_err(&format!(

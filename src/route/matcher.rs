@@ -13,7 +13,10 @@ pub struct Match {
     /// Compared with the request path in its matching form (see
     /// [`crate::path`]); literals are stored in that form.
     pub path: PathMatch,
-    /// `false`: ASCII letters compare regardless of case.
+    /// `false` (the default): ASCII letters compare regardless of case.
+    /// Matching more spellings than the app routes can only over-limit;
+    /// matching fewer lets `/LOGIN` through unlimited to an app that
+    /// routes it to `/login` (Express, Koa, Nest, IIS).
     pub case_sensitive: bool,
     /// The path's last segment may also be followed by `.<format>`
     /// (Rails' `/login(.:format)`, Spring MVC's suffix patterns before
@@ -26,7 +29,7 @@ impl Default for Match {
         Match {
             methods: Vec::new(),
             path: PathMatch::Any,
-            case_sensitive: true,
+            case_sensitive: false,
             format_suffix: false,
         }
     }
@@ -84,7 +87,7 @@ fn eq_exact(a: &str, b: &str) -> bool {
     a == b
 }
 
-/// For `case_sensitive: false`. Byte-wise: escapes are upper-cased by
+/// For `case_sensitive: false`, the default. Byte-wise: escapes are upper-cased by
 /// normalization, and letters outside ASCII compare as written.
 fn eq_ignore_case(a: &str, b: &str) -> bool {
     a.as_bytes().eq_ignore_ascii_case(b.as_bytes())

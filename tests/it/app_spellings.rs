@@ -237,7 +237,7 @@ async fn an_authorization_subject_is_one_credential_in_any_scheme_case_and_spaci
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_format_suffix_route_limits_the_formats_rails_routes_to_it() {
     let upstream = Upstream::start().await;
-    let routes = "  - { name: login, match: { methods: [POST], path: /login, format_suffix: true }, policy: three }
+    let routes = "  - { name: login, match: { methods: [POST], path: /login, format_suffix: true, case_sensitive: true }, policy: three }
   - { name: edit, match: { path: \"/users/{id}/edit\", format_suffix: true }, policy: three }
   - { name: plain, match: { methods: [POST], path: /plain }, policy: three }
 ";
@@ -257,6 +257,7 @@ async fn a_format_suffix_route_limits_the_formats_rails_routes_to_it() {
         ("POST /login HTTP/1.1", 429),
         ("POST /login.json HTTP/1.1", 429),
         ("POST /login.xml HTTP/1.1", 429),
+        // A format does not loosen `case_sensitive: true`.
         ("POST /LOGIN.json HTTP/1.1", 200),
         ("POST /login.json/x HTTP/1.1", 200),
         // Without the option a format is another path.
@@ -288,20 +289,55 @@ async fn a_format_suffix_route_limits_the_formats_rails_routes_to_it() {
     assert!(out.contains("exact /login(.format)"), "{out}");
 }
 
+/// Express, Koa and Nest route `/LOGIN` and `/Login/` to `/login`: a route
+/// written without `case_sensitive` counts every spelling under one limit,
+/// and `case_sensitive: true` keeps the old exact matching.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn case_insensitive_routes_limit_what_express_routes_in_any_case() {
+async fn routes_limit_every_letter_case_express_routes_unless_told_otherwise() {
     let upstream = Upstream::start().await;
-    let routes = "  - { name: login, match: { methods: [POST], path: /login, case_sensitive: false }, policy: three }\n";
+    let routes = "  - { name: login, match: { methods: [POST], path: /login }, policy: three }
+  - { name: api, match: { path_prefix: /api/ }, policy: three }
+  - { name: strict, match: { path: /strict, case_sensitive: true }, policy: three }
+";
     let sluice = Sidecar::start(&config(&upstream, "", "", routes));
-    for head in [
-        "POST /login HTTP/1.1",
-        "POST /LOGIN HTTP/1.1",
-        "POST /Login/ HTTP/1.1",
-    ] {
-        assert_eq!(send(&sluice, head).await.status, 200, "{head}");
-    }
-    assert_eq!(send(&sluice, "POST /lOgIn HTTP/1.1").await.status, 429);
-    assert_eq!(upstream.count(), 3);
+    let table: &[(&str, u16)] = &[
+        ("POST /LOGIN HTTP/1.1", 200),
+        ("POST /Login HTTP/1.1", 200),
+        ("POST /login HTTP/1.1", 200),
+        // The fourth, in any spelling, is over the limit.
+        ("POST /login HTTP/1.1", 429),
+        ("POST /LOGIN HTTP/1.1", 429),
+        ("POST /Login/ HTTP/1.1", 429),
+        ("POST /lOgIn HTTP/1.1", 429),
+        ("GET /API/x HTTP/1.1", 200),
+        ("GET /api/y HTTP/1.1", 200),
+        ("GET /Api HTTP/1.1", 200),
+        ("GET /aPi/z/ HTTP/1.1", 429),
+        ("GET /api HTTP/1.1", 429),
+        // Segment-aware in any case: `/APIX` is another path.
+        ("GET /APIX HTTP/1.1", 200),
+        // `case_sensitive: true`: `/STRICT` is another path, counted under
+        // the default.
+        ("GET /strict HTTP/1.1", 200),
+        ("GET /strict/ HTTP/1.1", 200),
+        ("GET /strict HTTP/1.1", 200),
+        ("GET /strict HTTP/1.1", 429),
+        ("GET /STRICT HTTP/1.1", 200),
+        ("GET /Strict HTTP/1.1", 200),
+    ];
+    let failures = mismatches(&sluice, table).await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let admitted = table.iter().filter(|(_, status)| *status == 200).count();
+    assert_eq!(upstream.count(), admitted);
+
+    // `sluice check` marks the exception, not the default.
+    let (code, out, err) = support::sidecar::run_binary(
+        &["check", "--config", &sluice.config_path().to_string_lossy()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("exact /strict (exact case)"), "{out}");
+    assert_eq!(out.matches("(exact case)").count(), 1, "{out}");
 }
 
 /// One catch-all route: the limit every request reaching the app is meant

@@ -52,8 +52,8 @@ policies:
   p_api: {{ algorithm: sliding-log, limit: 10000, window: 1h }}
   p_other: {{ algorithm: sliding-log, limit: 10000, window: 1h }}
 routes:
-  - {{ name: login, match: {{ path: /login, case_sensitive: false }}, policy: p_login }}
-  - {{ name: exact, match: {{ path: /Exact }}, policy: p_exact }}
+  - {{ name: login, match: {{ path: /login }}, policy: p_login }}
+  - {{ name: exact, match: {{ path: /Exact, case_sensitive: true }}, policy: p_exact }}
   - {{ name: users, match: {{ path: \"/users/{{id}}\" }}, policy: p_users }}
   - {{ name: api, match: {{ path_prefix: /api/ }}, policy: p_api }}
 default: {{ policy: p_other, subject: client_ip }}
@@ -80,6 +80,7 @@ async fn raw_paths_match_their_normal_form_and_are_forwarded_in_it() {
         ("/login/", Routed("p_login", "/login/")),
         ("//login", Routed("p_login", "/login")),
         ("/./login", Routed("p_login", "/login")),
+        // Any letter case by default, forwarded as written.
         ("/LOGIN", Routed("p_login", "/LOGIN")),
         ("/%6cogin", Routed("p_login", "/login")),
         ("/%6Cogin/", Routed("p_login", "/login/")),

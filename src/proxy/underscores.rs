@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use crate::config::Underscores;
 use crate::subject::resolve::X_FORWARDED_FOR;
 
-use super::headers::{Invalid, CLAIMS, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use super::headers::{Invalid, REMOVED_CLAIMS, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP};
 use super::overrides::{folds_to, OVERRIDE_HEADERS};
 
 /// Whether `name` contains `_`.
@@ -46,7 +46,8 @@ pub fn check(
         let stands_for = identity
             .iter()
             .chain(forwarding)
-            .chain(CLAIMS.iter())
+            .chain([&X_REAL_IP])
+            .chain(REMOVED_CLAIMS.iter())
             .chain(overrides)
             .find(|target| folds_to(name, target));
         if let Some(target) = stands_for {
@@ -120,6 +121,17 @@ mod tests {
             check(&claim, Underscores::Drop, &key()),
             stands("x-real-ip")
         );
+        // A CGI-style server hands `Client_IP` to the app as `Client-IP`.
+        for mode in [Underscores::Drop, Underscores::Allow] {
+            assert_eq!(
+                check(&headers(&["Client_IP"]), mode, &key()),
+                stands("client-ip")
+            );
+            assert_eq!(
+                check(&headers(&["x_forwarded_prefix"]), mode, &key()),
+                stands("x-forwarded-prefix")
+            );
+        }
 
         assert_eq!(check(&plain, Underscores::Reject, &key()), Ok(false));
         assert_eq!(

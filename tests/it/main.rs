@@ -8,6 +8,7 @@
 
 mod support;
 
+mod address_claims;
 mod app_spellings;
 mod broken_upstream;
 mod clocks_and_cardinality;

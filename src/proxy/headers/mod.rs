@@ -7,8 +7,8 @@ mod checks;
 mod rewrite;
 
 use http::header::{
-    HeaderMap, HeaderName, CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
-    TRANSFER_ENCODING, UPGRADE,
+    HeaderMap, HeaderName, CONNECTION, FORWARDED, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE,
+    TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 
 pub use checks::*;
@@ -23,18 +23,38 @@ static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 /// by instead of the request line: a path sluice never matched.
 static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
 static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
-static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-static TRUE_CLIENT_IP: HeaderName = HeaderName::from_static("true-client-ip");
-static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
+pub static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
-/// Fields that claim a client address, which many apps log or believe
-/// (nginx's `real_ip_header`, Akamai, Cloudflare). From a client that is
-/// no trusted proxy they are its own claim: see [`prepare_request`].
-pub static CLAIMS: [HeaderName; 3] = [
-    HeaderName::from_static("x-real-ip"),
+/// Every field besides `X-Forwarded-For`, `X-Real-IP` and `Forwarded` that
+/// an app framework, library or common idiom reads a client address (or
+/// the port or path prefix it used) from. From a client that is no trusted
+/// proxy they are its own claim and are removed (see [`prepare_request`]),
+/// as nginx hardening does: the app then falls back to what sluice sets.
+/// docs/SECURITY.md lists the same table; a test holds them equal. Names
+/// spelled with `_` are covered by `server.headers_with_underscores`.
+pub static REMOVED_CLAIMS: [HeaderName; 15] = [
     HeaderName::from_static("true-client-ip"),
     HeaderName::from_static("cf-connecting-ip"),
+    HeaderName::from_static("client-ip"),
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("x-cluster-client-ip"),
+    HeaderName::from_static("fastly-client-ip"),
+    HeaderName::from_static("forwarded-for"),
+    HeaderName::from_static("x-forwarded"),
+    HeaderName::from_static("x-original-forwarded-for"),
+    HeaderName::from_static("x-proxyuser-ip"),
+    HeaderName::from_static("proxy-client-ip"),
+    HeaderName::from_static("wl-proxy-client-ip"),
+    HeaderName::from_static("x-originating-ip"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
 ];
+
+/// Whether `name` claims a client address: `X-Real-IP`, `Forwarded` or
+/// one of [`REMOVED_CLAIMS`]. `X-Forwarded-For` is rewritten apart.
+pub fn is_claim(name: &HeaderName) -> bool {
+    name == X_REAL_IP || name == FORWARDED || REMOVED_CLAIMS.iter().any(|c| c == name)
+}
 
 /// RFC 9110 §7.6.1, plus the pre-standard `Keep-Alive` and
 /// `Proxy-Connection` that clients still send, and `HTTP2-Settings`, which

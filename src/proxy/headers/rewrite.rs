@@ -123,7 +123,7 @@ pub fn prepare_request(
             rewrite_urls = true;
         } else if name == X_FORWARDED_FOR {
             forwarded_for = true;
-        } else if name == FORWARDED || CLAIMS.iter().any(|c| c == name) {
+        } else if is_claim(name) {
             claims = true;
         }
     }
@@ -213,9 +213,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// them, and `Forwarded` gets this hop's element appended (RFC 7239 §4).
 /// From anyone else they are the client's own word: `X-Real-IP` is
 /// overwritten with the peer's address (what nginx's `proxy_set_header
-/// X-Real-IP $remote_addr` sends), and `True-Client-IP`,
-/// `CF-Connecting-IP` and `Forwarded` are removed. Only requests that
-/// carry one pay for this.
+/// X-Real-IP $remote_addr` sends), and `Forwarded` and every field of
+/// [`REMOVED_CLAIMS`] are removed. Only requests that carry one pay for
+/// this.
 fn rewrite_claims(headers: &mut HeaderMap, forwarded: Forwarded) {
     let mut text = [0u8; IP_TEXT_MAX];
     let peer = ip_text(forwarded.peer.to_canonical(), &mut text);
@@ -246,8 +246,9 @@ fn rewrite_claims(headers: &mut HeaderMap, forwarded: Forwarded) {
             headers.insert(&X_REAL_IP, value);
         }
     }
-    headers.remove(&TRUE_CLIENT_IP);
-    headers.remove(&CF_CONNECTING_IP);
+    for name in &REMOVED_CLAIMS {
+        headers.remove(name);
+    }
     headers.remove(FORWARDED);
 }
 

@@ -228,6 +228,60 @@ fn an_untrusted_clients_address_claims_do_not_reach_the_app() {
 }
 
 #[test]
+fn every_removed_claim_goes_from_an_untrusted_client_alone() {
+    for claim in &REMOVED_CLAIMS {
+        // Alone, so nothing else on the request sends it to the rewrite.
+        let mut h = HeaderMap::new();
+        h.append(claim, HeaderValue::from_static("6.6.6.6"));
+        h.append(claim, HeaderValue::from_static("6.6.6.7"));
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        prepare_request(&mut h, None, forwarded("10.1.2.3", false), None);
+        assert!(!h.contains_key(claim), "{claim}");
+        assert_eq!(h["accept"], "*/*");
+
+        let mut h = HeaderMap::new();
+        h.append(claim, HeaderValue::from_static("6.6.6.6"));
+        let trusted = Forwarded {
+            trusted: true,
+            ..forwarded("10.1.2.3", false)
+        };
+        prepare_request(&mut h, None, trusted, None);
+        assert_eq!(h[claim], "6.6.6.6", "{claim}");
+    }
+}
+
+/// The fields of the table under `### Address claims` in
+/// docs/SECURITY.md whose second column is `read by`.
+fn documented_claims(doc: &str) -> Vec<String> {
+    let section = doc
+        .split("### Address claims")
+        .nth(1)
+        .expect("docs/SECURITY.md has an Address claims section");
+    section
+        .lines()
+        .skip_while(|line| !line.starts_with("| field | read by |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| {
+            let field = line.split('|').nth(1).unwrap_or_default().trim();
+            field.trim_matches('`').to_ascii_lowercase()
+        })
+        .collect()
+}
+
+#[test]
+fn the_security_docs_list_exactly_the_removed_claims() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/SECURITY.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/SECURITY.md");
+    let code: Vec<String> = REMOVED_CLAIMS.iter().map(|c| c.to_string()).collect();
+    assert_eq!(
+        documented_claims(&doc),
+        code,
+        "docs/SECURITY.md's address claims table is not REMOVED_CLAIMS in src/proxy/headers/mod.rs"
+    );
+}
+
+#[test]
 fn request_gets_forwarded_fields_and_keeps_host() {
     let mut h = headers(&[
         ("host", "app.example"),

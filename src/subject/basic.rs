@@ -13,7 +13,7 @@
 //! many, missing padding is supplied, a last lone character (6 bits, no
 //! byte) is dropped, and unused low bits of the last character are
 //! ignored. Where they disagree, no single reading is safe: a `=` followed
-//! by more data (Node stops at it, Python skips it, PHP reads on) and the
+//! by more data (Node stops at it, Python skips it) and the
 //! URL-safe `-` and `_` (Node reads them as `+` and `/`, the others skip
 //! them) would each let a client pick, per request, a spelling its app
 //! reads as one credential and sluice as another. Such a credential, and

@@ -19,6 +19,9 @@ command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # ip routes the IPv6 documentation prefix to lo, so tests connect from many
 # /64s and /56s (connection shares).
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+# Werkzeug (the app server under Flask) decodes Basic credentials in the
+# identity tests, to check sluice counts what a Python app reads.
+python3 -c 'import werkzeug' >/dev/null 2>&1 || python3 -m pip install -q werkzeug
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -10,12 +10,12 @@ use http::StatusCode;
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::limit::LimitPolicy;
-use crate::route::{CostRead, Route};
+use crate::route::{CostRead, Route, SubjectSource};
 
 use crate::telemetry::{
     DECISION_DURATION, FORWARDED_WITHOUT_DECISION, IN_FLIGHT, NEAR_LIMIT, REQUESTS,
     REQUESTS_REFUSED, REQUEST_BODIES_CUT, RESPONSE_CHARGES, RESPONSE_COST_FALLBACKS,
-    UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_RESPONSES,
+    UNDECODABLE_CREDENTIALS, UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_RESPONSES,
 };
 
 use super::body::Cut;
@@ -46,6 +46,9 @@ pub struct RouteMetrics {
     /// Indexed as [`UpstreamError::KINDS`].
     upstream_errors: [Counter; UpstreamError::KINDS.len()],
     upstream_duration: Histogram,
+    /// When a limit of the route counts `header:Authorization`: requests
+    /// whose `Basic` credential went to the shared undecodable bucket.
+    undecodable: Option<Counter>,
 }
 
 impl RouteMetrics {
@@ -93,8 +96,13 @@ impl RouteMetrics {
                 })
             })
             .collect();
+        let undecodable = route
+            .subject_sources()
+            .any(|s| matches!(s, SubjectSource::Header(h) if h == http::header::AUTHORIZATION))
+            .then(|| metrics::counter!(UNDECODABLE_CREDENTIALS, "route" => name.clone()));
         let route = name;
         RouteMetrics {
+            undecodable,
             in_flight,
             near_limit,
             on_response,
@@ -129,6 +137,14 @@ impl RouteMetrics {
     /// concurrency limit.
     pub fn in_flight(&self, limit: usize) -> Option<&Gauge> {
         self.in_flight.get(limit)?.as_ref()
+    }
+
+    /// Counts a request whose `Basic` credential went to the route's
+    /// shared undecodable bucket.
+    pub fn undecodable(&self) {
+        if let Some(counter) = &self.undecodable {
+            counter.increment(1);
+        }
     }
 
     /// Counts an admitted request near the route's limit `limit`.

@@ -1,5 +1,6 @@
 //! Who is asking: resolution from the request, then a pseudonym.
 
+pub mod basic;
 pub mod pseudonym;
 pub mod resolve;
 

@@ -14,6 +14,7 @@ use ipnet::IpNet;
 use crate::config::Identity;
 use crate::route::SubjectSource;
 
+use super::basic::{self, Basic};
 use super::{Pseudonym, PseudonymKey};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -27,6 +28,10 @@ pub enum Resolved {
     Global,
     /// No source was present: the route's one shared bucket.
     Unresolved,
+    /// `Authorization: Basic` whose credential decodes to nothing, or to
+    /// different bytes in different app servers: the route's one shared
+    /// bucket for such credentials ([`super::basic`]).
+    Undecodable,
 }
 
 /// Behind trusted proxies only, an `X-Forwarded-For` entry that is no
@@ -98,7 +103,15 @@ pub fn resolve(
                 let value = value.trim_ascii();
                 if !value.is_empty() {
                     let value = if *name == AUTHORIZATION {
-                        credentials(value)
+                        match authorization(value) {
+                            Some(value) => value,
+                            None => {
+                                return Ok((
+                                    key.pseudonym(UNDECODABLE, b"", route),
+                                    Resolved::Undecodable,
+                                ))
+                            }
+                        }
                     } else {
                         Cow::Borrowed(value)
                     };
@@ -115,6 +128,36 @@ pub fn resolve(
         key.pseudonym("unresolved", b"", route),
         Resolved::Unresolved,
     ))
+}
+
+/// The kind of the undecodable `Basic` bucket: no header name holds a
+/// `:`, so it is no header's pseudonym.
+const UNDECODABLE: &str = "authorization:undecodable";
+
+/// The `Authorization` value counted: [`credentials`], and for the `Basic`
+/// scheme `Basic ` then the decoded `user:password` bytes, however the
+/// base64 was spelled. `None`: a `Basic` credential that is
+/// [`Basic::Undecodable`].
+fn authorization(value: &[u8]) -> Option<Cow<'_, [u8]>> {
+    let value = credentials(value);
+    let encoded = match value.strip_prefix(b"Basic") {
+        Some(b"") => b"".as_slice(),
+        Some(rest) => match rest.strip_prefix(b" ") {
+            Some(encoded) => encoded,
+            // Another scheme that starts with `Basic`.
+            None => return Some(value),
+        },
+        None => return Some(value),
+    };
+    match basic::decode(encoded) {
+        Basic::Decoded(decoded) => {
+            let mut out = Vec::with_capacity(6 + decoded.len());
+            out.extend_from_slice(b"Basic ");
+            out.extend_from_slice(&decoded);
+            Some(Cow::Owned(out))
+        }
+        Basic::Undecodable => None,
+    }
 }
 
 /// An `Authorization` value as every app reads it: the scheme is
@@ -434,5 +477,52 @@ mod tests {
             assert_eq!(&*credentials(sent.as_bytes()), read.as_bytes(), "{sent:?}");
         }
         assert!(matches!(credentials(b"Bearer tok"), Cow::Borrowed(_)));
+    }
+
+    fn by_authorization(value: &[u8]) -> (Pseudonym, Resolved) {
+        let key = PseudonymKey::new(b"k", 1);
+        let mut h = HeaderMap::new();
+        h.insert(AUTHORIZATION, HeaderValue::from_bytes(value).unwrap());
+        let src = [SubjectSource::Header(AUTHORIZATION)];
+        resolve(&src, "login", ip("1.1.1.1"), &h, &identity(64), &key)
+    }
+
+    #[test]
+    fn basic_credentials_count_by_what_they_decode_to() {
+        let one = by_authorization(b"Basic YWxpY2U6czNjcmV0");
+        assert_eq!(one.1, Resolved::Header);
+        for sent in [
+            "Basic YWxpY2U6czNjcmV0==",
+            "Basic YWxp*Y2U6czNjcmV0",
+            "basic  YWxpY2U6czNjcmV0",
+            "BASIC\tYWxpY2U6czNjcmV0=",
+        ] {
+            assert_eq!(by_authorization(sent.as_bytes()), one, "{sent:?}");
+        }
+        // `alice:s3cret1` needs padding: sent without it, the same.
+        assert_eq!(
+            by_authorization(b"Basic YWxpY2U6czNjcmV0MQ"),
+            by_authorization(b"Basic YWxpY2U6czNjcmV0MQ==")
+        );
+        assert_ne!(by_authorization(b"Basic YWxpY2U6czNjcmV0MQ"), one);
+        // Another scheme carrying the same characters is another credential.
+        assert_ne!(by_authorization(b"Bearer YWxpY2U6czNjcmV0"), one);
+        assert_ne!(by_authorization(b"Basicx YWxpY2U6czNjcmV0"), one);
+    }
+
+    #[test]
+    fn undecodable_basic_credentials_share_one_bucket() {
+        let shared = by_authorization(b"Basic !!!");
+        assert_eq!(shared.1, Resolved::Undecodable);
+        for sent in [
+            "Basic",
+            "basic ====",
+            "Basic YQ==YQ==",
+            "Basic YWxp-Y2U6czNjcmV0",
+        ] {
+            assert_eq!(by_authorization(sent.as_bytes()), shared, "{sent:?}");
+        }
+        let key = PseudonymKey::new(b"k", 1);
+        assert_ne!(shared.0, key.pseudonym("unresolved", b"", "login"));
     }
 }

@@ -97,6 +97,7 @@ pub const REQUEST_BODIES_STREAMED: &str = "sluice_request_bodies_streamed_total"
 pub const PROXY_PROTOCOL_HEADERS: &str = "sluice_proxy_protocol_headers_total";
 pub const PROXY_PROTOCOL_REJECTED: &str = "sluice_proxy_protocol_rejected_total";
 pub const FORWARDED_FOR_IGNORED: &str = "sluice_forwarded_for_ignored_total";
+pub const UNDECODABLE_CREDENTIALS: &str = "sluice_undecodable_credentials_total";
 pub const LEASES_GRANTED: &str = "sluice_leases_granted_total";
 pub const LEASES_RETURNED: &str = "sluice_leases_returned_total";
 pub const LEASE_UNITS_RETURNED: &str = "sluice_lease_units_returned_total";
@@ -227,6 +228,10 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         FORWARDED_FOR_IGNORED,
         "Requests with X-Forwarded-For from a private or loopback peer while identity.trusted_proxies is empty: the header was ignored and every client behind that proxy shares its address.",
+    ),
+    Metric::counter(
+        UNDECODABLE_CREDENTIALS,
+        "Requests whose Authorization: Basic credential decodes to nothing (or reads differently in different app servers), counted in the route's one shared bucket for them, by route.",
     ),
     Metric::counter(
         DENY_CACHE_HITS,

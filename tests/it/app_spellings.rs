@@ -548,3 +548,130 @@ async fn options_asterisk_reaches_the_app_under_a_route_written_for_it() {
     assert_eq!(send(&sluice, "GET /x HTTP/1.1").await.status, 200);
     assert_eq!(upstream.count(), 4);
 }
+
+const AUTHORIZATION_ROUTE: &str = "  - { name: api, match: { path_prefix: /api }, subject: header:Authorization, policy: three }\n";
+
+/// The status of `GET path` with `Authorization: value`, and what the app
+/// said it read (`X-App-User`, from the Werkzeug app).
+async fn basic(sluice: &Sidecar, path: &str, value: &str) -> (u16, Option<String>) {
+    let reply = send(
+        sluice,
+        &format!("GET {path} HTTP/1.1\r\nAuthorization: {value}"),
+    )
+    .await;
+    let user = reply.head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("x-app-user")
+            .then(|| value.trim().to_owned())
+    });
+    (reply.status, user)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_basic_credential_is_counted_by_what_the_app_decodes_in_any_spelling() {
+    let app = support::werkzeug::Werkzeug::start();
+    let yaml = format!(
+        "version: 1
+server:
+  listen: 127.0.0.1:0
+upstream:
+  url: {}
+policies:
+  three: {{ algorithm: sliding-log, limit: 3, window: 1h }}
+  plenty: {{ algorithm: sliding-log, limit: 100000, window: 1h }}
+routes:
+{AUTHORIZATION_ROUTE}default: {{ policy: plenty, subject: client_ip }}
+",
+        app.url()
+    );
+    let sluice = Sidecar::start(&yaml);
+    // `alice:s3cret1` needs padding: five spellings of it.
+    let needs_padding = [
+        "Basic YWxpY2U6czNjcmV0MQ==",
+        "Basic YWxpY2U6czNjcmV0MQ====",
+        "Basic YWxp*Y2U6czNjcmV0MQ==",
+        "basic  YWxpY2U6czNjcmV0MQ==",
+        "Basic YWxpY2U6czNjcmV0MQ",
+    ];
+    let no_padding = [
+        "Basic YWxpY2U6czNjcmV0",
+        "Basic YWxpY2U6czNjcmV0==",
+        "Basic YWxp*Y2U6czNjcmV0",
+        "basic  YWxpY2U6czNjcmV0",
+    ];
+    // Werkzeug, unlimited under the default route, reads every spelling
+    // as the one credential (but the unpadded one, which it refuses and
+    // Node's decoder reads as `alice:s3cret1`).
+    for (spellings, credential) in [
+        (&needs_padding[..4], "alice:s3cret1"),
+        (&no_padding[..], "alice:s3cret"),
+    ] {
+        for value in spellings {
+            let read = basic(&sluice, "/plain", value).await;
+            assert_eq!(read, (200, Some(credential.to_owned())), "{value:?}");
+        }
+    }
+    assert_eq!(
+        basic(&sluice, "/plain", needs_padding[4]).await,
+        (200, Some("-".to_owned()))
+    );
+
+    // Under a limit of 3 an hour, three spellings spend it, and the 4th
+    // request is refused whatever its spelling.
+    let mut failures = Vec::new();
+    for (spellings, credential) in [
+        (&needs_padding[..], "alice:s3cret1"),
+        (&no_padding[..], "alice:s3cret"),
+    ] {
+        for value in &spellings[..3] {
+            let read = basic(&sluice, "/api/x", value).await;
+            if read != (200, Some(credential.to_owned())) {
+                failures.push(format!(
+                    "{value:?}: want 200 read as {credential}, got {read:?}"
+                ));
+            }
+        }
+        for value in spellings {
+            let status = basic(&sluice, "/api/x", value).await.0;
+            if status != 429 {
+                failures.push(format!("{value:?} after three: want 429, got {status}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_basic_credentials_share_one_bucket_per_route() {
+    let upstream = Upstream::start().await;
+    let admin = "  admin: 127.0.0.1:0\n";
+    let sluice = Sidecar::start(&config(&upstream, admin, "", AUTHORIZATION_ROUTE));
+    // Nothing to decode, data after padding (Node stops at the `=`, Python
+    // reads on), the URL-safe alphabet (Node reads `-`, Python skips it).
+    let undecodable = [
+        "Basic !!!",
+        "Basic ====",
+        "Basic YWxp-Y2U6czNjcmV0",
+        "Basic YQ==YQ==",
+        "Basic *",
+        "basic  =YWxpY2U6czNjcmV0",
+    ];
+    let mut got = Vec::new();
+    for value in undecodable {
+        got.push(basic(&sluice, "/api/x", value).await.0);
+    }
+    assert_eq!(got, [200, 200, 200, 429, 429, 429], "{undecodable:?}");
+    // A credential that decodes has its own bucket.
+    assert_eq!(
+        basic(&sluice, "/api/x", "Basic YWxpY2U6czNjcmV0").await.0,
+        200
+    );
+    assert_eq!(upstream.count(), 4);
+
+    let text = support::ops::scrape(sluice.admin_addr().expect("an admin listener")).await;
+    let labels = [("route", "api")];
+    assert_eq!(
+        support::ops::metric(&text, "sluice_undecodable_credentials_total", &labels),
+        Some(6.0)
+    );
+}

@@ -238,6 +238,29 @@ async fn an_unresolved_subject_is_explained_as_the_shared_bucket() {
 }
 
 #[tokio::test]
+async fn a_basic_credential_is_explained_by_what_it_decodes_to() {
+    let upstream = Upstream::start().await;
+    let yaml = memory_yaml(&upstream).replace("\"header:x-api-key\"", "header:Authorization");
+    let sluice = Sidecar::start(&yaml);
+    let subject = |explained: &Value| first_limit(explained)["subject"].clone();
+    let with = |value: &str| json!({"method": "GET", "path": "/api/items", "headers": {"Authorization": value}});
+    let plain = subject(&explain(&sluice, &with("Basic YWxpY2U6czNjcmV0")).await);
+    let respelled = subject(&explain(&sluice, &with("basic  YWxp*Y2U6czNjcmV0==")).await);
+    assert_eq!(plain["kind"], "header", "{plain}");
+    assert_eq!(plain["pseudonym"], respelled["pseudonym"], "{respelled}");
+
+    let undecodable = subject(&explain(&sluice, &with("Basic !!!")).await);
+    assert_eq!(undecodable["kind"], "undecodable", "{undecodable}");
+    assert_eq!(undecodable["resolved"], false);
+    assert!(undecodable["note"]
+        .as_str()
+        .is_some_and(|n| n.contains("shared bucket")));
+    let other = subject(&explain(&sluice, &with("Basic YQ==YQ==")).await);
+    assert_eq!(undecodable["pseudonym"], other["pseudonym"], "{other}");
+    assert_ne!(undecodable["pseudonym"], plain["pseudonym"]);
+}
+
+#[tokio::test]
 async fn a_request_the_proxy_refuses_is_explained_as_refused() {
     let upstream = Upstream::start().await;
     let sluice = Sidecar::start(&memory_yaml(&upstream));

@@ -381,10 +381,11 @@ fn subject(
         Resolved::Header => "header",
         Resolved::Global => "global",
         Resolved::Unresolved => "unresolved",
+        Resolved::Undecodable => "undecodable",
     };
     let mut out = json!({
         "sources": sources,
-        "resolved": resolved != Resolved::Unresolved,
+        "resolved": !matches!(resolved, Resolved::Unresolved | Resolved::Undecodable),
         "kind": kind,
         "pseudonym": pseudonym.to_string(),
     });
@@ -393,6 +394,12 @@ fn subject(
             map.insert(
                 "note".to_owned(),
                 json!("unresolved → shared bucket: every request of this route without a subject counts as one"),
+            );
+        }
+        if resolved == Resolved::Undecodable {
+            map.insert(
+                "note".to_owned(),
+                json!("undecodable Basic credential → shared bucket: every request of this route whose Basic credential decodes to nothing (or reads differently in different app servers) counts as one"),
             );
         }
         // A key drawn at random when a process starts is not this one:

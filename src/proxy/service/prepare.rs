@@ -74,6 +74,7 @@ pub(in crate::proxy) fn prepare<'r>(
             )
         });
         let first = checks.len();
+        let mut undecodable = false;
         for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
             if !limit.applies(tier) {
                 continue;
@@ -99,6 +100,7 @@ pub(in crate::proxy) fn prepare<'r>(
                 )
                 .map_err(|UnreadableForwardedFor| Invalid::ForwardedFor)?,
             };
+            undecodable |= resolved == Resolved::Undecodable;
             checks.push(Check {
                 entry,
                 route_at,
@@ -107,6 +109,10 @@ pub(in crate::proxy) fn prepare<'r>(
                 resolved,
                 tier,
             });
+        }
+        // Once per request and route, however many of its limits read it.
+        if undecodable {
+            entry.metrics.undecodable();
         }
     }
     Ok(Destination::Routes(Routed {

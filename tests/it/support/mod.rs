@@ -8,6 +8,7 @@
 //! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
 //! - [`tls`]: a self-signed certificate and a client that trusts it.
 //! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
+//! - [`werkzeug`]: `Werkzeug`, a real Python app server reading `Basic` credentials.
 //!
 //! Each test file compiles this module on its own and uses only part of it.
 
@@ -22,6 +23,7 @@ pub mod sidecar;
 pub mod tls;
 pub mod topology;
 pub mod upstream;
+pub mod werkzeug;
 
 use std::future::Future;
 use std::net::TcpListener;

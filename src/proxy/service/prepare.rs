@@ -67,12 +67,10 @@ pub(in crate::proxy) fn prepare<'r>(
     for (route_at, entry) in matched.iter().enumerate() {
         let route = entry.route;
         headers::check_connection(headers, route.subject_sources())?;
-        let tier = route.tiers.as_ref().map_or(0, |tiers| {
-            tiers.choose(
-                headers,
-                subject::resolve::trusted_peer(peer, &live.identity.trusted_proxies),
-            )
-        });
+        let tier = route
+            .tiers
+            .as_ref()
+            .map_or(0, |tiers| tiers.choose(headers, peer));
         let first = checks.len();
         for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
             if !limit.applies(tier) {

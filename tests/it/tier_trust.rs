@@ -138,14 +138,23 @@ async fn a_plan_from_a_trusted_from_gateway_chooses_the_tier() {
 async fn without_trusted_from_the_plan_is_never_believed() {
     let upstream = Upstream::start().await;
     let sluice = Sidecar::start(&config(&upstream, ""));
-    assert_eq!(admitted(&sluice, GATEWAY, "k-nobody", 4).await, 2);
-    assert_eq!(plans_seen(&upstream, "k-nobody"), vec![None, None]);
+    for from in [PROXY, GATEWAY] {
+        let key = format!("k-nobody-{from}");
+        assert_eq!(
+            admitted(&sluice, from, &key, 4).await,
+            2,
+            "a plan from {from} was believed without `trusted_from`"
+        );
+        assert_eq!(plans_seen(&upstream, &key), vec![None, None]);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_without_tiers_strips_the_plan_too() {
     let upstream = Upstream::start().await;
-    let sluice = Sidecar::start(&trusting_the_gateway(&upstream));
+    // Believing no one: the plan is removed from everyone, a trusted
+    // proxy too.
+    let sluice = Sidecar::start(&config(&upstream, ""));
     let from_proxy = [("x-api-key", "k-other-proxy"), ("x-plan", "pro")];
     assert_eq!(get_from(PROXY, sluice.addr(), "/other", &from_proxy).await, 200);
     assert_eq!(
@@ -153,6 +162,10 @@ async fn a_route_without_tiers_strips_the_plan_too() {
         vec![None],
         "a route without tiers passed a client's plan to the app"
     );
+    drop(sluice);
+    let sluice = Sidecar::start(&trusting_the_gateway(&upstream));
+    assert_eq!(get_from(PROXY, sluice.addr(), "/other", &from_proxy).await, 200);
+    assert_eq!(plans_seen(&upstream, "k-other-proxy"), vec![None, None]);
     let from_gateway = [("x-api-key", "k-other-gateway"), ("x-plan", "pro")];
     assert_eq!(get_from(GATEWAY, sluice.addr(), "/other", &from_gateway).await, 200);
     assert_eq!(

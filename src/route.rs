@@ -331,7 +331,9 @@ impl RouteTable {
     /// the `trusted_from` of every tiers reading it (a gateway trusted for
     /// one route does not speak for another's).
     pub fn unbelieved_tier_headers(&self, peer: IpAddr) -> impl Iterator<Item = &HeaderName> {
-        self.tiers.iter().filter_map(move |t| (!t.believes(peer)).then_some(&t.header))
+        self.tiers
+            .iter()
+            .filter_map(move |t| (!t.believes(peer)).then_some(&t.header))
     }
 
     pub fn identity_headers(&self) -> &[HeaderName] {

@@ -98,7 +98,12 @@ pub fn count_notes(config: &Config) -> String {
 /// `trusted_from`, and so never believe their header. Empty when none.
 pub fn tier_warnings(config: &Config) -> String {
     let mut out = String::new();
-    for route in config.live.routes.iter().chain(std::iter::once(&config.live.default)) {
+    for route in config
+        .live
+        .routes
+        .iter()
+        .chain(std::iter::once(&config.live.default))
+    {
         if let Some(tiers) = &route.tiers {
             if tiers.trusted_from.is_empty() {
                 out += &format!(

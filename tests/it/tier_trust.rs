@@ -156,7 +156,10 @@ async fn a_route_without_tiers_strips_the_plan_too() {
     // proxy too.
     let sluice = Sidecar::start(&config(&upstream, ""));
     let from_proxy = [("x-api-key", "k-other-proxy"), ("x-plan", "pro")];
-    assert_eq!(get_from(PROXY, sluice.addr(), "/other", &from_proxy).await, 200);
+    assert_eq!(
+        get_from(PROXY, sluice.addr(), "/other", &from_proxy).await,
+        200
+    );
     assert_eq!(
         plans_seen(&upstream, "k-other-proxy"),
         vec![None],
@@ -164,10 +167,16 @@ async fn a_route_without_tiers_strips_the_plan_too() {
     );
     drop(sluice);
     let sluice = Sidecar::start(&trusting_the_gateway(&upstream));
-    assert_eq!(get_from(PROXY, sluice.addr(), "/other", &from_proxy).await, 200);
+    assert_eq!(
+        get_from(PROXY, sluice.addr(), "/other", &from_proxy).await,
+        200
+    );
     assert_eq!(plans_seen(&upstream, "k-other-proxy"), vec![None, None]);
     let from_gateway = [("x-api-key", "k-other-gateway"), ("x-plan", "pro")];
-    assert_eq!(get_from(GATEWAY, sluice.addr(), "/other", &from_gateway).await, 200);
+    assert_eq!(
+        get_from(GATEWAY, sluice.addr(), "/other", &from_gateway).await,
+        200
+    );
     assert_eq!(
         plans_seen(&upstream, "k-other-gateway"),
         vec![Some("pro".to_owned())],
@@ -189,8 +198,11 @@ fn check_warns_of_a_header_tier_without_trusted_from() {
         "no warning in\n{stdout}"
     );
 
-    std::fs::write(&path, config_for_check(upstream_url, "      trusted_from: [10.0.0.0/8]\n"))
-        .expect("write");
+    std::fs::write(
+        &path,
+        config_for_check(upstream_url, "      trusted_from: [10.0.0.0/8]\n"),
+    )
+    .expect("write");
     let (code, stdout, stderr) = run_binary(&["check", "--config", &path.to_string_lossy()], &[]);
     assert_eq!(code, 0, "{stderr}");
     assert!(!stdout.contains("warning"), "{stdout}");
@@ -200,7 +212,10 @@ fn check_warns_of_a_header_tier_without_trusted_from() {
 fn a_bad_trusted_from_names_its_key() {
     let dir = tempfile::tempdir().expect("a directory");
     let path = dir.path().join("sluice.yaml");
-    let yaml = config_for_check("http://127.0.0.1:9", "      trusted_from: [10.0.0.1/8, gateway]\n");
+    let yaml = config_for_check(
+        "http://127.0.0.1:9",
+        "      trusted_from: [10.0.0.1/8, gateway]\n",
+    );
     std::fs::write(&path, yaml).expect("write");
     let (code, _, stderr) = run_binary(&["check", "--config", &path.to_string_lossy()], &[]);
     assert_ne!(code, 0);

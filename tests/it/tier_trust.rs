@@ -54,12 +54,24 @@ fn trusting_the_gateway(upstream: &Upstream) -> String {
 /// A GET of `path` with `headers` on a connection from `from` (a loopback
 /// address): the status.
 async fn get_from(from: &str, to: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u16 {
+    get_after(from, to, "", path, headers).await
+}
+
+/// [`get_from`] after `opening` (a PROXY protocol header, or nothing).
+async fn get_after(
+    from: &str,
+    to: SocketAddr,
+    opening: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> u16 {
     let socket = TcpSocket::new_v4().expect("socket");
     socket
         .bind(format!("{from}:0").parse().expect("an address"))
         .expect("bind a loopback address");
     let mut stream: TcpStream = socket.connect(to).await.expect("connect");
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n");
+    let mut request =
+        format!("{opening}GET {path} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n");
     for (name, value) in headers {
         request += &format!("{name}: {value}\r\n");
     }
@@ -181,6 +193,49 @@ async fn a_route_without_tiers_strips_the_plan_too() {
         plans_seen(&upstream, "k-other-gateway"),
         vec![Some("pro".to_owned())],
         "the gateway's plan is kept on every route"
+    );
+}
+
+/// Behind a PROXY protocol balancer (127.0.0.1, trusted), the peer that
+/// sent the request is the client its header names: `trusted_from` lists
+/// the gateway, and the balancer itself speaks for no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_proxy_protocol_balancer_the_named_client_is_the_peer() {
+    let upstream = Upstream::start().await;
+    let yaml = config(&upstream, "      trusted_from: [10.2.0.5, 127.0.0.1]\n").replace(
+        "  admin: 127.0.0.1:0\n",
+        "  admin: 127.0.0.1:0\n  proxy_protocol: [v1]\n",
+    );
+    let sluice = Sidecar::start(&yaml);
+    let proxied = |client: &str| format!("PROXY TCP4 {client} 10.0.0.5 40000 8080\r\n");
+    let plan = |key: &'static str| [("x-api-key", key), ("x-plan", "pro")];
+    let through = |client: &'static str, key: &'static str| {
+        let sluice = &sluice;
+        let opening = proxied(client);
+        async move {
+            let mut ok = 0;
+            for _ in 0..6 {
+                let status =
+                    get_after(PROXY, sluice.addr(), &opening, "/api/items", &plan(key)).await;
+                ok += usize::from(status == 200);
+            }
+            ok
+        }
+    };
+    assert_eq!(
+        through("10.2.0.5", "k-gateway").await,
+        5,
+        "the gateway, named"
+    );
+    assert_eq!(
+        through("198.51.100.7", "k-client").await,
+        2,
+        "a client named by the balancer chose its tier"
+    );
+    assert_eq!(plans_seen(&upstream, "k-client"), vec![None, None]);
+    assert_eq!(
+        plans_seen(&upstream, "k-gateway"),
+        vec![Some("pro".to_owned()); 5]
     );
 }
 

@@ -291,6 +291,9 @@ pub struct RouteTable {
     /// Every route's tiers, the default's too: each one's header is
     /// removed from every request its `trusted_from` did not send.
     tiers: Vec<Arc<Tiers>>,
+    /// The identity headers and every tier header: the headers a name
+    /// spelled with `_` must not stand for.
+    read_headers: Vec<HeaderName>,
 }
 
 impl RouteTable {
@@ -314,6 +317,12 @@ impl RouteTable {
                 }
             }
         }
+        let mut read_headers = identity_headers.clone();
+        for t in &tiers {
+            if !read_headers.contains(&t.header) {
+                read_headers.push(t.header.clone());
+            }
+        }
         RouteTable {
             index: (routes.len() >= index::SCAN_BELOW).then(|| index::Index::new(routes)),
             routes: routes
@@ -323,6 +332,7 @@ impl RouteTable {
                 .collect(),
             identity_headers,
             tiers,
+            read_headers,
         }
     }
 
@@ -338,6 +348,12 @@ impl RouteTable {
 
     pub fn identity_headers(&self) -> &[HeaderName] {
         &self.identity_headers
+    }
+
+    /// Every header a route reads from the request: its subjects' and its
+    /// tiers'.
+    pub fn read_headers(&self) -> &[HeaderName] {
+        &self.read_headers
     }
 
     /// Every route in the order [`RouteTable::find`] numbers them: file

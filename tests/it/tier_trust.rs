@@ -239,6 +239,27 @@ async fn behind_a_proxy_protocol_balancer_the_named_client_is_the_peer() {
     );
 }
 
+/// `X_Plan` is `X-Plan` to a CGI-style app (`HTTP_X_PLAN`): even where
+/// underscored names are passed on, it never reaches the app.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_underscored_twin_of_the_tier_header_never_reaches_the_app() {
+    let upstream = Upstream::start().await;
+    let yaml = trusting_the_gateway(&upstream).replace(
+        "  admin: 127.0.0.1:0\n",
+        "  admin: 127.0.0.1:0\n  headers_with_underscores: allow\n",
+    );
+    let sluice = Sidecar::start(&yaml);
+    for path in ["/api/items", "/other"] {
+        let twin = [("x-api-key", "k-twin"), ("X_Plan", "pro")];
+        assert_eq!(
+            get_from(PROXY, sluice.addr(), path, &twin).await,
+            400,
+            "{path}"
+        );
+    }
+    assert_eq!(upstream.count(), 0, "an underscored plan reached the app");
+}
+
 #[test]
 fn check_warns_of_a_header_tier_without_trusted_from() {
     let dir = tempfile::tempdir().expect("a directory");

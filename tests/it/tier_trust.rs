@@ -244,7 +244,7 @@ async fn behind_a_proxy_protocol_balancer_the_named_client_is_the_peer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_underscored_twin_of_the_tier_header_never_reaches_the_app() {
     let upstream = Upstream::start().await;
-    let yaml = trusting_the_gateway(&upstream).replace(
+    let yaml = config(&upstream, "").replace(
         "  admin: 127.0.0.1:0\n",
         "  admin: 127.0.0.1:0\n  headers_with_underscores: allow\n",
     );

@@ -133,6 +133,10 @@ fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCod
     if !config.live.policies.is_empty() {
         print!("\n{}", config.count_notes());
     }
+    let warnings = config.tier_warnings();
+    if !warnings.is_empty() {
+        print!("\n{warnings}");
+    }
     if !filled.is_empty() {
         let names: Vec<&str> = filled.iter().map(|(n, _)| n.as_str()).collect();
         println!(

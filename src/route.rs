@@ -10,9 +10,11 @@
 mod index;
 mod matcher;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderName, Method};
+use ipnet::IpNet;
 
 use crate::limit::LimitPolicy;
 
@@ -30,8 +32,9 @@ pub struct Route {
     /// `Upgrade` protocols passed through (lower-case names, without a
     /// version); `websocket` unless the route says otherwise, never `h2c`.
     pub upgrades: Arc<[Box<str>]>,
-    /// The route's policy chosen by a header a trusted proxy sets: the
-    /// limits of the other tiers do not apply to a request.
+    /// The route's policy chosen by a header a gateway in its
+    /// `trusted_from` sets: the limits of the other tiers do not apply to
+    /// a request.
     pub tiers: Option<Arc<Tiers>>,
 }
 
@@ -209,7 +212,7 @@ fn whole_number(bytes: &[u8]) -> Option<u64> {
 
 /// `tiers: { header, policies: { VALUE: POLICY }, default: POLICY }`: the
 /// policy a request counts against follows the value of `header`, when a
-/// trusted proxy sent it. Each distinct policy is one tier; the route's
+/// peer in `trusted_from` sent it. Each distinct policy is one tier; the route's
 /// limit for tier `t` is the one whose [`Limit::tier`] is `Some(t)` (none
 /// for a tier whose policy is `none`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,13 +225,17 @@ pub struct Tiers {
     pub default: u8,
     /// Each tier's policy name (`none` for no limit), by tier.
     pub names: Box<[Arc<str>]>,
+    /// The components that set `header` (an auth gateway). Not
+    /// `identity.trusted_proxies`: a forwarding proxy passes a client's own
+    /// header through. Empty: the header is never believed.
+    pub trusted_from: Box<[IpNet]>,
 }
 
 impl Tiers {
-    /// The tier of a request with `headers`; `trusted`: its peer is one
-    /// of `identity.trusted_proxies`.
-    pub fn choose(&self, headers: &http::HeaderMap, trusted: bool) -> u8 {
-        if !trusted {
+    /// The tier of a request with `headers` from `peer`: the TCP peer, or
+    /// the client a trusted proxy's PROXY protocol header names.
+    pub fn choose(&self, headers: &http::HeaderMap, peer: IpAddr) -> u8 {
+        if !self.believes(peer) {
             return self.default;
         }
         let mut values = headers.get_all(&self.header).iter();
@@ -246,6 +253,12 @@ impl Tiers {
 
     pub fn count(&self) -> u8 {
         self.names.len() as u8
+    }
+
+    /// Whether `peer` is one of `trusted_from`, the components that set
+    /// the header.
+    pub fn believes(&self, peer: IpAddr) -> bool {
+        crate::subject::resolve::trusted_peer(peer, &self.trusted_from)
     }
 }
 
@@ -275,6 +288,12 @@ pub struct RouteTable {
     /// Every header a subject is read from, in any route: a request
     /// carrying one of them twice is refused before routing.
     identity_headers: Vec<HeaderName>,
+    /// Every route's tiers, the default's too: each one's header is
+    /// removed from every request its `trusted_from` did not send.
+    tiers: Vec<Arc<Tiers>>,
+    /// The identity headers and every tier header: the headers a name
+    /// spelled with `_` must not stand for.
+    read_headers: Vec<HeaderName>,
 }
 
 impl RouteTable {
@@ -290,6 +309,20 @@ impl RouteTable {
                 }
             }
         }
+        let mut tiers: Vec<Arc<Tiers>> = Vec::new();
+        for route in routes.iter().chain(std::iter::once(default)) {
+            if let Some(t) = &route.tiers {
+                if !tiers.iter().any(|known| **known == **t) {
+                    tiers.push(t.clone());
+                }
+            }
+        }
+        let mut read_headers = identity_headers.clone();
+        for t in &tiers {
+            if !read_headers.contains(&t.header) {
+                read_headers.push(t.header.clone());
+            }
+        }
         RouteTable {
             index: (routes.len() >= index::SCAN_BELOW).then(|| index::Index::new(routes)),
             routes: routes
@@ -298,11 +331,29 @@ impl RouteTable {
                 .cloned()
                 .collect(),
             identity_headers,
+            tiers,
+            read_headers,
         }
+    }
+
+    /// The tier headers a request from `peer` must not carry to the app,
+    /// whatever route it takes: a header is kept only when `peer` is in
+    /// the `trusted_from` of every tiers reading it (a gateway trusted for
+    /// one route does not speak for another's).
+    pub fn unbelieved_tier_headers(&self, peer: IpAddr) -> impl Iterator<Item = &HeaderName> {
+        self.tiers
+            .iter()
+            .filter_map(move |t| (!t.believes(peer)).then_some(&t.header))
     }
 
     pub fn identity_headers(&self) -> &[HeaderName] {
         &self.identity_headers
+    }
+
+    /// Every header a route reads from the request: its subjects' and its
+    /// tiers'.
+    pub fn read_headers(&self) -> &[HeaderName] {
+        &self.read_headers
     }
 
     /// Every route in the order [`RouteTable::find`] numbers them: file

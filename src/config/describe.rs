@@ -94,6 +94,30 @@ pub fn count_notes(config: &Config) -> String {
     out
 }
 
+/// What `sluice check` warns of: a route whose tiers name no
+/// `trusted_from`, and so never believe their header. Empty when none.
+pub fn tier_warnings(config: &Config) -> String {
+    let mut out = String::new();
+    for route in config
+        .live
+        .routes
+        .iter()
+        .chain(std::iter::once(&config.live.default))
+    {
+        if let Some(tiers) = &route.tiers {
+            if tiers.trusted_from.is_empty() {
+                out += &format!(
+                    "warning: route `{}`: tiers by `{}` without `trusted_from`: the header is never believed, every request gets the default tier `{}`\n",
+                    route.name,
+                    tiers.header,
+                    tiers.names[usize::from(tiers.default)],
+                );
+            }
+        }
+    }
+    out
+}
+
 fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
     let methods = if route.matcher.methods.is_empty() {
         "*".to_owned()

@@ -281,13 +281,15 @@ keys! { ENTRIES:
     ROUTE_COST: "routes[].cost", "number or mapping", Value("1"), Reload,
         "units one request takes from the policy, or `{ from_response_header, max, default, reserve }`; not for concurrency";
     ROUTE_TIERS: "routes[].tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
     ROUTE_TIERS_HEADER: "routes[].tiers.header", "header name", Required, Reload,
-        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+        "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
     ROUTE_TIERS_POLICIES: "routes[].tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     ROUTE_TIERS_DEFAULT: "routes[].tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+    ROUTE_TIERS_TRUSTED_FROM: "routes[].tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
+        "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     ROUTE_COST_FROM_RESPONSE_HEADER: "routes[].cost.from_response_header", "header name", Required, Reload,
         "charge the number the app's response reports in this header (`reserve` units held before forwarding, settled when the response head arrives)";
     ROUTE_COST_MAX: "routes[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
@@ -311,13 +313,15 @@ keys! { ENTRIES:
     ROUTE_LIMITS_COST: "routes[].limits[].cost", "number or mapping", Value("1"), Reload,
         "this limit's cost";
     ROUTE_LIMITS_TIERS: "routes[].limits[].tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
     ROUTE_LIMITS_TIERS_HEADER: "routes[].limits[].tiers.header", "header name", Required, Reload,
-        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+        "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
     ROUTE_LIMITS_TIERS_POLICIES: "routes[].limits[].tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     ROUTE_LIMITS_TIERS_DEFAULT: "routes[].limits[].tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+    ROUTE_LIMITS_TIERS_TRUSTED_FROM: "routes[].limits[].tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
+        "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "routes[].limits[].cost.from_response_header", "header name", Required, Reload,
         "charge the number the app's response reports in this header (`reserve` units held before forwarding, settled when the response head arrives)";
     ROUTE_LIMITS_COST_MAX: "routes[].limits[].cost.max", "number", Derived("the policy's maximum cost"), Reload,
@@ -339,13 +343,15 @@ keys! { ENTRIES:
     DEFAULT_ROUTE_SUBJECT: "default.subject", "list", Value("client_ip"), Reload,
         "its subject";
     DEFAULT_ROUTE_TIERS: "default.tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
     DEFAULT_ROUTE_TIERS_HEADER: "default.tiers.header", "header name", Required, Reload,
-        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+        "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
     DEFAULT_ROUTE_TIERS_POLICIES: "default.tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     DEFAULT_ROUTE_TIERS_DEFAULT: "default.tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+    DEFAULT_ROUTE_TIERS_TRUSTED_FROM: "default.tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
+        "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     DEFAULT_ROUTE_LIMITS: "default.limits", "list", Unset("one limit, or none"), Reload,
         "several limits, as in a route";
     DEFAULT_ROUTE_LIMITS_POLICY: "default.limits[].policy", "text", Required, Reload,
@@ -355,13 +361,15 @@ keys! { ENTRIES:
     DEFAULT_ROUTE_LIMITS_COST: "default.limits[].cost", "number or mapping", Value("1"), Reload,
         "each limit's cost";
     DEFAULT_ROUTE_LIMITS_TIERS: "default.limits[].tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a trusted proxy sets, `{ header, policies, default }`";
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
     DEFAULT_ROUTE_LIMITS_TIERS_HEADER: "default.limits[].tiers.header", "header name", Required, Reload,
-        "the header whose value chooses the tier; read only from `identity.trusted_proxies`, removed from anyone else";
+        "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
     DEFAULT_ROUTE_LIMITS_TIERS_POLICIES: "default.limits[].tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     DEFAULT_ROUTE_LIMITS_TIERS_DEFAULT: "default.limits[].tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not trusted";
+        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+    DEFAULT_ROUTE_LIMITS_TIERS_TRUSTED_FROM: "default.limits[].tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
+        "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     DEFAULT_ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "default.limits[].cost.from_response_header", "header name", Required, Reload,
         "charge the number the app's response reports in this header (`reserve` units held before forwarding, settled when the response head arrives)";
     DEFAULT_ROUTE_LIMITS_COST_MAX: "default.limits[].cost.max", "number", Derived("the policy's maximum cost"), Reload,

@@ -121,6 +121,11 @@ impl Config {
     pub fn count_notes(&self) -> String {
         describe::count_notes(self)
     }
+
+    /// The warnings `sluice check` prints: tiers that believe no one.
+    pub fn tier_warnings(&self) -> String {
+        describe::tier_warnings(self)
+    }
 }
 
 #[cfg(test)]

@@ -453,6 +453,7 @@ pub struct Tiers {
     pub header: Option<Scalar>,
     pub policies: Option<serde_yaml::Mapping>,
     pub default: Option<Scalar>,
+    pub trusted_from: Option<ScalarList>,
 }
 
 #[derive(Debug, Default, Deserialize)]

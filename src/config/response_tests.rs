@@ -198,6 +198,43 @@ fn tiers_give_one_limit_per_distinct_policy_and_a_default() {
 }
 
 #[test]
+fn tiers_believe_only_their_trusted_from() {
+    let route = route(
+        "  - name: api
+    tiers:
+      header: X-Plan
+      policies: { pro: pro }
+      default: free
+      trusted_from: [10.2.0.0/16, \"2001:db8::/32\", 192.0.2.5]
+",
+    );
+    let tiers = route.tiers.as_ref().expect("tiers");
+    let mut pro = http::HeaderMap::new();
+    pro.insert("x-plan", http::HeaderValue::from_static("pro"));
+    let peer = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let chosen = |tiers: &crate::route::Tiers, from: &str| {
+        tiers.names[usize::from(tiers.choose(&pro, peer(from)))].to_string()
+    };
+    assert_eq!(chosen(tiers, "10.2.3.4"), "pro");
+    assert_eq!(chosen(tiers, "192.0.2.5"), "pro");
+    assert_eq!(
+        chosen(tiers, "::ffff:10.2.3.4"),
+        "pro",
+        "a mapped address is its IPv4 one"
+    );
+    assert_eq!(chosen(tiers, "2001:db8::7"), "pro");
+    assert_eq!(chosen(tiers, "192.0.2.6"), "free");
+
+    // Without `trusted_from`, nobody.
+    let route = self::route(
+        "  - { name: api, tiers: { header: x-plan, policies: { pro: pro }, default: free } }\n",
+    );
+    let tiers = route.tiers.as_ref().expect("tiers");
+    assert!(tiers.trusted_from.is_empty());
+    assert_eq!(chosen(tiers, "127.0.0.1"), "free");
+}
+
+#[test]
 fn tiers_that_could_not_work_are_refused_at_their_keys() {
     refused(
         "  - { name: a, policy: free, tiers: { header: x-plan, policies: { pro: pro }, default: free } }\n",
@@ -206,6 +243,17 @@ fn tiers_that_could_not_work_are_refused_at_their_keys() {
     refused(
         "  - { name: a, tiers: { header: x-plan, policies: { pro: gold }, default: free } }\n",
         "routes[0].tiers.policies.pro: unknown policy `gold`",
+    );
+    refused(
+        "  - { name: a, tiers: { header: x-plan, policies: { pro: pro }, default: free, trusted_from: [10.0.0.1/8] } }\n",
+        "routes[0].tiers.trusted_from[0]: `10.0.0.1/8` has host bits set",
+    );
+    refused(
+        "  - name: a
+    limits:
+      - { tiers: { header: x-plan, policies: { pro: pro }, default: free, trusted_from: gateway } }
+",
+        "routes[0].limits[0].tiers.trusted_from: `gateway` is neither an IP address nor a CIDR",
     );
     refused(
         "  - { name: a, tiers: { header: x-plan, policies: { pro: pro } } }\n",

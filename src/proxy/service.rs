@@ -176,17 +176,11 @@ impl Proxy {
         if drop_underscored {
             underscores::remove(request.headers_mut());
         }
-        // A tier header from a peer not trusted chose nothing, and the app
-        // must not read it either.
-        for entry in matched.iter() {
-            if let Some(tiers) = &entry.route.tiers {
-                let ip = conn.peer.ip();
-                if request.headers().contains_key(&tiers.header)
-                    && !subject::resolve::trusted_peer(ip, &live.identity.trusted_proxies)
-                {
-                    request.headers_mut().remove(&tiers.header);
-                }
-            }
+        // A tier header from a peer not in `trusted_from` chose nothing,
+        // and the app must not read it either, on whatever route: an app
+        // behind a route without tiers may read the plan all the same.
+        for header in runtime.routes.unbelieved_tier_headers(conn.peer.ip()) {
+            request.headers_mut().remove(header);
         }
         // From here on the request carries the path that was matched, and
         // the app receives exactly that.

@@ -25,12 +25,8 @@ fn underscored(name: &HeaderName) -> bool {
 
 /// Refuses what `mode` refuses; `Ok(true)` when the request carries a
 /// header name with `_` that may go on (to be removed under `drop`).
-/// `identity`: the headers routes read subjects from.
-pub fn check(
-    headers: &HeaderMap,
-    mode: Underscores,
-    identity: &[HeaderName],
-) -> Result<bool, Invalid> {
+/// `read`: the headers routes read, subjects and tiers.
+pub fn check(headers: &HeaderMap, mode: Underscores, read: &[HeaderName]) -> Result<bool, Invalid> {
     let mut any = false;
     for name in headers.keys().filter(|name| underscored(name)) {
         any = true;
@@ -43,7 +39,7 @@ pub fn check(
         let overrides = OVERRIDE_HEADERS
             .iter()
             .filter(|_| mode == Underscores::Drop);
-        let stands_for = identity
+        let stands_for = read
             .iter()
             .chain(forwarding)
             .chain([&X_REAL_IP])

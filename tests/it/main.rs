@@ -41,6 +41,7 @@ mod several_limits;
 mod slow_clients;
 mod store_breaker;
 mod store_faults;
+mod tier_trust;
 mod upload_floor;
 mod upstream_keepalive;
 mod what_the_app_sees;

@@ -291,6 +291,7 @@ const TIER_ROUTES: &str = "  - name: api
       header: X-Plan
       policies: { free: p_free, pro: p_pro, enterprise: none }
       default: p_free
+      trusted_from: [127.0.0.1]
 ";
 
 /// Sends `n` requests with `key` and `plan`; the admitted count, and the
@@ -318,7 +319,9 @@ async fn admitted(sluice: &Sidecar, key: &str, plan: Option<&str>, n: usize) -> 
 
 async fn a_trusted_plan_header_chooses_the_tier(redis: Option<&RedisServer>) {
     let upstream = Upstream::start().await;
-    let trusting = sidecar(&upstream, redis, "127.0.0.1/32", TIER_POLICIES, TIER_ROUTES).await;
+    // The gateway that sets the plan is the peer, and `trusted_from` names
+    // it; `identity.trusted_proxies` has nothing to do with it.
+    let trusting = sidecar(&upstream, redis, "10.9.9.9/32", TIER_POLICIES, TIER_ROUTES).await;
 
     let (pro, field) = admitted(&trusting, "k-pro", Some("pro"), 8).await;
     assert_eq!(pro, 5);
@@ -350,9 +353,11 @@ async fn a_trusted_plan_header_chooses_the_tier(redis: Option<&RedisServer>) {
         "a tier of `none` is not limited"
     );
 
-    // The same header from a peer not trusted counts for nothing, and the
-    // app never sees it.
-    let wary = sidecar(&upstream, redis, "10.9.9.9/32", TIER_POLICIES, TIER_ROUTES).await;
+    // The same header from a peer not in `trusted_from` counts for
+    // nothing, and the app never sees it, even from a trusted proxy: a
+    // forwarding proxy passes a client's own header through.
+    let routes = TIER_ROUTES.replace("[127.0.0.1]", "[10.9.9.9]");
+    let wary = sidecar(&upstream, redis, "127.0.0.1/32", TIER_POLICIES, &routes).await;
     let key = "k-claims-pro";
     assert_eq!(admitted(&wary, key, Some("pro"), 6).await.0, 2);
     let seen: Vec<_> = upstream
@@ -503,6 +508,7 @@ async fn explain_and_check_show_charges_and_tiers() {
         (Some(true), Some("p_pro")),
         "{trusted}"
     );
+    assert_eq!(tiers["trusted_from"], serde_json::json!(["127.0.0.1/32"]));
     assert_eq!(trusted["routes"][0]["limits"][0]["policy"], "p_pro");
     assert_eq!(trusted["routes"][0]["limits"].as_array().unwrap().len(), 1);
     let mut from_outside = pro;

@@ -255,6 +255,7 @@ pub fn tiers(
     policies: &Policies,
 ) -> Option<(Tiers, Vec<Option<LimitPolicy>>)> {
     let header = cx.required(&path.key("header"), raw.header.as_ref(), header_name);
+    let trusted_from = super::sections::networks(cx, &path.key("trusted_from"), raw.trusted_from);
     let mut names: Vec<String> = Vec::new();
     let mut tier_of = |name: &str| match names.iter().position(|n| n == name) {
         Some(i) => i,
@@ -343,6 +344,7 @@ pub fn tiers(
         values: values.into_boxed_slice(),
         default: default?,
         names: names.iter().map(|n| Arc::from(n.as_str())).collect(),
+        trusted_from: trusted_from?.into_boxed_slice(),
     };
     Some((tiers, chosen))
 }

@@ -193,11 +193,9 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
             "limits": limits,
         });
         if let (Some(tiers), Value::Object(map)) = (&route.tiers, &mut json) {
-            let trusted = crate::subject::resolve::trusted_peer(
-                described.peer,
-                &live.identity.trusted_proxies,
-            );
-            let tier = tiers.choose(&described.headers, trusted);
+            // `trusted`: the peer is in the tiers' `trusted_from`.
+            let trusted = tiers.believes(described.peer);
+            let tier = tiers.choose(&described.headers, described.peer);
             let values: Map<String, Value> = tiers
                 .values
                 .iter()
@@ -207,6 +205,7 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
                 "tiers".to_owned(),
                 json!({
                     "header": tiers.header.as_str(),
+                    "trusted_from": tiers.trusted_from.iter().map(ToString::to_string).collect::<Vec<_>>(),
                     "trusted": trusted,
                     "policies": values,
                     "default": &*tiers.names[usize::from(tiers.default)],

@@ -45,7 +45,9 @@ pub(in crate::proxy) fn prepare<'r>(
     headers::check_head(method, version, uri, headers)?;
     let live = &*runtime.live;
     let identity = runtime.routes.identity_headers();
-    let underscored = underscores::check(headers, live.server.underscores, identity)?;
+    // `X_Plan` reaches a CGI-style app as the tier header it folds to.
+    let read = runtime.routes.read_headers();
+    let underscored = underscores::check(headers, live.server.underscores, read)?;
     headers::check_identity_headers(headers, identity)?;
     let fold = underscored && live.server.underscores == Underscores::Allow;
     let methods = overrides::methods(method, headers, uri.query(), fold)?;
@@ -67,12 +69,10 @@ pub(in crate::proxy) fn prepare<'r>(
     for (route_at, entry) in matched.iter().enumerate() {
         let route = entry.route;
         headers::check_connection(headers, route.subject_sources())?;
-        let tier = route.tiers.as_ref().map_or(0, |tiers| {
-            tiers.choose(
-                headers,
-                subject::resolve::trusted_peer(peer, &live.identity.trusted_proxies),
-            )
-        });
+        let tier = route
+            .tiers
+            .as_ref()
+            .map_or(0, |tiers| tiers.choose(headers, peer));
         let first = checks.len();
         let mut undecodable = false;
         for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {

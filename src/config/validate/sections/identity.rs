@@ -18,7 +18,7 @@ pub fn identity(
     raw: raw::Identity,
     kind: Option<Kind>,
 ) -> Option<Identity> {
-    let trusted_proxies = trusted_proxies(cx, &path.key("trusted_proxies"), raw.trusted_proxies);
+    let trusted_proxies = networks(cx, &path.key("trusted_proxies"), raw.trusted_proxies);
     let ipv6_prefix = cx.defaulted(
         path,
         &keys::IDENTITY_IPV6_PREFIX,
@@ -67,7 +67,9 @@ fn pseudonym_key(s: &str) -> Result<Secret, String> {
     Ok(Secret(s.to_owned()))
 }
 
-fn trusted_proxies(
+/// A list of networks (`identity.trusted_proxies`, a tiers'
+/// `trusted_from`), each item's error at its own path.
+pub fn networks(
     cx: &mut Checker<'_>,
     path: &KeyPath,
     raw: Option<ScalarList>,

@@ -13,7 +13,7 @@ use crate::config::locate::KeyPath;
 use crate::config::raw::{Scalar, ScalarList};
 use crate::config::validate::check;
 
-pub use identity::identity;
+pub use identity::{identity, networks};
 pub use responses::responses;
 pub use server::server;
 pub use store::{on_failure, store, store_kind, Kind};

@@ -162,10 +162,10 @@ async fn a_denied_subject_outlives_a_volatile_lru_flood_and_stays_refused_by_ano
         "the denied subject's key was evicted: a fresh window on another sidecar"
     );
     assert_eq!(upstream.count(), LIMIT + sent.load(Ordering::Relaxed));
-    // One touch a second at most, however often the subject asked.
+    // Four touches a second at most, however often the subject asked.
     assert!(touched >= 1.0, "the denied subject's key was never touched");
     assert!(
-        touched <= started.elapsed().as_secs_f64() + 2.0,
+        touched <= 4.0 * started.elapsed().as_secs_f64() + 2.0,
         "{touched} touches in {:?}",
         started.elapsed()
     );

@@ -5,7 +5,7 @@
 //! then ages like an idle one, and a flood of new keys through any sidecar
 //! evicts it first; another sidecar, asking Redis, hands the subject a
 //! fresh window. So each hit that finds its key due
-//! ([`crate::store::deny_cache::TOUCH_EVERY`]: at most once a second per
+//! ([`crate::store::deny_cache::TOUCH_EVERY`]: at most four times a second per
 //! subject, however fast it asks) queues the key here, and a task sends
 //! the queue every [`FLUSH_EVERY`] as one pipeline of `TOUCH`es (on a
 //! cluster, one call a key, all at once, each to its key's node), which

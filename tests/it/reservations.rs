@@ -112,7 +112,9 @@ async fn parallel_guesses_forward_at_most_the_limit_redis() {
 async fn successes_give_their_reservations_back(redis: Option<&RedisServer>) {
     for algorithm in ALGORITHMS {
         let upstream = Upstream::start().await;
-        upstream.set_delay(Duration::from_millis(200));
+        // Long enough that all eight are decided before the first answer
+        // gives its unit back, on a loaded machine too.
+        upstream.set_delay(Duration::from_secs(1));
         let sluice = login_sidecar(&upstream, redis, algorithm).await;
         let user = [
             ("x-forwarded-for", "198.51.100.8"),

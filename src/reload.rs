@@ -1,4 +1,5 @@
-//! Hot reload: the configuration file is polled and SIGHUP forces a check.
+//! Hot reload: the configuration file (and the JWT keys file it names) is
+//! polled and SIGHUP forces a check.
 //!
 //! Polling the file (once a second) rather than watching inodes is what
 //! survives Kubernetes ConfigMap updates, which swap a `..data` symlink in
@@ -44,9 +45,10 @@ pub async fn watch(
     store: Arc<Store>,
     mut hangup: Option<tokio::signal::unix::Signal>,
 ) {
-    let mut stamp = stamp_of(&path).await;
+    let mut files = watched(&path, &runtime);
+    let mut stamp = stamps_of(&files).await;
     let mut polls = 0u32;
-    let mut last = digest_of(&path).await;
+    let mut last = digests_of(&files).await;
     let mut tick = tokio::time::interval(POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -59,13 +61,14 @@ pub async fn watch(
         // idle sidecar spends. File times are only as fine as the kernel's
         // clock tick, so two writes of one size within a tick look alike:
         // every `REHASH_EVERY` polls the bytes are hashed anyway.
-        let stamped = stamp_of(&path).await;
+        let stamped = stamps_of(&files).await;
         polls = polls.wrapping_add(1);
-        if !forced && stamped.is_some() && stamped == stamp && polls % REHASH_EVERY != 0 {
+        let readable = stamped.iter().all(Option::is_some);
+        if !forced && readable && stamped == stamp && polls % REHASH_EVERY != 0 {
             continue;
         }
         stamp = stamped;
-        let now = digest_of(&path).await;
+        let now = digests_of(&files).await;
         if !forced && now == last {
             continue;
         }
@@ -81,6 +84,13 @@ pub async fn watch(
         // The Redis store loads the libraries of policies (and of routes'
         // several limits) it has not seen, so their first requests need no
         // reload round.
+        // A reload may name another keys file.
+        let named = watched(&path, &runtime);
+        if named != files {
+            files = named;
+            stamp = stamps_of(&files).await;
+            last = digests_of(&files).await;
+        }
         if let (true, Store::Redis(redis, _)) = (applied, &*store) {
             let live = runtime.load().live.clone();
             redis.learn(&live.policies);
@@ -207,6 +217,31 @@ struct Stamp {
     len: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
+}
+
+/// The configuration file, and the files it names whose change must
+/// reload it too: `identity.jwt.keys_file`, which an identity provider's
+/// key rotation rewrites without touching the configuration.
+fn watched(path: &std::path::Path, runtime: &SharedRuntime) -> Vec<PathBuf> {
+    let mut files = vec![path.to_path_buf()];
+    files.extend(runtime.load().live.identity.jwt_keys_file.clone());
+    files
+}
+
+async fn stamps_of(files: &[PathBuf]) -> Vec<Option<Stamp>> {
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        out.push(stamp_of(file).await);
+    }
+    out
+}
+
+async fn digests_of(files: &[PathBuf]) -> Vec<Option<[u8; 32]>> {
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        out.push(digest_of(file).await);
+    }
+    out
 }
 
 async fn stamp_of(path: &std::path::Path) -> Option<Stamp> {

@@ -9,16 +9,19 @@
 
 mod index;
 mod matcher;
+mod subject;
+mod tiers;
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderName, Method};
-use ipnet::IpNet;
 
 use crate::limit::LimitPolicy;
 
 pub use matcher::{Match, PathMatch, Segment};
+pub use subject::SubjectSource;
+pub use tiers::{TierBy, Tiers};
 
 #[derive(Debug, Clone)]
 pub struct Route {
@@ -210,68 +213,6 @@ fn whole_number(bytes: &[u8]) -> Option<u64> {
     }))
 }
 
-/// `tiers: { header, policies: { VALUE: POLICY }, default: POLICY }`: the
-/// policy a request counts against follows the value of `header`, when a
-/// peer in `trusted_from` sent it. Each distinct policy is one tier; the route's
-/// limit for tier `t` is the one whose [`Limit::tier`] is `Some(t)` (none
-/// for a tier whose policy is `none`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tiers {
-    pub header: HeaderName,
-    /// Each value the header may carry and its tier, in file order.
-    pub values: Box<[(Box<str>, u8)]>,
-    /// The tier of a request without the header, with a value not
-    /// listed, sent twice, or sent by a peer not trusted.
-    pub default: u8,
-    /// Each tier's policy name (`none` for no limit), by tier.
-    pub names: Box<[Arc<str>]>,
-    /// The components that set `header` (an auth gateway). Not
-    /// `identity.trusted_proxies`: a forwarding proxy passes a client's own
-    /// header through. Empty: the header is never believed.
-    pub trusted_from: Box<[IpNet]>,
-}
-
-impl Tiers {
-    /// The tier of a request with `headers` from `peer`: the TCP peer, or
-    /// the client a trusted proxy's PROXY protocol header names.
-    pub fn choose(&self, headers: &http::HeaderMap, peer: IpAddr) -> u8 {
-        if !self.believes(peer) {
-            return self.default;
-        }
-        let mut values = headers.get_all(&self.header).iter();
-        match (values.next(), values.next()) {
-            (Some(value), None) => {
-                let value = value.as_bytes().trim_ascii();
-                self.values
-                    .iter()
-                    .find(|(v, _)| v.as_bytes() == value)
-                    .map_or(self.default, |&(_, tier)| tier)
-            }
-            _ => self.default,
-        }
-    }
-
-    pub fn count(&self) -> u8 {
-        self.names.len() as u8
-    }
-
-    /// Whether `peer` is one of `trusted_from`, the components that set
-    /// the header.
-    pub fn believes(&self, peer: IpAddr) -> bool {
-        crate::subject::resolve::trusted_peer(peer, &self.trusted_from)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SubjectSource {
-    /// The peer, or behind trusted proxies the right-most untrusted
-    /// `X-Forwarded-For` address.
-    ClientIp,
-    Header(HeaderName),
-    /// One bucket for the whole route, whoever asks.
-    Global,
-}
-
 impl Route {
     /// Every subject source of every limit, in order, repeats included.
     pub fn subject_sources(&self) -> impl Iterator<Item = &SubjectSource> + Clone {
@@ -288,8 +229,9 @@ pub struct RouteTable {
     /// Every header a subject is read from, in any route: a request
     /// carrying one of them twice is refused before routing.
     identity_headers: Vec<HeaderName>,
-    /// Every route's tiers, the default's too: each one's header is
-    /// removed from every request its `trusted_from` did not send.
+    /// Every route's tiers, the default's too: each one's header (tiers
+    /// by header) is removed from every request its `trusted_from` did not
+    /// send.
     tiers: Vec<Arc<Tiers>>,
     /// The identity headers and every tier header: the headers a name
     /// spelled with `_` must not stand for.
@@ -301,11 +243,18 @@ impl RouteTable {
     pub fn new(routes: &[Route], default: &Route) -> RouteTable {
         let mut identity_headers: Vec<HeaderName> = Vec::new();
         for route in routes.iter().chain(std::iter::once(default)) {
-            for source in route.subject_sources() {
-                if let SubjectSource::Header(name) = source {
-                    if !identity_headers.contains(name) {
-                        identity_headers.push(name.clone());
-                    }
+            let claim_tiers = route
+                .tiers
+                .as_ref()
+                .is_some_and(|t| matches!(t.by, TierBy::Claim(_)));
+            let token = claim_tiers.then_some(&http::header::AUTHORIZATION);
+            for name in route
+                .subject_sources()
+                .flat_map(SubjectSource::headers)
+                .chain(token)
+            {
+                if !identity_headers.contains(name) {
+                    identity_headers.push(name.clone());
                 }
             }
         }
@@ -318,9 +267,9 @@ impl RouteTable {
             }
         }
         let mut read_headers = identity_headers.clone();
-        for t in &tiers {
-            if !read_headers.contains(&t.header) {
-                read_headers.push(t.header.clone());
+        for header in tiers.iter().filter_map(|t| t.header()) {
+            if !read_headers.contains(header) {
+                read_headers.push(header.clone());
             }
         }
         RouteTable {
@@ -343,7 +292,7 @@ impl RouteTable {
     pub fn unbelieved_tier_headers(&self, peer: IpAddr) -> impl Iterator<Item = &HeaderName> {
         self.tiers
             .iter()
-            .filter_map(move |t| (!t.believes(peer)).then_some(&t.header))
+            .filter_map(move |t| t.header().filter(|_| !t.believes(peer)))
     }
 
     pub fn identity_headers(&self) -> &[HeaderName] {

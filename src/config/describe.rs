@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 
 use super::{Config, OnFailure, StoreLive};
 use crate::limit::{Bands, LimitPolicy};
-use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource, Tiers};
+use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource, TierBy, Tiers};
 
 const COLUMNS: usize = 11;
 
@@ -104,13 +104,13 @@ pub fn tier_warnings(config: &Config) -> String {
         .iter()
         .chain(std::iter::once(&config.live.default))
     {
-        if let Some(tiers) = &route.tiers {
-            if tiers.trusted_from.is_empty() {
+        if let Some(TierBy::Header { name, trusted_from }) = route.tiers.as_ref().map(|t| &t.by) {
+            if trusted_from.is_empty() {
                 out += &format!(
                     "warning: route `{}`: tiers by `{}` without `trusted_from`: the header is never believed, every request gets the default tier `{}`\n",
                     route.name,
-                    tiers.header,
-                    tiers.names[usize::from(tiers.default)],
+                    name,
+                    route.tiers.as_ref().map_or("", |t| &*t.names[usize::from(t.default)]),
                 );
             }
         }
@@ -262,7 +262,11 @@ fn tier_values(tiers: &Tiers, tier: u8) -> String {
     if tiers.default == tier {
         values.push("default");
     }
-    format!("{}: {}", tiers.header, values.join(","))
+    let by = match &tiers.by {
+        TierBy::Header { name, .. } => name.to_string(),
+        TierBy::Claim(claim) => format!("jwt:{claim}"),
+    };
+    format!("{by}: {}", values.join(","))
 }
 
 /// `deny`, `allow`, or `local ÷3: 10/1m`: the quota this sidecar enforces
@@ -293,11 +297,7 @@ fn path(p: &PathMatch) -> String {
 }
 
 fn subject(s: &SubjectSource) -> String {
-    match s {
-        SubjectSource::ClientIp => "client_ip".to_owned(),
-        SubjectSource::Header(name) => format!("header:{name}"),
-        SubjectSource::Global => "global".to_owned(),
-    }
+    s.to_string()
 }
 
 /// `fixed-window 10/1s + 1000/1h`, `token-bucket 5 (+1/10s)`,

@@ -225,6 +225,18 @@ keys! { ALL:
         "HMAC key that turns subjects into pseudonyms; at least 16 bytes";
     IDENTITY_PSEUDONYM_KEY_VERSION: "identity.pseudonym_key_version", "number", Value("1"), Reload,
         "bump it with the key: old and new pseudonyms never mix";
+    IDENTITY_JWT: "identity.jwt", "mapping", Unset("no `jwt:` subjects or claim tiers"), Reload,
+        "verified bearer tokens: `{ keys_file | secret, issuer, audiences, leeway }`";
+    IDENTITY_JWT_KEYS_FILE: "identity.jwt.keys_file", "path", Unset("`secret` instead"), Reload,
+        "a JWKS, a JWK or PEM public keys (RS256, PS256, ES256, ES384, EdDSA); read again when it changes";
+    IDENTITY_JWT_SECRET: "identity.jwt.secret", "text", Unset("`keys_file` instead"), Reload,
+        "an HS256 shared secret, at least 32 bytes (write `${VAR}`)";
+    IDENTITY_JWT_ISSUER: "identity.jwt.issuer", "text", Unset("any issuer"), Reload,
+        "the `iss` a token must carry";
+    IDENTITY_JWT_AUDIENCES: "identity.jwt.audiences", "list of text", Unset("any audience"), Reload,
+        "a token's `aud` must name one of these";
+    IDENTITY_JWT_LEEWAY: "identity.jwt.leeway", "duration", Value("30s"), Reload,
+        "clock skew allowed on `exp` and `nbf`, in whole seconds";
     RESPONSES_RATELIMIT_HEADERS_ON_ALLOWED: "responses.ratelimit_headers_on_allowed", "`true`, `false`", Value("true"), Reload,
         "also send `RateLimit` fields on forwarded responses; 429 and 503 always carry them";
 }
@@ -277,17 +289,19 @@ keys! { ENTRIES:
     ROUTE_POLICY: "routes[].policy", "text", Required, Reload,
         "a policy's name, or `none` for no limit; unless `limits` is written";
     ROUTE_SUBJECT: "routes[].subject", "list", Value("client_ip"), Reload,
-        "who is counted: `client_ip`, `header:NAME` or `global`; a list is tried in order and the first present counts";
+        "who is counted: `client_ip`, `header:NAME`, `jwt:CLAIM` (a verified token's claim), `global`, or `{ all: [...] }` (the combination, present when every part is); a list is tried in order and the first present counts";
     ROUTE_COST: "routes[].cost", "number or mapping", Value("1"), Reload,
         "units one request takes from the policy, or `{ from_response_header, max, default, reserve }`; not for concurrency";
     ROUTE_TIERS: "routes[].tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
-    ROUTE_TIERS_HEADER: "routes[].tiers.header", "header name", Required, Reload,
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, trusted_from, policies, default }`, or a verified token's claim, `{ claim, policies, default }`";
+    ROUTE_TIERS_HEADER: "routes[].tiers.header", "header name", Unset("`claim` instead"), Reload,
         "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
+    ROUTE_TIERS_CLAIM: "routes[].tiers.claim", "text", Unset("`header` instead"), Reload,
+        "the claim of a verified token (`identity.jwt`) whose value chooses the tier";
     ROUTE_TIERS_POLICIES: "routes[].tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     ROUTE_TIERS_DEFAULT: "routes[].tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+        "the policy when the header or claim is absent or not listed, the header is sent twice or by a peer not in `trusted_from`, or the token does not check out";
     ROUTE_TIERS_TRUSTED_FROM: "routes[].tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
         "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     ROUTE_COST_FROM_RESPONSE_HEADER: "routes[].cost.from_response_header", "header name", Required, Reload,
@@ -313,13 +327,15 @@ keys! { ENTRIES:
     ROUTE_LIMITS_COST: "routes[].limits[].cost", "number or mapping", Value("1"), Reload,
         "this limit's cost";
     ROUTE_LIMITS_TIERS: "routes[].limits[].tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
-    ROUTE_LIMITS_TIERS_HEADER: "routes[].limits[].tiers.header", "header name", Required, Reload,
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, trusted_from, policies, default }`, or a verified token's claim, `{ claim, policies, default }`";
+    ROUTE_LIMITS_TIERS_HEADER: "routes[].limits[].tiers.header", "header name", Unset("`claim` instead"), Reload,
         "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
+    ROUTE_LIMITS_TIERS_CLAIM: "routes[].limits[].tiers.claim", "text", Unset("`header` instead"), Reload,
+        "the claim of a verified token (`identity.jwt`) whose value chooses the tier";
     ROUTE_LIMITS_TIERS_POLICIES: "routes[].limits[].tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     ROUTE_LIMITS_TIERS_DEFAULT: "routes[].limits[].tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+        "the policy when the header or claim is absent or not listed, the header is sent twice or by a peer not in `trusted_from`, or the token does not check out";
     ROUTE_LIMITS_TIERS_TRUSTED_FROM: "routes[].limits[].tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
         "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "routes[].limits[].cost.from_response_header", "header name", Required, Reload,
@@ -343,13 +359,15 @@ keys! { ENTRIES:
     DEFAULT_ROUTE_SUBJECT: "default.subject", "list", Value("client_ip"), Reload,
         "its subject";
     DEFAULT_ROUTE_TIERS: "default.tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
-    DEFAULT_ROUTE_TIERS_HEADER: "default.tiers.header", "header name", Required, Reload,
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, trusted_from, policies, default }`, or a verified token's claim, `{ claim, policies, default }`";
+    DEFAULT_ROUTE_TIERS_HEADER: "default.tiers.header", "header name", Unset("`claim` instead"), Reload,
         "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
+    DEFAULT_ROUTE_TIERS_CLAIM: "default.tiers.claim", "text", Unset("`header` instead"), Reload,
+        "the claim of a verified token (`identity.jwt`) whose value chooses the tier";
     DEFAULT_ROUTE_TIERS_POLICIES: "default.tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     DEFAULT_ROUTE_TIERS_DEFAULT: "default.tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+        "the policy when the header or claim is absent or not listed, the header is sent twice or by a peer not in `trusted_from`, or the token does not check out";
     DEFAULT_ROUTE_TIERS_TRUSTED_FROM: "default.tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
         "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     DEFAULT_ROUTE_LIMITS: "default.limits", "list", Unset("one limit, or none"), Reload,
@@ -361,13 +379,15 @@ keys! { ENTRIES:
     DEFAULT_ROUTE_LIMITS_COST: "default.limits[].cost", "number or mapping", Value("1"), Reload,
         "each limit's cost";
     DEFAULT_ROUTE_LIMITS_TIERS: "default.limits[].tiers", "mapping", Unset("one policy for every request"), Reload,
-        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, policies, default }`";
-    DEFAULT_ROUTE_LIMITS_TIERS_HEADER: "default.limits[].tiers.header", "header name", Required, Reload,
+        "in place of `policy`: the policy follows a header a gateway in `trusted_from` sets, `{ header, trusted_from, policies, default }`, or a verified token's claim, `{ claim, policies, default }`";
+    DEFAULT_ROUTE_LIMITS_TIERS_HEADER: "default.limits[].tiers.header", "header name", Unset("`claim` instead"), Reload,
         "the header whose value chooses the tier; believed only from `trusted_from`, removed on every route from anyone else's request";
+    DEFAULT_ROUTE_LIMITS_TIERS_CLAIM: "default.limits[].tiers.claim", "text", Unset("`header` instead"), Reload,
+        "the claim of a verified token (`identity.jwt`) whose value chooses the tier";
     DEFAULT_ROUTE_LIMITS_TIERS_POLICIES: "default.limits[].tiers.policies", "mapping", Required, Reload,
         "each value of the header and its policy (`none`: no limit)";
     DEFAULT_ROUTE_LIMITS_TIERS_DEFAULT: "default.limits[].tiers.default", "text", Required, Reload,
-        "the policy when the header is absent, not listed, sent twice, or sent by a peer not in `trusted_from`";
+        "the policy when the header or claim is absent or not listed, the header is sent twice or by a peer not in `trusted_from`, or the token does not check out";
     DEFAULT_ROUTE_LIMITS_TIERS_TRUSTED_FROM: "default.limits[].tiers.trusted_from", "list of CIDRs", Unset("the header is never believed"), Reload,
         "the components that set the header (an auth gateway): the TCP peer, or the client a PROXY protocol header names; not `identity.trusted_proxies`, whose proxies pass a client's own header through";
     DEFAULT_ROUTE_LIMITS_COST_FROM_RESPONSE_HEADER: "default.limits[].cost.from_response_header", "header name", Required, Reload,

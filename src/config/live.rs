@@ -135,6 +135,10 @@ pub struct Identity {
     /// None: the memory store generates a random key at start.
     pub pseudonym_key: Option<Secret>,
     pub pseudonym_key_version: u32,
+    /// `identity.jwt`: what verifies bearer tokens, and the file its keys
+    /// came from (watched with the configuration).
+    pub jwt: Option<Arc<crate::subject::jwt::Verifier>>,
+    pub jwt_keys_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone)]

@@ -133,6 +133,8 @@ mod buffering_tests;
 #[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]
+mod identity_tests;
+#[cfg(test)]
 mod response_tests;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,8 @@
 
 use std::fmt;
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 /// A scalar leaf as text (`10`, `true`, `10s`, `/login`).
@@ -54,7 +55,100 @@ impl Visitor<'_> for ScalarVisitor {
     }
 }
 
-/// One value or a list of them (`subject: client_ip` or `subject: [a, b]`).
+/// `subject`: one source, a list of them tried in order, or a
+/// combination; a list may hold combinations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subjects {
+    One(SubjectItem),
+    Many(Vec<SubjectItem>),
+}
+
+/// One source (`client_ip`, `header:X-API-Key`) or `{ all: [...] }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectItem {
+    Source(Scalar),
+    All(Option<ScalarList>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "`{ all: [...] }`")]
+struct AllOf {
+    all: Option<ScalarList>,
+}
+
+impl<'de> Deserialize<'de> for Subjects {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SubjectsVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for SubjectItem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match d.deserialize_any(SubjectsVisitor)? {
+            Subjects::One(item) => Ok(item),
+            Subjects::Many(_) => Err(de::Error::custom(
+                "a list inside a list of subjects; write `{ all: [...] }` for a combination",
+            )),
+        }
+    }
+}
+
+struct SubjectsVisitor;
+
+impl<'de> Visitor<'de> for SubjectsVisitor {
+    type Value = Subjects;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a subject, a list of subjects, or `{ all: [...] }`")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Subjects, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<SubjectItem>()? {
+            items.push(item);
+        }
+        Ok(Subjects::Many(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Subjects, A::Error> {
+        let all = AllOf::deserialize(MapAccessDeserializer::new(map))?;
+        Ok(Subjects::One(SubjectItem::All(all.all)))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Subjects, E> {
+        Ok(Subjects::One(SubjectItem::Source(Scalar(v.to_owned()))))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Subjects, E> {
+        Ok(Subjects::One(SubjectItem::Source(Scalar(v))))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Subjects, E> {
+        ScalarVisitor
+            .visit_bool(v)
+            .map(|s| Subjects::One(SubjectItem::Source(Scalar(s))))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Subjects, E> {
+        ScalarVisitor
+            .visit_i64(v)
+            .map(|s| Subjects::One(SubjectItem::Source(Scalar(s))))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Subjects, E> {
+        ScalarVisitor
+            .visit_u64(v)
+            .map(|s| Subjects::One(SubjectItem::Source(Scalar(s))))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Subjects, E> {
+        ScalarVisitor
+            .visit_f64(v)
+            .map(|s| Subjects::One(SubjectItem::Source(Scalar(s))))
+    }
+}
+
+/// One value or a list of them (`methods: GET` or `methods: [GET, POST]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScalarList {
     One(Scalar),
@@ -319,6 +413,17 @@ pub struct Identity {
     pub ipv6_prefix: Option<Scalar>,
     pub pseudonym_key: Option<Scalar>,
     pub pseudonym_key_version: Option<Scalar>,
+    pub jwt: Option<Jwt>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Jwt {
+    pub keys_file: Option<Scalar>,
+    pub secret: Option<Scalar>,
+    pub issuer: Option<Scalar>,
+    pub audiences: Option<ScalarList>,
+    pub leeway: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -406,7 +511,7 @@ pub struct Route {
     pub name: Option<Scalar>,
     #[serde(rename = "match")]
     pub matcher: Option<Match>,
-    pub subject: Option<ScalarList>,
+    pub subject: Option<Subjects>,
     pub policy: Option<Scalar>,
     pub tiers: Option<Tiers>,
     pub cost: Option<Cost>,
@@ -421,7 +526,7 @@ pub struct Route {
 pub struct Limit {
     pub policy: Option<Scalar>,
     pub tiers: Option<Tiers>,
-    pub subject: Option<ScalarList>,
+    pub subject: Option<Subjects>,
     pub cost: Option<Cost>,
     pub charge: Option<Charge>,
 }
@@ -451,6 +556,7 @@ pub struct Charge {
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub struct Tiers {
     pub header: Option<Scalar>,
+    pub claim: Option<Scalar>,
     pub policies: Option<serde_yaml::Mapping>,
     pub default: Option<Scalar>,
     pub trusted_from: Option<ScalarList>,
@@ -471,7 +577,7 @@ pub struct Match {
 pub struct DefaultRoute {
     pub policy: Option<Scalar>,
     pub tiers: Option<Tiers>,
-    pub subject: Option<ScalarList>,
+    pub subject: Option<Subjects>,
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
 }

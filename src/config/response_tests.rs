@@ -165,7 +165,7 @@ fn tiers_give_one_limit_per_distinct_policy_and_a_default() {
 ",
     );
     let tiers = route.tiers.as_ref().expect("tiers");
-    assert_eq!(tiers.header.as_str(), "x-plan");
+    assert_eq!(tiers.header().map(|h| h.as_str()), Some("x-plan"));
     let names: Vec<&str> = tiers.names.iter().map(|n| &**n).collect();
     assert_eq!(names, ["free", "pro", "none"]);
     assert_eq!(tiers.default, 0);
@@ -213,7 +213,8 @@ fn tiers_believe_only_their_trusted_from() {
     pro.insert("x-plan", http::HeaderValue::from_static("pro"));
     let peer = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     let chosen = |tiers: &crate::route::Tiers, from: &str| {
-        tiers.names[usize::from(tiers.choose(&pro, peer(from)))].to_string()
+        let token = crate::subject::jwt::Token::new(None, &pro);
+        tiers.names[usize::from(tiers.choose(&pro, peer(from), &token))].to_string()
     };
     assert_eq!(chosen(tiers, "10.2.3.4"), "pro");
     assert_eq!(chosen(tiers, "192.0.2.5"), "pro");
@@ -230,7 +231,7 @@ fn tiers_believe_only_their_trusted_from() {
         "  - { name: api, tiers: { header: x-plan, policies: { pro: pro }, default: free } }\n",
     );
     let tiers = route.tiers.as_ref().expect("tiers");
-    assert!(tiers.trusted_from.is_empty());
+    assert!(!tiers.believes("127.0.0.1".parse().unwrap()));
     assert_eq!(chosen(tiers, "127.0.0.1"), "free");
 }
 
@@ -261,7 +262,19 @@ fn tiers_that_could_not_work_are_refused_at_their_keys() {
     );
     refused(
         "  - { name: a, tiers: { policies: { pro: pro }, default: free } }\n",
-        "routes[0].tiers.header: required key is missing",
+        "routes[0].tiers: needs `header` (set by a gateway in `trusted_from`) or `claim` (of a verified token)",
+    );
+    refused(
+        "  - { name: a, tiers: { header: x-plan, claim: plan, policies: { pro: pro }, default: free } }\n",
+        "routes[0].tiers.claim: `header` and `claim` exclude each other",
+    );
+    refused(
+        "  - { name: a, tiers: { claim: plan, policies: { pro: pro }, default: free } }\n",
+        "routes[0].tiers.claim: needs `identity.jwt`",
+    );
+    refused(
+        "  - { name: a, subject: jwt:sub, policy: pro }\n",
+        "routes[0].subject: needs `identity.jwt`",
     );
     refused(
         "  - { name: a, tiers: { header: x-plan, policies: {}, default: free } }\n",

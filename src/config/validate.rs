@@ -12,6 +12,7 @@ mod policy;
 pub(crate) use policy::derived_revision;
 mod route;
 mod sections;
+mod subject;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -185,23 +186,28 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         .as_ref()
         .map(|(_, live)| live.paths)
         .unwrap_or_default();
-    let underscores = server
-        .as_ref()
-        .map_or(Underscores::Drop, |(_, live)| live.underscores);
+    let reads = route::Reads {
+        underscores: server
+            .as_ref()
+            .map_or(Underscores::Drop, |(_, live)| live.underscores),
+        // A broken `identity` section is reported already: `jwt:`
+        // subjects are not refused for it too.
+        jwt: identity.as_ref().is_none_or(|i| i.jwt.is_some()),
+    };
     let routes = route::routes(
         cx,
         &top.key("routes"),
         sections.remove("routes"),
         &policies,
         &rules,
-        underscores,
+        reads,
     );
     let default = route::default_route(
         cx,
         &top.key("default"),
         sections.remove("default"),
         &policies,
-        underscores,
+        reads,
     );
 
     if let (Some((boot, _)), Some(identity)) = (&server, &identity) {

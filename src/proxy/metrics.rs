@@ -98,6 +98,7 @@ impl RouteMetrics {
             .collect();
         let undecodable = route
             .subject_sources()
+            .flat_map(SubjectSource::parts)
             .any(|s| matches!(s, SubjectSource::Header(h) if h == http::header::AUTHORIZATION))
             .then(|| metrics::counter!(UNDECODABLE_CREDENTIALS, "route" => name.clone()));
         let route = name;

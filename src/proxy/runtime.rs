@@ -20,6 +20,7 @@ use super::metrics::RouteMetrics;
 use super::respond::Prepared;
 use crate::config::Live;
 use crate::route::{Route, RouteTable, SubjectSource};
+use crate::subject::jwt::Rejected;
 use crate::subject::{self, Pseudonym, PseudonymKey};
 
 #[derive(Debug)]
@@ -29,6 +30,9 @@ pub struct Runtime {
     /// Parallel to `routes.routes()`.
     states: Vec<RouteState>,
     pub key: PseudonymKey,
+    /// `sluice_jwt_rejected_total` by reason, when `identity.jwt` is set:
+    /// each series there at zero from the start.
+    jwt_rejected: Option<[metrics::Counter; Rejected::ALL.len()]>,
 }
 
 impl Runtime {
@@ -36,7 +40,13 @@ impl Runtime {
     /// once at start (kept across reloads so counters do not reset).
     pub fn new(live: Arc<Live>, key: PseudonymKey) -> Runtime {
         let routes = RouteTable::new(&live.routes, &live.default);
+        let jwt_rejected = live.identity.jwt.as_ref().map(|_| {
+            Rejected::ALL.map(|reason| {
+                metrics::counter!(crate::telemetry::JWT_REJECTED, "reason" => reason.label())
+            })
+        });
         Runtime {
+            jwt_rejected,
             states: routes
                 .routes()
                 .iter()
@@ -45,6 +55,13 @@ impl Runtime {
             routes,
             live,
             key,
+        }
+    }
+
+    /// Counts a request whose bearer token was read and not believed.
+    pub fn jwt_rejected(&self, reason: Rejected) {
+        if let Some(counters) = &self.jwt_rejected {
+            counters[reason as usize].increment(1);
         }
     }
 

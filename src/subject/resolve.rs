@@ -1,4 +1,5 @@
-//! Who is asking: the client IP behind trusted proxies, or a header.
+//! Who is asking: the client IP behind trusted proxies, a header, a
+//! verified token's claim, or several of them together.
 //!
 //! `X-Forwarded-For` is believed only from a trusted peer, and then only up
 //! to the right-most address that is not itself trusted: everything left of
@@ -15,6 +16,7 @@ use crate::config::Identity;
 use crate::route::SubjectSource;
 
 use super::basic::{self, Basic};
+use super::jwt::{ClaimValue, Token};
 use super::{Pseudonym, PseudonymKey};
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -32,6 +34,10 @@ pub enum Resolved {
     /// different bytes in different app servers: the route's one shared
     /// bucket for such credentials ([`super::basic`]).
     Undecodable,
+    /// A claim of a verified bearer token.
+    Jwt,
+    /// `{ all: [...] }`: every part present.
+    All,
 }
 
 /// Behind trusted proxies only, an `X-Forwarded-For` entry that is no
@@ -76,58 +82,187 @@ pub fn client_ip(
     Ok(last_trusted)
 }
 
+/// A request as its subjects are read from it: the peer (or the client a
+/// trusted PROXY header names), its headers, and its bearer token,
+/// verified at most once.
+pub struct Asking<'a> {
+    pub peer: IpAddr,
+    pub headers: &'a HeaderMap,
+    pub identity: &'a Identity,
+    pub token: Token<'a>,
+}
+
+impl<'a> Asking<'a> {
+    pub fn new(peer: IpAddr, headers: &'a HeaderMap, identity: &'a Identity) -> Asking<'a> {
+        Asking {
+            peer,
+            headers,
+            identity,
+            token: Token::new(identity.jwt.as_deref(), headers),
+        }
+    }
+}
+
 /// Resolves `sources` in order (first present wins) and returns the
 /// pseudonym. An unresolvable subject gets the route's one shared bucket,
 /// never an unlimited pass; a header whose value is empty (or blank) is
-/// absent. A header sent twice never gets here (refused before routing).
+/// absent, and so is a claim of a token that does not check out. A header
+/// sent twice never gets here (refused before routing).
 pub fn resolve(
     sources: &[SubjectSource],
     route: &str,
-    peer: IpAddr,
-    headers: &HeaderMap,
-    identity: &Identity,
+    asking: &Asking<'_>,
     key: &PseudonymKey,
 ) -> Result<(Pseudonym, Resolved), UnreadableForwardedFor> {
     for source in sources {
         match source {
-            SubjectSource::ClientIp => {
-                let ip = client_ip(peer, headers, &identity.trusted_proxies)?;
-                let p = match group(ip, identity.ipv6_prefix) {
-                    IpAddr::V4(v4) => key.pseudonym("ip", &v4.octets(), route),
-                    IpAddr::V6(v6) => key.pseudonym("ip6", &v6.octets(), route),
-                };
-                return Ok((p, Resolved::ClientIp));
+            SubjectSource::Global => return Ok((global(route, key), Resolved::Global)),
+            SubjectSource::All(parts) => {
+                if let Some(found) = combined(parts, route, asking, key)? {
+                    return Ok(found);
+                }
             }
-            SubjectSource::Header(name) => {
-                let value = headers.get(name).map(|v| v.as_bytes()).unwrap_or_default();
-                let value = value.trim_ascii();
-                if !value.is_empty() {
-                    let value = if *name == AUTHORIZATION {
-                        match authorization(value) {
-                            Some(value) => value,
-                            None => {
-                                return Ok((
-                                    key.pseudonym(UNDECODABLE, b"", route),
-                                    Resolved::Undecodable,
-                                ))
-                            }
-                        }
-                    } else {
-                        Cow::Borrowed(value)
-                    };
+            one => {
+                if let Some(part) = part(one, asking)? {
                     return Ok((
-                        key.pseudonym(name.as_str(), &value, route),
-                        Resolved::Header,
+                        key.pseudonym(part.kind, part.value.as_slice(), route),
+                        part.resolved,
                     ));
                 }
             }
-            SubjectSource::Global => return Ok((global(route, key), Resolved::Global)),
         }
     }
     Ok((
         key.pseudonym("unresolved", b"", route),
         Resolved::Unresolved,
     ))
+}
+
+/// `{ all: [...] }`: present when every part is; the pseudonym of the
+/// parts' kinds and values together, each length-framed so no two
+/// combinations read alike.
+fn combined(
+    parts: &[SubjectSource],
+    route: &str,
+    asking: &Asking<'_>,
+    key: &PseudonymKey,
+) -> Result<Option<(Pseudonym, Resolved)>, UnreadableForwardedFor> {
+    let mut framed = Vec::with_capacity(64 * parts.len());
+    let mut undecodable = false;
+    for source in parts {
+        let Some(part) = part(source, asking)? else {
+            return Ok(None);
+        };
+        undecodable |= part.resolved == Resolved::Undecodable;
+        for bytes in [part.kind.as_bytes(), part.value.as_slice()] {
+            framed.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+            framed.extend_from_slice(bytes);
+        }
+    }
+    let resolved = if undecodable {
+        Resolved::Undecodable
+    } else {
+        Resolved::All
+    };
+    Ok(Some((key.pseudonym("all", &framed, route), resolved)))
+}
+
+/// One source's kind and value, when the request carries it.
+struct Part<'a> {
+    kind: &'a str,
+    value: Value<'a>,
+    resolved: Resolved,
+}
+
+/// A part's value without an allocation for the common cases.
+enum Value<'a> {
+    V4([u8; 4]),
+    V6([u8; 16]),
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Value<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Value::V4(b) => b,
+            Value::V6(b) => b,
+            Value::Borrowed(b) => b,
+            Value::Owned(b) => b,
+        }
+    }
+}
+
+fn part<'a>(
+    source: &'a SubjectSource,
+    asking: &'a Asking<'_>,
+) -> Result<Option<Part<'a>>, UnreadableForwardedFor> {
+    Ok(match source {
+        SubjectSource::ClientIp => {
+            let ip = client_ip(
+                asking.peer,
+                asking.headers,
+                &asking.identity.trusted_proxies,
+            )?;
+            Some(match group(ip, asking.identity.ipv6_prefix) {
+                IpAddr::V4(v4) => Part {
+                    kind: "ip",
+                    value: Value::V4(v4.octets()),
+                    resolved: Resolved::ClientIp,
+                },
+                IpAddr::V6(v6) => Part {
+                    kind: "ip6",
+                    value: Value::V6(v6.octets()),
+                    resolved: Resolved::ClientIp,
+                },
+            })
+        }
+        SubjectSource::Header(name) => {
+            let value = asking
+                .headers
+                .get(name)
+                .map(|v| v.as_bytes())
+                .unwrap_or_default()
+                .trim_ascii();
+            if value.is_empty() {
+                None
+            } else if *name == AUTHORIZATION {
+                Some(match authorization(value) {
+                    Some(Cow::Borrowed(value)) => Part {
+                        kind: name.as_str(),
+                        value: Value::Borrowed(value),
+                        resolved: Resolved::Header,
+                    },
+                    Some(Cow::Owned(value)) => Part {
+                        kind: name.as_str(),
+                        value: Value::Owned(value),
+                        resolved: Resolved::Header,
+                    },
+                    None => Part {
+                        kind: UNDECODABLE,
+                        value: Value::Borrowed(b""),
+                        resolved: Resolved::Undecodable,
+                    },
+                })
+            } else {
+                Some(Part {
+                    kind: name.as_str(),
+                    value: Value::Borrowed(value),
+                    resolved: Resolved::Header,
+                })
+            }
+        }
+        SubjectSource::Jwt { claim, kind } => asking.token.claim(claim).map(|value| Part {
+            kind,
+            value: match value {
+                ClaimValue::Text(s) => Value::Borrowed(s.as_bytes()),
+                ClaimValue::Owned(s) => Value::Owned(s.into_bytes()),
+            },
+            resolved: Resolved::Jwt,
+        }),
+        // Validation keeps these out of a combination.
+        SubjectSource::Global | SubjectSource::All(_) => None,
+    })
 }
 
 /// The kind of the undecodable `Basic` bucket: no header name holds a
@@ -214,10 +349,12 @@ pub fn global(route: &str, key: &PseudonymKey) -> Pseudonym {
 pub fn relied_on<'s>(
     sources: impl IntoIterator<Item = &'s SubjectSource>,
 ) -> impl Iterator<Item = &'s HeaderName> {
-    sources.into_iter().filter_map(|s| match s {
-        SubjectSource::ClientIp => Some(&X_FORWARDED_FOR),
-        SubjectSource::Header(name) => Some(name),
-        SubjectSource::Global => None,
+    sources.into_iter().flat_map(|s| {
+        let forwarded = s
+            .parts()
+            .contains(&SubjectSource::ClientIp)
+            .then_some(&X_FORWARDED_FOR);
+        forwarded.into_iter().chain(s.headers())
     })
 }
 
@@ -371,7 +508,8 @@ mod tests {
         identity: &Identity,
         key: &PseudonymKey,
     ) -> (Pseudonym, Resolved) {
-        super::resolve(sources, route, peer, headers, identity, key).expect("no X-Forwarded-For")
+        let asking = Asking::new(peer, headers, identity);
+        super::resolve(sources, route, &asking, key).expect("no X-Forwarded-For")
     }
 
     fn identity(prefix: u8) -> Identity {
@@ -380,6 +518,8 @@ mod tests {
             ipv6_prefix: prefix,
             pseudonym_key: None,
             pseudonym_key_version: 1,
+            jwt: None,
+            jwt_keys_file: None,
         }
     }
 

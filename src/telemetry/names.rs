@@ -98,6 +98,7 @@ pub const PROXY_PROTOCOL_HEADERS: &str = "sluice_proxy_protocol_headers_total";
 pub const PROXY_PROTOCOL_REJECTED: &str = "sluice_proxy_protocol_rejected_total";
 pub const FORWARDED_FOR_IGNORED: &str = "sluice_forwarded_for_ignored_total";
 pub const UNDECODABLE_CREDENTIALS: &str = "sluice_undecodable_credentials_total";
+pub const JWT_REJECTED: &str = "sluice_jwt_rejected_total";
 pub const LEASES_GRANTED: &str = "sluice_leases_granted_total";
 pub const LEASES_RETURNED: &str = "sluice_leases_returned_total";
 pub const LEASE_UNITS_RETURNED: &str = "sluice_lease_units_returned_total";
@@ -232,6 +233,10 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         UNDECODABLE_CREDENTIALS,
         "Requests whose Authorization: Basic credential decodes to nothing (or reads differently in different app servers), counted in the route's one shared bucket for them, by route.",
+    ),
+    Metric::counter(
+        JWT_REJECTED,
+        "Requests whose bearer token a `jwt:` subject or claim tier read and did not believe, by reason (malformed, algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience, claims): each limit fell to its next subject.",
     ),
     Metric::counter(
         DENY_CACHE_HITS,

@@ -12,7 +12,7 @@ use super::policy::{Found, Policies};
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, OneOr, Scalar, ScalarList};
 use crate::limit::LimitPolicy;
-use crate::route::{Charge, OnResponse, ResponseCost, Tiers};
+use crate::route::{Charge, OnResponse, ResponseCost, TierBy, Tiers};
 
 /// `cost` and `charge` of a limit at `path` charging `policies` (one, or
 /// one per tier; empty when none could be resolved, whose errors already
@@ -253,9 +253,59 @@ pub fn tiers(
     path: &KeyPath,
     raw: raw::Tiers,
     policies: &Policies,
+    jwt: bool,
 ) -> Option<(Tiers, Vec<Option<LimitPolicy>>)> {
-    let header = cx.required(&path.key("header"), raw.header.as_ref(), header_name);
-    let trusted_from = super::sections::networks(cx, &path.key("trusted_from"), raw.trusted_from);
+    let by = match (&raw.header, &raw.claim) {
+        (Some(_), Some(_)) => {
+            cx.error(
+                &path.key("claim"),
+                At::Key,
+                "`header` and `claim` exclude each other: the tier follows one of them",
+            );
+            None
+        }
+        (None, None) => {
+            cx.error(
+                path,
+                At::Key,
+                "needs `header` (set by a gateway in `trusted_from`) or `claim` (of a verified token)",
+            );
+            None
+        }
+        (Some(header), None) => {
+            let name = cx.value(&path.key("header"), header, header_name);
+            let trusted_from =
+                super::sections::networks(cx, &path.key("trusted_from"), raw.trusted_from);
+            match (name, trusted_from) {
+                (Some(name), Some(trusted_from)) => Some(TierBy::Header {
+                    name,
+                    trusted_from: trusted_from.into_boxed_slice(),
+                }),
+                _ => None,
+            }
+        }
+        (None, Some(claim)) => {
+            let at = path.key("claim");
+            if raw.trusted_from.is_some() {
+                cx.error(
+                    &path.key("trusted_from"),
+                    At::Key,
+                    "a claim is believed for its token's signature, not for who sent it; `trusted_from` goes with `header`",
+                );
+                None
+            } else if !jwt {
+                cx.error(
+                    &at,
+                    At::Key,
+                    "needs `identity.jwt`: only the claims of a verified token are read",
+                );
+                None
+            } else {
+                cx.value(&at, claim, check::text)
+                    .map(|c| TierBy::Claim(c.trim().into()))
+            }
+        }
+    };
     let mut names: Vec<String> = Vec::new();
     let mut tier_of = |name: &str| match names.iter().position(|n| n == name) {
         Some(i) => i,
@@ -340,11 +390,10 @@ pub fn tiers(
         return None;
     }
     let tiers = Tiers {
-        header: header?,
+        by: by?,
         values: values.into_boxed_slice(),
         default: default?,
         names: names.iter().map(|n| Arc::from(n.as_str())).collect(),
-        trusted_from: trusted_from?.into_boxed_slice(),
     };
     Some((tiers, chosen))
 }

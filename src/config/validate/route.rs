@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::{HeaderName, Method};
+use http::Method;
 use serde_yaml::Value;
 
 use super::charge;
@@ -16,7 +16,15 @@ use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{Underscores, DEFAULT_UPGRADES};
 use crate::limit::LimitPolicy;
 use crate::path::{self, PathRules};
-use crate::route::{Limit, Match, PathMatch, Route, Segment, SubjectSource, Tiers};
+use crate::route::{Limit, Match, PathMatch, Route, Segment, Tiers};
+
+/// What the sections routes depend on let a request carry: headers
+/// spelled with `_`, and verified tokens (`identity.jwt`).
+#[derive(Debug, Clone, Copy)]
+pub struct Reads {
+    pub underscores: Underscores,
+    pub jwt: bool,
+}
 
 /// The name `check` and metrics give the route for requests no route matched.
 pub const DEFAULT_ROUTE: &str = "default";
@@ -27,7 +35,7 @@ pub fn routes(
     value: Option<Value>,
     policies: &Policies,
     rules: &PathRules,
-    underscores: Underscores,
+    reads: Reads,
 ) -> Vec<Route> {
     let items = match value {
         None | Some(Value::Null) => return Vec::new(),
@@ -78,7 +86,7 @@ pub fn routes(
             charge: raw.charge,
             limits: raw.limits,
         };
-        let limits = limits(cx, &at, written, policies, underscores);
+        let limits = limits(cx, &at, written, policies, reads);
         if let (Some(name), Some(matcher), Some((limits, tiers)), Some(upgrades)) =
             (name, matcher, limits, upgrades)
         {
@@ -100,7 +108,7 @@ pub fn default_route(
     path: &KeyPath,
     value: Option<Value>,
     policies: &Policies,
-    underscores: Underscores,
+    reads: Reads,
 ) -> Option<Route> {
     let raw = match value {
         None | Some(Value::Null) => {
@@ -122,7 +130,7 @@ pub fn default_route(
         charge: None,
         limits: raw.limits,
     };
-    let limits = limits(cx, path, written, policies, underscores);
+    let limits = limits(cx, path, written, policies, reads);
     let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
     let (limits, tiers) = limits?;
     Some(Route {
@@ -140,7 +148,7 @@ pub fn default_route(
 struct Written {
     policy: Option<Scalar>,
     tiers: Option<raw::Tiers>,
-    subject: Option<ScalarList>,
+    subject: Option<raw::Subjects>,
     cost: Option<raw::Cost>,
     charge: Option<raw::Charge>,
     limits: Option<Vec<raw::Limit>>,
@@ -156,7 +164,7 @@ fn limits(
     path: &KeyPath,
     written: Written,
     policies: &Policies,
-    underscores: Underscores,
+    reads: Reads,
 ) -> Option<Limits> {
     let Some(list) = written.limits else {
         let one = raw::Limit {
@@ -166,7 +174,7 @@ fn limits(
             cost: written.cost,
             charge: written.charge,
         };
-        let (limits, tiers) = entry(cx, path, one, policies, underscores, false)?;
+        let (limits, tiers) = entry(cx, path, one, policies, reads, false)?;
         return Some((limits, tiers.map(Arc::new)));
     };
     let beside = [
@@ -220,7 +228,7 @@ fn limits(
                 named.insert(name.into(), i);
             }
         }
-        let Some((limits, tiers)) = entry(cx, &item, raw, policies, underscores, true) else {
+        let Some((limits, tiers)) = entry(cx, &item, raw, policies, reads, true) else {
             ok = false;
             continue;
         };
@@ -280,7 +288,7 @@ fn entry(
     path: &KeyPath,
     raw: raw::Limit,
     policies: &Policies,
-    underscores: Underscores,
+    reads: Reads,
     in_list: bool,
 ) -> Option<(Vec<Limit>, Option<Tiers>)> {
     let policy_at = path.key("policy");
@@ -294,16 +302,15 @@ fn entry(
             );
             None
         }
-        (None, Some(tiers)) => {
-            charge::tiers(cx, &path.key("tiers"), tiers, policies).map(|(tiers, by_tier)| {
+        (None, Some(tiers)) => charge::tiers(cx, &path.key("tiers"), tiers, policies, reads.jwt)
+            .map(|(tiers, by_tier)| {
                 let limits = by_tier
                     .into_iter()
                     .enumerate()
                     .filter_map(|(t, p)| Some((Some(t as u8), p?)))
                     .collect();
                 (limits, Some(tiers))
-            })
-        }
+            }),
         (None, None) if in_list => {
             cx.error(
                 &policy_at,
@@ -323,7 +330,7 @@ fn entry(
         (p, None) => route_policy(cx, &policy_at, p.as_ref(), policies)
             .map(|p| (p.into_iter().map(|p| (None, p)).collect(), None)),
     };
-    let subject = subjects(cx, &path.key("subject"), raw.subject, underscores);
+    let subject = super::subject::subjects(cx, &path.key("subject"), raw.subject, reads);
     let charged: Vec<&LimitPolicy> = chosen
         .iter()
         .flat_map(|(limits, _)| limits.iter().map(|(_, p)| p))
@@ -596,78 +603,6 @@ fn upgrade_protocol(s: &str) -> Result<Box<str>, String> {
         );
     }
     Ok(name.into_boxed_str())
-}
-
-fn subjects(
-    cx: &mut Checker<'_>,
-    path: &KeyPath,
-    raw: Option<ScalarList>,
-    underscores: Underscores,
-) -> Option<Vec<SubjectSource>> {
-    let Some(raw) = raw else {
-        return Some(vec![SubjectSource::ClientIp]);
-    };
-    let items = list(path, raw);
-    if items.is_empty() {
-        cx.error(
-            path,
-            At::Value,
-            "needs at least one subject (client_ip, header:NAME or global)",
-        );
-        return None;
-    }
-    let mut out = Vec::with_capacity(items.len());
-    let mut ok = true;
-    let several = items.len() > 1;
-    for (p, s) in &items {
-        match cx.value(p, s, subject) {
-            Some(SubjectSource::Global) if several => {
-                cx.error(
-                    p,
-                    At::Value,
-                    "`global` is the route's one bucket, whoever asks: it stands alone, not in a list of subjects",
-                );
-                ok = false;
-            }
-            Some(SubjectSource::Header(name))
-                if name.as_str().contains('_') && underscores != Underscores::Allow =>
-            {
-                let fate = if underscores == Underscores::Drop {
-                    "removed from every request (`server.headers_with_underscores: drop`, the default)"
-                } else {
-                    "refused (`server.headers_with_underscores: reject`)"
-                };
-                cx.error(
-                    p,
-                    At::Value,
-                    format!(
-                        "header names with `_` are {fate}, so no request would carry `{name}`; write the name with `-`, or set `server.headers_with_underscores: allow`"
-                    ),
-                );
-                ok = false;
-            }
-            Some(source) => out.push(source),
-            None => ok = false,
-        }
-    }
-    ok.then_some(out)
-}
-
-fn subject(s: &str) -> Result<SubjectSource, String> {
-    match s {
-        "client_ip" => return Ok(SubjectSource::ClientIp),
-        "global" => return Ok(SubjectSource::Global),
-        _ => {}
-    }
-    let Some(name) = s.strip_prefix("header:") else {
-        return Err(format!(
-            "unknown subject `{s}`; expected client_ip, header:NAME or global"
-        ));
-    };
-    // HeaderName stores names lower-case, as HTTP/2 sends them.
-    HeaderName::from_bytes(name.trim().as_bytes())
-        .map(SubjectSource::Header)
-        .map_err(|_| format!("`{name}` is not a valid header name"))
 }
 
 /// `Some(None)` for `policy: none`.

@@ -27,9 +27,10 @@ use tokio::time::Instant;
 use crate::config::Live;
 use crate::limit::{Decision, LimitPolicy, Outcome, Policy, Unavailable};
 use crate::path;
-use crate::route::SubjectSource;
+use crate::route::{SubjectSource, TierBy};
 use crate::store::lease::HeldView;
 use crate::store::{Outcomes, Store};
+use crate::subject::jwt::Token;
 use crate::subject::{Pseudonym, Resolved};
 
 use super::fallback::Fallback;
@@ -195,23 +196,40 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         if let (Some(tiers), Value::Object(map)) = (&route.tiers, &mut json) {
             // `trusted`: the peer is in the tiers' `trusted_from`.
             let trusted = tiers.believes(described.peer);
-            let tier = tiers.choose(&described.headers, described.peer);
+            let token = Token::new(live.identity.jwt.as_deref(), &described.headers);
+            let tier = tiers.choose(&described.headers, described.peer, &token);
             let values: Map<String, Value> = tiers
                 .values
                 .iter()
                 .map(|(v, t)| (v.to_string(), json!(&*tiers.names[usize::from(*t)])))
                 .collect();
-            map.insert(
-                "tiers".to_owned(),
-                json!({
-                    "header": tiers.header.as_str(),
-                    "trusted_from": tiers.trusted_from.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    "trusted": trusted,
-                    "policies": values,
-                    "default": &*tiers.names[usize::from(tiers.default)],
-                    "chosen": &*tiers.names[usize::from(tier)],
-                }),
-            );
+            let mut described_tiers = json!({
+                "policies": values,
+                "default": &*tiers.names[usize::from(tiers.default)],
+                "chosen": &*tiers.names[usize::from(tier)],
+            });
+            if let Value::Object(t) = &mut described_tiers {
+                match &tiers.by {
+                    TierBy::Header { name, trusted_from } => {
+                        t.insert("header".to_owned(), json!(name.as_str()));
+                        t.insert(
+                            "trusted_from".to_owned(),
+                            json!(trusted_from
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()),
+                        );
+                        t.insert("trusted".to_owned(), json!(trusted));
+                    }
+                    TierBy::Claim(claim) => {
+                        t.insert("claim".to_owned(), json!(&**claim));
+                        if let Some(reason) = token.rejected() {
+                            t.insert("token_rejected".to_owned(), json!(reason.label()));
+                        }
+                    }
+                }
+            }
+            map.insert("tiers".to_owned(), described_tiers);
         }
         routes.push(json);
     }
@@ -367,20 +385,15 @@ fn subject(
     live: &Live,
     source: Source<'_>,
 ) -> Value {
-    let sources: Vec<String> = sources
-        .iter()
-        .map(|s| match s {
-            SubjectSource::ClientIp => "client_ip".to_owned(),
-            SubjectSource::Header(name) => format!("header:{name}"),
-            SubjectSource::Global => "global".to_owned(),
-        })
-        .collect();
+    let sources: Vec<String> = sources.iter().map(ToString::to_string).collect();
     let kind = match resolved {
         Resolved::ClientIp => "client_ip",
         Resolved::Header => "header",
         Resolved::Global => "global",
         Resolved::Unresolved => "unresolved",
         Resolved::Undecodable => "undecodable",
+        Resolved::Jwt => "jwt",
+        Resolved::All => "all",
     };
     let mut out = json!({
         "sources": sources,

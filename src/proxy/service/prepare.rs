@@ -66,13 +66,14 @@ pub(in crate::proxy) fn prepare<'r>(
     // Every subject is resolved before anything is charged, so a
     // request refused for one route consumes nothing of another.
     let mut checks: SmallVec<[Check<'r>; 2]> = SmallVec::new();
+    let asking = subject::Asking::new(peer, headers, &live.identity);
     for (route_at, entry) in matched.iter().enumerate() {
         let route = entry.route;
         headers::check_connection(headers, route.subject_sources())?;
         let tier = route
             .tiers
             .as_ref()
-            .map_or(0, |tiers| tiers.choose(headers, peer));
+            .map_or(0, |tiers| tiers.choose(headers, peer, &asking.token));
         let first = checks.len();
         let mut undecodable = false;
         for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
@@ -90,15 +91,8 @@ pub(in crate::proxy) fn prepare<'r>(
             };
             let (subject, resolved) = match known {
                 Some(known) => known,
-                None => subject::resolve(
-                    &limit.subject,
-                    &route.name,
-                    peer,
-                    headers,
-                    &live.identity,
-                    &runtime.key,
-                )
-                .map_err(|UnreadableForwardedFor| Invalid::ForwardedFor)?,
+                None => subject::resolve(&limit.subject, &route.name, &asking, &runtime.key)
+                    .map_err(|UnreadableForwardedFor| Invalid::ForwardedFor)?,
             };
             undecodable |= resolved == Resolved::Undecodable;
             checks.push(Check {
@@ -114,6 +108,10 @@ pub(in crate::proxy) fn prepare<'r>(
         if undecodable {
             entry.metrics.undecodable();
         }
+    }
+    // Once per request, however many limits and routes read the token.
+    if let Some(reason) = asking.token.rejected() {
+        runtime.jwt_rejected(reason);
     }
     Ok(Destination::Routes(Routed {
         matched,

@@ -1,6 +1,8 @@
 //! `identity`: trusted proxies, IPv6 grouping, the pseudonym key.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -8,6 +10,7 @@ use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, ScalarList};
 use crate::config::validate::check::{self, Checker};
 use crate::config::{Identity, Secret};
+use crate::subject::jwt::{KeySource, Keys, Verifier};
 
 use super::*;
 use crate::config::keys;
@@ -48,12 +51,97 @@ pub fn identity(
         raw.pseudonym_key_version.as_ref(),
         check::number_u32(1),
     );
+    let jwt = match raw.jwt {
+        None => Some(None),
+        Some(raw) => jwt(cx, &path.key("jwt"), raw).map(Some),
+    };
+    let (jwt, jwt_keys_file) = match jwt? {
+        Some((verifier, file)) => (Some(Arc::new(verifier)), file),
+        None => (None, None),
+    };
     Some(Identity {
         trusted_proxies: trusted_proxies?,
         ipv6_prefix: u8::try_from(ipv6_prefix?).ok()?,
         pseudonym_key: pseudonym_key?,
         pseudonym_key_version: pseudonym_key_version?,
+        jwt,
+        jwt_keys_file,
     })
+}
+
+/// `identity.jwt`: exactly one of `keys_file` and `secret`, the keys
+/// read now (a reload reads them again), and what a token must say.
+fn jwt(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Jwt) -> Option<(Verifier, Option<PathBuf>)> {
+    let source = match (&raw.keys_file, &raw.secret) {
+        (Some(file), None) => {
+            let file = PathBuf::from(file.0.trim());
+            Some((
+                KeySource::File(file.clone()),
+                path.key("keys_file"),
+                Some(file),
+            ))
+        }
+        (None, Some(secret)) => Some((
+            KeySource::Secret(Secret(secret.0.clone())),
+            path.key("secret"),
+            None,
+        )),
+        (Some(_), Some(_)) => {
+            cx.error(
+                &path.key("secret"),
+                At::Key,
+                "give `keys_file` or `secret`, not both: a token is checked against one kind of key",
+            );
+            None
+        }
+        (None, None) => {
+            cx.error(
+                path,
+                At::Key,
+                "needs `keys_file` (a JWKS or PEM public keys) or `secret` (HS256)",
+            );
+            None
+        }
+    };
+    let keys = source.and_then(|(source, at, file)| match Keys::load(&source) {
+        Ok(keys) => Some((keys, file)),
+        Err(message) => {
+            cx.error(&at, At::Value, message);
+            None
+        }
+    });
+    let issuer = match &raw.issuer {
+        None => Some(None),
+        Some(s) => cx.value(&path.key("issuer"), s, non_empty).map(Some),
+    };
+    let audiences_at = path.key("audiences");
+    let mut audiences = Vec::new();
+    let mut ok = true;
+    for (p, s) in list_items(&audiences_at, raw.audiences) {
+        match cx.value(&p, &s, non_empty) {
+            Some(a) => audiences.push(a),
+            None => ok = false,
+        }
+    }
+    let leeway = cx.defaulted(
+        path,
+        &keys::IDENTITY_JWT_LEEWAY,
+        raw.leeway.as_ref(),
+        check::duration,
+    );
+    let (keys, file) = keys?;
+    if !ok {
+        return None;
+    }
+    Some((Verifier::new(keys, issuer?, audiences, leeway?), file))
+}
+
+fn non_empty(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    Ok(s.to_owned())
 }
 
 /// A secret: never repeated in a message.

@@ -22,6 +22,9 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 # Werkzeug (the app server under Flask) decodes Basic credentials in the
 # identity tests, to check sluice counts what a Python app reads.
 python3 -c 'import werkzeug' >/dev/null 2>&1 || python3 -m pip install -q werkzeug
+# PyJWT and cryptography issue the tokens the JWT tests verify: what sluice
+# checks is what a real issuer signed.
+python3 -c 'import jwt, cryptography' >/dev/null 2>&1 || python3 -m pip install -q pyjwt cryptography
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

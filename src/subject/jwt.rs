@@ -203,6 +203,13 @@ impl<'a> Token<'a> {
         }
     }
 
+    /// Whether the request's bearer token checks out, read now if no
+    /// limit has read it; `None` without a token or without `identity.jwt`.
+    pub fn verdict(&self) -> Option<Result<(), Rejected>> {
+        self.verified()
+            .map(|verified| verified.as_ref().map(|_| ()).map_err(|r| *r))
+    }
+
     /// Why the request's token was not believed, if it carried one that
     /// was read and was not.
     pub fn rejected(&self) -> Option<Rejected> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::support::redis::RedisServer;
 use crate::support::redis_sidecar::{redis_yaml, start_ready};
 use crate::support::sidecar::{run_binary, write_config};
+use crate::support::tokens::{Issuer, Key, Spec};
 use crate::support::{clear_of_window_edge, get, request, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -631,5 +632,69 @@ upstream:
     assert!(
         !stderr.contains(": short"),
         "the token is never printed: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_combined_subject_and_a_token_claim_are_explained() {
+    let issuer = Issuer::new();
+    let upstream = Upstream::start().await;
+    let secret = "an HS256 secret, 32 bytes or more";
+    let yaml = memory_yaml(&upstream)
+        .replace(
+            "identity:\n",
+            &format!("identity:\n  jwt: {{ secret: \"{secret}\", audiences: [billing] }}\n"),
+        )
+        .replace(
+            "subject: client_ip, policy: login",
+            "subject: { all: [client_ip, \"header:x-api-key\"] }, policy: login",
+        )
+        .replace(
+            "subject: \"header:x-api-key\"",
+            "subject: [jwt:sub, client_ip]",
+        );
+    let sluice = Sidecar::start(&yaml);
+
+    let pair = explain(&sluice, &login()).await;
+    let subject = &first_limit(&pair)["subject"];
+    assert_eq!(subject["kind"], "all", "{pair}");
+    assert_eq!(
+        subject["sources"][0],
+        "{ all: [client_ip, header:x-api-key] }"
+    );
+    let other_key = explain(
+        &sluice,
+        &json!({"method": "GET", "path": "/login", "peer": PEER, "headers": {"X-API-Key": "k-2"}}),
+    )
+    .await;
+    assert_ne!(
+        first_limit(&other_key)["subject"]["pseudonym"],
+        subject["pseudonym"]
+    );
+
+    let spec = |sub: &str, aud: &str| Spec {
+        alg: "HS256",
+        key: Key::Secret(secret),
+        kid: None,
+        claims: json!({ "sub": sub, "aud": aud, "exp": 300 }),
+    };
+    let tokens = issuer.sign(&[spec("alice-7f3a", "billing"), spec("alice-7f3a", "payroll")]);
+    let bearer = |token: &str| json!({"method": "GET", "path": "/api/items", "peer": PEER, "headers": {"Authorization": format!("Bearer {token}")}});
+    let good = explain(&sluice, &bearer(&tokens[0])).await;
+    assert_eq!(good["request"]["token"], "verified", "{good}");
+    assert_eq!(first_limit(&good)["subject"]["kind"], "jwt");
+    assert!(
+        !good.to_string().contains("alice-7f3a"),
+        "the claim is shown: {good}"
+    );
+    let misaddressed = explain(&sluice, &bearer(&tokens[1])).await;
+    assert_eq!(
+        misaddressed["request"]["token"], "rejected: audience",
+        "{misaddressed}"
+    );
+    assert_eq!(
+        first_limit(&misaddressed)["subject"]["kind"],
+        "client_ip",
+        "a rejected token falls to the next subject"
     );
 }

@@ -79,14 +79,21 @@ impl Answer {
 pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Described) -> Value {
     let live = &*runtime.live;
     let mut out = Map::new();
-    out.insert(
-        "request".to_owned(),
-        json!({
-            "method": described.method.as_str(),
-            "path": described.uri.path(),
-            "peer_given": described.peer_given,
-        }),
-    );
+    let mut request = json!({
+        "method": described.method.as_str(),
+        "path": described.uri.path(),
+        "peer_given": described.peer_given,
+    });
+    // What `jwt:` subjects and claim tiers make of the bearer token.
+    let token = Token::new(live.identity.jwt.as_deref(), &described.headers);
+    if let (Some(verdict), Value::Object(map)) = (token.verdict(), &mut request) {
+        let said = match verdict {
+            Ok(()) => "verified".to_owned(),
+            Err(reason) => format!("rejected: {}", reason.label()),
+        };
+        map.insert("token".to_owned(), json!(said));
+    }
+    out.insert("request".to_owned(), request);
     let routed = service::prepare(
         runtime,
         &described.method,

@@ -8,6 +8,7 @@
 //! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
 //! - [`tls`]: a self-signed certificate and a client that trusts it.
 //! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
+//! - [`tokens`]: `Issuer`, JWTs signed by PyJWT with generated keys, and their JWKS and PEM files.
 //! - [`werkzeug`]: `Werkzeug`, a real Python app server reading `Basic` credentials.
 //!
 //! Each test file compiles this module on its own and uses only part of it.
@@ -21,6 +22,7 @@ pub mod redis_sidecar;
 pub mod scripted;
 pub mod sidecar;
 pub mod tls;
+pub mod tokens;
 pub mod topology;
 pub mod upstream;
 pub mod werkzeug;

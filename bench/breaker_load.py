@@ -20,7 +20,6 @@ The report goes to stdout and `bench/results/<stem>.md`.
 """
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -32,26 +31,6 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tools  # noqa: E402
-
-
-def serve_upstream(port):
-    async def handle(reader, writer):
-        try:
-            while True:
-                await reader.readuntil(b"\r\n\r\n")
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            return
-        finally:
-            writer.close()
-
-    async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
 
 
 CONFIG = """version: 1
@@ -71,22 +50,6 @@ policies:
 routes: []
 default: {{ policy: api, subject: client_ip }}
 """
-
-
-def start_sluice(procs, workdir, binary, cfg, n):
-    log = os.path.join(workdir, f"sluice-{n}-{time.time_ns()}.log")
-    proc = procs.start("sluice", [binary, "run", "--config", cfg], None, log)
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        time.sleep(0.05)
-        with open(log) as f:
-            for line in f:
-                if "listening" in line:
-                    t = re.search(r'"traffic_addr":"127\.0\.0\.1:(\d+)"', line)
-                    a = re.search(r'"admin_addr":"127\.0\.0\.1:(\d+)"', line)
-                    if t and a:
-                        return proc, int(t.group(1)), int(a.group(1))
-    raise SystemExit(f"breaker_load: sluice did not start: {tools.tail(log)}")
 
 
 def metrics(admin):
@@ -114,7 +77,7 @@ def main():
     ap.add_argument("--serve-upstream", type=int)
     args = ap.parse_args()
     if args.serve_upstream:
-        serve_upstream(args.serve_upstream)
+        tools.serve_ok(args.serve_upstream)
         return
     builds = [s.split("=", 1) if "=" in s else (s, s) for s in args.sluice]
     procs = tools.Processes()
@@ -132,10 +95,9 @@ def main():
                 redis = procs.start("redis", ["redis-server", "--port", str(rport), "--save", "",
                                               "--appendonly", "no"], None, os.path.join(workdir, "redis.log"))
                 tools.wait_tcp(rport, redis)
-                cfg = os.path.join(workdir, f"{name}.yaml")
-                with open(cfg, "w") as f:
-                    f.write(CONFIG.format(upstream=up, redis=rport, limit=args.limit))
-                sidecars = [start_sluice(procs, workdir, binary, cfg, n) for n in range(3)]
+                config = CONFIG.format(upstream=up, redis=rport, limit=args.limit)
+                sidecars = [tools.start_sluice(procs, workdir, binary, config, f"{name}-{n}")[:3]
+                            for n in range(3)]
                 for _, port, _ in sidecars:
                     deadline = time.time() + 10
                     while time.time() < deadline and tools.http_status(port, "/warm") not in (200, 429):

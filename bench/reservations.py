@@ -41,9 +41,7 @@ import asyncio
 import http.client
 import json
 import os
-import re
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -142,23 +140,9 @@ class Run:
                                                 "--appendonly", "no"], None, rlog)
         if not tools.wait_tcp(self.redis_port, self.redis_proc):
             raise SystemExit("reservations: redis-server did not start")
-        cfg = os.path.join(workdir, f"sluice-{self.redis_port}.yaml")
-        with open(cfg, "w") as f:
-            f.write(CONFIG.format(upstream=upstream, redis=self.redis_port, limit=limit))
-        self.log = os.path.join(workdir, f"sluice-{self.redis_port}.log")
-        self.proc = procs.start("sluice", [binary, "run", "--config", cfg], None, self.log)
-        self.port = None
+        config = CONFIG.format(upstream=upstream, redis=self.redis_port, limit=limit)
+        self.proc, self.port, _, self.log = tools.start_sluice(procs, workdir, binary, config, "sluice")
         deadline = time.time() + 15
-        while time.time() < deadline and self.port is None:
-            time.sleep(0.05)
-            with open(self.log) as f:
-                for line in f:
-                    if "listening" in line:
-                        m = re.search(r'"traffic_addr":"127\.0\.0\.1:(\d+)"', line)
-                        if m:
-                            self.port = int(m.group(1))
-        if self.port is None:
-            raise SystemExit(f"reservations: sluice did not start: {tools.tail(self.log)}")
         # Ready once Redis answers its decisions.
         while time.time() < deadline and tools.http_status(self.port, "/login?status=200") != 200:
             time.sleep(0.1)

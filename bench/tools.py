@@ -103,6 +103,56 @@ def http_status(port, path, timeout=5.0):
         conn.close()
 
 
+# --- sluice and a plain upstream -----------------------------------------------
+
+
+def start_sluice(procs, workdir, binary, config_text, name, cpu=None, timeout=15.0):
+    """Writes `config_text` and runs `binary` on it: (process, traffic port,
+    admin port or None, log path) once its `listening` line is logged."""
+    stem = f"{name}-{time.time_ns()}"
+    cfg = os.path.join(workdir, stem + ".yaml")
+    with open(cfg, "w") as f:
+        f.write(config_text)
+    log = os.path.join(workdir, stem + ".log")
+    proc = procs.start(name, [binary, "run", "--config", cfg], cpu, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+        with open(log, errors="replace") as f:
+            for line in f:
+                if "listening" not in line:
+                    continue
+                t = re.search(r'"traffic_addr":"127\.0\.0\.1:(\d+)"', line)
+                a = re.search(r'"admin_addr":"127\.0\.0\.1:(\d+)"', line)
+                if t:
+                    return proc, int(t.group(1)), int(a.group(1)) if a else None, log
+    raise SystemExit(f"{name}: sluice did not start: {tail(log)}")
+
+
+def serve_ok(port):
+    """A keep-alive upstream answering every request `200 ok` at once
+    (asyncio, one thread; run it in a process of its own)."""
+    import asyncio
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            return
+        finally:
+            writer.close()
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
 # --- /proc -------------------------------------------------------------------
 
 

@@ -12,9 +12,11 @@
 mod keys;
 #[cfg(test)]
 mod tests;
+mod verified;
 
 use std::cell::OnceCell;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderMap, AUTHORIZATION};
@@ -23,6 +25,7 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 
 pub use keys::{KeySource, Keys};
+use verified::{Claims, Verified};
 
 /// Why a bearer token was not believed: a metric label, so a closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +105,7 @@ pub struct Verifier {
     /// `exp` required; `nbf`, issuer and audience checked; the algorithms
     /// are set per key.
     validation: Validation,
+    verified: Verified,
 }
 
 impl fmt::Debug for Verifier {
@@ -139,12 +143,37 @@ impl Verifier {
             required.push("aud");
         }
         validation.set_required_spec_claims(&required);
-        Verifier { keys, validation }
+        Verifier {
+            keys,
+            validation,
+            verified: Verified::default(),
+        }
     }
 
     /// The claims of `token` (the credential of a `Bearer` authorization),
-    /// when it checks out.
-    pub fn verify(&self, token: &[u8]) -> Result<Map<String, Value>, Rejected> {
+    /// when it checks out: from the tokens verified before while they
+    /// last, else checked now.
+    pub fn verify(&self, token: &[u8]) -> Result<Claims, Rejected> {
+        let now = jsonwebtoken::get_current_timestamp();
+        let leeway = self.validation.leeway;
+        let digest = verified::digest(token);
+        match self.verified.get(&digest, now, leeway) {
+            Some(Ok(claims)) => return Ok(claims),
+            Some(Err(())) => return Err(Rejected::Expired),
+            None => {}
+        }
+        let claims = Arc::new(self.check(token)?);
+        // `exp` is required, so a verified token has one; a fraction is
+        // cut down, never up.
+        if let Some(exp) = claims.get("exp").and_then(Value::as_f64) {
+            self.verified
+                .put(digest, claims.clone(), exp.max(0.0) as u64, now, leeway);
+        }
+        Ok(claims)
+    }
+
+    /// Every check of `token`, its signature first.
+    fn check(&self, token: &[u8]) -> Result<Map<String, Value>, Rejected> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| Rejected::Malformed)?;
         let candidates = self.keys.for_token(header.alg, header.kid.as_deref())?;
         let mut last = Rejected::UnknownKey;
@@ -167,7 +196,7 @@ impl Verifier {
 pub struct Token<'a> {
     verifier: Option<&'a Verifier>,
     headers: &'a HeaderMap,
-    verified: OnceCell<Option<Result<Map<String, Value>, Rejected>>>,
+    verified: OnceCell<Option<Result<Claims, Rejected>>>,
 }
 
 impl<'a> Token<'a> {
@@ -179,7 +208,7 @@ impl<'a> Token<'a> {
         }
     }
 
-    fn verified(&self) -> Option<&Result<Map<String, Value>, Rejected>> {
+    fn verified(&self) -> Option<&Result<Claims, Rejected>> {
         self.verified
             .get_or_init(|| {
                 let verifier = self.verifier?;

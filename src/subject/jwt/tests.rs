@@ -308,3 +308,44 @@ fn a_request_reads_its_bearer_token_once_and_as_apps_do() {
     );
     assert!(t.claim("org").is_none());
 }
+
+#[test]
+fn only_tokens_that_checked_out_are_remembered_and_only_until_they_expire() {
+    let v = verifier(secret_keys());
+    let token = hs256(good());
+    let first = v.verify(token.as_bytes()).expect("verified");
+    let again = v.verify(token.as_bytes()).expect("verified again");
+    assert!(Arc::ptr_eq(&first, &again), "the second use is remembered");
+    assert_eq!(v.verified.len(), 1);
+    for bad in [
+        hs256(with(good(), "aud", json!("other"))),
+        "a.b.c".to_owned(),
+    ] {
+        assert!(v.verify(bad.as_bytes()).is_err());
+    }
+    assert_eq!(v.verified.len(), 1, "a refused token is not remembered");
+
+    // Expiry is checked on every use, with the leeway.
+    let set = verified::Verified::default();
+    let claims: verified::Claims = Arc::new(Map::new());
+    let d = verified::digest(b"token");
+    set.put(d, claims.clone(), 1_000, 900, 30);
+    assert!(matches!(set.get(&d, 1_030, 30), Some(Ok(_))));
+    assert!(matches!(set.get(&d, 1_031, 30), Some(Err(()))));
+    assert!(
+        set.get(&d, 1_031, 30).is_none(),
+        "an expired token is forgotten"
+    );
+    // A full set drops what expired first, and never grows past its size.
+    for i in 0u32..5000 {
+        let exp = if i < 100 { 950 } else { 10_000 };
+        set.put(
+            verified::digest(&i.to_be_bytes()),
+            claims.clone(),
+            exp,
+            1_000,
+            0,
+        );
+    }
+    assert!(set.len() <= 4096, "{}", set.len());
+}

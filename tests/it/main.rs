@@ -22,6 +22,7 @@ mod hostile_requests;
 mod identity;
 mod leases;
 mod local_fallback;
+mod manifests_check;
 mod memory_bound;
 mod operations;
 mod proxy_protocol;

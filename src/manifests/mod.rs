@@ -22,7 +22,8 @@
 //!
 //! Warnings (reported, not refused): a pod running sluice that no
 //! NetworkPolicy restricts, or whose policies admit a port of the
-//! application: other pods can reach the application on the pod IP.
+//! application (one the policy's `sluice/bypass-ports` does not name):
+//! other pods can reach the application on the pod IP.
 
 mod objects;
 mod rules;
@@ -36,9 +37,9 @@ pub use rules::{check, Finding, Report, Severity};
 /// workload or Service meant to have sluice.
 pub const SIDECAR_LABEL: &str = "sluice/sidecar";
 
-/// A Service's annotation naming the ports (by name or number, comma
-/// separated) that reach the application directly on purpose, e.g. its
-/// metrics port.
+/// A Service's (or NetworkPolicy's) annotation naming the ports (by name
+/// or number, comma separated) that reach the application directly on
+/// purpose, e.g. its metrics port.
 pub const BYPASS_ANNOTATION: &str = "sluice/bypass-ports";
 
 /// The name of sluice's container, and of its two ports.

@@ -1,4 +1,8 @@
 //! The checks of `sluice check-manifests` over loaded objects.
+//!
+//! `sluice/bypass-ports` on a Service names its ports that reach the
+//! application on purpose; on a NetworkPolicy, the ports it admits to the
+//! application on purpose.
 
 use std::fmt;
 
@@ -414,6 +418,7 @@ fn check_isolation(
         return;
     }
     for policy in policies {
+        let policy_bypass = bypassed(policy);
         let Some(Value::Sequence(rules)) = at(&policy.value, &["spec", "ingress"]) else {
             continue; // no rule: nothing admitted
         };
@@ -437,7 +442,8 @@ fn check_isolation(
                     continue;
                 };
                 let admitted = Some(admitted);
-                let hit = app_ports.iter().find(|(_, n, name)| {
+                let meant = policy_bypass.iter().any(|b| Some(b) == admitted.as_ref());
+                let hit = app_ports.iter().filter(|_| !meant).find(|(_, n, name)| {
                     admitted.as_deref() == Some(n.to_string().as_str())
                         || (admitted.is_some() && admitted == *name)
                 });

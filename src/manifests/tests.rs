@@ -173,6 +173,17 @@ fn network_policies_that_admit_the_application_are_reported() {
         "{warnings:?}"
     );
     assert_eq!(r.errors(), 0);
+    // Named in the policy's annotation: meant, no warning for that port.
+    let meant = open.replace(
+        "name: sluice-sidecar\n",
+        "name: sluice-sidecar\n  annotations: { sluice/bypass-ports: \"9100\" }\n",
+    );
+    let r = report("added.yaml", &meant);
+    let warnings: Vec<&str> = r.findings.iter().map(|f| f.message.as_str()).collect();
+    assert_eq!(
+        warnings,
+        ["NetworkPolicy/sluice-sidecar admits every port, the application's too"]
+    );
 }
 
 #[test]

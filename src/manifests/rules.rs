@@ -286,11 +286,12 @@ fn check_service(report: &mut Report, service: &Object, workloads: &[(&Object, P
         _ => Vec::new(),
     };
     let bypass = bypassed(service);
-    let mut selects_sluice = false;
+    let mut selects_any = false;
     for (workload, pod) in workloads
         .iter()
         .filter(|(w, p)| w.shares_namespace(service) && selects(&selector, &p.labels))
     {
+        selects_any = true;
         let containers = pod.containers();
         let Some(sluice) = containers.iter().find(|c| c.name == CONTAINER) else {
             if meant {
@@ -304,7 +305,6 @@ fn check_service(report: &mut Report, service: &Object, workloads: &[(&Object, P
             }
             continue;
         };
-        selects_sluice = true;
         let sidecar = sidecar(sluice);
         for port in &ports {
             let name = port.get("name").and_then(scalar);
@@ -352,11 +352,11 @@ fn check_service(report: &mut Report, service: &Object, workloads: &[(&Object, P
             }
         }
     }
-    if meant && !selects_sluice {
+    if meant && !selects_any {
         report.error(
             service,
             format!(
-                "labelled {SIDECAR_LABEL}: enabled but selects no pod running sluice in the input"
+                "labelled {SIDECAR_LABEL}: enabled but selects no pod in the input: check it with the workload it selects"
             ),
         );
     }

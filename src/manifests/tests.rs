@@ -75,6 +75,7 @@ fn a_label_added_after_the_patch_is_refused() {
             .any(|e| e.starts_with("input: no workload runs")),
         "{errors:?}"
     );
+    assert_eq!(errors.len(), 3, "{errors:?}");
 }
 
 #[test]
@@ -200,7 +201,7 @@ fn namespaces_keep_services_apart() {
     let errors = errors(&report("ns.yaml", &other));
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
-        errors[0].contains("selects no pod running sluice"),
+        errors[0].contains("selects no pod in the input"),
         "{errors:?}"
     );
 }

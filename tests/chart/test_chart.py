@@ -1368,3 +1368,43 @@ def test_native_sidecar_grace_period_refused_when_the_app_stop_does_not_fit() ->
     assert "only after the application has exited" in message
     # One second more fits.
     assert render({**values, "terminationGracePeriodSeconds": 41}).pod["spec"]["terminationGracePeriodSeconds"] == 41
+
+
+# --- values.yaml, values.schema.json and the README agree ---------------------
+
+
+def value_paths(values: dict[str, Any], prefix: str = "", depth: int = 2) -> list[str]:
+    """Key paths of values.yaml down to `depth` (sluice.config is sluice's
+    own configuration, documented with sluice; pass-through objects such as
+    podSecurityContext are documented whole)."""
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        paths.append(path)
+        if isinstance(value, dict) and value and depth > 1 and path != "sluice.config":
+            paths.extend(value_paths(value, f"{path}.", depth - 1))
+    return paths
+
+
+def test_every_value_is_in_the_schema_and_the_readme() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    readme = (CHART / "README.md").read_text()
+    missing_schema, missing_readme = [], []
+    for path in value_paths(values):
+        node = schema
+        free_form = False
+        for key in path.split("."):
+            if "properties" not in node:
+                free_form = True  # a pass-through object (a security context, a probe)
+                break
+            node = node["properties"].get(key)
+            if node is None:
+                missing_schema.append(path)
+                break
+        parent, _, last = path.rpartition(".")
+        forms = [f"`{path}`", f"`{path}.", f"`.{last}`"] + ([f"`{parent}.*`"] if parent else [])
+        if not free_form and not any(form in readme for form in forms):
+            missing_readme.append(path)
+    assert missing_schema == []
+    assert missing_readme == [], missing_readme

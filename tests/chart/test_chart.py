@@ -1196,7 +1196,11 @@ def test_kustomize_component_patches_the_http_port_by_name(tmp_path: Path) -> No
     """A Service listing its metrics port before `http`: the http port ends
     on sluice, the metrics port stays the application's."""
     service = legacy_service()
-    assert [p["name"] for p in service["spec"]["ports"]] == ["metrics", "http"]
+    service["spec"]["ports"] = [
+        {"name": "metrics", "port": 9100, "targetPort": "metrics", "protocol": "TCP"},
+        {"name": "http", "port": 80, "targetPort": "web"},
+    ]
+    service["metadata"]["annotations"] = {"sluice/bypass-ports": "metrics"}
     built = kustomize(overlay(tmp_path, service, legacy_deployment()))
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]

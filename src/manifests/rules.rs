@@ -98,7 +98,7 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// sluice in one pod: its ports, and every other container's.
+/// sluice's two ports in one pod, found by their names.
 struct Sidecar {
     traffic: Option<u16>,
     metrics: Option<u16>,
@@ -234,7 +234,12 @@ fn reaches(port: &Value, containers: &[Container], sidecar: &Sidecar) -> Reaches
         let owner = containers
             .iter()
             .find(|c| c.ports.iter().any(|p| p.number == n && p.protocol == proto));
-        Reaches::Around(owner.map(|c| c.name.clone()), n)
+        match owner {
+            // sluice's own port under another name: the missing name is
+            // reported with the pod.
+            Some(c) if c.name == CONTAINER => Reaches::SluiceTraffic,
+            _ => Reaches::Around(owner.map(|c| c.name.clone()), n),
+        }
     };
     match target {
         Some(Value::Number(n)) => match n.as_u64().and_then(|n| u16::try_from(n).ok()) {

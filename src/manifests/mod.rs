@@ -12,6 +12,9 @@
 //!   component ran (an overlay's `labels:`), or the patch missed it;
 //! - a `sluice` init container without `restartPolicy: Always` (the pod
 //!   would never start), or one not declaring its traffic port `sluice`;
+//! - sluice's mounted configuration (when the input holds its ConfigMap)
+//!   listening elsewhere than the ports the container declares, or
+//!   forwarding to one of them;
 //! - a Service selecting a pod that runs sluice has a port reaching another
 //!   container (or no declared port at all) — unless the Service names that
 //!   port in its `sluice/bypass-ports` annotation — or a port naming no
@@ -25,6 +28,7 @@
 //! application (one the policy's `sluice/bypass-ports` does not name):
 //! other pods can reach the application on the pod IP.
 
+mod mounted;
 mod objects;
 mod rules;
 #[cfg(test)]

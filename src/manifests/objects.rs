@@ -164,13 +164,14 @@ pub fn pod(object: &Object) -> Option<Pod<'_>> {
 
 /// A container of a pod, regular or init.
 #[derive(Debug)]
-pub struct Container {
+pub struct Container<'p> {
     pub name: String,
     pub init: bool,
     /// An init container with `restartPolicy: Always`: a native sidecar,
     /// running beside the regular containers.
     pub sidecar: bool,
     pub ports: Vec<Port>,
+    pub value: &'p Value,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +182,7 @@ pub struct Port {
 }
 
 impl Pod<'_> {
-    pub fn containers(&self) -> Vec<Container> {
+    pub fn containers(&self) -> Vec<Container<'_>> {
         let mut found = Vec::new();
         for (key, init) in [("initContainers", true), ("containers", false)] {
             let Some(Value::Sequence(list)) = self.spec.get(key) else {
@@ -195,6 +196,7 @@ impl Pod<'_> {
                     init,
                     sidecar,
                     ports: ports(value),
+                    value,
                 });
             }
         }

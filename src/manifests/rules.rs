@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde_yaml::{Mapping, Value};
 
+use super::mounted::mounted;
 use super::objects::{at, pod, protocol, scalar, selects, Container, Object, Pod};
 use super::{BYPASS_ANNOTATION, CONTAINER, METRICS_PORT, SIDECAR_LABEL, TRAFFIC_PORT};
 
@@ -133,6 +134,7 @@ pub fn check(objects: &[Object]) -> Report {
             Some(sluice) => {
                 with_sluice += 1;
                 check_pod(&mut report, object, sluice, &containers);
+                check_config(&mut report, object, pod, sluice, objects);
             }
             None if meant => report.error(
                 object,
@@ -165,7 +167,7 @@ pub fn check(objects: &[Object]) -> Report {
     report
 }
 
-fn sidecar(sluice: &Container) -> Sidecar {
+fn sidecar(sluice: &Container<'_>) -> Sidecar {
     let named = |name: &str| {
         sluice
             .ports
@@ -179,7 +181,7 @@ fn sidecar(sluice: &Container) -> Sidecar {
     }
 }
 
-fn check_pod(report: &mut Report, object: &Object, sluice: &Container, all: &[Container]) {
+fn check_pod(report: &mut Report, object: &Object, sluice: &Container<'_>, all: &[Container<'_>]) {
     if sluice.init && !sluice.sidecar {
         report.error(
             object,
@@ -221,7 +223,45 @@ fn check_pod(report: &mut Report, object: &Object, sluice: &Container, all: &[Co
     ));
 }
 
-fn reaches(port: &Value, containers: &[Container], sidecar: &Sidecar) -> Reaches {
+/// The ports sluice's configuration names against those its container
+/// declares: a Service on the declared traffic port reaches nothing if
+/// sluice listens elsewhere, and probes on the declared admin port fail.
+fn check_config(
+    report: &mut Report,
+    object: &Object,
+    pod: &Pod<'_>,
+    sluice: &Container<'_>,
+    objects: &[Object],
+) {
+    let Some(config) = mounted(sluice, pod, object, objects) else {
+        return;
+    };
+    let ports = sidecar(sluice);
+    let pairs = [
+        ("server.listen", config.listen, TRAFFIC_PORT, ports.traffic),
+        ("server.admin", config.admin, METRICS_PORT, ports.metrics),
+    ];
+    for (key, configured, name, declared) in pairs {
+        if let (Some(configured), Some(declared)) = (configured, declared) {
+            if configured != declared {
+                report.error(
+                    object,
+                    format!("sluice's {key} in {} is port {configured}, but its container port `{name}` is {declared}", config.source),
+                );
+            }
+        }
+    }
+    if let Some(upstream) = config.upstream {
+        if [config.listen, config.admin].contains(&Some(upstream)) {
+            report.error(
+                object,
+                format!("sluice's upstream.url in {} is its own port {upstream}: it would forward to itself", config.source),
+            );
+        }
+    }
+}
+
+fn reaches(port: &Value, containers: &[Container<'_>], sidecar: &Sidecar) -> Reaches {
     let proto = protocol(port);
     let target = port.get("targetPort").or_else(|| port.get("port"));
     let by_number = |n: u16| {
@@ -400,7 +440,7 @@ fn check_isolation(
     report: &mut Report,
     workload: &Object,
     pod: &Pod<'_>,
-    containers: &[Container],
+    containers: &[Container<'_>],
     objects: &[Object],
 ) {
     let app_ports: Vec<(String, u16, Option<String>)> = containers

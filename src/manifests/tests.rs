@@ -214,3 +214,39 @@ fn what_is_not_an_object_is_a_load_error() {
     assert!(error.message.contains("line"), "{error}");
     assert!(load("x.yaml", "---\n# nothing\n---\n").unwrap().is_empty());
 }
+
+#[test]
+fn the_mounted_configuration_listens_on_the_declared_ports() {
+    let moved = ADDED
+        .replace("listen: 0.0.0.0:8080", "listen: 0.0.0.0:8081")
+        .replace("url: http://127.0.0.1:3000", "url: http://127.0.0.1:9901");
+    let errors = errors(&report("added.yaml", &moved));
+    assert_eq!(
+        errors,
+        [
+            "Deployment/shop (added.yaml, document 2): sluice's server.listen in ConfigMap/sluice-config is port 8081, but its container port `sluice` is 8080",
+            "Deployment/shop (added.yaml, document 2): sluice's upstream.url in ConfigMap/sluice-config is its own port 9901: it would forward to itself",
+        ]
+    );
+    // A subPath mount and items naming the file are followed too.
+    let sub = moved
+        .replace(
+            "mountPath: /etc/sluice, readOnly: true",
+            "mountPath: /etc/sluice/sluice.yaml, subPath: conf.yaml",
+        )
+        .replace(
+            "configMap: { name: sluice-config }",
+            "configMap: { name: sluice-config, items: [{ key: sluice.yaml, path: conf.yaml }] }",
+        );
+    assert_eq!(self::errors(&report("added.yaml", &sub)).len(), 2);
+    // Without the ConfigMap in the input there is nothing to compare.
+    let alone = moved
+        .split("\n---\napiVersion: v1\nkind: ConfigMap")
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        self::errors(&report("added.yaml", &alone)),
+        Vec::<String>::new()
+    );
+}

@@ -1099,7 +1099,8 @@ def test_kustomize_component_starting_config_is_valid(tmp_path: Path) -> None:
     patch = yaml.safe_load((KUSTOMIZE / "sluice-sidecar" / "sidecar.yaml").read_text())
     [sluice] = patch["spec"]["template"]["spec"]["initContainers"]
     ports = {p["name"]: p["containerPort"] for p in sluice["ports"]}
-    assert ports == {"sluice": port_of(config["server"]["listen"]), "sluice-metrics": port_of(config["server"]["admin"])}
+    listen, admin = port_of(config["server"]["listen"]), port_of(config["server"]["admin"])
+    assert ports == {"sluice": listen, "sluice-metrics": admin}
     # The NetworkPolicy component admits those two numbers.
     policy = yaml.safe_load((KUSTOMIZE / "sluice-network-policy" / "network-policy.yaml").read_text())
     admitted = sorted(p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"])
@@ -1345,13 +1346,17 @@ def test_network_policy_on_by_default_only_where_the_chart_owns_the_pod() -> Non
         ({"sluice": {"nativeSidecar": True}, "app": {"stopSeconds": 15}}, 45),
         (
             {
-                "sluice": {"nativeSidecar": True, "preStopSleepSeconds": 1, "config": {"server": {"shutdown_delay": "500ms", "shutdown_grace": "29s"}}},
+                "sluice": {
+                    "nativeSidecar": True,
+                    "preStopSleepSeconds": 1,
+                    "config": {"server": {"shutdown_delay": "500ms", "shutdown_grace": "29s"}},
+                },
                 "app": {"stopSeconds": 10},
             },
             46,  # 10 + 1 + 0.5 + 29 = 40.5, rounded up, + 5
         ),
         # sidecar-only is always native.
-        ({"mode": "sidecar-only", "sidecarOnly": {"selector": {"app": "shop"}}, "app": {"port": 3000, "stopSeconds": 10}}, 40),
+        ({**SIDECAR_ONLY, "app": {"port": 3000, "stopSeconds": 10}, "terminationGracePeriodSeconds": None}, 40),
     ],
 )
 def test_grace_period_is_computed_from_app_stop_and_sluice_shutdown(values: dict[str, Any], expected: int) -> None:

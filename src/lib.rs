@@ -26,6 +26,9 @@
 //!   names; each module holds the handles of what it measures.
 //! - [`sync`]: locks taken whatever a panic elsewhere left (one rule,
 //!   written once) and the made-once map the Redis scripts live in.
+//! - [`manifests`]: `sluice check-manifests`, which reads a rendering
+//!   (Helm, Kustomize) for workloads meant to run sluice that do not and
+//!   Service ports that reach the application around it.
 //! - [`sleeps`]: tokio sleeps kept armed for reuse (hyper's HTTP/1 header
 //!   timer, `upstream.timeout`), so a request takes no timer-wheel lock.
 
@@ -33,6 +36,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod limit;
+pub mod manifests;
 pub mod path;
 pub mod proxy;
 pub mod reload;

@@ -1,5 +1,7 @@
 //! `sluice run` serves; `sluice check` validates and prints the route table,
-//! or with `--explain` the routing of one described request.
+//! or with `--explain` the routing of one described request;
+//! `sluice check-manifests` reads a Kubernetes rendering for sluice left out
+//! or gone around.
 //! Exit codes: 0 ok, 2 invalid configuration (or request description),
 //! 1 runtime failure.
 
@@ -56,6 +58,15 @@ enum Command {
         #[arg(long, conflicts_with = "explain")]
         connect: bool,
     },
+    /// Read rendered Kubernetes manifests (`helm template`, `kubectl
+    /// kustomize`; multi-document YAML, `-` for standard input) and refuse
+    /// them when a workload meant to run sluice does not, or a port of a
+    /// Service selecting sluice's pods reaches the application around it.
+    /// Exits 2 when something is refused.
+    CheckManifests {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
     /// Print every key of the sections (server, upstream, store, identity,
     /// responses): its default, whether a reload applies it or it needs a
     /// restart, and what it means.
@@ -81,6 +92,7 @@ fn main() -> ExitCode {
             print!("{table}");
             ExitCode::SUCCESS
         }
+        Command::CheckManifests { files } => check_manifests(&files),
         Command::Check {
             config,
             explain,
@@ -198,6 +210,43 @@ fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCod
     }
     if failed {
         ExitCode::from(EXIT_RUNTIME)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `sluice check-manifests`: the objects of every file, checked together
+/// (a Service and the workload it selects may come from different files).
+fn check_manifests(files: &[PathBuf]) -> ExitCode {
+    let mut objects = Vec::new();
+    for file in files {
+        let (name, text) = if file.as_os_str() == "-" {
+            let mut text = String::new();
+            let read = std::io::Read::read_to_string(&mut std::io::stdin(), &mut text);
+            ("standard input".to_owned(), read.map(|_| text))
+        } else {
+            (file.display().to_string(), std::fs::read_to_string(file))
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(error) => {
+                eprintln!("{name}: {error}");
+                return ExitCode::from(EXIT_RUNTIME);
+            }
+        };
+        match sluice::manifests::load(&name, &text) {
+            Ok(found) => objects.extend(found),
+            Err(error) => {
+                eprintln!("{error}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    let report = sluice::manifests::check(&objects);
+    // A closed pipe (`| head`) is no failure of the check.
+    let _ = write!(std::io::stdout(), "{report}");
+    if report.errors() > 0 {
+        ExitCode::from(EXIT_CONFIG)
     } else {
         ExitCode::SUCCESS
     }

@@ -44,7 +44,7 @@ KUBE_VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 
 # Custom resources have no schema in kubernetes-validate; they are checked
 # structurally below instead (test_service_monitor_scrapes_admin_port).
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")}
 
 # Every metric sluice exports (the dashboard may use no other).
 SLUICE_METRICS = {
@@ -183,6 +183,17 @@ def sluice_check(config_text: str, tmp_path: Path) -> subprocess.CompletedProces
     )
 
 
+def check_manifests(docs: list[dict[str, Any]], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`sluice check-manifests` over `docs`, as one rendered file."""
+    binary = sluice_bin()
+    assert binary.is_file(), f"sluice binary not found at {binary} (build it or set SLUICE_BIN)"
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return subprocess.run(
+        [str(binary), "check-manifests", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 # --- lint and schema validation -------------------------------------------
 
 
@@ -232,6 +243,9 @@ def test_values_schema_rejects_mistakes() -> None:
         {"sluice": {"secretsChecksum": 1}},
         {"sluice": {"config": {"server": {"shutdown_delay": "5 seconds"}}}},
         {"sluice": {"config": {"server": {"shutdown_grace": 20}}}},
+        {"networkPolicy": {"enabled": "yes"}},
+        {"app": {"stopSeconds": -1}},
+        {"metrics": {"podMonitor": {"enabled": "true"}}},
     ]
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema({})
@@ -382,7 +396,7 @@ def test_chart_fills_addresses_and_upstream(case: tuple[str, Render]) -> None:
     assert cfg["upstream"]["url"] == f"http://127.0.0.1:{r.values['app']['port']}"
     assert cfg["server"]["shutdown_delay"] == "5s"
     declared = {p["name"]: p["containerPort"] for p in r.sluice["ports"]}
-    assert declared == {"http": ports["traffic"], "admin": ports["admin"]}
+    assert declared == {"sluice": ports["traffic"], "sluice-metrics": ports["admin"]}
     # The user's configuration passes through.
     user = r.values["sluice"]["config"]
     assert cfg["policies"] == user["policies"]
@@ -483,13 +497,15 @@ def test_optional_resources_follow_their_switches() -> None:
     def kinds(r: Render) -> list[str]:
         return sorted(d["kind"] for d in r.docs)
 
-    assert kinds(render({})) == ["ConfigMap", "Deployment", "Service"]
+    assert kinds(render({})) == ["ConfigMap", "Deployment", "NetworkPolicy", "Service"]
+    assert kinds(render({"networkPolicy": {"enabled": False}})) == ["ConfigMap", "Deployment", "Service"]
     assert kinds(render(CASES["all-options"])) == [
         "ConfigMap",
         "ConfigMap",
         "Deployment",
         "NetworkPolicy",
         "PodDisruptionBudget",
+        "PodMonitor",
         "Service",
         "Service",
         "ServiceAccount",
@@ -687,7 +703,7 @@ def test_grace_period_longer_than_shutdown_renders(values: dict[str, Any]) -> No
         (shutdown_values(30, delay="500ms", grace="29s", pre_stop=1), "= 30.5s"),
         (shutdown_values(30, pre_stop=5), "= 30s"),
         (shutdown_values(3600, grace="1h"), "= 3605s"),
-        ({**SIDECAR_ONLY, **shutdown_values(25)}, "= 25s"),
+        ({**SIDECAR_ONLY, **shutdown_values(25)}, "= 35s"),  # with the app's 10 s first
     ],
 )
 def test_grace_period_not_longer_than_shutdown_is_refused(values: dict[str, Any], total: str) -> None:
@@ -933,9 +949,15 @@ def assert_sluice_added(
     config_text = config_map["data"]["sluice.yaml"]
     config = yaml.safe_load(config_text)
 
-    # The application's own pod, as its team wrote it.
+    # The application's own pod, as its team wrote it (sluice's own
+    # annotation and label added, nothing of the application's changed).
     assert merged["spec"]["selector"] == legacy["spec"]["selector"]
-    assert merged["spec"]["template"]["metadata"]["labels"] == legacy["spec"]["template"]["metadata"]["labels"]
+    labels = merged["spec"]["template"]["metadata"]["labels"]
+    assert legacy["spec"]["template"]["metadata"]["labels"].items() <= labels.items()
+    assert set(labels) - set(legacy["spec"]["template"]["metadata"]["labels"]) <= {"sluice/sidecar"}
+    annotations = merged["spec"]["template"]["metadata"].get("annotations", {})
+    assert legacy["spec"]["template"]["metadata"]["annotations"].items() <= annotations.items()
+    assert set(annotations) - set(legacy["spec"]["template"]["metadata"]["annotations"]) <= {"checksum/sluice-restart"}
     assert spec["containers"] == before["containers"]
     assert [c for c in spec["initContainers"] if c["name"] != "sluice"] == before["initContainers"]
     assert spec["securityContext"] == before["securityContext"]
@@ -951,7 +973,7 @@ def assert_sluice_added(
     assert_restricted(sluice, spec["securityContext"])
     traffic = port_of(config["server"]["listen"])
     admin = port_of(config["server"]["admin"])
-    assert {p["containerPort"] for p in sluice["ports"]} == {traffic, admin}
+    assert {p["name"]: p["containerPort"] for p in sluice["ports"]} == {"sluice": traffic, "sluice-metrics": admin}
     app_ports = {p["containerPort"] for c in spec["containers"] + before["initContainers"] for p in c.get("ports", [])}
     assert not app_ports & {traffic, admin}, "sluice's ports collide with the application's"
     startup = sluice["startupProbe"]["httpGet"]
@@ -968,21 +990,31 @@ def assert_sluice_added(
     assert sluice["args"][:3] == ["run", "--config", "/etc/sluice/sluice.yaml"]
     assert not [m for c in spec["containers"] for m in c.get("volumeMounts", []) if m["name"] == mount["name"]]
 
-    # sluice forwards to the application over loopback, and the Services
-    # reach sluice, never the application.
+    # sluice forwards to the application over loopback, and the Services'
+    # http ports reach sluice; any other port reaching the application is
+    # one the Service names in sluice/bypass-ports.
     [web] = [p for c in before["containers"] for p in c["ports"] if p["name"] == "web"]
     assert config["upstream"]["url"] == f"http://127.0.0.1:{web['containerPort']}"
     assert services
     for service in services:
         assert service["spec"]["selector"].items() <= merged["spec"]["template"]["metadata"]["labels"].items()
+        bypass = service["metadata"].get("annotations", {}).get("sluice/bypass-ports", "").split(",")
         for p in service["spec"]["ports"]:
+            if p.get("name") in bypass:
+                continue
             assert container_port(sluice, p["targetPort"]) == traffic, service["metadata"]["name"]
 
-    # The kubelet waits long enough for sluice to drain.
+    # The kubelet waits long enough for the application to stop and then
+    # sluice, a native sidecar, to drain.
     server = config["server"]
     needed = duration_seconds(server.get("shutdown_delay", "5s")) + duration_seconds(server.get("shutdown_grace", "20s"))
     needed += sluice.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    [app] = [c for c in before["containers"] if c["name"] == "shop"]
+    needed += int(re.search(r"sleep (\d+)", " ".join(app["lifecycle"]["preStop"]["exec"]["command"])).group(1))
     assert spec["terminationGracePeriodSeconds"] > needed
+
+    result = check_manifests([merged, *services], tmp_path)
+    assert result.returncode == 0, f"sluice check-manifests failed:\n{result.stdout}\n{result.stderr}"
 
     result = sluice_check(config_text, tmp_path)
     assert result.returncode == 0, f"sluice check failed:\n{result.stdout}\n{result.stderr}"
@@ -1026,7 +1058,9 @@ def test_sidecar_only_patch_adds_sluice_to_legacy_deployment(tmp_path: Path) -> 
     assert_sluice_added(merged, [r.one("Service")], config_map, tmp_path)
     annotations = merged["spec"]["template"]["metadata"]["annotations"]
     assert annotations["checksum/sluice-restart"] == pod_annotations(r)["checksum/sluice-restart"]
-    assert annotations["prometheus.io/port"] == "9901"
+    # The application's own scrape annotations stay its own.
+    assert annotations["prometheus.io/port"] == "9100"
+    assert not [k for k in pod_annotations(r) if k.startswith("prometheus.io/")]
     assert merged["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 60
 
 
@@ -1035,7 +1069,7 @@ def test_sidecar_only_patch_adds_sluice_to_legacy_deployment(tmp_path: Path) -> 
 
 def test_kustomize_example_adds_sluice_to_legacy_deployment(tmp_path: Path) -> None:
     docs = [d for d in yaml.safe_load_all(kubectl("kustomize", str(EXAMPLE))) if d]
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "Service"]
     [deployment] = [d for d in docs if d["kind"] == "Deployment"]
     [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
     services = [d for d in docs if d["kind"] == "Service"]
@@ -1046,8 +1080,14 @@ def test_kustomize_example_adds_sluice_to_legacy_deployment(tmp_path: Path) -> N
     # No hash suffix: a configuration change reaches the mounted file and is
     # reloaded, instead of renaming the ConfigMap and rolling the pods.
     assert config_map["metadata"]["name"] == "sluice-config"
-    [sluice] = deployment["spec"]["template"]["spec"]["initContainers"][:1]
+    [sluice] = [c for c in deployment["spec"]["template"]["spec"]["initContainers"] if c["name"] == "sluice"]
     assert sluice["image"] == "registry.example.com/platform/sluice:0.1.0"
+    validate_all([d for d in docs if d["kind"] == "NetworkPolicy"])
+    # The whole rendering passes, without a warning: the application's
+    # metrics port is admitted by a policy that says so.
+    result = check_manifests(docs, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 errors, 0 warnings" in result.stdout
 
 
 def test_kustomize_component_starting_config_is_valid(tmp_path: Path) -> None:
@@ -1059,9 +1099,12 @@ def test_kustomize_component_starting_config_is_valid(tmp_path: Path) -> None:
     patch = yaml.safe_load((KUSTOMIZE / "sluice-sidecar" / "sidecar.yaml").read_text())
     [sluice] = patch["spec"]["template"]["spec"]["initContainers"]
     ports = {p["name"]: p["containerPort"] for p in sluice["ports"]}
-    assert ports == {"http": port_of(config["server"]["listen"]), "admin": port_of(config["server"]["admin"])}
-    service_patch = yaml.safe_load((KUSTOMIZE / "sluice-sidecar" / "service.yaml").read_text())
-    assert service_patch == [{"op": "replace", "path": "/spec/ports/0/targetPort", "value": ports["http"]}]
+    listen, admin = port_of(config["server"]["listen"]), port_of(config["server"]["admin"])
+    assert ports == {"sluice": listen, "sluice-metrics": admin}
+    # The NetworkPolicy component admits those two numbers.
+    policy = yaml.safe_load((KUSTOMIZE / "sluice-network-policy" / "network-policy.yaml").read_text())
+    admitted = sorted(p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"])
+    assert admitted == sorted(ports.values())
 
 
 # --- docs/KUBERNETES.md's copy-paste snippet- ----------------------------------------
@@ -1104,3 +1147,273 @@ def test_the_readmes_first_configurations_load(tmp_path: Path) -> None:
         result = sluice_check(block, tmp_path)
         assert result.returncode == 0, result.stderr
         assert "everything" in result.stdout
+
+
+# --- manifests that check themselves ------------------------------------------
+
+
+def test_every_chart_rendering_passes_check_manifests(case: tuple[str, Render], tmp_path: Path) -> None:
+    _, r = case
+    result = check_manifests(r.docs, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The chart's NetworkPolicy (on by default in app mode) leaves nothing to warn about.
+    assert "0 errors, 0 warnings" in result.stdout, result.stdout
+
+
+def test_check_manifests_refuses_a_service_around_sluice(tmp_path: Path) -> None:
+    """The acceptance above means something only if the check can refuse."""
+    r = render({})
+    around = json.loads(json.dumps(r.one("Service")))
+    around["metadata"]["name"] = "around"
+    around["spec"]["ports"][0]["targetPort"] = r.values["app"]["port"]
+    result = check_manifests([*r.docs, around], tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert "Service/around" in result.stdout and "directly, around sluice" in result.stdout
+
+
+def relative_component(tmp_path: Path, name: str) -> str:
+    """`name` under deploy/kustomize, as a path relative to `tmp_path`
+    (Kustomize loads components by relative path only)."""
+    return os.path.relpath(KUSTOMIZE / name, tmp_path)
+
+
+def overlay(tmp_path: Path, service: dict[str, Any], deployment: dict[str, Any], extra: str = "") -> Path:
+    (tmp_path / "service.yaml").write_text(yaml.safe_dump(service))
+    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump(deployment))
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [deployment.yaml, service.yaml]\n"
+        f"components: [{relative_component(tmp_path, 'sluice-sidecar')}]\n" + extra
+    )
+    return tmp_path
+
+
+def kustomize(path: Path) -> subprocess.CompletedProcess[str]:
+    binary = os.environ.get("KUBECTL")
+    assert binary, "KUBECTL must name the kubectl binary (scripts/test-chart.sh installs one)"
+    return subprocess.run([binary, "kustomize", str(path)], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_kustomize_component_patches_the_http_port_by_name(tmp_path: Path) -> None:
+    """A Service listing its metrics port before `http`: the http port ends
+    on sluice, the metrics port stays the application's."""
+    service = legacy_service()
+    service["spec"]["ports"] = [
+        {"name": "metrics", "port": 9100, "targetPort": "metrics", "protocol": "TCP"},
+        {"name": "http", "port": 80, "targetPort": "web"},
+    ]
+    service["metadata"]["annotations"] = {"sluice/bypass-ports": "metrics"}
+    built = kustomize(overlay(tmp_path, service, legacy_deployment()))
+    assert built.returncode == 0, built.stderr
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    [patched] = [d for d in docs if d["kind"] == "Service"]
+    ports = {p["name"]: p for p in patched["spec"]["ports"]}
+    assert ports["http"]["targetPort"] == "sluice"
+    assert ports["http"]["port"] == 80
+    assert ports["metrics"] == service["spec"]["ports"][0]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [sluice] = [c for c in deployment["spec"]["template"]["spec"]["initContainers"] if c["name"] == "sluice"]
+    assert container_port(sluice, "sluice") == 8080
+    # Nothing of the build is the component's helper object.
+    assert not [d for d in docs if d["kind"] == "SluiceSidecar"]
+    validate_all(docs)
+    result = check_manifests(docs, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "port",
+    [
+        {"name": "web", "port": 80, "targetPort": "web"},  # no port named http
+        {"name": "http", "port": 80},  # no targetPort to replace
+        {"name": "http", "port": 80, "targetPort": 3000},  # a number: Kustomize keeps the field's type
+    ],
+)
+def test_kustomize_component_refuses_what_it_cannot_patch(port: dict[str, Any], tmp_path: Path) -> None:
+    service = legacy_service()
+    service["spec"]["ports"] = [port]
+    built = kustomize(overlay(tmp_path, service, legacy_deployment()))
+    assert built.returncode != 0, built.stdout
+    assert "targetPort" in built.stderr or "!!int" in built.stderr, built.stderr
+
+
+def test_a_label_added_by_the_overlay_fails_the_check(tmp_path: Path) -> None:
+    """`labels:` runs after components: the ConfigMap is generated, the
+    Deployment and Service are left as they were, and Kustomize exits 0.
+    check-manifests refuses it."""
+    def unlabelled(doc: dict[str, Any]) -> dict[str, Any]:
+        doc["metadata"]["labels"].pop("sluice/sidecar")
+        return doc
+
+    extra = "labels:\n  - pairs: {sluice/sidecar: enabled}\n"
+    built = kustomize(overlay(tmp_path, unlabelled(legacy_service()), unlabelled(legacy_deployment()), extra))
+    assert built.returncode == 0, built.stderr
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    assert "sluice-config" in [d["metadata"]["name"] for d in docs]
+    result = check_manifests(docs, tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert "Deployment/shop" in result.stdout
+    assert "labelled sluice/sidecar: enabled but runs no `sluice` container" in result.stdout
+
+
+def test_kustomize_component_keeps_the_apps_annotations() -> None:
+    docs = [d for d in yaml.safe_load_all(kubectl("kustomize", str(EXAMPLE))) if d]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == legacy_deployment()["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "9100"
+
+
+def test_kustomize_network_policy_admits_only_sluice_ports() -> None:
+    docs = [d for d in yaml.safe_load_all(kubectl("kustomize", str(EXAMPLE))) if d]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "sluice-sidecar"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    admitted = sorted(p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"])
+    assert admitted == [8080, 9901]
+    assert all("from" not in rule for rule in policy["spec"]["ingress"])
+
+
+# --- the application's pod keeps what it had, sluice's own names -------------
+
+
+def test_app_mode_keeps_the_apps_own_prometheus_annotations() -> None:
+    own = {"prometheus.io/scrape": "true", "prometheus.io/port": "9100"}
+    r = render({"podAnnotations": own})
+    annotations = r.pod["metadata"]["annotations"]
+    assert {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")} == own
+    # Without its own, the chart's pod is scraped on sluice's admin port.
+    assert render({}).pod["metadata"]["annotations"]["prometheus.io/port"] == "9901"
+
+
+def test_sluice_ports_are_named_sluice_and_sluice_metrics(case: tuple[str, Render]) -> None:
+    _, r = case
+    ports = r.values["sluice"]["ports"]
+    assert {p["name"]: p["containerPort"] for p in r.sluice["ports"]} == {
+        "sluice": ports["traffic"],
+        "sluice-metrics": ports["admin"],
+    }
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert r.sluice[probe]["httpGet"]["port"] == "sluice-metrics"
+    patch = pod_patch(render(SIDECAR_ONLY))["spec"]["template"]["spec"]["initContainers"][0]
+    assert [p["name"] for p in patch["ports"]] == ["sluice", "sluice-metrics"]
+
+
+def test_pod_monitor_scrapes_sluice_metrics_port() -> None:
+    for values in (CASES["all-options"], {**SIDECAR_ONLY, "metrics": {"podMonitor": {"enabled": True}}}):
+        r = render(values)
+        monitor = r.one("PodMonitor")
+        [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["port"] == "sluice-metrics" and endpoint["path"] == "/metrics"
+        if r.values["mode"] == "app":
+            assert monitor["spec"]["selector"]["matchLabels"].items() <= r.pod["metadata"]["labels"].items()
+        else:
+            assert monitor["spec"]["selector"]["matchLabels"] == SIDECAR_ONLY["sidecarOnly"]["selector"]
+
+
+def test_network_policy_on_by_default_only_where_the_chart_owns_the_pod() -> None:
+    r = render({})
+    policy = r.one("NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= r.pod["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    admitted = sorted(p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"])
+    assert admitted == [8080, 9901]
+    assert r.values["app"]["port"] not in admitted
+    # sidecar-only: the pod is the team's; off unless asked for, and then
+    # with the extra rules as written.
+    assert render(SIDECAR_ONLY).all("NetworkPolicy") == []
+    extra = [{"ports": [{"port": 9100, "protocol": "TCP"}], "from": [{"namespaceSelector": {}}]}]
+    on = render({**SIDECAR_ONLY, "networkPolicy": {"enabled": True, "extraIngress": extra}})
+    policy = on.one("NetworkPolicy")
+    assert policy["spec"]["ingress"][2:] == extra
+    assert policy["metadata"]["annotations"]["sluice/bypass-ports"] == "9100"
+    validate_all([policy])
+
+
+# --- shutdown: terminationGracePeriodSeconds from the app's stop and sluice's --
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        # Regular container: sluice stops beside the app, the longer counts.
+        ({}, 30),
+        ({"app": {"stopSeconds": 10}}, 30),
+        ({"app": {"stopSeconds": 40}}, 45),
+        # Native sidecar: SIGTERM reaches sluice only after the app exited.
+        ({"sluice": {"nativeSidecar": True}}, 30),
+        ({"sluice": {"nativeSidecar": True}, "app": {"stopSeconds": 15}}, 45),
+        (
+            {
+                "sluice": {
+                    "nativeSidecar": True,
+                    "preStopSleepSeconds": 1,
+                    "config": {"server": {"shutdown_delay": "500ms", "shutdown_grace": "29s"}},
+                },
+                "app": {"stopSeconds": 10},
+            },
+            46,  # 10 + 1 + 0.5 + 29 = 40.5, rounded up, + 5
+        ),
+        # sidecar-only is always native.
+        ({**SIDECAR_ONLY, "app": {"port": 3000, "stopSeconds": 10}, "terminationGracePeriodSeconds": None}, 40),
+    ],
+)
+def test_grace_period_is_computed_from_app_stop_and_sluice_shutdown(values: dict[str, Any], expected: int) -> None:
+    r = render(values)
+    if r.values["mode"] == "sidecar-only":
+        assert pod_patch(r)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == expected
+    else:
+        assert r.pod["spec"]["terminationGracePeriodSeconds"] == expected
+
+
+def test_native_sidecar_grace_period_refused_when_the_app_stop_does_not_fit() -> None:
+    values = {"sluice": {"nativeSidecar": True}, "app": {"stopSeconds": 15}, "terminationGracePeriodSeconds": 40}
+    refused = (helm.HelmRenderError, helm.HelmValuesError)
+    with helm.Chart.load(CHART) as chart, pytest.raises(refused) as err:
+        chart.render(values, name="rel")
+    message = str(err.value)
+    assert "app.stopSeconds (15)" in message and "= 40s" in message
+    assert "only after the application has exited" in message
+    # One second more fits.
+    assert render({**values, "terminationGracePeriodSeconds": 41}).pod["spec"]["terminationGracePeriodSeconds"] == 41
+
+
+# --- values.yaml, values.schema.json and the README agree ---------------------
+
+
+def value_paths(values: dict[str, Any], prefix: str = "", depth: int = 2) -> list[str]:
+    """Key paths of values.yaml down to `depth` (sluice.config is sluice's
+    own configuration, documented with sluice; pass-through objects such as
+    podSecurityContext are documented whole)."""
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        paths.append(path)
+        if isinstance(value, dict) and value and depth > 1 and path != "sluice.config":
+            paths.extend(value_paths(value, f"{path}.", depth - 1))
+    return paths
+
+
+def test_every_value_is_in_the_schema_and_the_readme() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    readme = (CHART / "README.md").read_text()
+    missing_schema, missing_readme = [], []
+    for path in value_paths(values):
+        node = schema
+        free_form = False
+        for key in path.split("."):
+            if "properties" not in node:
+                free_form = True  # a pass-through object (a security context, a probe)
+                break
+            node = node["properties"].get(key)
+            if node is None:
+                missing_schema.append(path)
+                break
+        parent, _, last = path.rpartition(".")
+        forms = [f"`{path}`", f"`{path}.", f"`.{last}`"] + ([f"`{parent}.*`"] if parent else [])
+        if not free_form and not any(form in readme for form in forms):
+            missing_readme.append(path)
+    assert missing_schema == []
+    assert missing_readme == [], missing_readme

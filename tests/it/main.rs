@@ -24,6 +24,7 @@ mod identity;
 mod jwt_claims;
 mod leases;
 mod local_fallback;
+mod manifests_check;
 mod memory_bound;
 mod operations;
 mod proxy_protocol;

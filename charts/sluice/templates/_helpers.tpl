@@ -164,10 +164,12 @@ refuses a `local_share` nothing uses).
     - {{ . | quote }}
     {{- end }}
   ports:
-    - name: http
+    # Names no application uses (`http` is the commonest app port name: a
+    # Service or monitor targeting it would reach either container).
+    - name: sluice
       containerPort: {{ int $s.ports.traffic }}
       protocol: TCP
-    - name: admin
+    - name: sluice-metrics
       containerPort: {{ int $s.ports.admin }}
       protocol: TCP
   env:
@@ -213,17 +215,17 @@ refuses a `local_share` nothing uses).
   startupProbe:
     httpGet:
       path: /healthz
-      port: admin
+      port: sluice-metrics
     {{- toYaml $s.startupProbe | nindent 4 }}
   livenessProbe:
     httpGet:
       path: /healthz
-      port: admin
+      port: sluice-metrics
     {{- toYaml $s.livenessProbe | nindent 4 }}
   readinessProbe:
     httpGet:
       path: /readyz
-      port: admin
+      port: sluice-metrics
     {{- toYaml $s.readinessProbe | nindent 4 }}
   {{- if gt (int $s.preStopSleepSeconds) 0 }}
   lifecycle:
@@ -275,24 +277,61 @@ VALUE); anything else fails the render naming KEY.
 {{- end }}
 
 {{/*
-The kubelet kills the pod terminationGracePeriodSeconds after deletion
-starts: the preStop sleep, sluice's shutdown_delay (serving while endpoints
-drop the pod) and shutdown_grace (draining) must all fit in it, or in-flight
-requests are cut.
+Shutdown, in milliseconds, as a dict: what the application takes to stop
+(app.stopSeconds: its preStop and its drain after SIGTERM), what sluice
+takes (its preStop sleep, shutdown_delay, shutdown_grace), and what the pod
+needs. The kubelet stops a pod's regular containers together, so with
+sluice among them the pod needs the longer of the two; a native sidecar
+(an init container with restartPolicy Always, always so in sidecar-only
+mode) gets its preStop and SIGTERM only once the application has exited,
+so the pod needs the sum.
 */}}
-{{- define "sluice.checkShutdown" -}}
+{{- define "sluice.shutdown" -}}
 {{- $server := default (dict) (index (default (dict) .Values.sluice.config) "server") }}
 {{- $delay := default "5s" (index $server "shutdown_delay") }}
 {{- $grace := default "20s" (index $server "shutdown_grace") }}
 {{- $preStop := int .Values.sluice.preStopSleepSeconds }}
-{{- $need := add (include "sluice.durationMs" (list "sluice.config.server.shutdown_delay" $delay) | atoi) (include "sluice.durationMs" (list "sluice.config.server.shutdown_grace" $grace) | atoi) (mul $preStop 1000) }}
-{{- $tgps := int .Values.terminationGracePeriodSeconds }}
-{{- if le (mul $tgps 1000) $need }}
-{{- $total := printf "%d" (div $need 1000) }}
-{{- if mod $need 1000 }}
-{{- $total = printf "%.3f" (divf $need 1000) | trimSuffix "0" | trimSuffix "0" }}
+{{- $app := int (default 0 .Values.app.stopSeconds) }}
+{{- $sluice := add (include "sluice.durationMs" (list "sluice.config.server.shutdown_delay" $delay) | atoi) (include "sluice.durationMs" (list "sluice.config.server.shutdown_grace" $grace) | atoi) (mul $preStop 1000) }}
+{{- $native := or .Values.sluice.nativeSidecar (eq .Values.mode "sidecar-only") }}
+{{- $need := max (mul $app 1000) $sluice }}
+{{- if $native }}
+{{- $need = add (mul $app 1000) $sluice }}
 {{- end }}
-{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than sluice.config.server.shutdown_delay (%s) + shutdown_grace (%s) + sluice.preStopSleepSeconds (%d) = %ss, or the kubelet kills sluice while requests still drain" $tgps $delay $grace $preStop $total) }}
+{{- toJson (dict "delay" $delay "grace" $grace "preStop" $preStop "app" $app "sluiceMs" $sluice "needMs" $need "native" $native) }}
+{{- end }}
+
+{{/* Milliseconds as seconds for a message: "25", "30.5". */}}
+{{- define "sluice.seconds" -}}
+{{- if mod . 1000 }}
+{{- printf "%.3f" (divf . 1000) | trimSuffix "0" | trimSuffix "0" }}
+{{- else }}
+{{- printf "%d" (div . 1000) }}
+{{- end }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: the kubelet kills the pod that long after
+deletion starts, so everything of sluice.shutdown must fit in it. Unset, it
+is computed: the need rounded up, plus 5 s for the processes to exit (30 s
+with the defaults). Set, a value not greater than the need fails the
+render, naming each term.
+*/}}
+{{- define "sluice.terminationGracePeriodSeconds" -}}
+{{- $s := include "sluice.shutdown" . | fromJson }}
+{{- $need := int64 $s.needMs }}
+{{- $tgps := .Values.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $tgps }}
+{{- add (div (add $need 999) 1000) 5 }}
+{{- else if le (mul (int64 $tgps) 1000) $need }}
+{{- $sluiceSum := printf "sluice.preStopSleepSeconds (%d) + sluice.config.server.shutdown_delay (%s) + shutdown_grace (%s)" (int $s.preStop) $s.delay $s.grace }}
+{{- if $s.native }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than app.stopSeconds (%d) + %s = %ss: as a native sidecar sluice gets SIGTERM only after the application has exited, and the kubelet would kill it while requests still drain (leave terminationGracePeriodSeconds unset to have it computed)" (int64 $tgps) (int $s.app) $sluiceSum (include "sluice.seconds" $need)) }}
+{{- else }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than app.stopSeconds (%d) and than %s = %ss, or the kubelet kills sluice while requests still drain (leave terminationGracePeriodSeconds unset to have it computed)" (int64 $tgps) (int $s.app) $sluiceSum (include "sluice.seconds" (int64 $s.sluiceMs))) }}
+{{- end }}
+{{- else }}
+{{- int64 $tgps }}
 {{- end }}
 {{- end }}
 
@@ -323,10 +362,23 @@ changing them does not roll the pods: sluice reloads the mounted file.
 {{- toJson $inputs | sha256sum }}
 {{- end }}
 
-{{/* Annotations of every pod sluice runs in, whichever mode. */}}
+{{/*
+Annotations of every pod sluice runs in, whichever mode. The Prometheus
+ones only on the chart's own pod (app mode), and only when podAnnotations
+has none of its own: a pod has one prometheus.io/port, and the
+application's stays the application's. sluice is scraped through its port
+named sluice-metrics otherwise (metrics.podMonitor, metrics.serviceMonitor,
+or a scrape job keeping that port name).
+*/}}
 {{- define "sluice.podAnnotations" -}}
 checksum/sluice-restart: {{ include "sluice.restartChecksum" . }}
-{{- if .Values.metrics.podAnnotations }}
+{{- $own := false }}
+{{- range $key, $_ := .Values.podAnnotations }}
+{{- if hasPrefix "prometheus.io/" $key }}
+{{- $own = true }}
+{{- end }}
+{{- end }}
+{{- if and .Values.metrics.podAnnotations (eq .Values.mode "app") (not $own) }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.sluice.ports.admin | int | quote }}
 prometheus.io/path: /metrics
@@ -340,14 +392,13 @@ application's own init containers and containers stay as they are), the
 config volume, the pod annotations and the grace period sluice needs.
 */}}
 {{- define "sluice.podPatch" -}}
-{{- include "sluice.checkShutdown" . -}}
 spec:
   template:
     metadata:
       annotations:
         {{- include "sluice.podAnnotations" . | nindent 8 }}
     spec:
-      terminationGracePeriodSeconds: {{ int .Values.terminationGracePeriodSeconds }}
+      terminationGracePeriodSeconds: {{ include "sluice.terminationGracePeriodSeconds" . }}
       initContainers:
         {{- include "sluice.container" . | nindent 8 }}
       volumes:
@@ -357,4 +408,17 @@ spec:
         {{- with .Values.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+{{- end }}
+
+{{/* The ports networkPolicy.extraIngress admits, comma separated. */}}
+{{- define "sluice.extraIngressPorts" -}}
+{{- $ports := list }}
+{{- range .Values.networkPolicy.extraIngress }}
+{{- range (default (list) .ports) }}
+{{- if hasKey . "port" }}
+{{- $ports = append $ports (toString .port) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- join "," (uniq $ports) }}
 {{- end }}

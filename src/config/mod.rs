@@ -122,7 +122,8 @@ impl Config {
         describe::count_notes(self)
     }
 
-    /// The warnings `sluice check` prints: tiers that believe no one.
+    /// The warnings `sluice check` prints: tiers that believe no one,
+    /// tokens checked for no audience or issuer.
     pub fn tier_warnings(&self) -> String {
         describe::tier_warnings(self)
     }

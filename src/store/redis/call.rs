@@ -252,7 +252,10 @@ impl Inner {
             return not_sent;
         }
         progress.sent = checkout;
-        match conn.evaluate(evalsha.as_ref().unwrap_or(&request.cmd)).await {
+        match conn
+            .evaluate(evalsha.as_ref().unwrap_or(&request.cmd))
+            .await
+        {
             Ok(value) => self.answer(request, &value),
             // Removed again between the load and the call: still nothing ran.
             Err(e) if function_missing(&e) => {

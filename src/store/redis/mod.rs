@@ -27,9 +27,9 @@
 
 mod call;
 mod connect;
+mod evaluate;
 pub mod inspect;
 mod leased;
-mod evaluate;
 mod libraries;
 mod load;
 mod mode;

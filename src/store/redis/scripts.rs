@@ -151,7 +151,12 @@ impl Script {
         code.push_str(&REFUND.replacen(UNDO_AT, algorithm.refund_lua(), 1));
         let register =
             format!("redis.register_function{{function_name = '{NAME_AT}', callback = refund}}\n");
-        Script::named(Some(algorithm), code, &register, "return refund(KEYS, ARGV)\n")
+        Script::named(
+            Some(algorithm),
+            code,
+            &register,
+            "return refund(KEYS, ARGV)\n",
+        )
     }
 
     /// Ends `code` (the `#!lua` line, the helpers, the function) with

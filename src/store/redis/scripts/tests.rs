@@ -358,12 +358,20 @@ fn a_cached_script_is_called_with_the_same_keys_and_arguments() {
     assert_eq!(f[2..], e[2..]);
     assert_eq!(args(&as_evalsha(&script, &fcall)), e);
     let several = Script::for_limits(&[&policies[0], &policies[1]], &common());
-    let f = args(&call_several(&several, Mode::Functions, &common(), &evaluations));
+    let f = args(&call_several(
+        &several,
+        Mode::Functions,
+        &common(),
+        &evaluations,
+    ));
     let e = args(&call_several(&several, Mode::Eval, &common(), &evaluations));
     assert_eq!(e[..2], ["EVALSHA".to_owned(), several.sha.clone()]);
     assert_eq!(f[2..], e[2..]);
     let load = args(&several.load_command(Mode::Eval));
-    assert_eq!(load, ["SCRIPT".to_owned(), "LOAD".to_owned(), several.eval.clone()]);
+    assert_eq!(
+        load,
+        ["SCRIPT".to_owned(), "LOAD".to_owned(), several.eval.clone()]
+    );
 }
 
 #[test]
@@ -410,7 +418,12 @@ fn several_limits_run_each_policy_s_own_script_in_one_call() {
         settle_within: None,
     };
     let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
-    let sent = args(&call_several(&several, Mode::Functions, &common(), &evaluations));
+    let sent = args(&call_several(
+        &several,
+        Mode::Functions,
+        &common(),
+        &evaluations,
+    ));
     let id = format!("{:032x}", 0xab);
     let key =
         |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{}{s}}}", p.name, p.revision, mark(p));

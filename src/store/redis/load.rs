@@ -27,17 +27,16 @@ impl Inner {
         loaded(script, mode, &reply)
     }
 
-    /// Loads a script on every primary (redis-rs's cluster client sends
-    /// `FUNCTION LOAD` to every primary, `SCRIPT LOAD` to every node, and
-    /// answers only when all succeeded; a Functions library reaches the
-    /// replicas by replication).
+    /// Loads a script on every primary, answering only when all succeeded
+    /// (a Functions library reaches the replicas by replication; a cached
+    /// script does not, and a promoted replica loads it on NOSCRIPT).
     pub(super) async fn load_everywhere(
         &self,
         script: &Script,
         mode: Mode,
         conn: &mut Conn,
     ) -> Result<(), RedisError> {
-        let reply: Value = script.load_command(mode).query_async(conn).await?;
+        let reply = conn.load_everywhere(script.load_command(mode)).await?;
         self.stats.script_loads.count();
         loaded(script, mode, &reply)
     }

@@ -20,8 +20,8 @@ pub(crate) mod raw;
 pub(crate) mod validate;
 
 pub use boot::{
-    Boot, Http2, MemoryStore, ProxyProtocol, RedisStore, RequestHeads, ServerBoot, StoreBoot,
-    StoreKind, Tls, Topology, UpstreamBoot,
+    Boot, Http2, MemoryStore, ProxyProtocol, RedisStore, RequestHeads, Scripts, ServerBoot,
+    StoreBoot, StoreKind, Tls, Topology, UpstreamBoot,
 };
 pub use error::{ConfigError, ConfigErrors};
 pub use live::{

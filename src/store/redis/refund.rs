@@ -1,9 +1,8 @@
-//! Giving back what a limit charged, on Redis Cluster, when a later limit
-//! of the same request refused it. There a route's limits live in different
-//! slots and are decided one call each, in order (PRODUCT: "on Redis
-//! Cluster keys in different slots are consumed in order and refunded on
-//! denial"), so a request a later limit refuses has already been charged
-//! to the earlier ones. Each refund is one call of the policy's refund
+//! Giving back what a limit charged, on Redis Cluster (and without
+//! Functions), when a later limit of the same request refused it. There a
+//! route's limits live in different slots and are decided one call each,
+//! in order (docs/LIMITS.md, "Several limits on one route"), so a request
+//! a later limit refuses has already been charged to the earlier ones. Each refund is one call of the policy's refund
 //! script (`lua/refund.lua`) on the charged key's node, with the charge's
 //! own evaluation id: the script gives back only what that evaluation's
 //! record says it took, once, so the call may be sent again without giving

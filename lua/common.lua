@@ -121,20 +121,25 @@ end
 -- Admitted: the band with the least remaining binds; denied: the denying
 -- band with the largest retry_after. Lowest index on ties.
 local function bind(verdicts)
-  local least, longest = nil, nil
+  local least, longest, wait = nil, nil, 0
   for b = 1, #verdicts do
     local v = verdicts[b]
     if v[1] then
       if not least or v[2] < verdicts[least][2] then
         least = b
       end
+      -- An admission's retry is its delay (gcra): the longest band's.
+      wait = math.max(wait, v[4])
     elseif not longest or v[4] > verdicts[longest][4] then
       longest = b
     end
   end
-  local pick = longest or least
-  local v = verdicts[pick]
-  return {v[1] and 1 or 0, v[2], v[3], v[4], pick - 1}
+  if longest then
+    local v = verdicts[longest]
+    return {0, v[2], v[3], v[4], longest - 1}
+  end
+  local v = verdicts[least]
+  return {1, v[2], v[3], wait, least - 1}
 end
 
 -- De-duplication. Each evaluation applied leaves one record of its own:

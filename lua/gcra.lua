@@ -10,11 +10,12 @@ local function decide(redis, KEYS, ARGV)
   local id, cost, record_key, record_life = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
-  -- Per band: limit, window_us, burst.
-  local args = band_args(KEYS, 2, 3, P_BAND_ARGS, bands)
-  local interval, tolerance = {}, {}
+  -- Per band: limit, window_us, burst, max_wait_us (the policy's delay).
+  local args = band_args(KEYS, 2, 4, P_BAND_ARGS, bands)
+  local interval, tolerance, wait = {}, {}, {}
   for b = 1, bands do
-    local l, w, burst = args[3 * b - 2], args[3 * b - 1], args[3 * b]
+    local l, w, burst = args[4 * b - 3], args[4 * b - 2], args[4 * b - 1]
+    wait[b] = args[4 * b]
     -- Rounded up: rounding can only ever admit less.
     interval[b] = math.floor((w + l - 1) / l)
     if burst * interval[b] > MAX_EXACT then
@@ -48,12 +49,14 @@ local function decide(redis, KEYS, ARGV)
     local t, tau = interval[b], tolerance[b]
     local tat0 = math.max(state[1 + b] or now, now)
     local new_tat = tat0 + cost * t
-    local allowed = new_tat - now <= tau
+    -- Past the burst but within the delay: admitted, told to wait.
+    local allowed = new_tat - now <= tau + wait[b]
     if allowed then
-      verdicts[b] = {true, math.floor((tau - (new_tat - now)) / t), new_tat - now, 0}
+      verdicts[b] = {true, math.floor(math.max(tau - (new_tat - now), 0) / t), new_tat - now,
+        math.max(new_tat - now - tau, 0)}
     else
       verdicts[b] = {false, math.floor(math.max(tau - (tat0 - now), 0) / t), tat0 - now,
-        new_tat - now - tau}
+        new_tat - now - tau - wait[b]}
     end
     state[1 + b] = new_tat
   end

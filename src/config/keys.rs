@@ -272,6 +272,12 @@ keys! { ENTRIES:
         "the longest a lease is held before what is left of it goes back; at most half `store.dedupe_window`";
     POLICY_LEASE_MAX_SHARE: "policies.NAME.lease.max_share", "percentage", Value("10%"), Reload,
         "the most of what the store says is left that one lease may take";
+    POLICY_DELAY: "policies.NAME.delay", "mapping", Unset("past the burst, 429 at once"), Reload,
+        "gcra: `{ max_wait, max_queued }`: a request past the burst waits for its turn (taken in the store) instead of a 429";
+    POLICY_DELAY_MAX_WAIT: "policies.NAME.delay.max_wait", "duration", Required, Reload,
+        "the longest a request waits for its turn; a later turn is a 429; > 0, at most 1m";
+    POLICY_DELAY_MAX_QUEUED: "policies.NAME.delay.max_queued", "number", Value("100"), Reload,
+        "the most requests of one route waiting at once in this sidecar; past it, 429 and the turn given back";
     POLICY_NEAR_LIMIT: "policies.NAME.near_limit", "percentage", Value("80%"), Reload,
         "an admitted request that has used more than this share of the quota counts in `sluice_near_limit_total`";
     POLICY_RETRY_AFTER: "policies.NAME.retry_after", "duration", Value("1s"), Reload,

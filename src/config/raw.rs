@@ -484,6 +484,14 @@ pub struct Policy {
     /// `off`, `on`, or [`Lease`]: read by the policy's validation.
     pub lease: Option<serde_yaml::Value>,
     pub near_limit: Option<Scalar>,
+    pub delay: Option<Delay>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Delay {
+    pub max_wait: Option<Scalar>,
+    pub max_queued: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]

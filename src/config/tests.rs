@@ -187,6 +187,7 @@ fn the_product_example_parses_into_domain_values() {
             limit: nz(60),
             window: Duration::from_secs(60),
             burst: nz(10),
+            max_wait_us: 0,
         }])
     );
     assert_eq!(

@@ -13,7 +13,7 @@ pub mod policy;
 pub use algorithm::{Algorithm, Bands, BucketBand, GcraBand, WindowBand};
 pub use concurrency::{Concurrency, LimitPolicy};
 pub use outcome::{Decision, Incompatible, Outcome, Unavailable};
-pub use policy::{LeaseTerms, OnFailure, Policy};
+pub use policy::{DelayTerms, LeaseTerms, OnFailure, Policy};
 
 /// Microseconds since the Unix epoch. Integer so Lua (doubles) and Rust agree
 /// exactly, and fine enough that a GCRA emission interval never rounds to 0.

@@ -15,7 +15,8 @@ pub struct Decision {
     /// Until the binding band's quota is back to full.
     pub reset_after: Duration,
     /// When denied: the earliest wait after which this request could pass.
-    /// Zero when allowed.
+    /// When allowed: how long the request must wait for its turn before
+    /// it is forwarded (a GCRA policy with `delay`); zero otherwise.
     pub retry_after: Duration,
     /// Sliding-counter decisions estimate the previous window's share.
     pub approximate: bool,

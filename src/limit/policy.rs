@@ -34,6 +34,10 @@ pub struct Policy {
     /// have used up to be counted as near the limit
     /// (`sluice_near_limit_total`).
     pub near_limit: u8,
+    /// `delay`: a request past the burst waits for its turn instead of a
+    /// 429, when the turn comes within `max_wait` (GCRA only; the bands
+    /// carry `max_wait` too, for the step).
+    pub delay: Option<DelayTerms>,
     /// Private with what is derived from it, so the two cannot disagree;
     /// derived once here rather than on every request.
     bands: Bands,
@@ -59,6 +63,7 @@ impl Policy {
             on_failure: None,
             lease: None,
             near_limit: 80,
+            delay: None,
             horizon: bands.horizon(),
             max_cost: bands.max_cost(),
             quotas: bands.quotas().into(),
@@ -99,6 +104,22 @@ impl Policy {
         };
         let unused = 100 - u64::from(self.near_limit.min(100));
         u128::from(decision.remaining) * 100 < u128::from(quota) * u128::from(unused)
+    }
+
+    /// The policy with a delay: its bands take a turn up to `max_wait`
+    /// ahead. `None` (the policy unchanged) for an algorithm other than
+    /// GCRA.
+    pub fn with_delay(self, delay: DelayTerms) -> Option<Policy> {
+        let us = u64::try_from(delay.max_wait.as_micros()).unwrap_or(u64::MAX);
+        let bands = self.bands.clone().delayed(us)?;
+        // A turn taken ahead is state that must outlive its wait: the
+        // horizon (the keys' life) and the numbers follow the new bands.
+        let mut delayed = Policy::new(self.name, self.revision, bands, self.shadow);
+        delayed.on_failure = self.on_failure;
+        delayed.lease = self.lease;
+        delayed.near_limit = self.near_limit;
+        delayed.delay = Some(delay);
+        Some(delayed)
     }
 
     /// The policy with lease terms (`None`: never leased). The caller has
@@ -281,6 +302,7 @@ mod tests {
             limit: n(60),
             window: Duration::from_secs(60),
             burst: n(10),
+            max_wait_us: 0,
         }]));
         assert_eq!(p.shared(NonZeroU32::MIN).bands(), p.bands());
     }
@@ -328,6 +350,7 @@ mod tests {
             limit: n(60),
             window: Duration::from_secs(60),
             burst: n(2),
+            max_wait_us: 0,
         }]));
         let Bands::Gcra(bands) = p.shared(n(4)).bands().clone() else {
             panic!("still gcra")
@@ -347,4 +370,14 @@ mod tests {
         // The local copy keeps it.
         assert_eq!(p.shared(n(3)).on_failure, Some(OnFailure::Local));
     }
+}
+
+/// `delay: { max_wait, max_queued }` of a GCRA policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelayTerms {
+    /// The longest a request is held for its turn.
+    pub max_wait: Duration,
+    /// The most requests of one route's limit waiting at once in this
+    /// sidecar; past it, 429 (and the turn is given back).
+    pub max_queued: u32,
 }

@@ -11,6 +11,7 @@
 //! subject) is built here beside it, one entry per route in the table's
 //! order, so both are swapped together.
 
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -108,6 +109,12 @@ impl RouteState {
                         .collect(),
                     fixed_subject: (route.limits[i].subject == [SubjectSource::Global])
                         .then(|| subject::global(&route.name, key)),
+                    waiting: AtomicU32::new(0),
+                    delayed: route.limits[i]
+                        .policy
+                        .as_rate()
+                        .filter(|p| p.delay.is_some())
+                        .map(|p| Delayed::new(&route.name, &p.name)),
                 })
                 .collect(),
         }
@@ -122,6 +129,28 @@ pub struct LimitState {
     /// The pseudonym of `subject: global`, the same for every request:
     /// made here rather than per request.
     pub fixed_subject: Option<Pseudonym>,
+    /// Requests waiting for their turn (`delay`) under this limit now.
+    pub waiting: AtomicU32,
+    /// Their metrics, for a policy with a `delay`.
+    pub delayed: Option<Delayed>,
+}
+
+/// `sluice_requests_delayed_total` and `sluice_request_delay_seconds` of
+/// one limit of a route.
+#[derive(Debug)]
+pub struct Delayed {
+    pub count: metrics::Counter,
+    pub waited: metrics::Histogram,
+}
+
+impl Delayed {
+    fn new(route: &str, policy: &str) -> Delayed {
+        let (route, policy) = (route.to_owned(), policy.to_owned());
+        Delayed {
+            count: metrics::counter!(crate::telemetry::REQUESTS_DELAYED, "route" => route.clone(), "policy" => policy.clone()),
+            waited: metrics::histogram!(crate::telemetry::REQUEST_DELAY, "route" => route, "policy" => policy),
+        }
+    }
 }
 
 /// A route a request matched, with what the proxy keeps for it.

@@ -47,6 +47,7 @@ use super::verdict::Verdict;
 use super::ConnInfo;
 use on_response::Reservation;
 use plan::{Judgement, Passed, Refusal};
+use std::time::Duration;
 
 pub struct Proxy {
     runtime: SharedRuntime,
@@ -111,6 +112,35 @@ struct Admitted<'r> {
 /// What each limit charged on response reserved: its index among the
 /// request's checks, and the reservation.
 type Reservations = SmallVec<[(usize, Reservation); 1]>;
+
+/// The wait of a request some limit admitted on condition it wait for its
+/// turn (`delay`): the longest of them, with every rate limit's charge to
+/// give back should it not wait it out. `None` for a request that goes on
+/// at once (shadow and local answers never wait).
+fn turn<'a, 'r>(
+    limits: &plan::Limits<'a, 'r>,
+    evaluations: &[crate::store::Evaluation<'_>],
+    outcomes: &crate::store::Outcomes,
+) -> Option<turn::Turn<'a, 'r>> {
+    let mut longest: Option<(Duration, &'a Check<'r>)> = None;
+    for (i, outcome) in outcomes.iter() {
+        if let (Outcome::Allowed(decision), Some(&(check, _))) = (outcome, limits.get(i)) {
+            if decision.retry_after > longest.map_or(Duration::ZERO, |(w, _)| w) {
+                longest = Some((decision.retry_after, check));
+            }
+        }
+    }
+    let (wait, check) = longest?;
+    let owed = outcomes
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, Outcome::Allowed(_)))
+        .filter_map(|(i, _)| {
+            let (evaluation, &(_, policy)) = (evaluations.get(i)?, limits.get(i)?);
+            Some(turn::Owed::new(evaluation, policy, outcomes.at))
+        })
+        .collect();
+    Some(turn::Turn { wait, check, owed })
+}
 
 /// How long a reservation may wait for its settlement: the app's turn
 /// (`upstream.timeout`) and a margin for the request body and the store
@@ -248,20 +278,102 @@ impl Proxy {
         arrival: Instant,
     ) -> Result<Admitted<'r>, Response<Body>> {
         let mut permits = SmallVec::new();
-        let (judgement, reservations) = match self.take_places(checks, &mut permits) {
-            Some(refusal) => (Judgement::Refused(refusal), Reservations::new()),
+        let (judgement, reservations, turn) = match self.take_places(checks, &mut permits) {
+            Some(refusal) => (Judgement::Refused(refusal), Reservations::new(), None),
             None => self.judge(checks, live, arrival).await,
         };
+        // A request told to wait for its turn takes a place in its limit's
+        // queue, or, the queue full, is refused and gives the turn back.
+        let mut queued = None;
+        if let (Judgement::Passed(_), Some(waiting)) = (&judgement, &turn) {
+            let max = waiting
+                .check
+                .limit()
+                .policy
+                .as_rate()
+                .and_then(|p| p.delay)
+                .map_or(0, |d| d.max_queued);
+            queued = turn::Queued::take(&waiting.check.state().waiting, max);
+            if queued.is_none() {
+                if let Some(turn) = turn {
+                    return Err(self.queue_full(turn, live, arrival));
+                }
+            }
+        }
         self.count(matched, checks, &judgement, arrival);
         match judgement {
             // Its places go back as `permits` drops.
             Judgement::Refused(refusal) => Err(refusal.response),
-            Judgement::Passed(passed) => Ok(Admitted {
-                ratelimit: passed.ratelimit,
-                permits,
-                reservations,
-            }),
+            Judgement::Passed(passed) => {
+                if let (Some(turn), Some(queued)) = (turn, queued) {
+                    // No place is held through the wait.
+                    drop(std::mem::take(&mut permits));
+                    permits = self.wait_for(turn, queued, checks, live, arrival).await?;
+                }
+                Ok(Admitted {
+                    ratelimit: passed.ratelimit,
+                    permits,
+                    reservations,
+                })
+            }
         }
+    }
+
+    /// The 429 of a request whose turn came with its limit's queue full:
+    /// its turns go back first.
+    fn queue_full(
+        &self,
+        turn: turn::Turn<'_, '_>,
+        live: &Live,
+        arrival: Instant,
+    ) -> Response<Body> {
+        let check = turn.check;
+        turn::give_back(&self.store, turn.owed, live.store.budget);
+        self.count_one(check.entry, check.limit, Verdict::Denied, arrival);
+        let decision = Decision {
+            allowed: false,
+            band: 0,
+            remaining: 0,
+            reset_after: turn.wait,
+            retry_after: turn.wait,
+            approximate: false,
+        };
+        respond::too_many_requests(check.responses(), &decision)
+    }
+
+    /// Holds an admitted request for its turn, holding no concurrency
+    /// place meanwhile (they were given back with `permits`); takes its
+    /// places again after it. A client gone meanwhile, or no place after
+    /// the wait, gives the turn back.
+    async fn wait_for<'r>(
+        &self,
+        turn: turn::Turn<'_, 'r>,
+        queued: turn::Queued<'_>,
+        checks: &[Check<'r>],
+        live: &Live,
+        arrival: Instant,
+    ) -> Result<SmallVec<[Permit; 1]>, Response<Body>> {
+        let budget = live.store.budget;
+        let unclaimed = turn::Unclaimed::new(&self.store, turn.owed, budget);
+        tokio::time::sleep(turn.wait).await;
+        let owed = unclaimed.claim();
+        drop(queued);
+        if let Some(delayed) = &turn.check.state().delayed {
+            delayed.count.increment(1);
+            delayed.waited.record(turn.wait.as_secs_f64());
+        }
+        let mut permits = SmallVec::new();
+        if let Some(refusal) = self.take_places(checks, &mut permits) {
+            turn::give_back(&self.store, owed, budget);
+            self.count_one(
+                refusal.check.entry,
+                refusal.check.limit,
+                refusal.verdict,
+                arrival,
+            );
+            return Err(refusal.response);
+        }
+        Ok(permits)
     }
 
     /// Takes a place of every concurrency limit, a local try before any
@@ -300,11 +412,11 @@ impl Proxy {
         checks: &'a [Check<'r>],
         live: &Live,
         arrival: Instant,
-    ) -> (Judgement<'a, 'r>, Reservations) {
+    ) -> (Judgement<'a, 'r>, Reservations, Option<turn::Turn<'a, 'r>>) {
         let deadline = arrival + live.store.budget;
         let (limits, evaluations) = plan::asked(checks, deadline, settle_within(live));
         if limits.is_empty() {
-            return (Judgement::Passed(Passed::new()), Reservations::new());
+            return (Judgement::Passed(Passed::new()), Reservations::new(), None);
         }
         let outcomes = &self.store.evaluate_all(&evaluations).await;
         if outcomes.source == Source::Store && outcomes.list.iter().any(plan::decided) {
@@ -334,7 +446,7 @@ impl Proxy {
         };
         if let Judgement::Refused(_) = judgement {
             self.store.give_back(&evaluations, outcomes).await;
-            return (judgement, Reservations::new());
+            return (judgement, Reservations::new(), None);
         }
         // What the store took for the limits charged on response, to be
         // settled when the app answers.
@@ -343,7 +455,7 @@ impl Proxy {
             let (Some(evaluation), Some(&(check, _))) = (evaluations.get(i), limits.get(i)) else {
                 continue;
             };
-            if evaluation.settle_within.is_none() || !matches!(outcome, Outcome::Allowed(_)) {
+            if check.limit().on_response().is_none() || !matches!(outcome, Outcome::Allowed(_)) {
                 continue;
             }
             if let Some(index) = checks.iter().position(|c| std::ptr::eq(c, check)) {
@@ -355,7 +467,11 @@ impl Proxy {
                 reservations.push((index, reserved));
             }
         }
-        (judgement, reservations)
+        (
+            judgement,
+            reservations,
+            turn(&limits, &evaluations, outcomes),
+        )
     }
 
     /// Counts the request: once, under the route and limit that refused
@@ -536,5 +652,6 @@ mod exchange;
 pub(super) mod on_response;
 pub(super) mod plan;
 mod prepare;
+mod turn;
 
 pub(super) use prepare::{prepare, Destination, Matched, Routed};

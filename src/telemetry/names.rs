@@ -99,6 +99,8 @@ pub const PROXY_PROTOCOL_REJECTED: &str = "sluice_proxy_protocol_rejected_total"
 pub const FORWARDED_FOR_IGNORED: &str = "sluice_forwarded_for_ignored_total";
 pub const UNDECODABLE_CREDENTIALS: &str = "sluice_undecodable_credentials_total";
 pub const JWT_REJECTED: &str = "sluice_jwt_rejected_total";
+pub const REQUESTS_DELAYED: &str = "sluice_requests_delayed_total";
+pub const REQUEST_DELAY: &str = "sluice_request_delay_seconds";
 pub const LEASES_GRANTED: &str = "sluice_leases_granted_total";
 pub const LEASES_RETURNED: &str = "sluice_leases_returned_total";
 pub const LEASE_UNITS_RETURNED: &str = "sluice_lease_units_returned_total";
@@ -233,6 +235,14 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         UNDECODABLE_CREDENTIALS,
         "Requests whose Authorization: Basic credential decodes to nothing (or reads differently in different app servers), counted in the route's one shared bucket for them, by route.",
+    ),
+    Metric::counter(
+        REQUESTS_DELAYED,
+        "Requests past a GCRA policy's burst held for their turn (`delay`) instead of refused, by route and policy.",
+    ),
+    Metric::seconds(
+        REQUEST_DELAY,
+        "How long each delayed request waited for its turn, by route and policy.",
     ),
     Metric::counter(
         JWT_REJECTED,

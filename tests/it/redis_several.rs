@@ -88,6 +88,7 @@ fn every_algorithm() -> Vec<Policy> {
             limit: nz(3),
             window: Duration::from_millis(HOUR_MS),
             burst: nz(3),
+            max_wait_us: 0,
         }]),
     ];
     bands

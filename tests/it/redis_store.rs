@@ -96,6 +96,7 @@ fn gcra(limit: u32, window_ms: u64, burst: u32) -> GcraBand {
         limit: nz(limit),
         window: ms(window_ms),
         burst: nz(burst),
+        max_wait_us: 0,
     }
 }
 
@@ -217,6 +218,20 @@ fn all_bands() -> Vec<(&'static str, Bands)> {
         (
             "gcra",
             Bands::Gcra(vec![gcra(8, 1000, 4), gcra(20, 10_000, 7)]),
+        ),
+        // With `delay`: past the burst, admitted and told to wait.
+        (
+            "gcra-delay",
+            Bands::Gcra(vec![
+                GcraBand {
+                    max_wait_us: 300_000,
+                    ..gcra(8, 1000, 4)
+                },
+                GcraBand {
+                    max_wait_us: 300_000,
+                    ..gcra(20, 10_000, 7)
+                },
+            ]),
         ),
     ]
 }
@@ -401,6 +416,39 @@ async fn conformance_table_matches_the_memory_store() {
     for (name, bands, steps) in designed {
         conform_pinned(&server, &store, name, bands, &steps).await;
     }
+    // 10/s, burst 10, a delay of 500 ms: 15 at once are admitted, the
+    // last five told to wait 100..500 ms; the 16th is refused.
+    let delayed = Bands::Gcra(vec![GcraBand {
+        max_wait_us: 500_000,
+        ..gcra(10, 1000, 10)
+    }]);
+    let policy = policy("gcra-delay-designed", delayed.clone());
+    let memory = MemoryStore::new(1000, Duration::from_secs(1));
+    let who = subject("gcra-delay-designed");
+    let waits: Vec<Option<u64>> = (0..16)
+        .map(
+            |_| match memory.evaluate_at(&evaluation(&policy, &who, 1), 5_000_000) {
+                Outcome::Allowed(d) => Some(d.retry_after.as_millis() as u64),
+                _ => None,
+            },
+        )
+        .collect();
+    let mut want: Vec<Option<u64>> = vec![Some(0); 10];
+    want.extend([100, 200, 300, 400, 500].map(Some));
+    want.push(None);
+    assert_eq!(waits, want);
+    conform_pinned(
+        &server,
+        &store,
+        "gcra-delay-designed",
+        delayed,
+        &[(0, 1); 16]
+            .iter()
+            .copied()
+            .chain([(150 * ms, 1), (0, 2), (600 * ms, 1)])
+            .collect::<Vec<_>>(),
+    )
+    .await;
 
     // Random sequences, every pinned algorithm, two bands each.
     let random: Vec<(&str, Bands, Micros)> = vec![
@@ -422,6 +470,20 @@ async fn conformance_table_matches_the_memory_store() {
         (
             "gcra-random",
             Bands::Gcra(vec![gcra(7, 1000, 3), gcra(30, 9000, 8)]),
+            9_000_000,
+        ),
+        (
+            "gcra-delay-random",
+            Bands::Gcra(vec![
+                GcraBand {
+                    max_wait_us: 400_000,
+                    ..gcra(7, 1000, 3)
+                },
+                GcraBand {
+                    max_wait_us: 400_000,
+                    ..gcra(30, 9000, 8)
+                },
+            ]),
             9_000_000,
         ),
     ];

@@ -276,6 +276,12 @@ fn entries_base(default: &str, key: &Key) -> Yaml {
             ", lease: {}",
         ),
     };
+    // A delay's terms need a GCRA policy with a delay: `fw` becomes one.
+    let fw = if key.path.starts_with("policies.NAME.delay.") {
+        "algorithm: gcra, limit: 5, window: 1s, delay: { max_wait: 500ms }".to_owned()
+    } else {
+        format!("algorithm: fixed-window, limit: 5, window: 1s{lease}")
+    };
     let text = format!(
         "version: 1
 server: {{ listen: 127.0.0.1:8080 }}
@@ -283,7 +289,7 @@ upstream: {{ url: http://127.0.0.1:3000 }}
 store: {store}
 identity: {{ pseudonym_key: 0123456789abcdef0123 }}
 policies:
-  fw: {{ algorithm: fixed-window, limit: 5, window: 1s{lease} }}
+  fw: {{ {fw} }}
   tb: {{ algorithm: token-bucket, capacity: 5, refill_every: 1s }}
   c: {{ algorithm: concurrency, limit: 2 }}
 routes:

@@ -13,7 +13,7 @@ use crate::config::env::key_text;
 use crate::config::keys;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Params, Scalar};
-use crate::limit::{Algorithm, Bands, Concurrency, LeaseTerms, LimitPolicy, Policy};
+use crate::limit::{Algorithm, Bands, Concurrency, DelayTerms, LeaseTerms, LimitPolicy, Policy};
 
 /// The name of the one algorithm that is not a rate: requests in flight.
 const CONCURRENCY: &str = "concurrency";
@@ -192,7 +192,61 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         cx.error(&path.key("lease"), At::Key, why);
         return None;
     }
-    Some(policy.with_lease(lease))
+    let policy = policy.with_lease(lease);
+    let Some(raw_delay) = raw.delay else {
+        return Some(policy);
+    };
+    let at = path.key("delay");
+    let terms = delay(cx, &at, raw_delay)?;
+    if policy.lease.is_some() {
+        cx.error(
+            &at,
+            At::Key,
+            "`delay` and `lease` exclude each other: a turn is taken in the store, request by request",
+        );
+        return None;
+    }
+    if policy.shadow {
+        cx.error(
+            &at,
+            At::Key,
+            "a shadow policy never holds a request back: `delay` would only slow it",
+        );
+        return None;
+    }
+    let algorithm = policy.algorithm().name();
+    match policy.with_delay(terms) {
+        Some(policy) => Some(policy),
+        None => {
+            cx.error(
+                &at,
+                At::Key,
+                format!("`delay` is for gcra, whose state is a turn that can be taken ahead; not for {algorithm}"),
+            );
+            None
+        }
+    }
+}
+
+/// `delay: { max_wait, max_queued }`.
+fn delay(cx: &mut Checker<'_>, at: &KeyPath, raw: raw::Delay) -> Option<DelayTerms> {
+    let max_wait = cx.required(&at.key("max_wait"), raw.max_wait.as_ref(), |s| {
+        let d = check::positive_duration(s)?;
+        if d > std::time::Duration::from_secs(60) {
+            return Err("at most 1m: a longer wait holds the client past most timeouts".to_owned());
+        }
+        Ok(d)
+    });
+    let max_queued = cx.defaulted(
+        at,
+        &keys::POLICY_DELAY_MAX_QUEUED,
+        raw.max_queued.as_ref(),
+        check::number_u32(1),
+    );
+    Some(DelayTerms {
+        max_wait: max_wait?,
+        max_queued: max_queued?,
+    })
 }
 
 /// `lease:` `off` (or absent), `on` (every term its default), or
@@ -251,6 +305,7 @@ fn concurrency(
         ("on_failure", raw.on_failure.is_some()),
         ("lease", raw.lease.is_some()),
         ("near_limit", raw.near_limit.is_some()),
+        ("delay", raw.delay.is_some()),
     ];
     let mut ok = true;
     for (key, written) in foreign {

@@ -15,6 +15,11 @@ pub struct GcraBand {
     /// At least one millisecond (validated).
     pub window: Duration,
     pub burst: NonZeroU32,
+    /// `delay.max_wait` of the policy, in microseconds: a request past the
+    /// burst is admitted when its turn comes within this, and told to
+    /// wait for it (`retry_after` of an admission). 0: refused as soon as
+    /// the burst is spent.
+    pub max_wait_us: u64,
 }
 
 impl GcraBand {
@@ -59,14 +64,17 @@ impl Spec for Gcra {
             limit,
             window: window?,
             burst: burst?,
+            max_wait_us: 0,
         };
         let product = u128::from(band.burst.get()) * u128::from(band.emission_interval_us());
         exact_in_lua(params, "burst", product, "burst × window / limit")?;
         Some(band)
     }
 
+    /// A turn taken ahead (`delay`) moves the arrival time up to
+    /// `max_wait` past the burst.
     fn horizon(band: &GcraBand) -> Duration {
-        band.burst_span()
+        band.burst_span() + Duration::from_micros(band.max_wait_us)
     }
 
     fn fresh(bands: &[GcraBand]) -> Vec<BandState> {
@@ -105,6 +113,7 @@ impl BandSpec for GcraBand {
             u64::from(self.limit.get()),
             micros(self.window),
             u64::from(self.burst.get()),
+            self.max_wait_us,
         ]
     }
 
@@ -116,9 +125,18 @@ impl BandSpec for GcraBand {
         )
     }
 
-    /// `60/1m burst 10`.
+    /// `60/1m burst 10`, and `delay ≤500ms` with a delay.
     fn describe(&self) -> String {
-        format!("{}/{} burst {}", self.limit, short(self.window), self.burst)
+        let delay = match self.max_wait_us {
+            0 => String::new(),
+            us => format!(" delay ≤{}", short(Duration::from_micros(us))),
+        };
+        format!(
+            "{}/{} burst {}{delay}",
+            self.limit,
+            short(self.window),
+            self.burst
+        )
     }
 
     /// The rate (`limit` per `window`) and the burst both divided.
@@ -127,6 +145,9 @@ impl BandSpec for GcraBand {
             limit: super::divided(self.limit, share),
             window: self.window,
             burst: super::divided(self.burst, share),
+            // A sidecar deciding alone takes no turn ahead: no other
+            // sidecar would see it, so past its share it refuses.
+            max_wait_us: 0,
         }
     }
 }
@@ -160,16 +181,19 @@ pub fn check(
     // must not come from a sum wrapping or saturating near the end of time.
     let new_tat = u128::from(tat0) + u128::from(cost) * u128::from(t);
     let ahead = new_tat - u128::from(now);
-    let allowed = ahead <= u128::from(tau);
+    // With a delay, a request past the burst whose turn comes within
+    // `max_wait` is admitted now, its turn taken, and waits for it: the
+    // wait is how far past the burst it lands.
+    let allowed = ahead <= u128::from(tau) + u128::from(band.max_wait_us);
 
     let verdict = if allowed {
-        // ahead <= tau: always fits.
-        let ahead = u64::try_from(ahead).unwrap_or(tau);
+        // ahead <= tau + max_wait, both u64 (validated small).
+        let ahead = u64::try_from(ahead).unwrap_or(u64::MAX);
         BandVerdict {
             allowed,
-            remaining: (tau - ahead) / t,
+            remaining: tau.saturating_sub(ahead) / t,
             reset_after: ahead,
-            retry_after: 0,
+            retry_after: ahead.saturating_sub(tau),
         }
     } else {
         let held = tat0 - now;
@@ -177,7 +201,9 @@ pub fn check(
             allowed,
             remaining: tau.saturating_sub(held) / t,
             reset_after: held,
-            retry_after: u64::try_from(ahead - u128::from(tau)).unwrap_or(u64::MAX),
+            // Until it would be admitted: with a delay, told to wait.
+            retry_after: u64::try_from(ahead - u128::from(tau) - u128::from(band.max_wait_us))
+                .unwrap_or(u64::MAX),
         }
     };
     let next = if allowed {

@@ -297,7 +297,13 @@ where
 fn bind(verdicts: impl Iterator<Item = BandVerdict>, approximate: bool) -> Decision {
     let mut least_remaining: Option<(usize, BandVerdict)> = None;
     let mut longest_retry: Option<(usize, BandVerdict)> = None;
+    // An admission's retry_after is its delay (gcra with `delay`): the
+    // request waits for the slowest band's turn.
+    let mut wait = 0;
     for (index, verdict) in verdicts.enumerate() {
+        if verdict.allowed {
+            wait = wait.max(verdict.retry_after);
+        }
         let best = if verdict.allowed {
             &mut least_remaining
         } else {
@@ -318,7 +324,7 @@ fn bind(verdicts: impl Iterator<Item = BandVerdict>, approximate: bool) -> Decis
             band,
             remaining: v.remaining,
             reset_after: Duration::from_micros(v.reset_after),
-            retry_after: Duration::from_micros(v.retry_after),
+            retry_after: Duration::from_micros(if v.allowed { wait } else { v.retry_after }),
             approximate,
         },
         // No band at all (validation forbids it): nothing limits the request.

@@ -199,6 +199,26 @@ register! {
     Gcra => gcra::Gcra,
 }
 
+impl Bands {
+    /// The bands with a policy's `delay.max_wait` (microseconds): GCRA
+    /// only, whose state is a time a turn can be taken ahead in; `None`
+    /// for every other algorithm.
+    pub fn delayed(self, max_wait_us: u64) -> Option<Bands> {
+        match self {
+            Bands::Gcra(bands) => Some(Bands::Gcra(
+                bands
+                    .into_iter()
+                    .map(|band| gcra::GcraBand {
+                        max_wait_us,
+                        ..band
+                    })
+                    .collect(),
+            )),
+            _ => None,
+        }
+    }
+}
+
 /// The state of one subject under one policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State(PerAlgorithm);

@@ -520,6 +520,7 @@ fn gcra_t_is_when_the_next_unit_frees() {
             limit: NonZeroU32::new(6).unwrap(),
             window: Duration::from_secs(60),
             burst: NonZeroU32::new(5).unwrap(),
+            max_wait_us: 0,
         }]),
     );
     let answers = answered(
@@ -562,6 +563,7 @@ fn gcra_t_rounds_a_short_interval_up_to_a_second() {
             limit: NonZeroU32::new(10).unwrap(),
             window: Duration::from_secs(1),
             burst: NonZeroU32::new(10).unwrap(),
+            max_wait_us: 0,
         }]),
     );
     let answers = answered(&p, &[EPOCH, EPOCH]);

@@ -67,7 +67,12 @@ pub(in crate::proxy) fn asked<'a, 'r>(
                 cost: limit.reserved_units(),
                 deadline,
                 id: EvaluationId::random(),
-                settle_within: limit.on_response().map(|_| settle_within),
+                // A turn taken ahead (`delay`) may be given back up to
+                // `max_wait` later: its record must outlive that.
+                settle_within: limit
+                    .on_response()
+                    .map(|_| settle_within)
+                    .or_else(|| policy.delay.map(|d| d.max_wait + Duration::from_secs(5))),
             };
             Some(((check, policy), evaluation))
         })

@@ -214,9 +214,7 @@ fn decode_fields(
         .ok()
         .filter(|b| *b < bands)
         .ok_or(Malformed("band out of range"))?;
-    if allowed && retry_after != 0 {
-        return Err(Malformed("allowed with a retry_after"));
-    }
+    // An admission's retry_after is its delay (gcra with `delay`).
     if !allowed && retry_after == 0 {
         return Err(Malformed("denied without a retry_after"));
     }
@@ -268,6 +266,14 @@ mod tests {
         };
         assert!(!decision.allowed && decision.approximate && replayed);
         assert_eq!(decision.retry_after, Duration::from_micros(700));
+        // An admission told to wait for its turn (gcra with a delay).
+        let Reply::Decided { decision, .. } =
+            decode(&reply(&[1, 1, 0, 1_300_000, 300_000, 0, 0, 0]), 1, false).unwrap()
+        else {
+            panic!("not decided");
+        };
+        assert!(decision.allowed);
+        assert_eq!(decision.retry_after, Duration::from_millis(300));
         assert_eq!(
             decode(&reply(&[1, 2, 0, 0, 0, 0, 0, 5_000_000]), 1, false).unwrap(),
             Reply::ClockUnsafe { skew: 5_000_000 }
@@ -284,7 +290,6 @@ mod tests {
             ("negative", reply(&[1, 1, -4, 900, 0, 0, 0, 0])),
             ("band", reply(&[1, 1, 4, 900, 0, 2, 0, 0])),
             ("replayed", reply(&[1, 1, 4, 900, 0, 0, 2, 0])),
-            ("allowed+retry", reply(&[1, 1, 4, 900, 5, 0, 0, 0])),
             ("denied-retry", reply(&[1, 0, 0, 900, 0, 0, 0, 0])),
             ("scalar", Value::Int(1)),
             (

@@ -46,6 +46,7 @@ fn gcra(limit: u32, window: Micros, burst: u32) -> GcraBand {
         limit: nz(limit),
         window: Duration::from_micros(window),
         burst: nz(burst),
+        max_wait_us: 0,
     }
 }
 

@@ -40,6 +40,7 @@ fn policies() -> Vec<Policy> {
             limit: nz(60),
             window: Duration::from_secs(60),
             burst: nz(10),
+            max_wait_us: 0,
         }]),
     ];
     bands
@@ -193,7 +194,7 @@ fn a_policy_s_numbers_are_compiled_into_its_script() {
     let gcra = Script::for_policy(&policies[4], &common());
     assert!(gcra
         .source
-        .contains("local P_BAND_ARGS = {60, 60000000, 10}"));
+        .contains("local P_BAND_ARGS = {60, 60000000, 10, 0}"));
     assert!(gcra
         .source
         .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)$', '%d:%d'"));

@@ -26,6 +26,12 @@ pub enum Invalid {
     /// A transfer-coding other than exactly one `chunked` (answered 501: RFC
     /// 9112 §6.1 asks for 501 on a coding the server does not implement).
     TransferCoding,
+    /// HTTP/1 `Transfer-Encoding` whose last coding is not `chunked`, or on
+    /// HTTP/1.0: where the body ends cannot be known (400 and close, RFC
+    /// 9112 §6.3). hyper refuses such a head before any check runs; the
+    /// framing watch hands it over as a stand-in answered so
+    /// (`server::framing`).
+    UnframedBody,
     /// `Connection` names a header the subject relies on, or
     /// `X-Forwarded-For`.
     ConnectionNamesIdentity(HeaderName),
@@ -74,6 +80,7 @@ impl Invalid {
             Invalid::DuplicateHost => "duplicate_host",
             Invalid::HostMismatch => "host_mismatch",
             Invalid::TransferCoding => "transfer_coding",
+            Invalid::UnframedBody => "unframed_body",
             Invalid::ConnectionNamesIdentity(_) => "connection_names_identity",
             Invalid::Connect => "connect",
             Invalid::MethodCase => "method_case",
@@ -95,6 +102,9 @@ impl Invalid {
             Invalid::DuplicateHost => "the request has more than one Host",
             Invalid::HostMismatch => "Host and :authority name different hosts",
             Invalid::TransferCoding => "only the chunked transfer-coding is accepted",
+            Invalid::UnframedBody => {
+                "Transfer-Encoding does not end in chunked (or comes with HTTP/1.0): where the body ends is unknown"
+            }
             Invalid::ConnectionNamesIdentity(_) => {
                 "Connection names a header that identifies the client"
             }

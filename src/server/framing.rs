@@ -300,11 +300,11 @@ impl Framing {
     }
 }
 
-/// A read smaller than this (the protocol sniff's first 24 bytes) reads
-/// this much instead, the rest held for the next, so that a first head
-/// arriving in one piece is seen whole in one read, as later heads are in
-/// hyper's buffer of this size: one in which the watch may stand in for
-/// it.
+/// The connection's first read is the protocol sniff's, of 24 bytes (an
+/// HTTP/2 preface or not); it reads this much instead, the rest held for
+/// hyper's next read, which follows at once. So a first head arriving in
+/// one piece is seen whole in one read, as later heads are in hyper's
+/// buffer of this size: one in which the watch may stand in for it.
 const LOOKAHEAD: usize = 8 * 1024;
 
 pin_project! {
@@ -316,8 +316,11 @@ pin_project! {
         #[pin]
         inner: S,
         framing: Framing,
-        // Read ahead of a small read, watched already, not yet handed over.
+        // Read ahead of the first read, watched already, not yet handed
+        // over.
         pending: Vec<u8>,
+        // The first read is done.
+        started: bool,
         stand_ins: Arc<StandIns>,
         budget: Arc<heads::Connection>,
         // The partial head's bytes, charged.
@@ -340,6 +343,7 @@ impl<S> Watched<S> {
             inner,
             framing: Framing::new(max_head),
             pending: Vec::new(),
+            started: false,
             stand_ins,
             budget,
             charged: None,
@@ -367,13 +371,14 @@ impl<S: AsyncRead + AsyncWrite> AsyncRead for Watched<S> {
             }
             return Poll::Ready(Ok(()));
         }
-        if buf.remaining() >= LOOKAHEAD {
+        if *this.started || buf.remaining() >= LOOKAHEAD {
             return read_watched(&mut this, cx, buf);
         }
         let mut room = [0u8; LOOKAHEAD];
         let mut ahead = ReadBuf::new(&mut room);
         let polled = read_watched(&mut this, cx, &mut ahead);
         if let Poll::Ready(Ok(())) = polled {
+            *this.started = true;
             let read = ahead.filled();
             let n = read.len().min(buf.remaining());
             buf.put_slice(&read[..n]);

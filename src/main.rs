@@ -89,8 +89,9 @@ fn main() -> ExitCode {
             } else {
                 sluice::config::keys::text()
             };
-            print!("{table}");
-            ExitCode::SUCCESS
+            let mut out = Stdout::default();
+            out.print(format_args!("{table}"));
+            out.finish(ExitCode::SUCCESS)
         }
         Command::CheckManifests { files } => check_manifests(&files),
         Command::Check {
@@ -141,27 +142,40 @@ fn main() -> ExitCode {
 /// variables filled with placeholders, and with `--connect` what the store
 /// said.
 fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCode {
-    print!("{}", config.route_table());
+    let mut out = Stdout::default();
+    let code = check_printing(&mut out, config, filled, connect);
+    out.finish(code)
+}
+
+fn check_printing(
+    out: &mut Stdout,
+    config: &Config,
+    filled: &[(String, String)],
+    connect: bool,
+) -> ExitCode {
+    out.print(format_args!("{}", config.route_table()));
     if !config.live.policies.is_empty() {
-        print!("\n{}", config.count_notes());
+        out.print(format_args!("\n{}", config.count_notes()));
     }
     let warnings = config.tier_warnings();
     if !warnings.is_empty() {
-        print!("\n{warnings}");
+        out.print(format_args!("\n{warnings}"));
     }
     if !filled.is_empty() {
         let names: Vec<&str> = filled.iter().map(|(n, _)| n.as_str()).collect();
-        println!(
-            "\nUnset, checked with a placeholder in their place: {}",
+        out.print(format_args!(
+            "\nUnset, checked with a placeholder in their place: {}\n",
             names.join(", ")
-        );
+        ));
     }
     if !connect {
         return ExitCode::SUCCESS;
     }
-    println!();
+    out.print(format_args!("\n"));
     let StoreKind::Redis(redis) = &config.boot.store.kind else {
-        println!("store: memory, inside the process: nothing to connect to");
+        out.print(format_args!(
+            "store: memory, inside the process: nothing to connect to\n"
+        ));
         return ExitCode::SUCCESS;
     };
     if !filled.is_empty() {
@@ -198,14 +212,14 @@ fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCod
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    println!("Store (redis):");
+    out.print(format_args!("Store (redis):\n"));
     let mut failed = false;
     for step in &steps {
         match &step.found {
-            Ok(found) => println!("  ok    {}: {found}", step.what),
+            Ok(found) => out.print(format_args!("  ok    {}: {found}\n", step.what)),
             Err(why) => {
                 failed = true;
-                println!("  FAIL  {}: {why}", step.what);
+                out.print(format_args!("  FAIL  {}: {why}\n", step.what));
             }
         }
     }
@@ -244,13 +258,13 @@ fn check_manifests(files: &[PathBuf]) -> ExitCode {
         }
     }
     let report = sluice::manifests::check(&objects);
-    // A closed pipe (`| head`) is no failure of the check.
-    let _ = write!(std::io::stdout(), "{report}");
-    if report.errors() > 0 {
+    let mut out = Stdout::default();
+    out.print(format_args!("{report}"));
+    out.finish(if report.errors() > 0 {
         ExitCode::from(EXIT_CONFIG)
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 /// `sluice check --explain`: the routing half of `POST /explain`, offline.
@@ -287,9 +301,45 @@ fn explain_offline(config: Config, request: &Path) -> ExitCode {
     };
     let explained = executor.block_on(explain(&runtime, Source::Offline, &described));
     let text = serde_json::to_string_pretty(&explained).unwrap_or_default();
-    // A closed pipe (`| head`) is no failure of the explanation.
-    let _ = writeln!(std::io::stdout(), "{text}");
-    ExitCode::SUCCESS
+    let mut out = Stdout::default();
+    out.print(format_args!("{text}\n"));
+    out.finish(ExitCode::SUCCESS)
+}
+
+/// Standard output of the commands that print. A reader that goes away
+/// (`sluice check | head`) ends the printing, not the command: what is
+/// left is dropped and the command's own exit code stands, as `grep` or
+/// `cat` behave when their pipe closes (Rust ignores SIGPIPE, so the
+/// write fails with `EPIPE` where a C tool would be killed). Any other
+/// write error is reported on stderr and exits 1: the output is lost.
+#[derive(Default)]
+struct Stdout {
+    failed: Option<std::io::Error>,
+}
+
+impl Stdout {
+    fn print(&mut self, text: std::fmt::Arguments<'_>) {
+        if self.failed.is_some() {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        if let Err(error) = stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+            self.failed = Some(error);
+        }
+    }
+
+    /// `code`, unless the output could not be written for another reason
+    /// than its reader leaving.
+    fn finish(self, code: ExitCode) -> ExitCode {
+        match self.failed {
+            None => code,
+            Some(error) if error.kind() == std::io::ErrorKind::BrokenPipe => code,
+            Some(error) => {
+                eprintln!("cannot write to standard output: {error}");
+                ExitCode::from(EXIT_RUNTIME)
+            }
+        }
+    }
 }
 
 fn run(config: Config) -> Result<(), Box<dyn std::error::Error>> {

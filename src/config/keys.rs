@@ -17,7 +17,9 @@ use std::fmt::Write as _;
 pub enum Applied {
     /// On the next reload of the file.
     Reload,
-    /// Only when sluice starts: a reload that changes it is refused.
+    /// Only when sluice starts: a reload that changes it keeps the value
+    /// the process started with, applies the rest of the file, and warns
+    /// naming the key (`reload`).
     Restart,
 }
 

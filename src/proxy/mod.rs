@@ -52,7 +52,7 @@ use std::net::SocketAddr;
 
 pub use body::{Body, BodyIdleTimeout, BoxError};
 pub use runtime::{Runtime, SharedRuntime};
-pub use service::Proxy;
+pub use service::{refuse_unframed_body, Proxy};
 pub use upstream::Upstream;
 pub use verdict::{Failure, Verdict};
 

@@ -614,6 +614,12 @@ fn counted_in_ratelimit<'r>(
     }
 }
 
+/// The answer to the stand-in of an HTTP/1 head whose body cannot be
+/// framed (`server::framing`), counted.
+pub fn refuse_unframed_body() -> Response<Body> {
+    refuse(&Invalid::UnframedBody)
+}
+
 fn refuse(invalid: &Invalid) -> Response<Body> {
     tracing::debug!(reason = invalid.reason(), "request refused");
     request_refused(invalid.label());
@@ -634,7 +640,8 @@ pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
         | Invalid::MissingHost
         | Invalid::DuplicateHost
         | Invalid::HostMismatch
-        | Invalid::MethodCase => respond::closing(respond::bad_request(invalid.reason())),
+        | Invalid::MethodCase
+        | Invalid::UnframedBody => respond::closing(respond::bad_request(invalid.reason())),
         // A well-framed request refused for what it asks: the connection
         // stays usable.
         Invalid::ConnectionNamesIdentity(_)

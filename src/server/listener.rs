@@ -16,7 +16,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ use crate::telemetry;
 
 use super::accept::AcceptErrors;
 use super::beside::{beside, First};
-use super::framing::Watched;
+use super::framing::{StandIns, Watched};
 use super::heads;
 use super::per_peer::{self, Held, PerPeer};
 use super::proxied::{self, Prefixed};
@@ -352,8 +352,14 @@ impl Connection {
         let stream = SendTimeout::new(Prefixed::new(stream, rest), self.send_timeout);
         match self.tls.clone() {
             None => {
-                let io = Watched::new(stream, self.max_header_bytes, heads.clone());
-                self.serve(TokioIo::new(io), info, heads).await;
+                let stand_ins = Arc::new(StandIns::default());
+                let io = Watched::new(
+                    stream,
+                    self.max_header_bytes,
+                    heads.clone(),
+                    stand_ins.clone(),
+                );
+                self.serve(TokioIo::new(io), info, heads, stand_ins).await;
             }
             // Boxed: the TLS state is twice the size of a plain connection's,
             // and every connection task would be that large otherwise.
@@ -395,16 +401,27 @@ impl Connection {
     ) {
         match tokio::time::timeout_at(self.first_head_by, acceptor.accept(stream)).await {
             Ok(Ok(stream)) => {
-                let io = Watched::new(stream, self.max_header_bytes, heads.clone());
-                self.serve(TokioIo::new(io), info, heads).await;
+                let stand_ins = Arc::new(StandIns::default());
+                let io = Watched::new(
+                    stream,
+                    self.max_header_bytes,
+                    heads.clone(),
+                    stand_ins.clone(),
+                );
+                self.serve(TokioIo::new(io), info, heads, stand_ins).await;
             }
             Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
             Err(_) => tracing::debug!("TLS handshake timed out"),
         }
     }
 
-    async fn serve<I>(self, io: I, info: ConnInfo, heads: Arc<heads::Connection>)
-    where
+    async fn serve<I>(
+        self,
+        io: I,
+        info: ConnInfo,
+        heads: Arc<heads::Connection>,
+        stand_ins: Arc<StandIns>,
+    ) where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let started = Arc::new(AtomicBool::new(false));
@@ -416,11 +433,16 @@ impl Connection {
             let activity = activity.clone();
             let proxy = self.proxy;
             let winding_down = self.winding_down;
+            let http1_requests = AtomicU64::new(0);
             service_fn(move |request| {
                 if !started.swap(true, Ordering::Relaxed) {
                     // Stored as a permit if nobody waits yet.
                     first_request.notify_one();
                 }
+                // hyper hands HTTP/1 requests over in the order their heads
+                // arrived, which is how the framing watch counts them.
+                let stand_in = request.version() != Version::HTTP_2
+                    && stand_ins.is(http1_requests.fetch_add(1, Ordering::Relaxed) + 1);
                 let in_flight = activity.begin();
                 // An HTTP/2 stream's header list is held as long as its
                 // exchange runs: charged first, refused at once past the
@@ -446,6 +468,11 @@ impl Connection {
                 // the next one is told to close.
                 let closing = winding_down.load(Ordering::Relaxed);
                 async move {
+                    if stand_in {
+                        // Never served: it stands for a head whose body
+                        // cannot be framed.
+                        return Ok(crate::proxy::refuse_unframed_body());
+                    }
                     let (charge, request) = match admitted {
                         Ok(admitted) => admitted,
                         Err(over) => return Ok(respond::over_head_budget(over)),

@@ -574,3 +574,49 @@ fn connect_tries_the_store_step_by_step_and_exits_1_at_the_first_failure() {
     assert_eq!(out.status.code(), Some(INVALID_CONFIG));
     assert!(text(&out.stderr).contains("--connect needs the real settings"));
 }
+
+/// Runs `cmd` with its standard output a pipe whose reader is gone before
+/// the binary writes anything (`sluice check | head` once `head` has what
+/// it wants): every write fails with `EPIPE`.
+fn run_with_stdout_closed(mut cmd: Command) -> Output {
+    let mut child = cmd.spawn().expect("spawn the sluice binary");
+    drop(child.stdout.take());
+    let deadline = Instant::now() + DEADLINE;
+    while child.try_wait().expect("poll the child").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("sluice still running after {DEADLINE:?} with its stdout closed");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("reap the child")
+}
+
+#[test]
+fn printing_commands_end_quietly_when_their_reader_goes_away() {
+    let quickstart = repo_file("config/quickstart.yaml");
+    let example = repo_file("config/example.yaml");
+    let commands: [&[&std::ffi::OsStr]; 4] = [
+        &[
+            "check".as_ref(),
+            "--config".as_ref(),
+            quickstart.as_os_str(),
+        ],
+        &["check".as_ref(), "--config".as_ref(), example.as_os_str()],
+        &["keys".as_ref()],
+        &["keys".as_ref(), "--markdown".as_ref()],
+    ];
+    for args in commands {
+        let mut cmd = sluice();
+        cmd.args(args);
+        let out = run_with_stdout_closed(cmd);
+        let stderr = text(&out.stderr);
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "{args:?}: stderr:\n{stderr}"
+        );
+        // The command's own verdict: the file is valid, the table printed
+        // as far as anyone read it.
+        assert_eq!(out.status.code(), Some(0), "{args:?}: stderr:\n{stderr}");
+    }
+}

@@ -98,6 +98,69 @@ async fn a_refused_transfer_coding_closes_the_connection() {
     assert_eq!(upstream.count(), 0);
 }
 
+/// A `Transfer-Encoding` that leaves where the body ends unknown (its
+/// last coding not `chunked`, or any on HTTP/1.0) is answered 400 with a
+/// problem body, as sluice's other refusals are, and closes: never a bare
+/// 400, never forwarded, nothing pipelined behind it served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_cannot_be_framed_gets_a_400_problem_and_closes() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&config(&upstream));
+    let pipelined = "GET /after HTTP/1.1\r\nHost: app.test\r\n\r\n";
+    for (first, bad) in [
+        // The connection's first head, and one behind a served request.
+        (
+            "",
+            "POST /a HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: gzip\r\n\r\nxyz",
+        ),
+        (
+            "",
+            "POST /a HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+        ),
+        (
+            "",
+            "POST /a HTTP/1.0\r\nHost: app.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+        (
+            "GET /before HTTP/1.1\r\nHost: app.test\r\n\r\n",
+            "POST /a HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: gzip\r\n\r\n",
+        ),
+    ] {
+        let served_before = upstream.count();
+        let mut stream = TcpStream::connect(sluice.addr()).await.expect("connect");
+        stream
+            .write_all(format!("{first}{bad}{pipelined}").as_bytes())
+            .await
+            .expect("write");
+        let responses = until_closed(&mut stream).await;
+        let expected: &[u16] = if first.is_empty() {
+            &[400]
+        } else {
+            &[200, 400]
+        };
+        assert_eq!(statuses(&responses), expected, "{bad:?}: {responses}");
+        let refusal = responses.rsplit("HTTP/1.1 ").next().unwrap_or_default();
+        assert!(
+            refusal.contains("content-type: application/problem+json"),
+            "{bad:?}: {refusal}"
+        );
+        assert!(
+            refusal.contains(r#""status":400"#)
+                && refusal.contains("where the body ends is unknown"),
+            "{bad:?}: {refusal}"
+        );
+        assert_eq!(
+            upstream.count() - served_before,
+            usize::from(!first.is_empty()),
+            "{bad:?}: only the request before it reached the app"
+        );
+    }
+    assert!(upstream
+        .requests()
+        .iter()
+        .all(|r| r.path != "/a" && r.path != "/after"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_request_body_is_the_client_s_400_never_the_app_s_502() {
     let upstream = Upstream::start().await;

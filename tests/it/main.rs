@@ -31,6 +31,7 @@ mod operations;
 mod proxy_protocol;
 mod proxy_smoke;
 mod proxying;
+mod quickstart;
 mod redis_e2e;
 mod redis_eviction;
 mod redis_failures;

@@ -873,6 +873,11 @@ async fn malformed_requests_are_counted_by_reason_and_never_reach_the_upstream()
         support::raw_exchange(sluice.addr(), zipped).await.status,
         501
     );
+    let unframed = b"POST /api HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: gzip\r\n\r\n";
+    assert_eq!(
+        support::raw_exchange(sluice.addr(), unframed).await.status,
+        400
+    );
 
     let text = scrape(admin(&sluice)).await;
     let refused = |reason: &str| {
@@ -884,6 +889,7 @@ async fn malformed_requests_are_counted_by_reason_and_never_reach_the_upstream()
     };
     assert_eq!(refused("duplicate_host"), Some(2.0), "{text}");
     assert_eq!(refused("transfer_coding"), Some(1.0), "{text}");
+    assert_eq!(refused("unframed_body"), Some(1.0), "{text}");
     assert_eq!(upstream.count(), 0);
     promtool_check(&text);
 }

@@ -26,6 +26,12 @@ pub enum Invalid {
     /// A transfer-coding other than exactly one `chunked` (answered 501: RFC
     /// 9112 §6.1 asks for 501 on a coding the server does not implement).
     TransferCoding,
+    /// HTTP/1 `Transfer-Encoding` whose last coding is not `chunked`, or on
+    /// HTTP/1.0: where the body ends cannot be known (400 and close, RFC
+    /// 9112 §6.3). hyper refuses such a head before any check runs; the
+    /// framing watch hands it over as a stand-in answered so
+    /// (`server::framing`).
+    UnframedBody,
     /// `Connection` names a header the subject relies on, or
     /// `X-Forwarded-For`.
     ConnectionNamesIdentity(HeaderName),
@@ -74,6 +80,7 @@ impl Invalid {
             Invalid::DuplicateHost => "duplicate_host",
             Invalid::HostMismatch => "host_mismatch",
             Invalid::TransferCoding => "transfer_coding",
+            Invalid::UnframedBody => "unframed_body",
             Invalid::ConnectionNamesIdentity(_) => "connection_names_identity",
             Invalid::Connect => "connect",
             Invalid::MethodCase => "method_case",
@@ -95,6 +102,9 @@ impl Invalid {
             Invalid::DuplicateHost => "the request has more than one Host",
             Invalid::HostMismatch => "Host and :authority name different hosts",
             Invalid::TransferCoding => "only the chunked transfer-coding is accepted",
+            Invalid::UnframedBody => {
+                "Transfer-Encoding does not end in chunked (or comes with HTTP/1.0): where the body ends is unknown"
+            }
             Invalid::ConnectionNamesIdentity(_) => {
                 "Connection names a header that identifies the client"
             }
@@ -180,7 +190,7 @@ pub fn check_head(
             _ => {}
         },
     }
-    check_transfer_coding(headers)
+    check_transfer_coding(version, headers)
 }
 
 /// Whether the request-target is `*`: HTTP/1's asterisk form, or an
@@ -262,17 +272,32 @@ fn valid_host(value: &[u8]) -> bool {
     host_ok && port_ok
 }
 
-fn check_transfer_coding(headers: &HeaderMap) -> Result<(), Invalid> {
+/// hyper refuses the heads [`Invalid::UnframedBody`] stands for before
+/// this runs (the framing watch answers them); they are told apart here
+/// too so that an explained request gets the answer a real one does.
+fn check_transfer_coding(version: Version, headers: &HeaderMap) -> Result<(), Invalid> {
     if !headers.contains_key(TRANSFER_ENCODING) {
         return Ok(());
     }
+    if matches!(version, Version::HTTP_09 | Version::HTTP_10) {
+        return Err(Invalid::UnframedBody);
+    }
     // Present, so exactly one `chunked`; an empty field is no framing at all.
+    // hyper reads the last field's last coding: a final `chunked` frames the
+    // body, whatever came before it.
+    let last_field = headers.get_all(TRANSFER_ENCODING).iter().next_back();
+    let framed = last_field
+        .and_then(|v| list(v.as_bytes()).next_back())
+        .is_some_and(|coding| coding.eq_ignore_ascii_case(b"chunked"));
+    if !framed {
+        return Err(Invalid::UnframedBody);
+    }
     let mut codings = headers
         .get_all(TRANSFER_ENCODING)
         .iter()
         .flat_map(|v| list(v.as_bytes()));
     match (codings.next(), codings.next()) {
-        (Some(coding), None) if coding.eq_ignore_ascii_case(b"chunked") => Ok(()),
+        (Some(_), None) => Ok(()),
         _ => Err(Invalid::TransferCoding),
     }
 }

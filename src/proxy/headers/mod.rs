@@ -84,7 +84,7 @@ pub(super) fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u
 
 /// The members of a comma-separated field value, trimmed, empties skipped
 /// (RFC 9110 §5.6.1).
-pub(super) fn list(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(super) fn list(value: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     value
         .split(|b| *b == b',')
         .map(|m| m.trim_ascii())

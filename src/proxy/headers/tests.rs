@@ -117,17 +117,32 @@ fn only_a_single_plain_chunked_coding_is_accepted() {
     assert_eq!(ok(&[]), Ok(()));
     assert_eq!(ok(&["chunked"]), Ok(()));
     assert_eq!(ok(&[" Chunked "]), Ok(()));
+    // Framed by a final `chunked`, but with a coding sluice does not
+    // implement: 501.
     for bad in [
         &["gzip, chunked"][..],
         &["chunked, chunked"],
         &["chunked", "chunked"],
-        &["gzip"],
-        &["identity"],
-        &[""],
-        &[","],
+        &["gzip", "chunked"],
     ] {
         assert_eq!(ok(bad), Err(Invalid::TransferCoding), "{bad:?}");
     }
+    // No final `chunked`: where the body ends is unknown, 400.
+    for bad in [
+        &["gzip"][..],
+        &["identity"],
+        &["chunked, gzip"],
+        &["chunked", "gzip"],
+        &[""],
+        &[","],
+    ] {
+        assert_eq!(ok(bad), Err(Invalid::UnframedBody), "{bad:?}");
+    }
+    let h10 = headers(&[("host", "a"), ("transfer-encoding", "chunked")]);
+    assert_eq!(
+        check_head(&Method::POST, Version::HTTP_10, &origin(), &h10),
+        Err(Invalid::UnframedBody)
+    );
 }
 
 #[test]

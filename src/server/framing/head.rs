@@ -26,6 +26,11 @@ pub enum Head {
 pub enum Refusal {
     ContentLengthAndTransferEncoding,
     BareLineFeed,
+    /// `Transfer-Encoding` whose last coding is not `chunked`, or on
+    /// HTTP/1.0: where the body ends cannot be known (RFC 9112 §6.3).
+    /// hyper refuses such a head too, but with a bare 400; sluice answers
+    /// it itself, with a problem body.
+    UnframedBody,
 }
 
 const TRANSFER_ENCODING: &[u8] = b"transfer-encoding";
@@ -55,6 +60,8 @@ pub struct HeadReader {
     transfer_encoding: bool,
     chunked: bool,
     unfollowable: bool,
+    /// The request line says HTTP/1.0, which has no transfer-codings.
+    http10: bool,
 }
 
 /// What the current line is being read as.
@@ -165,6 +172,7 @@ impl HeadReader {
             transfer_encoding: false,
             chunked: false,
             unfollowable: false,
+            http10: false,
         }
     }
 
@@ -332,6 +340,7 @@ impl HeadReader {
                 if method.equals(b"CONNECT") || !version.starts_with(b"HTTP/1.") {
                     self.unfollowable = true;
                 }
+                self.http10 = version.equals(b"HTTP/1.0");
             }
             Line::ContentLength(number) => match (number.length(), self.length) {
                 (Some(v), None) => self.length = Some(v),
@@ -362,9 +371,9 @@ impl HeadReader {
             return Head::Unfollowable;
         }
         match (self.transfer_encoding, self.chunked, self.length) {
+            (true, _, _) if self.http10 => Head::Refuse(Refusal::UnframedBody),
             (true, true, _) => Head::Chunked,
-            // A coding other than a final `chunked`: hyper refuses it.
-            (true, false, _) => Head::Unfollowable,
+            (true, false, _) => Head::Refuse(Refusal::UnframedBody),
             (false, _, Some(n)) => Head::Length(n),
             (false, _, None) => Head::Empty,
         }

@@ -6,12 +6,28 @@ const MAX_HEAD: usize = 64 * 1024;
 
 /// Feeds `input` in pieces of `step` bytes; returns what hyper would read.
 fn through(input: &[u8], step: usize) -> (Vec<u8>, Framing) {
-    let mut framing = Framing::new(MAX_HEAD);
-    let mut out = input.to_vec();
-    for piece in out.chunks_mut(step.max(1)) {
-        framing.inspect(piece);
-    }
+    let (out, framing, _) = through_with_stand_in(input, step);
     (out, framing)
+}
+
+/// As [`through`], and the head replaced by the stand-in, if any.
+fn through_with_stand_in(input: &[u8], step: usize) -> (Vec<u8>, Framing, Option<u64>) {
+    let mut framing = Framing::new(MAX_HEAD);
+    let mut out = Vec::new();
+    let mut stood_in = None;
+    for piece in input.chunks(step.max(1)) {
+        let mut piece = piece.to_vec();
+        framing.inspect(&mut piece);
+        let kept = match framing.take_stand_in() {
+            Some((head, kept)) => {
+                stood_in = Some(head);
+                kept
+            }
+            None => piece.len(),
+        };
+        out.extend_from_slice(&piece[..kept]);
+    }
+    (out, framing, stood_in)
 }
 
 /// Every way of cutting `input` into reads gives the same answer.
@@ -58,6 +74,47 @@ fn a_bare_line_feed_anywhere_in_the_head_is_refused() {
             assert_eq!(out[head.len() - 1], 0);
         });
         assert!(through(head, head.len()).0.iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
+fn a_head_whose_body_cannot_be_framed_is_handed_over_as_the_stand_in() {
+    let served = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n";
+    for bad in [
+        &b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"[..],
+        b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding:\r\n\r\n",
+        b"POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+    ] {
+        let what = String::from_utf8_lossy(bad);
+        // Whole in one read, behind a request that is served: hyper gets
+        // that request, then the stand-in, and nothing after it.
+        let mut input = served.to_vec();
+        input.extend_from_slice(bad);
+        input.extend_from_slice(b"zzzz GET /after HTTP/1.1\r\n\r\n");
+        let (out, framing, stood_in) = through_with_stand_in(&input, input.len());
+        let mut expected = served.to_vec();
+        expected.extend_from_slice(STAND_IN);
+        assert_eq!(out, expected, "{what}");
+        assert_eq!(stood_in, Some(2), "{what}: the second head");
+        assert!(matches!(framing.state, State::Off));
+        // Begun in an earlier read, part of it is hyper's already: spoiled.
+        let (out, framing, stood_in) = through_with_stand_in(bad, 5);
+        assert_eq!(stood_in, None, "{what}");
+        assert_eq!(framing.refused(), 1, "{what}");
+        assert_eq!(out[bad.len() - 1], 0, "{what}");
+    }
+    // What hyper frames itself is left alone.
+    for good in [
+        &b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"[..],
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.0\r\nContent-Length: 0\r\n\r\n",
+    ] {
+        let (out, framing, stood_in) = through_with_stand_in(good, good.len());
+        assert_eq!(stood_in, None);
+        assert_eq!(framing.refused(), 0);
+        assert_eq!(out, good);
     }
 }
 
@@ -273,6 +330,7 @@ fn oracle_read_head(head: &[u8]) -> Head {
     let mut transfer_encoding = false;
     let mut content_length = false;
     let mut unfollowable = false;
+    let mut http10 = false;
     for (n, line) in body.split(|&b| b == b'\n').enumerate() {
         let Some(line) = line.strip_suffix(b"\r") else {
             return Head::Refuse(Refusal::BareLineFeed);
@@ -284,6 +342,7 @@ fn oracle_read_head(head: &[u8]) -> Head {
             if method == b"CONNECT" || !version.starts_with(b"HTTP/1.") {
                 unfollowable = true;
             }
+            http10 = version == b"HTTP/1.0";
             continue;
         }
         // Only three names matter; most lines are passed over at their
@@ -325,9 +384,10 @@ fn oracle_read_head(head: &[u8]) -> Head {
         return Head::Unfollowable;
     }
     match (transfer_encoding, chunked, length) {
+        // No body length can be read from these: hyper refuses them too.
+        (true, _, _) if http10 => Head::Refuse(Refusal::UnframedBody),
         (true, true, _) => Head::Chunked,
-        // A coding other than a final `chunked`: hyper refuses it.
-        (true, false, _) => Head::Unfollowable,
+        (true, false, _) => Head::Refuse(Refusal::UnframedBody),
         (false, _, Some(n)) => Head::Length(n),
         (false, _, None) => Head::Empty,
     }

@@ -295,7 +295,7 @@ impl<S: AsyncRead + AsyncWrite> AsyncRead for Watched<S> {
                 if buf.remaining() >= SETTLE.len() {
                     buf.put_slice(SETTLE);
                 }
-                crate::proxy::metrics::request_refused("framing");
+                crate::proxy::metrics::request_refused(crate::proxy::metrics::REFUSED_FRAMING);
                 tracing::debug!(
                     "request framing refused: Content-Length with Transfer-Encoding, or a bare LF"
                 );

@@ -75,6 +75,8 @@ pub const STORE_RETRIES: &str = "sluice_store_retries_total";
 pub const STORE_EVENTS: &str = "sluice_store_events_total";
 pub const BREAKER_OPEN: &str = "sluice_store_breaker_open";
 pub const BREAKER_OPENED: &str = "sluice_store_breaker_opened_total";
+pub const REDIS_CALLS: &str = "sluice_redis_calls_total";
+pub const REDIS_CALL_DURATION: &str = "sluice_redis_call_duration_seconds";
 pub const SCRIPT_LOADS: &str = "sluice_store_script_loads_total";
 pub const DEDUPE_HITS: &str = "sluice_store_dedupe_hits_total";
 pub const REFUNDS: &str = "sluice_refunds_total";
@@ -127,6 +129,14 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         SCRIPT_LOADS,
         "Lua function libraries loaded into Redis (start, and after function not found).",
+    ),
+    Metric::counter(
+        REDIS_CALLS,
+        "Commands sent to Redis on sluice's connections, counted when their reply came or the wait for it ended, by command (fcall, evalsha, function_load, script_load, touch, other) and result (ok, error, timeout, connection_lost).",
+    ),
+    Metric::seconds(
+        REDIS_CALL_DURATION,
+        "Time from sending a command to Redis to its reply (or to giving up on it), by command; a pipeline of TOUCHes is one round trip.",
     ),
     Metric::counter(
         DEDUPE_HITS,

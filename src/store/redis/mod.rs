@@ -24,6 +24,7 @@
 
 mod call;
 mod connect;
+mod counted;
 pub mod inspect;
 mod leased;
 mod libraries;

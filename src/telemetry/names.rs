@@ -57,8 +57,8 @@ impl Metric {
     }
 }
 
-// Labels are bounded: route, policy, outcome, store, kind, result, reason,
-// status_class, hash, version. Never a subject, a pseudonym or anything a
+// Labels are bounded: route, policy, outcome, store, source, command, kind,
+// result, reason, status_class, hash, version. Never a subject, a pseudonym or anything a
 // client chose.
 
 pub const REQUESTS: &str = "sluice_requests_total";
@@ -123,7 +123,10 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(STORE_EVENTS, "Store conditions recovered from, by kind."),
     Metric::counter(BREAKER_OPENED, "Times the store breaker opened."),
-    Metric::seconds(DECISION_DURATION, "Time to reach a decision, by store."),
+    Metric::seconds(
+        DECISION_DURATION,
+        "Time to reach a decision, once per request with a rate limit, by store and where it was made (source: store, deny_cache, lease, local, failed).",
+    ),
     Metric::counter(STORE_ERRORS, "Store failures by kind."),
     Metric::gauge(BREAKER_OPEN, "1 while the store breaker is open."),
     Metric::counter(

@@ -405,3 +405,94 @@ async fn redis_calls_counted_by_sluice_equal_what_redis_received_and_each_decisi
     // second calls, the refunds and lease returns.
     assert!(decided("store") as u64 <= both.fcall.0);
 }
+
+/// docs/OPERATIONS.md's metric table has a row for every metric of the
+/// table in the code, and no row for one sluice does not export.
+#[test]
+fn the_operations_guide_lists_every_metric_with_its_labels() {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md"))
+        .expect("docs/OPERATIONS.md");
+    let rows: Vec<&str> = guide
+        .lines()
+        .map(str::trim_start)
+        .filter(|line| line.starts_with("| `sluice_"))
+        .collect();
+    let documented: Vec<&str> = rows
+        .iter()
+        .filter_map(|row| row.strip_prefix("| `")?.split('`').next())
+        .collect();
+    for metric in ALL {
+        assert!(
+            documented.contains(&metric.name),
+            "{} has no row in docs/OPERATIONS.md",
+            metric.name
+        );
+    }
+    for name in &documented {
+        assert!(
+            ALL.iter().any(|m| m.name == *name),
+            "docs/OPERATIONS.md lists {name}, which sluice does not export"
+        );
+    }
+    // Three cells: metric, type, labels.
+    for row in rows {
+        assert_eq!(row.matches(" | ").count(), 2, "{row}");
+    }
+}
+
+/// A call Redis does not answer within the budget is counted as a
+/// `timeout`: it was sent all the same, and once Redis runs it, both sides
+/// count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_deadline_counts_as_a_timeout_and_both_sides_still_agree() {
+    let redis = RedisServer::builder()
+        .config("enable-debug-command yes")
+        .start();
+    let upstream = Upstream::start().await;
+    let yaml = redis_yaml(
+        &upstream,
+        &redis.url(),
+        "  hourly: { algorithm: fixed-window, limit: 1000, window: 1h }\n",
+        "  - { name: api, match: { path_prefix: /api }, subject: header:x-user, policy: hourly }\n",
+    );
+    let sluice = start_ready(&yaml).await;
+    let (addr, admin) = (sluice.addr(), admin(&sluice));
+    assert_eq!(
+        get(addr, "/api", &[("x-user", "ann")]).await.0,
+        StatusCode::OK
+    );
+
+    // Redis busy for a second: the next decision waits past its 50 ms
+    // budget and gets `on_failure: deny`.
+    let mut sleeper = redis.connection();
+    let asleep = std::thread::spawn(move || {
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(1)
+            .query(&mut sleeper)
+            .expect("DEBUG SLEEP");
+    });
+    eventually(Duration::from_secs(5), || async move {
+        let (status, _, _) = get(addr, "/api", &[("x-user", "ann")]).await;
+        (status == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+    })
+    .await;
+    asleep.join().expect("the sleeper thread");
+
+    let redis = &redis;
+    let (timeouts, both) = eventually(Duration::from_secs(10), || async move {
+        let text = scrape(admin).await;
+        let fcall = received(&mut redis.connection())
+            .get("fcall")
+            .copied()
+            .unwrap_or(0);
+        let timeouts = value(
+            &text,
+            "sluice_redis_calls_total",
+            &[("command", "fcall"), ("result", "timeout")],
+        );
+        (sent(&text, "fcall") == fcall && timeouts >= 1.0).then_some((timeouts, fcall))
+    })
+    .await;
+    println!("fcall timeouts {timeouts}, fcall on both sides {both}");
+}

@@ -609,6 +609,19 @@ def test_every_dashboard_panel_queries_metrics_sluice_exports() -> None:
             assert unknown == [], f"{title}: {unknown} not exported by sluice"
 
 
+def test_every_dashboard_query_parses_as_promql(tmp_path: Path) -> None:
+    """Each query, its variables filled in, as a recording rule that
+    `promtool check rules` parses."""
+    queries = [q for qs in dashboard_exprs(json.loads(DASHBOARD.read_text())).values() for q in qs]
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": re.sub(r"\$[a-z_]+", ".*", q)} for i, q in enumerate(queries)
+    ]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_dashboard_has_a_panel_for_each_operator_question() -> None:
     joined = " ".join(" ".join(e) for e in dashboard_exprs(json.loads(DASHBOARD.read_text())).values())
     for pattern in [

@@ -54,9 +54,9 @@ impl Health {
 
     /// `Ok` when ready (with a note when ready although the store is
     /// not answering), else the reason.
-    pub fn readiness(&self) -> Result<Option<&'static str>, &'static str> {
+    pub fn readiness(&self) -> Result<Option<&'static str>, String> {
         if self.shutting_down.load(Ordering::SeqCst) {
-            return Err("shutting down");
+            return Err("shutting down".to_owned());
         }
         // A runtime always holds a validated configuration.
         let runtime = self.runtime.load();
@@ -68,7 +68,10 @@ impl Health {
             if runtime.live.store.on_failure == OnFailure::Local {
                 return Ok(Some("store not answering: deciding locally"));
             }
-            return Err("store not answering");
+            return Err(match self.store.scripts().1 {
+                Some(why) => format!("store not ready: {why}"),
+                None => "store not answering".to_owned(),
+            });
         }
         Ok(None)
     }
@@ -152,13 +155,19 @@ async fn respond(health: &Health, req: Request<Incoming>) -> Response<Full<Bytes
     }
     match req.uri().path() {
         "/healthz" => json(StatusCode::OK, r#"{"status":"alive"}"#.into()),
-        "/readyz" => match health.readiness() {
-            Ok(None) => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
-            Ok(Some(note)) => json(
+        "/readyz" => match (health.readiness(), health.store.scripts().0) {
+            (Ok(None), None) => json(StatusCode::OK, r#"{"status":"ready"}"#.into()),
+            // Which way the Redis scripts run, once known.
+            (Ok(None), Some(scripts)) => json(
                 StatusCode::OK,
-                serde_json::json!({"status": "ready", "store": note}).to_string(),
+                serde_json::json!({"status": "ready", "scripts": scripts}).to_string(),
             ),
-            Err(why) => json(
+            (Ok(Some(note)), scripts) => json(
+                StatusCode::OK,
+                serde_json::json!({"status": "ready", "store": note, "scripts": scripts})
+                    .to_string(),
+            ),
+            (Err(why), _) => json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 serde_json::json!({"status": "not ready", "reason": why}).to_string(),
             ),

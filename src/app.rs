@@ -129,7 +129,13 @@ fn build_store(boot: &Boot, live: &Live) -> Result<Store, AppError> {
         StoreKind::Redis(redis) => {
             // Connects in the background: readiness turns true once Redis
             // answered and the scripts are loaded.
-            let store = RedisStore::connect(redis, ttl_grace, live.store.budget, &live.policies)?;
+            let store = RedisStore::connect_running(
+                redis,
+                boot.store.scripts,
+                ttl_grace,
+                live.store.budget,
+                &live.policies,
+            )?;
             store.learn_routes(live.routes.iter().chain([&live.default]));
             let cache =
                 (redis.deny_cache_entries > 0).then(|| DenyCache::new(redis.deny_cache_entries));

@@ -187,6 +187,7 @@ fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCod
     };
     let steps = runtime.block_on(sluice::store::redis::inspect::inspect(
         redis,
+        config.boot.store.scripts,
         config.boot.store.ttl_grace,
         &config.live.policies,
     ));

@@ -116,6 +116,31 @@ pub struct StoreBoot {
     /// Added to every key's policy horizon for its TTL (the memory store
     /// holds it; the Redis scripts are generated with it).
     pub ttl_grace: Duration,
+    /// `store.scripts`: how the Redis scripts are run (the memory store
+    /// has none; its validation refuses the key there).
+    pub scripts: Scripts,
+}
+
+/// `store.scripts`: Redis Functions (`FCALL`), cached scripts
+/// (`EVALSHA`), or whichever the store has, found at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scripts {
+    /// Functions where `FUNCTION LOAD` works, cached scripts where it is
+    /// an unknown command or not permitted.
+    #[default]
+    Auto,
+    Functions,
+    Eval,
+}
+
+impl Scripts {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scripts::Auto => "auto",
+            Scripts::Functions => "functions",
+            Scripts::Eval => "eval",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,7 +343,11 @@ impl ServerBoot {
 
 impl StoreBoot {
     fn changes(&self, next: &StoreBoot, changes: &mut Vec<&'static str>) {
-        let StoreBoot { kind, ttl_grace } = self;
+        let StoreBoot {
+            kind,
+            ttl_grace,
+            scripts,
+        } = self;
         match (kind, &next.kind) {
             (StoreKind::Memory(old), StoreKind::Memory(new)) => {
                 let MemoryStore { max_entries } = old;
@@ -328,6 +357,7 @@ impl StoreBoot {
             _ => changes.push("store.kind"),
         }
         differ(ttl_grace, &next.ttl_grace, "store.ttl_grace", changes);
+        differ(scripts, &next.scripts, "store.scripts", changes);
     }
 }
 

@@ -95,9 +95,18 @@ pub fn count_notes(config: &Config) -> String {
 }
 
 /// What `sluice check` warns of: a route whose tiers name no
-/// `trusted_from`, and so never believe their header. Empty when none.
+/// `trusted_from`, and so never believe their header; verified tokens
+/// checked for no audience or no issuer. Empty when none.
 pub fn tier_warnings(config: &Config) -> String {
     let mut out = String::new();
+    if let Some(jwt) = &config.live.identity.jwt {
+        if !jwt.checks_audience() {
+            out += "warning: identity.jwt without `audiences`: a token the issuer made for any other service counts here too\n";
+        }
+        if !jwt.checks_issuer() {
+            out += "warning: identity.jwt without `issuer`: a token any holder of these keys signed counts\n";
+        }
+    }
     for route in config
         .live
         .routes

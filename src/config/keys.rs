@@ -199,6 +199,8 @@ keys! { ALL:
         "Redis: PEM roots for `rediss://` servers with a private CA";
     STORE_KEY_PREFIX: "store.key_prefix", "text", Value("sluice"), Restart,
         "Redis: prefix of every key";
+    STORE_SCRIPTS: "store.scripts", "`auto`, `functions`, `eval`", Value("auto"), Restart,
+        "Redis: run the scripts as Functions (`FCALL`) or cached scripts (`EVALSHA`); `auto` finds which the store has at start";
     STORE_MAX_CLOCK_REGRESSION: "store.max_clock_regression", "duration", Value("1s"), Restart,
         "Redis: a clock going back by less counts as no time passing; beyond, no decision";
     STORE_DEDUPE_WINDOW: "store.dedupe_window", "duration", Derived("`1s`, or `budget` when longer"), Restart,

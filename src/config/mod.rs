@@ -20,8 +20,8 @@ pub(crate) mod raw;
 pub(crate) mod validate;
 
 pub use boot::{
-    Boot, Http2, MemoryStore, ProxyProtocol, RedisStore, RequestHeads, ServerBoot, StoreBoot,
-    StoreKind, Tls, Topology, UpstreamBoot,
+    Boot, Http2, MemoryStore, ProxyProtocol, RedisStore, RequestHeads, Scripts, ServerBoot,
+    StoreBoot, StoreKind, Tls, Topology, UpstreamBoot,
 };
 pub use error::{ConfigError, ConfigErrors};
 pub use live::{
@@ -122,7 +122,8 @@ impl Config {
         describe::count_notes(self)
     }
 
-    /// The warnings `sluice check` prints: tiers that believe no one.
+    /// The warnings `sluice check` prints: tiers that believe no one,
+    /// tokens checked for no audience or issuer.
     pub fn tier_warnings(&self) -> String {
         describe::tier_warnings(self)
     }

@@ -383,6 +383,7 @@ pub struct Store {
     pub pool_size: Option<Scalar>,
     pub ca_file: Option<Scalar>,
     pub key_prefix: Option<Scalar>,
+    pub scripts: Option<Scalar>,
     pub max_clock_regression: Option<Scalar>,
     pub dedupe_window: Option<Scalar>,
     pub dedupe_max: Option<Scalar>,

@@ -261,6 +261,16 @@ impl Store {
             Store::Redis(store, _) => store.ready(),
         }
     }
+
+    /// How the Redis scripts run (`functions` or `eval`), once known; and
+    /// why the store cannot become ready as configured, when known (for
+    /// `/readyz`).
+    pub fn scripts(&self) -> (Option<&'static str>, Option<String>) {
+        match self {
+            Store::Memory(_) => (None, None),
+            Store::Redis(store, _) => (store.scripts_mode(), store.refused()),
+        }
+    }
 }
 
 /// Redis behind the local over-limit cache.

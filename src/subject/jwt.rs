@@ -150,6 +150,16 @@ impl Verifier {
         }
     }
 
+    /// Whether a token must name one of the configured audiences.
+    pub fn checks_audience(&self) -> bool {
+        self.validation.aud.is_some()
+    }
+
+    /// Whether a token must carry the configured issuer.
+    pub fn checks_issuer(&self) -> bool {
+        self.validation.iss.is_some()
+    }
+
     /// The claims of `token` (the credential of a `Bearer` authorization),
     /// when it checks out: from the tokens verified before while they
     /// last, else checked now.

@@ -131,7 +131,7 @@ pub const ALL: &[Metric] = &[
     Metric::gauge(BREAKER_OPEN, "1 while the store breaker is open."),
     Metric::counter(
         SCRIPT_LOADS,
-        "Lua function libraries loaded into Redis (start, and after function not found).",
+        "Lua scripts loaded into Redis, as Functions libraries or cached scripts (start, and after function not found or NOSCRIPT).",
     ),
     Metric::counter(
         REDIS_CALLS,

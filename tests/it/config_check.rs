@@ -512,7 +512,7 @@ fn connect_tries_the_store_step_by_step_and_exits_1_at_the_first_failure() {
         "standalone",
         "PING",
         "server",
-        "libraries",
+        "scripts",
         "policy fw",
         "policy sl",
     ];
@@ -555,7 +555,7 @@ fn connect_tries_the_store_step_by_step_and_exits_1_at_the_first_failure() {
     };
     // A user that may not load functions; one that may not run what the
     // sliding log's function runs; a wrong password; nothing listening.
-    let stdout = failing(redis.url_as("noload", "pw"), "libraries");
+    let stdout = failing(redis.url_as("noload", "pw"), "scripts");
     assert!(stdout.contains("+function|load"), "{stdout}");
     failing(redis.url_as("nozadd", "pw"), "policy sl");
     failing(redis.url_as("sluice", "wrong"), "standalone");

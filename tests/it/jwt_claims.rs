@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::support::ops::{metric, scrape};
+use crate::support::sidecar::{run_binary, write_config};
 use crate::support::tokens::{Issuer, Key, Spec};
 use crate::support::{eventually, get, Sidecar, Upstream};
 
@@ -310,4 +311,32 @@ async fn a_rotated_keys_file_is_read_again() {
         (status(&sluice, "/api/x", &tokens[3]).await == 200).then_some(())
     })
     .await;
+}
+
+#[test]
+fn check_warns_of_tokens_checked_for_no_audience_or_issuer() {
+    let run = |jwt: &str| {
+        let yaml = format!(
+            "version: 1
+server: {{ listen: 127.0.0.1:0 }}
+upstream: {{ url: http://127.0.0.1:9 }}
+identity:
+  jwt: {{ secret: \"{SECRET}\"{jwt} }}
+policies:
+  p: {{ algorithm: fixed-window, limit: 2, window: 1h }}
+routes:
+  - {{ name: api, subject: jwt:sub, policy: p }}
+"
+        );
+        let (_dir, path) = write_config(&yaml);
+        let (code, stdout, stderr) =
+            run_binary(&["check", "--config", &path.to_string_lossy()], &[]);
+        assert_eq!(code, 0, "{stderr}");
+        stdout
+    };
+    let bare = run("");
+    assert!(bare.contains("identity.jwt without `audiences`"), "{bare}");
+    assert!(bare.contains("identity.jwt without `issuer`"), "{bare}");
+    let full = run(", issuer: https://auth.test, audiences: [billing]");
+    assert!(!full.contains("warning"), "{full}");
 }

@@ -68,7 +68,8 @@ async fn start_on_redis(yaml: &str) -> Sidecar {
     let sluice = Sidecar::start(yaml);
     eventually(READY_DEADLINE, || async {
         let (status, body) = readyz(&sluice).await;
-        (status == StatusCode::OK && body == json!({"status": "ready"})).then_some(())
+        let connected = json!({"status": "ready", "scripts": "functions"});
+        (status == StatusCode::OK && body == connected).then_some(())
     })
     .await;
     sluice

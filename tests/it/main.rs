@@ -34,6 +34,7 @@ mod proxying;
 mod redis_e2e;
 mod redis_eviction;
 mod redis_failures;
+mod redis_scripts;
 mod redis_several;
 mod redis_store;
 mod redis_topologies;

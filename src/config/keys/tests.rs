@@ -15,6 +15,7 @@ const REDIS_ONLY: &[&str] = &[
     "store.topology",
     "store.pool_size",
     "store.key_prefix",
+    "store.scripts",
     "store.max_clock_regression",
     "store.dedupe_max",
     "store.breaker_failures",

@@ -1,11 +1,12 @@
-//! One evaluation's round trips: a lane's connection, `FCALL`, the reload
-//! of a library the node does not have, the single retry of an ambiguous attempt, and the
-//! classification of every failure by how far the command got.
+//! One evaluation's round trips: a lane's connection, `FCALL` (or
+//! `EVALSHA`), the reload of a script the node does not have, the single
+//! retry of an ambiguous attempt, and the classification of every failure
+//! by how far the command got.
 
 use std::pin::pin;
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
 use smallvec::SmallVec;
 use tokio::time::{timeout, timeout_at, Instant};
 
@@ -15,9 +16,10 @@ use crate::store::lag;
 use crate::store::Outcomes;
 
 use super::connect::Conn;
+use super::mode::Mode;
 use super::pool::{Checkout, Stage};
 use super::reply::{self, Answer, Reply, Shape};
-use super::scripts::Script;
+use super::scripts::{self, Script};
 use super::Inner;
 
 /// Times a call past its deadline yields to the tasks ready before it
@@ -27,6 +29,8 @@ const LAST_LOOKS: usize = 2;
 /// One evaluation's command and how to read its reply.
 pub(super) struct Request<'a> {
     pub script: &'a Script,
+    /// How `cmd` runs the script: `FCALL` or `EVALSHA`.
+    pub mode: Mode,
     pub cmd: Cmd,
     /// One per limit the command evaluates: one for a policy's own
     /// script, several for the script of several limits.
@@ -35,7 +39,8 @@ pub(super) struct Request<'a> {
 }
 
 impl Request<'_> {
-    /// The state key (`FCALL name numkeys KEY ...`): where the function runs.
+    /// The state key (`FCALL name numkeys KEY ...`, `EVALSHA` alike): where
+    /// the script runs.
     fn key(&self) -> &[u8] {
         match self.cmd.args_iter().nth(3) {
             Some(redis::Arg::Simple(key)) => key,
@@ -178,14 +183,19 @@ impl Inner {
         let error = match first {
             Ok(value) => return self.answer(request, &value),
             Err(e) if function_missing(&e) => e,
+            // `FCALL` unknown or not permitted under `auto`: it did not
+            // run either; the script goes in as a cached one.
+            Err(e) if request.mode == Mode::Functions && self.modes.fall_back(&e) => e,
             Err(e) => return self.failed_after_send(e, progress),
         };
 
-        // Function not found: it did not run, nothing was charged. The node
-        // does not have the library (a new or emptied node, FUNCTION FLUSH
-        // or DELETE, a library another sidecar's start removed as unused):
-        // load it there and try once more. Boxed: rare, and its futures
-        // would otherwise make every decision's as large.
+        // Function not found (NOSCRIPT for a cached script): it did not
+        // run, nothing was charged. The node does not have the script (a
+        // new, restarted or emptied node, FUNCTION FLUSH or DELETE, SCRIPT
+        // FLUSH, a library another sidecar's start removed as unused):
+        // load it there and try once more, with the same evaluation id.
+        // Boxed: rare, and its futures would otherwise make every
+        // decision's as large.
         Box::pin(self.reload_and_retry(request, progress, conn, error)).await
     }
 
@@ -197,10 +207,29 @@ impl Inner {
         error: RedisError,
     ) -> Attempt {
         self.stats.noscript.count();
-        tracing::debug!(error = %error, "redis: library missing, loading it again");
+        tracing::debug!(error = %error, "redis: script missing, loading it again");
         let checkout = progress.sent.take();
         progress.loading = true;
-        if let Err(e) = self.load(request.script, &mut conn, request.key()).await {
+        // `auto` may have moved to cached scripts since the command was
+        // built (this call's own `FCALL` or `FUNCTION LOAD` found no
+        // Functions, or another call did).
+        let mut mode = request.mode;
+        let mut evalsha = None;
+        let mut loaded = Ok(());
+        for _ in 0..2 {
+            if mode == Mode::Functions && self.modes.current() == Mode::Eval {
+                mode = Mode::Eval;
+                evalsha = Some(scripts::as_evalsha(request.script, &request.cmd));
+            }
+            loaded = self
+                .load(request.script, mode, &mut conn, request.key())
+                .await;
+            match &loaded {
+                Err(e) if mode == Mode::Functions && self.modes.fall_back(e) => {}
+                _ => break,
+            }
+        }
+        if let Err(e) = loaded {
             if let Some(checkout) = &checkout {
                 if broken_connection(&e) {
                     self.lanes.retire(checkout);
@@ -223,7 +252,10 @@ impl Inner {
             return not_sent;
         }
         progress.sent = checkout;
-        match conn.evaluate(&request.cmd).await {
+        match conn
+            .evaluate(evalsha.as_ref().unwrap_or(&request.cmd))
+            .await
+        {
             Ok(value) => self.answer(request, &value),
             // Removed again between the load and the call: still nothing ran.
             Err(e) if function_missing(&e) => {
@@ -399,86 +431,11 @@ impl Inner {
             }
         }
     }
-
-    /// Loads `script`'s library on the node that serves `key`.
-    pub(super) async fn load(
-        &self,
-        script: &Script,
-        conn: &mut Conn,
-        key: &[u8],
-    ) -> Result<(), RedisError> {
-        let reply = conn.load_script(script.load_command(), key).await?;
-        self.stats.script_loads.count();
-        loaded(script, &reply)
-    }
-
-    /// Loads a library on every primary (redis-rs's cluster client sends
-    /// `FUNCTION LOAD` to every primary and answers only when all
-    /// succeeded; replicas get it by replication).
-    async fn load_everywhere(&self, script: &Script, conn: &mut Conn) -> Result<(), RedisError> {
-        let reply: Value = script.load_command().query_async(conn).await?;
-        self.stats.script_loads.count();
-        loaded(script, &reply)
-    }
-
-    /// Loads one script on every node.
-    pub(super) async fn load_one(&self, script: &Script) -> Result<(), RedisError> {
-        let mut stage = Stage::Waiting;
-        let checkout = self.lanes.acquire(&mut stage).await?;
-        let mut conn = checkout.conn.clone();
-        let loaded = match self.lease(script, &mut conn).await {
-            Ok(()) => self.load_everywhere(script, &mut conn).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = &loaded {
-            if broken_connection(e) {
-                self.lanes.retire(&checkout);
-            }
-        }
-        loaded
-    }
-
-    pub(super) async fn load_all(&self) -> Result<(), RedisError> {
-        let mut stage = Stage::Waiting;
-        let checkout = self.lanes.acquire(&mut stage).await?;
-        let mut conn = checkout.conn.clone();
-        // The probe's script too: readiness then proves the ACL lets
-        // sluice load and run scripts, whatever the configuration holds.
-        self.scripts.get(&self.probe.policy);
-        for script in self.scripts.all() {
-            // The lease first: a sidecar starting meanwhile must not find
-            // the library loaded and unleased, and delete it.
-            let loaded = match self.lease(&script, &mut conn).await {
-                Ok(()) => self.load_everywhere(&script, &mut conn).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = loaded {
-                if broken_connection(&e) {
-                    self.lanes.retire(&checkout);
-                }
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// A decision, rather than no decision at all.
 fn decided(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_))
-}
-
-/// `FUNCTION LOAD` answers with the library's name.
-fn loaded(script: &Script, reply: &Value) -> Result<(), RedisError> {
-    let name = script.name.as_bytes();
-    match reply {
-        Value::BulkString(got) if got == name => Ok(()),
-        Value::SimpleString(got) if got.as_bytes() == name => Ok(()),
-        _ => Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "FUNCTION LOAD named another library",
-        ))),
-    }
 }
 
 /// The node has no such function, so it did not run. Redis 7 answers
@@ -492,6 +449,6 @@ pub(super) fn function_missing(error: &RedisError) -> bool {
 
 /// Errors after which the connection cannot be trusted with another
 /// command: the socket failed, or the reply stream lost its framing.
-fn broken_connection(error: &RedisError) -> bool {
+pub(super) fn broken_connection(error: &RedisError) -> bool {
     error.code().is_none()
 }

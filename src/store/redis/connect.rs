@@ -20,7 +20,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, Slot,
+    SlotAddr,
+};
 use redis::io::tcp::TcpSettings;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
@@ -73,13 +76,32 @@ impl Conn {
             Conn::Cluster(conn) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                conn.route_command(load, routing).await
+                conn.route_command(load, routing).await?.extract_error()
             }
         }
     }
 }
 
 impl Conn {
+    /// `FUNCTION LOAD` or `SCRIPT LOAD` on every primary, answering once
+    /// all succeeded. On a cluster, named explicitly: redis-rs would send
+    /// `SCRIPT LOAD` to the replicas too, and one replica down would then
+    /// keep a starting sidecar from loading anything (a replica promoted
+    /// later answers NOSCRIPT and gets the script then).
+    pub async fn load_everywhere(&mut self, load: Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Wire(conn) => load.query_async(conn).await,
+            Conn::Node(conn) => load.query_async(conn).await,
+            Conn::Cluster(conn) => {
+                let routing = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                conn.route_command(load, routing).await?.extract_error()
+            }
+        }
+    }
+
     /// Sends an evaluation's `FCALL`. sluice's own connection gives the
     /// reply's bytes, read in place; an error reply is an `Err` on every
     /// connection, as redis-rs makes it.

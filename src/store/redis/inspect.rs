@@ -4,7 +4,8 @@
 //! fails: the later ones could only fail the same way.
 //!
 //! It writes what a starting sidecar writes and nothing else: the
-//! configuration's libraries (with their leases) and one evaluation per
+//! configuration's libraries (with their leases) or cached scripts, as
+//! `store.scripts` settles, and one evaluation per
 //! policy for a subject no request can have (the breaker probe's), each
 //! under its own TTL. It deletes nothing.
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::{timeout, Instant};
 
+use super::mode::Mode;
 use super::pool::Stage;
 use super::{Inner, RedisSetupError};
 use crate::config::{self, Topology};
@@ -35,10 +37,11 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Tries every step; the last one returned failed, or all passed.
 pub async fn inspect(
     redis: &config::RedisStore,
+    scripts: config::Scripts,
     ttl_grace: Duration,
     policies: &[Arc<Policy>],
 ) -> Result<Vec<Step>, RedisSetupError> {
-    let inner = Inner::new(redis, ttl_grace, STEP_TIMEOUT)?;
+    let inner = Inner::new(redis, scripts, ttl_grace, STEP_TIMEOUT)?;
     let mut steps = Vec::new();
     let mut step = |what: String, found: Result<String, String>| {
         let ok = found.is_ok();
@@ -97,24 +100,41 @@ pub async fn inspect(
     for policy in policies {
         inner.scripts.get(policy);
     }
-    let loaded = match timeout(STEP_TIMEOUT, inner.load_all()).await {
-        Ok(Ok(())) => Ok(format!(
-            "{} loaded (FUNCTION LOAD, and SET of their leases)",
-            plural(
-                inner.scripts.names().len(),
-                "function library",
-                "function libraries"
-            )
+    let loaded = timeout(STEP_TIMEOUT, inner.load_all()).await;
+    let mode = inner.modes.current();
+    let count = inner.scripts.names().len();
+    let loaded = match (loaded, mode) {
+        (Ok(Ok(())), Mode::Functions) => Ok(format!(
+            "functions (store.scripts: {}): {} loaded (FUNCTION LOAD, and SET of their leases)",
+            scripts.name(),
+            plural(count, "function library", "function libraries")
         )),
-        Ok(Err(e)) => Err(format!(
-            "{e} (the user needs +function|load and +set on the lease keys)"
+        (Ok(Ok(())), Mode::Eval) => Ok(format!(
+            "eval (store.scripts: {}): {} loaded (SCRIPT LOAD), run with EVALSHA",
+            scripts.name(),
+            plural(count, "script", "scripts")
         )),
-        Err(_) => Err(format!("not done within {STEP_TIMEOUT:?}")),
+        (Ok(Err(e)), _) => Err(match inner.modes.refused() {
+            Some(why) => why,
+            None if mode == Mode::Eval && scripts == config::Scripts::Auto => format!(
+                "{e} (no Functions here: the user needs +function|load for them, \
+                 or +evalsha +script|load for cached scripts)"
+            ),
+            None if mode == Mode::Eval => {
+                format!("{e} (the user needs +evalsha +script|load)")
+            }
+            None => format!("{e} (the user needs +function|load and +set on the lease keys)"),
+        }),
+        (Err(_), _) => Err(format!("not done within {STEP_TIMEOUT:?}")),
     };
-    if !step("libraries".to_owned(), loaded) {
+    if !step("scripts".to_owned(), loaded) {
         return Ok(steps);
     }
 
+    let call = match mode {
+        Mode::Functions => "FCALL",
+        Mode::Eval => "EVALSHA",
+    };
     for policy in policies {
         let evaluation = Evaluation {
             policy,
@@ -125,12 +145,12 @@ pub async fn inspect(
             settle_within: None,
         };
         let found = match inner.evaluate(&evaluation).await {
-            Outcome::Allowed(_) | Outcome::Denied(_) => {
-                Ok("decided (FCALL and the commands inside it are permitted)".to_owned())
-            }
+            Outcome::Allowed(_) | Outcome::Denied(_) => Ok(format!(
+                "decided ({call} and the commands inside the script are permitted)"
+            )),
             other => Err(format!(
                 "no decision: {other:?} (a script error such as NOPERM means the user lacks \
-                 a command the function runs: +get +set +time +pexpire, and for the \
+                 {call} or a command the script runs: +get +set +time +pexpire, and for the \
                  sliding log +zadd +zcount +zrange +zrangebyscore +zremrangebyscore)"
             )),
         };

@@ -130,6 +130,10 @@ pub(super) async fn renew(inner: Weak<Inner>) {
         let Some(store) = inner.upgrade() else {
             return;
         };
+        // Cached scripts have no leases: nothing deletes them.
+        if store.modes.current() != super::mode::Mode::Functions {
+            continue;
+        }
         let renewed = tokio::time::timeout(super::PREPARE_TIMEOUT, async {
             let mut stage = Stage::Waiting;
             let checkout = store.lanes.acquire(&mut stage).await?;

@@ -18,16 +18,22 @@
 //!   for that id instead of charging twice;
 //! - a [`Breaker`] answers at once while Redis keeps failing.
 //!
-//! sluice never sends `EVAL` or `EVALSHA`: libraries are loaded with
-//! `FUNCTION LOAD REPLACE` (on every primary by a background task at start,
-//! and again on the node that answered function not found).
+//! Libraries are loaded with `FUNCTION LOAD REPLACE` (on every primary by a
+//! background task at start, and again on the node that answered function
+//! not found). Where the store has no Functions (`store.scripts`, see
+//! [`mode`]) the same scripts run with `EVALSHA` after `SCRIPT LOAD`, and
+//! a request's limits go one call each unless their keys share a slot.
+//! sluice never sends `EVAL`.
 
 mod call;
 mod connect;
 mod counted;
+mod evaluate;
 pub mod inspect;
 mod leased;
 mod libraries;
+mod load;
+mod mode;
 mod pool;
 mod readiness;
 mod refund;
@@ -51,7 +57,7 @@ use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use crate::config;
-use crate::limit::{Incompatible, Outcome, Policy, Unavailable};
+use crate::limit::{Outcome, Policy};
 use crate::route::Route;
 
 use super::breaker::{Breaker, Thresholds};
@@ -59,10 +65,9 @@ use super::deny_cache::DenyCache;
 use super::lag::{self, Lag};
 use super::lease::{Before, Leases};
 use super::{Evaluation, Outcomes, Source};
-use call::Request;
+use mode::Modes;
 use pool::Lanes;
 use readiness::Probe;
-use reply::Shape;
 use scripts::{Common, Scripts};
 
 /// How long the start-up task gives one attempt at connecting and loading
@@ -100,9 +105,11 @@ struct Inner {
     breaker: Breaker,
     /// Redis answered and every script is loaded (readiness).
     prepared: AtomicBool,
-    /// Several limits go in one call: every topology but Cluster, where
-    /// their keys are in different slots (CROSSSLOT).
-    one_call: bool,
+    /// `store.scripts`, and the mode in use once known.
+    modes: Modes,
+    /// Redis Cluster, whose keys of several limits are in different slots
+    /// (CROSSSLOT).
+    cluster: bool,
     stats: RedisStats,
     /// The leases this sidecar holds, and the subjects it follows for them.
     leases: Leases,
@@ -117,6 +124,7 @@ impl Inner {
     /// The pool (nothing connected yet), the scripts and the breaker.
     fn new(
         redis: &config::RedisStore,
+        scripts: config::Scripts,
         ttl_grace: Duration,
         budget: Duration,
     ) -> Result<Inner, RedisSetupError> {
@@ -138,7 +146,8 @@ impl Inner {
                 cooldown: redis.breaker_cooldown,
             }),
             prepared: AtomicBool::new(false),
-            one_call: !matches!(redis.topology, config::Topology::Cluster { .. }),
+            modes: Modes::new(scripts),
+            cluster: matches!(redis.topology, config::Topology::Cluster { .. }),
             stats: RedisStats::new(),
             leases: Leases::default(),
             lag: Arc::new(Lag::new(Instant::now())),
@@ -164,9 +173,22 @@ impl RedisStore {
         budget: Duration,
         policies: &[Arc<Policy>],
     ) -> Result<RedisStore, RedisSetupError> {
+        let scripts = config::Scripts::default();
+        RedisStore::connect_running(redis, scripts, ttl_grace, budget, policies)
+    }
+
+    /// [`RedisStore::connect`], the scripts run as `scripts` says
+    /// (`store.scripts`).
+    pub fn connect_running(
+        redis: &config::RedisStore,
+        scripts: config::Scripts,
+        ttl_grace: Duration,
+        budget: Duration,
+        policies: &[Arc<Policy>],
+    ) -> Result<RedisStore, RedisSetupError> {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
-        let inner = Arc::new(Inner::new(redis, ttl_grace, budget)?);
+        let inner = Arc::new(Inner::new(redis, scripts, ttl_grace, budget)?);
         for policy in policies {
             inner.scripts.get(policy);
             if policy.lease.is_some() {
@@ -291,7 +313,7 @@ impl RedisStore {
     /// Cluster, unless every key is in one slot (a script may only touch
     /// keys of one slot; CROSSSLOT otherwise).
     fn in_order(&self, evaluations: &[Evaluation<'_>]) -> bool {
-        if self.inner.one_call {
+        if self.inner.one_call() {
             return false;
         }
         let common = self.inner.scripts.common();
@@ -362,11 +384,13 @@ impl RedisStore {
             if policies.len() < 2 {
                 continue;
             }
-            if self.inner.one_call {
+            // Under `auto` both, until the store says which is needed.
+            if self.inner.may_call_once() {
                 new |= !self.inner.scripts.has_several(&policies);
                 self.inner.scripts.several(&policies);
-            } else {
-                // Cluster: what is refunded is charged by an earlier limit.
+            }
+            if !self.inner.one_call() {
+                // In order: what is refunded is charged by an earlier limit.
                 for policy in &policies[..policies.len() - 1] {
                     new |= self.inner.scripts.refund(policy).1;
                 }
@@ -420,73 +444,16 @@ impl RedisStore {
     pub fn ready(&self) -> bool {
         self.inner.prepared.load(Ordering::Acquire) && self.inner.breaker.closed()
     }
-}
 
-impl Inner {
-    async fn evaluate(&self, evaluation: &Evaluation<'_>) -> Outcome {
-        let inner = self;
-        let policy = evaluation.policy;
-        if evaluation.cost == 0 || evaluation.cost > policy.max_cost() {
-            return Outcome::Incompatible(Incompatible::CostAboveMaximum);
-        }
-        let now = Instant::now();
-        if inner.passed(evaluation.deadline) {
-            inner.stats.budget_spent.count();
-            return Outcome::Unavailable(Unavailable::AdmissionRejected);
-        }
-        let Some(permit) = inner.breaker.try_acquire(now) else {
-            inner.stats.breaker_rejected.count();
-            return Outcome::Unavailable(Unavailable::AdmissionRejected);
-        };
-        let script = inner.scripts.get(policy);
-        let request = Request {
-            script: &script,
-            cmd: scripts::fcall(&script, inner.scripts.common(), evaluation),
-            limits: smallvec::smallvec![shape(policy)],
-            deadline: evaluation.deadline,
-        };
-        let (outcomes, health) = inner.decide(&request).await;
-        permit.report(health, Instant::now());
-        outcomes
-            .list
-            .first()
-            .copied()
-            .unwrap_or(Outcome::Indeterminate)
+    /// How the scripts run (`functions`, `eval`), once the store said.
+    pub fn scripts_mode(&self) -> Option<&'static str> {
+        self.inner.modes.settled().map(|mode| mode.name())
     }
 
-    /// Several limits in one call of the script made of theirs.
-    async fn evaluate_several(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
-        for (i, e) in evaluations.iter().enumerate() {
-            if e.cost == 0 || e.cost > e.policy.max_cost() {
-                return Outcomes::at(i, Outcome::Incompatible(Incompatible::CostAboveMaximum));
-            }
-        }
-        // One deadline for the request: every evaluation carries the same.
-        let deadline = evaluations
-            .iter()
-            .map(|e| e.deadline)
-            .min()
-            .unwrap_or_else(Instant::now);
-        let now = Instant::now();
-        if self.passed(deadline) {
-            self.stats.budget_spent.count();
-            return Outcomes::at(0, Outcome::Unavailable(Unavailable::AdmissionRejected));
-        }
-        let Some(permit) = self.breaker.try_acquire(now) else {
-            self.stats.breaker_rejected.count();
-            return Outcomes::at(0, Outcome::Unavailable(Unavailable::AdmissionRejected));
-        };
-        let policies: SmallVec<[&Policy; 2]> = evaluations.iter().map(|e| e.policy).collect();
-        let script = self.scripts.several(&policies);
-        let request = Request {
-            script: &script,
-            cmd: scripts::fcall_several(&script, self.scripts.common(), evaluations),
-            limits: policies.iter().map(|p| shape(p)).collect(),
-            deadline,
-        };
-        let (outcomes, health) = self.decide(&request).await;
-        permit.report(health, Instant::now());
-        outcomes
+    /// Why the store cannot become ready as configured, when known
+    /// (`store.scripts: functions` on a store without them).
+    pub fn refused(&self) -> Option<String> {
+        self.inner.modes.refused()
     }
 }
 
@@ -503,58 +470,6 @@ fn remember(
             let reserved = e.settle_within.is_some();
             cache.remember_denial(e.policy, e.subject, e.cost, asked, &decision, reserved);
         }
-    }
-}
-
-/// How to read `policy`'s part of a reply.
-fn shape(policy: &Policy) -> Shape {
-    Shape {
-        bands: policy.bands().len(),
-        approximate: !policy.algorithm().is_exact(),
-        shadow: policy.shadow,
-    }
-}
-
-impl Inner {
-    async fn peek(&self, evaluation: &Evaluation<'_>) -> Outcome {
-        let policy = evaluation.policy;
-        if evaluation.cost == 0 || evaluation.cost > policy.max_cost() {
-            return Outcome::Incompatible(Incompatible::CostAboveMaximum);
-        }
-        let now = Instant::now();
-        if evaluation.deadline <= now {
-            return Outcome::Unavailable(Unavailable::AdmissionRejected);
-        }
-        // Real requests are refused while the breaker is; but a peek takes
-        // no permit and reports nothing: it must neither take the probe
-        // real traffic brings nor open the breaker by itself.
-        if !self.breaker.admits(now) {
-            return Outcome::Unavailable(Unavailable::AdmissionRejected);
-        }
-        let (script, made) = self.scripts.peek(policy);
-        if made {
-            // Loaded outside the request's budget: that first load is the
-            // explanation's own cost, not something a request would wait
-            // for (request scripts are loaded at start). If it fails, the
-            // call below reloads it on function not found like any library.
-            let loaded = tokio::time::timeout(PREPARE_TIMEOUT, self.load_one(&script)).await;
-            if !matches!(loaded, Ok(Ok(()))) {
-                tracing::debug!("redis: the read-only script loads on its first call");
-            }
-        }
-        let deadline = Instant::now() + (evaluation.deadline - now);
-        let request = Request {
-            script: &script,
-            cmd: scripts::fcall(&script, self.scripts.common(), evaluation),
-            limits: smallvec::smallvec![shape(policy)],
-            deadline,
-        };
-        let (outcomes, _) = self.decide(&request).await;
-        outcomes
-            .list
-            .first()
-            .copied()
-            .unwrap_or(Outcome::Indeterminate)
     }
 }
 

@@ -13,6 +13,7 @@ use crate::limit::{Bands, Policy, WindowBand};
 use crate::store::{Evaluation, EvaluationId};
 use crate::subject::{Pseudonym, PseudonymKey};
 
+use super::mode::Mode;
 use super::{Inner, PREPARE_TIMEOUT};
 
 const PREPARE_BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -80,24 +81,41 @@ pub(super) async fn prepare(inner: Weak<Inner>) {
         match tokio::time::timeout(PREPARE_TIMEOUT, store.load_all()).await {
             Ok(Ok(())) => {
                 store.prepared.store(true, Ordering::Release);
-                tracing::info!("redis: connected, libraries loaded");
-                // Only once the libraries this sidecar needs are in.
-                match tokio::time::timeout(PREPARE_TIMEOUT, store.prune()).await {
-                    Ok(Ok(0)) => {}
-                    Ok(Ok(n)) => tracing::info!(deleted = n, "redis: unused libraries deleted"),
-                    Ok(Err(e)) => tracing::warn!(
-                        error = %e,
-                        "redis: unused libraries not deleted (the user needs +function|list +function|delete)"
-                    ),
-                    Err(_) => tracing::warn!("redis: unused libraries not deleted: timed out"),
+                let mode = store.modes.current();
+                tracing::info!(
+                    scripts = mode.name(),
+                    setting = store.modes.setting().name(),
+                    "redis: connected, scripts loaded"
+                );
+                if mode == Mode::Functions {
+                    store.prune_in_time().await;
                 }
                 return;
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "redis: not ready yet"),
+            Ok(Err(e)) => match store.modes.refused() {
+                Some(why) => tracing::error!("redis: not ready: {why}"),
+                None => tracing::warn!(error = %e, "redis: not ready yet"),
+            },
             Err(_) => tracing::warn!("redis: not ready yet: timed out"),
         }
         drop(store);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(PREPARE_BACKOFF_MAX);
+    }
+}
+
+impl Inner {
+    /// Deletes the libraries no sidecar uses any more (`libraries`), only
+    /// once the ones this sidecar needs are in.
+    async fn prune_in_time(&self) {
+        match tokio::time::timeout(PREPARE_TIMEOUT, self.prune()).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::info!(deleted = n, "redis: unused libraries deleted"),
+            Ok(Err(e)) => tracing::warn!(
+                error = %e,
+                "redis: unused libraries not deleted (the user needs +function|list +function|delete)"
+            ),
+            Err(_) => tracing::warn!("redis: unused libraries not deleted: timed out"),
+        }
     }
 }

@@ -1,9 +1,8 @@
-//! Giving back what a limit charged, on Redis Cluster, when a later limit
-//! of the same request refused it. There a route's limits live in different
-//! slots and are decided one call each, in order (PRODUCT: "on Redis
-//! Cluster keys in different slots are consumed in order and refunded on
-//! denial"), so a request a later limit refuses has already been charged
-//! to the earlier ones. Each refund is one call of the policy's refund
+//! Giving back what a limit charged, on Redis Cluster (and without
+//! Functions), when a later limit of the same request refused it. There a
+//! route's limits live in different slots and are decided one call each,
+//! in order (docs/LIMITS.md, "Several limits on one route"), so a request
+//! a later limit refuses has already been charged to the earlier ones. Each refund is one call of the policy's refund
 //! script (`lua/refund.lua`) on the charged key's node, with the charge's
 //! own evaluation id: the script gives back only what that evaluation's
 //! record says it took, once, so the call may be sent again without giving
@@ -16,6 +15,7 @@ use tokio::time::{timeout_at, Instant};
 
 use crate::store::Evaluation;
 
+use super::mode::Mode;
 use super::pool::Stage;
 use super::scripts::{self, Script};
 use super::Inner;
@@ -64,11 +64,12 @@ impl Inner {
             return Refund::Failed;
         }
         let (script, _) = self.scripts.refund(evaluation.policy);
-        let cmd = scripts::fcall(&script, self.scripts.common(), evaluation);
+        let mode = self.modes.current();
+        let cmd = scripts::call(&script, mode, self.scripts.common(), evaluation);
         // A refund is safe to send twice: a second try after an ambiguous
         // first gives back nothing the first already did.
         for _ in 0..2 {
-            match timeout_at(deadline, self.refund_exchange(&script, &cmd)).await {
+            match timeout_at(deadline, self.refund_exchange(&script, mode, &cmd)).await {
                 Ok(Ok(value)) => return read(&value),
                 Ok(Err(e)) if e.code().is_some() => {
                     tracing::debug!(error = %e, "redis: refund refused");
@@ -81,11 +82,13 @@ impl Inner {
         Refund::Failed
     }
 
-    /// One try: `FCALL`, and once more after loading the library where
-    /// the node does not have it (function not found).
+    /// One try: `FCALL` (`EVALSHA`), and once more after loading the
+    /// script where the node does not have it (function not found,
+    /// NOSCRIPT).
     async fn refund_exchange(
         &self,
         script: &Script,
+        mode: Mode,
         cmd: &redis::Cmd,
     ) -> Result<Value, RedisError> {
         let mut stage = Stage::Waiting;
@@ -98,7 +101,7 @@ impl Inner {
                     Some(redis::Arg::Simple(key)) => key.to_vec(),
                     _ => Vec::new(),
                 };
-                self.load(script, &mut conn, &key).await?;
+                self.load(script, mode, &mut conn, &key).await?;
                 cmd.query_async::<Value>(&mut conn).await
             }
             Err(e) => {

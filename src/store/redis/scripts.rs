@@ -13,6 +13,12 @@
 //! arguments on every call was the largest part of a script's cost. Each
 //! distinct set of bands gets its own library, named after the SHA-1 of its
 //! code, made the first time the policy is seen.
+//!
+//! Each library also has its cached-script form, for `store.scripts: eval`
+//! (`mode`): the same code without the `#!lua` line, ending in a call of
+//! its function instead of its registration, run with `EVALSHA`. The
+//! helpers are then made anew on every call, which costs Redis more per
+//! decision; the keys and arguments are the same.
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -25,6 +31,7 @@ use smallvec::SmallVec;
 use crate::limit::{micros, Algorithm, Bands, Policy};
 use crate::subject::{Pseudonym, DISPLAY_MAX};
 
+use super::mode::Mode;
 use crate::store::Evaluation;
 use crate::sync::Memo;
 
@@ -39,6 +46,14 @@ pub struct Script {
     /// left out (it cannot hash itself): two sidecars compiling the same
     /// policy with the same settings name the same library.
     pub name: String,
+    /// The same code as one script for `EVALSHA` (`store.scripts: eval`):
+    /// no `#!lua` line (stores without Functions may not read one), and
+    /// instead of the registration, a call of the function with the
+    /// script's `KEYS` and `ARGV`.
+    pub eval: String,
+    /// The SHA-1 of [`Script::eval`]: what `SCRIPT LOAD` answers and
+    /// `EVALSHA` names.
+    pub sha: String,
 }
 
 /// Every library's name starts so; nothing else sluice loads does.
@@ -95,12 +110,12 @@ impl Script {
         } else {
             ("redis", "")
         };
-        let _ = writeln!(
-            code,
+        let register = format!(
             "redis.register_function{{function_name = '{NAME_AT}', \
-             callback = function(keys, args) return decide({server}, keys, args) end{flags}}}"
+             callback = function(keys, args) return decide({server}, keys, args) end{flags}}}\n"
         );
-        Script::named(Some(policy.algorithm()), code)
+        let call = format!("return decide({server}, KEYS, ARGV)\n");
+        Script::named(Some(policy.algorithm()), code, &register, &call)
     }
 
     /// The library that evaluates `policies` together (`lua/several.lua`):
@@ -121,46 +136,85 @@ impl Script {
         }
         let mut code = header();
         code.push_str(&SEVERAL.replacen(LIMITS_AT, &limits, 1));
-        let _ = writeln!(
-            code,
-            "redis.register_function{{function_name = '{NAME_AT}', callback = several}}"
-        );
-        Script::named(None, code)
+        let register =
+            format!("redis.register_function{{function_name = '{NAME_AT}', callback = several}}\n");
+        Script::named(None, code, &register, "return several(KEYS, ARGV)\n")
     }
 
     /// The library that gives back what one admitted evaluation of `policy`
     /// charged (`lua/refund.lua` with the algorithm's part): KEYS, ARGV
-    /// and the command are an evaluation's own ([`fcall`]).
+    /// and the command are an evaluation's own ([`call`]).
     pub fn refund_for_policy(policy: &Policy, common: &Common) -> Script {
         let algorithm = policy.algorithm();
         let mut code = header();
         code.push_str(&literals(policy, common));
         code.push_str(&REFUND.replacen(UNDO_AT, algorithm.refund_lua(), 1));
-        let _ = writeln!(
+        let register =
+            format!("redis.register_function{{function_name = '{NAME_AT}', callback = refund}}\n");
+        Script::named(
+            Some(algorithm),
             code,
-            "redis.register_function{{function_name = '{NAME_AT}', callback = refund}}"
-        );
-        Script::named(Some(algorithm), code)
+            &register,
+            "return refund(KEYS, ARGV)\n",
+        )
     }
 
-    /// Names the library after the SHA-1 of its code, and writes the name
+    /// Ends `code` (the `#!lua` line, the helpers, the function) with
+    /// `register` for the library, or with `call` for the cached script;
+    /// names the library after the SHA-1 of its code, and writes the name
     /// in.
-    fn named(algorithm: Option<Algorithm>, code: String) -> Script {
+    fn named(algorithm: Option<Algorithm>, mut code: String, register: &str, call: &str) -> Script {
+        // Everything after the `#!lua name=` line is Lua either way.
+        let body = code.find('\n').map_or(0, |i| i + 1);
+        let mut eval = String::with_capacity(code.len() - body + call.len());
+        eval.push_str(&code[body..]);
+        eval.push_str(call);
+        code.push_str(register);
         let name = format!("{LIBRARY_PREFIX}{}", redis::Script::new(&code).get_hash());
         Script {
             algorithm,
             source: code.replace(NAME_AT, &name),
             name,
+            sha: redis::Script::new(&eval).get_hash().to_owned(),
+            eval,
         }
     }
 
     /// `FUNCTION LOAD REPLACE`: the library may be there already (another
     /// sidecar loaded it, or this one before a restart); replacing it with
-    /// the same code changes nothing for anyone calling it.
-    pub fn load_command(&self) -> Cmd {
-        let mut cmd = redis::cmd("FUNCTION");
-        cmd.arg("LOAD").arg("REPLACE").arg(&self.source);
-        cmd
+    /// the same code changes nothing for anyone calling it. Or `SCRIPT
+    /// LOAD`, which caches the script under its SHA-1.
+    pub fn load_command(&self, mode: Mode) -> Cmd {
+        match mode {
+            Mode::Functions => {
+                let mut cmd = redis::cmd("FUNCTION");
+                cmd.arg("LOAD").arg("REPLACE").arg(&self.source);
+                cmd
+            }
+            Mode::Eval => {
+                let mut cmd = redis::cmd("SCRIPT");
+                cmd.arg("LOAD").arg(&self.eval);
+                cmd
+            }
+        }
+    }
+
+    /// What a load of it in `mode` answers: the library's name, or the
+    /// script's SHA-1.
+    pub fn loaded_as(&self, mode: Mode) -> &str {
+        match mode {
+            Mode::Functions => &self.name,
+            Mode::Eval => &self.sha,
+        }
+    }
+
+    /// The command's first two words in `mode`: `FCALL <library>` or
+    /// `EVALSHA <sha>` (the function and the library share the name).
+    fn call_words(&self, mode: Mode, cmd: &mut Cmd) {
+        match mode {
+            Mode::Functions => cmd.arg("FCALL").arg(self.name.as_str()),
+            Mode::Eval => cmd.arg("EVALSHA").arg(self.sha.as_str()),
+        };
     }
 }
 
@@ -419,15 +473,16 @@ fn write_state_key(out: &mut StateKey, prefix: &str, policy: &Policy, subject: &
 /// as arguments arrive cost more than formatting them.
 const CMD_BYTES: usize = 192;
 
-/// `FCALL name 2 state record id cost`, the record being
-/// `<state>:e:<id>`.
-pub fn fcall(script: &Script, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
+/// `FCALL name 2 state record id cost` (or `EVALSHA sha 2 …`), the record
+/// being `<state>:e:<id>`: both keys declared, under one hash tag.
+pub fn call(script: &Script, mode: Mode, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
     let policy = evaluation.policy;
     // The key's length without the subject, which displays in under 64,
     // and its mark.
     let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
     let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
-    cmd.arg("FCALL").arg(script.name.as_str()).arg(2u8);
+    script.call_words(mode, &mut cmd);
+    cmd.arg(2u8);
     let id = hex_id(evaluation.id.0);
     push_keys(&mut cmd, common, evaluation, &id);
     cmd.arg(&id[..]).arg(evaluation.cost);
@@ -463,13 +518,17 @@ fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[
 }
 
 /// `FCALL name 2n state_1 record_1 … state_n record_n id cost_1 … cost_n`:
-/// every limit's two keys, as [`fcall`] sends them, one id for all.
-pub fn fcall_several(script: &Script, common: &Common, evaluations: &[Evaluation<'_>]) -> Cmd {
+/// every limit's two keys, as [`call`] sends them, one id for all.
+pub fn call_several(
+    script: &Script,
+    mode: Mode,
+    common: &Common,
+    evaluations: &[Evaluation<'_>],
+) -> Cmd {
     let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
     let mut cmd = Cmd::with_capacity(4 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
-    cmd.arg("FCALL")
-        .arg(script.name.as_str())
-        .arg(2 * evaluations.len());
+    script.call_words(mode, &mut cmd);
+    cmd.arg(2 * evaluations.len());
     for evaluation in evaluations {
         push_keys(&mut cmd, common, evaluation, &id);
     }
@@ -482,6 +541,19 @@ pub fn fcall_several(script: &Script, common: &Common, evaluations: &[Evaluation
         cmd.arg(record_life(within));
     }
     cmd
+}
+
+/// `cmd` (an `FCALL`) as the same call of the cached script: its keys and
+/// arguments, evaluation id included, unchanged.
+pub fn as_evalsha(script: &Script, cmd: &Cmd) -> Cmd {
+    let mut out = Cmd::new();
+    script.call_words(Mode::Eval, &mut out);
+    for arg in cmd.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = arg {
+            out.arg(bytes);
+        }
+    }
+    out
 }
 
 /// The evaluation id as 32 lowercase hex digits, zero-padded: what

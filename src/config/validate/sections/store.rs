@@ -6,7 +6,7 @@ use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::validate::check::{self, Checker};
 use crate::config::{
-    MemoryStore, OnFailure, RedisStore, Secret, StoreBoot, StoreKind, StoreLive, Topology,
+    MemoryStore, OnFailure, RedisStore, Scripts, Secret, StoreBoot, StoreKind, StoreLive, Topology,
 };
 
 use super::*;
@@ -20,12 +20,13 @@ pub enum Kind {
 }
 
 const MEMORY_ONLY: [&str; 1] = ["max_entries"];
-const REDIS_ONLY: [&str; 14] = [
+const REDIS_ONLY: [&str; 15] = [
     "url",
     "topology",
     "pool_size",
     "ca_file",
     "key_prefix",
+    "scripts",
     "max_clock_regression",
     "dedupe_window",
     "dedupe_max",
@@ -85,6 +86,7 @@ pub fn store(
         raw.ttl_grace.as_ref(),
         check::duration,
     );
+    let scripts = cx.defaulted(path, &keys::STORE_SCRIPTS, raw.scripts.as_ref(), scripts);
     let kind = match kind? {
         Kind::Memory => {
             refuse_other_kind(cx, path, &raw, &REDIS_ONLY, "redis");
@@ -112,6 +114,7 @@ pub fn store(
     let boot = StoreBoot {
         kind: kind?,
         ttl_grace: ttl_grace?,
+        scripts: scripts?,
     };
     let live = StoreLive {
         budget: budget?,
@@ -120,6 +123,16 @@ pub fn store(
         failure_retry_after: failure_retry_after?,
     };
     Some((boot, live))
+}
+
+/// `scripts`: how the Redis scripts run.
+fn scripts(s: &str) -> Result<Scripts, String> {
+    match s {
+        "auto" => Ok(Scripts::Auto),
+        "functions" => Ok(Scripts::Functions),
+        "eval" => Ok(Scripts::Eval),
+        _ => Err(format!("expected auto, functions or eval, not `{s}`")),
+    }
 }
 
 /// `on_failure`, on the store or on a policy.
@@ -139,6 +152,7 @@ fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {
         "pool_size" => raw.pool_size.as_ref(),
         "ca_file" => raw.ca_file.as_ref(),
         "key_prefix" => raw.key_prefix.as_ref(),
+        "scripts" => raw.scripts.as_ref(),
         "max_clock_regression" => raw.max_clock_regression.as_ref(),
         "dedupe_window" => raw.dedupe_window.as_ref(),
         "dedupe_max" => raw.dedupe_max.as_ref(),

@@ -277,7 +277,7 @@ fn every_call_sends_its_state_its_record_the_id_and_the_cost() {
             id: EvaluationId(0xab),
             settle_within: None,
         };
-        let sent = args(&fcall(&script, &common(), &evaluation));
+        let sent = args(&call(&script, Mode::Functions, &common(), &evaluation));
         let state = format!(
             "sl:{{{}:{}:{}{subject}}}",
             policy.name,
@@ -298,6 +298,80 @@ fn every_call_sends_its_state_its_record_the_id_and_the_cost() {
             ]
         );
     }
+}
+
+#[test]
+fn every_cached_script_is_its_library_calling_its_function() {
+    let policies = policies();
+    let set = [&policies[0], &policies[4]];
+    let mut all: Vec<(Script, &str)> = Vec::new();
+    for policy in &policies {
+        all.push((
+            Script::for_policy(policy, &common()),
+            "return decide(redis, KEYS, ARGV)\n",
+        ));
+        all.push((
+            Script::peek_for_policy(policy, &common()),
+            "return decide(READ_ONLY, KEYS, ARGV)\n",
+        ));
+        all.push((
+            Script::refund_for_policy(policy, &common()),
+            "return refund(KEYS, ARGV)\n",
+        ));
+    }
+    all.push((
+        Script::for_limits(&set, &common()),
+        "return several(KEYS, ARGV)\n",
+    ));
+    for (script, call) in &all {
+        let body = &script.source[script.source.find('\n').expect("a first line") + 1..];
+        let register = body.rfind("redis.register_function").expect("registered");
+        assert_eq!(script.eval, format!("{}{call}", &body[..register]));
+        assert!(!script.eval.starts_with("#!") && !script.eval.contains(NAME_AT));
+        assert_eq!(script.sha, redis::Script::new(&script.eval).get_hash());
+        assert_eq!(script.loaded_as(Mode::Eval), script.sha);
+        assert_eq!(script.loaded_as(Mode::Functions), script.name);
+    }
+}
+
+#[test]
+fn a_cached_script_is_called_with_the_same_keys_and_arguments() {
+    let key = PseudonymKey::new(b"0123456789abcdef", 1);
+    let subject = key.pseudonym("ip", b"", "192.0.2.1");
+    let policies = policies();
+    let evaluations: Vec<Evaluation<'_>> = policies[..2]
+        .iter()
+        .map(|policy| Evaluation {
+            policy,
+            subject: &subject,
+            cost: 3,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(7),
+            settle_within: Some(Duration::from_secs(2)),
+        })
+        .collect();
+    let script = Script::for_policy(&policies[0], &common());
+    let fcall = call(&script, Mode::Functions, &common(), &evaluations[0]);
+    let evalsha = call(&script, Mode::Eval, &common(), &evaluations[0]);
+    let (f, e) = (args(&fcall), args(&evalsha));
+    assert_eq!(e[..2], ["EVALSHA".to_owned(), script.sha.clone()]);
+    assert_eq!(f[2..], e[2..]);
+    assert_eq!(args(&as_evalsha(&script, &fcall)), e);
+    let several = Script::for_limits(&[&policies[0], &policies[1]], &common());
+    let f = args(&call_several(
+        &several,
+        Mode::Functions,
+        &common(),
+        &evaluations,
+    ));
+    let e = args(&call_several(&several, Mode::Eval, &common(), &evaluations));
+    assert_eq!(e[..2], ["EVALSHA".to_owned(), several.sha.clone()]);
+    assert_eq!(f[2..], e[2..]);
+    let load = args(&several.load_command(Mode::Eval));
+    assert_eq!(
+        load,
+        ["SCRIPT".to_owned(), "LOAD".to_owned(), several.eval.clone()]
+    );
 }
 
 #[test]
@@ -344,7 +418,12 @@ fn several_limits_run_each_policy_s_own_script_in_one_call() {
         settle_within: None,
     };
     let evaluations = [at(&policies[0], &a, 1), at(&policies[4], &b, 3)];
-    let sent = args(&fcall_several(&several, &common(), &evaluations));
+    let sent = args(&call_several(
+        &several,
+        Mode::Functions,
+        &common(),
+        &evaluations,
+    ));
     let id = format!("{:032x}", 0xab);
     let key =
         |p: &Policy, s: &Pseudonym| format!("sl:{{{}:{}:{}{s}}}", p.name, p.revision, mark(p));

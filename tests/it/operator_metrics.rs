@@ -264,16 +264,50 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     crate::support::ops::metric(text, name, labels).unwrap_or(0.0)
 }
 
-/// What the Redis side and sluice say of one command.
+/// What the Redis side and sluice say of the commands of a request's
+/// path: the script calls, their loads, the touches.
 #[derive(Debug, PartialEq)]
 struct Both {
-    fcall: (u64, u64),
-    function_load: (u64, u64),
+    calls: (u64, u64),
+    loads: (u64, u64),
     touch: (u64, u64),
 }
 
+/// How `store.scripts` runs the scripts: sluice's `command` label and
+/// Redis's commandstats name, for the call and for the load.
+struct Mode {
+    scripts: &'static str,
+    call: (&'static str, &'static str),
+    load: (&'static str, &'static str),
+    /// What empties the node of them.
+    flush: (&'static str, &'static str),
+}
+
+const FUNCTIONS: Mode = Mode {
+    scripts: "functions",
+    call: ("fcall", "fcall"),
+    load: ("function_load", "function|load"),
+    flush: ("FUNCTION", "FLUSH"),
+};
+
+const EVAL: Mode = Mode {
+    scripts: "eval",
+    call: ("evalsha", "evalsha"),
+    load: ("script_load", "script|load"),
+    flush: ("SCRIPT", "FLUSH"),
+};
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_calls_counted_by_sluice_equal_what_redis_received_and_each_decision_counts_once() {
+    calls_equal_commandstats(&FUNCTIONS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_calls_counted_by_sluice_equal_what_redis_received_with_cached_scripts() {
+    calls_equal_commandstats(&EVAL).await;
+}
+
+async fn calls_equal_commandstats(mode: &Mode) {
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
     // `/api`: 5 an hour per user, so the over-limit cache answers the
@@ -286,8 +320,10 @@ async fn redis_calls_counted_by_sluice_equal_what_redis_received_and_each_decisi
         "  - { name: api, match: { path_prefix: /api }, subject: header:x-user, policy: hourly }
   - { name: hot, match: { path_prefix: /hot }, subject: global, policy: hot }
 ";
-    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
-        .replace("  budget: 50ms\n", "  budget: 1s\n");
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes).replace(
+        "  budget: 50ms\n",
+        &format!("  budget: 1s\n  scripts: {}\n", mode.scripts),
+    );
     let sluice = start_ready(&yaml).await;
     let mut conn = redis.connection();
     let redis = &redis;
@@ -307,12 +343,12 @@ async fn redis_calls_counted_by_sluice_equal_what_redis_received_and_each_decisi
             sent_requests += 1;
         }
         if round == 0 {
-            // Every library gone: the next calls answer function not
-            // found, load theirs again and call once more.
-            let _: () = redis::cmd("FUNCTION")
-                .arg("FLUSH")
+            // Every script gone: the next calls answer function not found
+            // (NOSCRIPT), load theirs again and call once more.
+            let _: () = redis::cmd(mode.flush.0)
+                .arg(mode.flush.1)
                 .query(&mut conn)
-                .expect("FUNCTION FLUSH");
+                .expect("flush the scripts");
         }
     }
     // A denied subject's key is touched at most four times a second: ask
@@ -347,28 +383,42 @@ async fn redis_calls_counted_by_sluice_equal_what_redis_received_and_each_decisi
             let redis = received(&mut redis.connection());
             let on_redis = |name: &str| redis.get(name).copied().unwrap_or(0);
             let both = Both {
-                fcall: (sent(&text, "fcall"), on_redis("fcall")),
-                function_load: (sent(&text, "function_load"), on_redis("function|load")),
+                calls: (sent(&text, mode.call.0), on_redis(mode.call.1)),
+                loads: (sent(&text, mode.load.0), on_redis(mode.load.1)),
                 touch: (sent(&text, "touch"), on_redis("touch")),
             };
             let held = value(&text, "sluice_lease_units_held", &[]);
-            let agree = both.fcall.0 == both.fcall.1
-                && both.function_load.0 == both.function_load.1
+            let agree = both.calls.0 == both.calls.1
+                && both.loads.0 == both.loads.1
                 && both.touch.0 == both.touch.1;
             (held == 0.0 && agree).then_some((text, both))
         }
     })
     .await;
-    println!("sluice vs INFO commandstats: {both:?}");
+    println!("{}: sluice vs INFO commandstats: {both:?}", mode.scripts);
     // Each path was taken: reloads, touches, lease returns, errors.
-    assert!(both.function_load.0 >= 4, "start and reloads: {both:?}");
+    assert!(
+        both.loads.0 >= 4,
+        "start and reloads: {both:?}\n{:?}\n{text}",
+        received(&mut redis.connection())
+    );
     assert!(both.touch.0 > 0, "touches: {both:?}");
     let errors = value(
         &text,
         "sluice_redis_calls_total",
-        &[("command", "fcall"), ("result", "error")],
+        &[("command", mode.call.0), ("result", "error")],
     );
-    assert!(errors >= 1.0, "function not found after FUNCTION FLUSH");
+    assert!(
+        errors >= 1.0,
+        "function not found (NOSCRIPT) after the flush"
+    );
+    // Nothing of the other mode was sent.
+    let other = if mode.scripts == "eval" {
+        FUNCTIONS
+    } else {
+        EVAL
+    };
+    assert_eq!(sent(&text, other.call.0), 0, "{}", other.call.0);
     let returned = value(
         &text,
         "sluice_leases_returned_total",
@@ -403,7 +453,7 @@ async fn redis_calls_counted_by_sluice_equal_what_redis_received_and_each_decisi
     assert_eq!(decided("local") + decided("failed"), 0.0);
     // What the store decided took one `FCALL` each, besides the reloads'
     // second calls, the refunds and lease returns.
-    assert!(decided("store") as u64 <= both.fcall.0);
+    assert!(decided("store") as u64 <= both.calls.0);
 }
 
 /// docs/OPERATIONS.md's metric table has a row for every metric of the

@@ -241,6 +241,15 @@ impl DecisionSource {
     }
 }
 
+// `DecisionSource as usize` indexes the histograms built from `ALL`.
+const _: () = {
+    let mut i = 0;
+    while i < DecisionSource::ALL.len() {
+        assert!(DecisionSource::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// The handles of the proxy as a whole.
 pub struct ProxyMetrics {
     /// Time to a decision, under the store's `store` label, by

@@ -193,18 +193,6 @@ impl Bound {
             self.store.clone(),
             self.hangup,
         ));
-        // The admin listener outlives traffic so probes see the drain
-        // (readiness 503) instead of a refused connection; it stops with the
-        // process.
-        let admin = self.admin.map(|listener| {
-            tokio::spawn(admin::serve(
-                listener,
-                health.clone(),
-                boot.server.header_read_timeout,
-                std::future::pending(),
-            ))
-        });
-
         let upstream = Upstream::new(&boot.upstream);
         let proxy = Arc::new(Proxy::new(
             self.runtime.clone(),
@@ -226,6 +214,20 @@ impl Bound {
                 let _ = stop.wait_for(|s| *s).await;
             },
         ));
+
+        // Started last, once every metric handle of the proxy and the
+        // traffic listener is registered: its first scrape shows every
+        // series. The admin listener outlives traffic so probes see the drain
+        // (readiness 503) instead of a refused connection; it stops with the
+        // process.
+        let admin = self.admin.map(|listener| {
+            tokio::spawn(admin::serve(
+                listener,
+                health.clone(),
+                boot.server.header_read_timeout,
+                std::future::pending(),
+            ))
+        });
 
         let signal = shutdown.await;
         health.begin_shutdown();

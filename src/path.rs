@@ -86,6 +86,18 @@ pub enum PathError {
 }
 
 impl PathError {
+    /// Every path error, for the metric series registered at start.
+    pub const ALL: [PathError; 8] = [
+        PathError::AboveRoot,
+        PathError::EncodedSlash,
+        PathError::Backslash,
+        PathError::EncodedControl,
+        PathError::BadEscape,
+        PathError::Parameters,
+        PathError::AmbiguousParameters,
+        PathError::NotAbsolute,
+    ];
+
     /// A bounded label for `sluice_requests_refused_total`.
     pub fn label(self) -> &'static str {
         match self {

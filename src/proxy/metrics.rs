@@ -19,6 +19,7 @@ use crate::telemetry::{
 };
 
 use super::body::Cut;
+use super::headers::Invalid;
 use super::service::on_response::Charged;
 use super::upstream::UpstreamError;
 use super::verdict::{OutcomeLabel, Verdict};
@@ -198,21 +199,94 @@ impl std::fmt::Debug for RouteMetrics {
     }
 }
 
+/// Where a request's rate limits were decided: the `source` label of
+/// `sluice_decision_duration_seconds`, one sample per request that has a
+/// rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionSource {
+    /// The store was asked (Redis: one call, or one per limit on
+    /// Cluster; a lease's grant rides on it) and decided.
+    Store,
+    /// The over-limit cache in front of Redis repeated a denial: Redis
+    /// was not asked.
+    DenyCache,
+    /// Every limit was spent from a lease this sidecar holds: Redis was
+    /// not asked.
+    Lease,
+    /// The store could not decide and the local fallback did, for at
+    /// least one limit (`on_failure: local`).
+    Local,
+    /// The store could not decide, and `on_failure` (allow, deny)
+    /// answered: no decision was made.
+    Failed,
+}
+
+impl DecisionSource {
+    pub const ALL: [DecisionSource; 5] = [
+        DecisionSource::Store,
+        DecisionSource::DenyCache,
+        DecisionSource::Lease,
+        DecisionSource::Local,
+        DecisionSource::Failed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            DecisionSource::Store => "store",
+            DecisionSource::DenyCache => "deny_cache",
+            DecisionSource::Lease => "lease",
+            DecisionSource::Local => "local",
+            DecisionSource::Failed => "failed",
+        }
+    }
+}
+
+// `DecisionSource as usize` indexes the histograms built from `ALL`.
+const _: () = {
+    let mut i = 0;
+    while i < DecisionSource::ALL.len() {
+        assert!(DecisionSource::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// The handles of the proxy as a whole.
 pub struct ProxyMetrics {
-    /// Time to a decision, under the store's `store` label.
-    pub decision_duration: Histogram,
+    /// Time to a decision, under the store's `store` label, by
+    /// [`DecisionSource`].
+    decision_duration: [Histogram; DecisionSource::ALL.len()],
     pub forwarded_without_decision: Counter,
 }
 
 impl ProxyMetrics {
     pub fn new(store: &'static str) -> ProxyMetrics {
+        // Counted by a lookup when it happens (rare), but there at 0 from
+        // the start, every reason: an alert on `increase()` then sees the
+        // first one.
+        for invalid in Invalid::kinds() {
+            metrics::counter!(REQUESTS_REFUSED, "reason" => invalid.label()).increment(0);
+        }
+        metrics::counter!(REQUESTS_REFUSED, "reason" => REFUSED_FRAMING).increment(0);
         ProxyMetrics {
-            decision_duration: metrics::histogram!(DECISION_DURATION, "store" => store),
+            decision_duration: DecisionSource::ALL.map(|source| {
+                metrics::histogram!(DECISION_DURATION, "store" => store, "source" => source.label())
+            }),
             forwarded_without_decision: metrics::counter!(FORWARDED_WITHOUT_DECISION),
         }
     }
 }
+
+impl ProxyMetrics {
+    /// One request's decision, made at `source`, `elapsed` after it was
+    /// asked for.
+    pub fn decided(&self, source: DecisionSource, elapsed: Duration) {
+        self.decision_duration[source as usize].record(elapsed.as_secs_f64());
+    }
+}
+
+/// The reason of a request whose framing the server refused (before
+/// hyper parsed it; see `server::framing`).
+pub const REFUSED_FRAMING: &str = "framing";
 
 /// Counts a request refused before routing (400/501), by a bounded reason.
 /// Rare by nature, so the registry lookup is acceptable here.

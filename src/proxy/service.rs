@@ -35,7 +35,7 @@ use super::body::Body;
 use super::buffered::{Buffering, Inbound, Stopped};
 use super::fallback::Fallback;
 use super::headers::{self, Invalid};
-use super::metrics::{request_refused, ProxyMetrics};
+use super::metrics::{request_refused, DecisionSource, ProxyMetrics};
 use super::overrides::{self, Methods, MAX_METHODS};
 use super::respond::{self, Prepared};
 use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
@@ -419,15 +419,21 @@ impl Proxy {
             return (Judgement::Passed(Passed::new()), Reservations::new(), None);
         }
         let outcomes = &self.store.evaluate_all(&evaluations).await;
-        if outcomes.source == Source::Store && outcomes.list.iter().any(plan::decided) {
+        let store_decided = outcomes.list.iter().any(plan::decided);
+        if outcomes.source == Source::Store && store_decided {
             self.fallback.store_decided();
         }
-        self.metrics
-            .decision_duration
-            .record(arrival.elapsed().as_secs_f64());
 
         let rated = plan::rated(&limits, &evaluations);
         let plan = plan::plan(&rated, outcomes, live);
+        let source = match outcomes.source {
+            _ if plan.locals().next().is_some() => DecisionSource::Local,
+            Source::Lease => DecisionSource::Lease,
+            Source::DenyCache => DecisionSource::DenyCache,
+            Source::Store if store_decided => DecisionSource::Store,
+            Source::Store => DecisionSource::Failed,
+        };
+        self.metrics.decided(source, arrival.elapsed());
         let judgement = if plan.locals().next().is_none() {
             plan.settled(live)
         } else {

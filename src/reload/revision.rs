@@ -18,6 +18,11 @@ static SERVING: Mutex<Option<String>> = Mutex::new(None);
 /// Records that `config` now serves: bumps the revision and moves the info
 /// gauge to its hash.
 pub fn loaded(config: &Config) {
+    // Both results there at 0 from the first configuration on: a
+    // dashboard's `increase()` then shows the first failed reload.
+    for result in RESULTS {
+        metrics::counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
     let hash = digest(config);
     let mut serving = sync::lock(&SERVING);
     if let Some(old) = serving.replace(hash.clone()) {
@@ -26,6 +31,9 @@ pub fn loaded(config: &Config) {
     metrics::gauge!(CONFIG_INFO, "hash" => hash).set(1.0);
     metrics::gauge!(CONFIG_REVISION).increment(1.0);
 }
+
+/// The results a reload is counted under.
+pub const RESULTS: [&str; 2] = ["success", "failure"];
 
 /// Counts a reload attempt by `result` (`success`, `failure`). A reload is
 /// rare: the registry lookup costs nothing that matters.

@@ -416,7 +416,7 @@ fn read_watched<S: AsyncRead + AsyncWrite>(
             if buf.remaining() >= SETTLE.len() {
                 buf.put_slice(SETTLE);
             }
-            crate::proxy::metrics::request_refused("framing");
+            crate::proxy::metrics::request_refused(crate::proxy::metrics::REFUSED_FRAMING);
             tracing::debug!(
                 "request framing refused: Content-Length with Transfer-Encoding, or a bare LF"
             );

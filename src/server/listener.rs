@@ -61,18 +61,20 @@ const MIN_H1_BUFFER: usize = 8 * 1024;
 /// `Connection: close`: a client with a kept-alive connection opens its
 /// next one afresh, by then most likely to another pod, instead of meeting
 /// the drain's close with a request already on the wire.
-pub async fn serve(
+pub fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     settings: Settings,
     proxy: Arc<Proxy>,
     winding_down: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()>,
-) {
+) -> impl Future<Output = ()> {
+    // Set up now rather than when the future first runs: the metric
+    // handles are registered before the admin listener (started after
+    // this) can be scraped, so every series is there from the start.
     let builder = Arc::new(builder(&settings));
     let (drain, draining) = watch::channel(false);
     let mut connections = JoinSet::new();
-    let mut shutdown = std::pin::pin!(shutdown);
     let mut accept_errors = AcceptErrors::new("traffic");
     let refused = metrics::counter!(telemetry::CONNECTIONS_REFUSED, "limit" => "max_connections");
     let refused_per_peer = Arc::new(per_peer::Refusals::new());
@@ -100,111 +102,114 @@ pub async fn serve(
     heads_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let heads = heads::Budget::new(settings.request_heads);
 
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            () = tokio::time::sleep_until(trim.due().unwrap_or_else(Instant::now)), if trim.due().is_some() => {
-                if trim.fire(Instant::now()) {
-                    trim::release_freed_memory();
-                }
-            }
-            _ = heads_check.tick() => {
-                let now = Instant::now();
-                let held = trim.held(heads.high_since(), heads.held(), now);
-                if held || trim.refusals(heads.refusals(), connections.len(), now) {
-                    trim::release_freed_memory();
-                }
-            }
-            Some(joined) = connections.join_next(), if !connections.is_empty() => {
-                if trim.open(connections.len(), Instant::now()) {
-                    trim::release_freed_memory();
-                }
-                if let Err(error) = joined {
-                    if error.is_panic() {
-                        tracing::error!(%error, "connection task panicked");
-                    }
-                }
-            }
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) if connections.len() >= settings.max_connections => {
-                    // Closed at once: the ones open keep being served.
-                    refused.increment(1);
-                    drop(stream);
-                }
-                Ok((stream, peer)) => {
-                    // A trusted peer's connections carry many clients:
-                    // with the PROXY protocol each is counted as the
-                    // client its header names, once that is read (until
-                    // then among the balancer's connections still sending
-                    // their header); without it (`X-Forwarded-For`) the
-                    // connection is shared and counted under no address.
-                    let trusted = proxy.trusts(peer.ip());
-                    let reads_header = trusted && settings.proxy_protocol.any();
-                    let held = if reads_header {
-                        pending_header.try_hold(peer.ip())
-                    } else if trusted {
-                        Ok(Held::uncounted())
-                    } else {
-                        per_peer.try_hold(peer.ip())
-                    };
-                    let held = match held {
-                        Ok(held) => held,
-                        Err(bound) => {
-                            refused_per_peer.count(bound);
-                            drop(stream);
-                            continue;
-                        }
-                    };
-                    let proxied = reads_header.then(|| Proxied {
-                        versions: settings.proxy_protocol,
-                        per_peer: per_peer.clone(),
-                        refused: refused_per_peer.clone(),
-                        counters: proxy_headers.clone(),
-                    });
-                    let connection = Connection {
-                        peer,
-                        proxied,
-                        tls: tls.clone(),
-                        builder: builder.clone(),
-                        proxy: proxy.clone(),
-                        winding_down: winding_down.clone(),
-                        // Taken before the task starts, so a shutdown that
-                        // begins meanwhile still reaches this connection.
-                        draining: draining.clone(),
-                        first_head_by: Instant::now() + settings.header_read_timeout,
-                        idle_timeout: settings.idle_timeout,
-                        send_timeout: settings.send_timeout,
-                        max_header_bytes: settings.max_header_bytes,
-                        heads: heads.clone(),
-                    };
-                    connections.spawn(connection.run(stream, held));
-                    if trim.open(connections.len(), Instant::now()) {
+    async move {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                () = tokio::time::sleep_until(trim.due().unwrap_or_else(Instant::now)), if trim.due().is_some() => {
+                    if trim.fire(Instant::now()) {
                         trim::release_freed_memory();
                     }
                 }
-                Err(error) => accept_errors.failed(&error).await,
-            },
+                _ = heads_check.tick() => {
+                    let now = Instant::now();
+                    let held = trim.held(heads.high_since(), heads.held(), now);
+                    if held || trim.refusals(heads.refusals(), connections.len(), now) {
+                        trim::release_freed_memory();
+                    }
+                }
+                Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                    if trim.open(connections.len(), Instant::now()) {
+                        trim::release_freed_memory();
+                    }
+                    if let Err(error) = joined {
+                        if error.is_panic() {
+                            tracing::error!(%error, "connection task panicked");
+                        }
+                    }
+                }
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) if connections.len() >= settings.max_connections => {
+                        // Closed at once: the ones open keep being served.
+                        refused.increment(1);
+                        drop(stream);
+                    }
+                    Ok((stream, peer)) => {
+                        // A trusted peer's connections carry many clients:
+                        // with the PROXY protocol each is counted as the
+                        // client its header names, once that is read (until
+                        // then among the balancer's connections still sending
+                        // their header); without it (`X-Forwarded-For`) the
+                        // connection is shared and counted under no address.
+                        let trusted = proxy.trusts(peer.ip());
+                        let reads_header = trusted && settings.proxy_protocol.any();
+                        let held = if reads_header {
+                            pending_header.try_hold(peer.ip())
+                        } else if trusted {
+                            Ok(Held::uncounted())
+                        } else {
+                            per_peer.try_hold(peer.ip())
+                        };
+                        let held = match held {
+                            Ok(held) => held,
+                            Err(bound) => {
+                                refused_per_peer.count(bound);
+                                drop(stream);
+                                continue;
+                            }
+                        };
+                        let proxied = reads_header.then(|| Proxied {
+                            versions: settings.proxy_protocol,
+                            per_peer: per_peer.clone(),
+                            refused: refused_per_peer.clone(),
+                            counters: proxy_headers.clone(),
+                        });
+                        let connection = Connection {
+                            peer,
+                            proxied,
+                            tls: tls.clone(),
+                            builder: builder.clone(),
+                            proxy: proxy.clone(),
+                            winding_down: winding_down.clone(),
+                            // Taken before the task starts, so a shutdown that
+                            // begins meanwhile still reaches this connection.
+                            draining: draining.clone(),
+                            first_head_by: Instant::now() + settings.header_read_timeout,
+                            idle_timeout: settings.idle_timeout,
+                            send_timeout: settings.send_timeout,
+                            max_header_bytes: settings.max_header_bytes,
+                            heads: heads.clone(),
+                        };
+                        connections.spawn(connection.run(stream, held));
+                        if trim.open(connections.len(), Instant::now()) {
+                            trim::release_freed_memory();
+                        }
+                    }
+                    Err(error) => accept_errors.failed(&error).await,
+                },
+            }
         }
-    }
 
-    drop(listener);
-    let deadline = Instant::now() + settings.shutdown_grace;
-    tracing::debug!(open = connections.len(), "stopped accepting; draining");
-    drain.send_replace(true);
-    let drained = tokio::time::timeout_at(deadline, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await
-    .is_ok();
-    proxy.drain_tunnels(deadline).await;
-    if !drained {
-        tracing::warn!(
-            open = connections.len(),
-            "shutdown grace expired; closing the connections still open"
-        );
+        drop(listener);
+        let deadline = Instant::now() + settings.shutdown_grace;
+        tracing::debug!(open = connections.len(), "stopped accepting; draining");
+        drain.send_replace(true);
+        let drained = tokio::time::timeout_at(deadline, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        proxy.drain_tunnels(deadline).await;
+        if !drained {
+            tracing::warn!(
+                open = connections.len(),
+                "shutdown grace expired; closing the connections still open"
+            );
+        }
+        connections.shutdown().await;
     }
-    connections.shutdown().await;
 }
 
 fn builder(settings: &Settings) -> Builder<StreamExecutor> {

@@ -57,8 +57,8 @@ impl Metric {
     }
 }
 
-// Labels are bounded: route, policy, outcome, store, kind, result, reason,
-// status_class, hash, version. Never a subject, a pseudonym or anything a
+// Labels are bounded: route, policy, outcome, store, source, command, kind,
+// result, reason, status_class, hash, version. Never a subject, a pseudonym or anything a
 // client chose.
 
 pub const REQUESTS: &str = "sluice_requests_total";
@@ -75,6 +75,8 @@ pub const STORE_RETRIES: &str = "sluice_store_retries_total";
 pub const STORE_EVENTS: &str = "sluice_store_events_total";
 pub const BREAKER_OPEN: &str = "sluice_store_breaker_open";
 pub const BREAKER_OPENED: &str = "sluice_store_breaker_opened_total";
+pub const REDIS_CALLS: &str = "sluice_redis_calls_total";
+pub const REDIS_CALL_DURATION: &str = "sluice_redis_call_duration_seconds";
 pub const SCRIPT_LOADS: &str = "sluice_store_script_loads_total";
 pub const DEDUPE_HITS: &str = "sluice_store_dedupe_hits_total";
 pub const REFUNDS: &str = "sluice_refunds_total";
@@ -123,12 +125,23 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(STORE_EVENTS, "Store conditions recovered from, by kind."),
     Metric::counter(BREAKER_OPENED, "Times the store breaker opened."),
-    Metric::seconds(DECISION_DURATION, "Time to reach a decision, by store."),
+    Metric::seconds(
+        DECISION_DURATION,
+        "Time to reach a decision, once per request with a rate limit, by store and where it was made (source: store, deny_cache, lease, local, failed).",
+    ),
     Metric::counter(STORE_ERRORS, "Store failures by kind."),
     Metric::gauge(BREAKER_OPEN, "1 while the store breaker is open."),
     Metric::counter(
         SCRIPT_LOADS,
         "Lua scripts loaded into Redis, as Functions libraries or cached scripts (start, and after function not found or NOSCRIPT).",
+    ),
+    Metric::counter(
+        REDIS_CALLS,
+        "Commands sent to Redis on sluice's connections, counted when their reply came or the wait for it ended, by command (fcall, evalsha, function_load, script_load, touch, other) and result (ok, error, timeout, connection_lost).",
+    ),
+    Metric::seconds(
+        REDIS_CALL_DURATION,
+        "Time from sending a command to Redis to its reply (or to giving up on it), by command; a pipeline of TOUCHes is one round trip.",
     ),
     Metric::counter(
         DEDUPE_HITS,

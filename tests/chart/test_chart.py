@@ -44,23 +44,23 @@ KUBE_VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 
 # Custom resources have no schema in kubernetes-validate; they are checked
 # structurally below instead (test_service_monitor_scrapes_admin_port).
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")}
-
-# Every metric sluice exports (the dashboard may use no other).
-SLUICE_METRICS = {
-    "sluice_requests_total",
-    "sluice_decision_duration_seconds",
-    "sluice_store_errors_total",
-    "sluice_store_breaker_open",
-    "sluice_store_script_loads_total",
-    "sluice_store_dedupe_hits_total",
-    "sluice_forwarded_without_decision_total",
-    "sluice_upstream_responses_total",
-    "sluice_upstream_duration_seconds",
-    "sluice_config_reloads_total",
-    "sluice_config_revision",
-    "sluice_build_info",
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
+
+# Every metric sluice exports, read from its one table (src/telemetry/names.rs):
+# the dashboard and the alert rules may use no other.
+NAMES_RS = ROOT / "src" / "telemetry" / "names.rs"
+SLUICE_METRICS = set(re.findall(r'pub const [A-Z_]+: &str = "(sluice_[a-z_]+)";', NAMES_RS.read_text()))
+SLUICE_HISTOGRAMS = set(re.findall(r'Metric::seconds\(\s*([A-Z_]+),', NAMES_RS.read_text()))
+# The series names a query may use: a histogram's `_bucket`, `_sum`, `_count`.
+SLUICE_SERIES = SLUICE_METRICS | {
+    f"{m}{suffix}" for m in SLUICE_METRICS if m.endswith("_seconds") for suffix in ("_bucket", "_sum", "_count")
+}
+RULES_FILE = ROOT / "deploy" / "prometheus" / "sluice-rules.yaml"
+CHART_RULES = CHART / "rules" / "sluice-rules.yaml"
 
 # Values for the ${NAME} references in a rendered configuration, as the
 # Secrets would provide them.
@@ -506,6 +506,7 @@ def test_optional_resources_follow_their_switches() -> None:
         "NetworkPolicy",
         "PodDisruptionBudget",
         "PodMonitor",
+        "PrometheusRule",
         "Service",
         "Service",
         "ServiceAccount",
@@ -579,11 +580,10 @@ def test_dashboard_queries_the_metrics_sluice_exports() -> None:
     for pattern in required:
         assert any(re.search(pattern, q) for q in joined.values()), pattern
 
-    known = SLUICE_METRICS | {f"{m}_bucket" for m in SLUICE_METRICS}
     for title, queries in exprs.items():
         for q in queries:
             for metric in re.findall(r"\bsluice_[a-z_]+", q):
-                assert metric in known, f"{title}: unknown metric {metric}"
+                assert metric in SLUICE_SERIES, f"{title}: unknown metric {metric}"
 
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
@@ -592,6 +592,100 @@ def test_dashboard_queries_the_metrics_sluice_exports() -> None:
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     for q in " ".join(joined.values()).split("$")[1:]:
         assert re.match(r"[a-z_]+", q).group(0) in variables
+
+
+def test_every_dashboard_panel_queries_metrics_sluice_exports() -> None:
+    """Every panel has a query, and every query names at least one series of
+    the table and none that is not in it (a renamed metric breaks this)."""
+    assert len(SLUICE_METRICS) > 40, "names.rs was not read"
+    assert "sluice_redis_calls_total" in SLUICE_METRICS
+    dashboard = json.loads(DASHBOARD.read_text())
+    for title, queries in dashboard_exprs(dashboard).items():
+        assert queries, f"{title}: no query"
+        for q in queries:
+            named = re.findall(r"\bsluice_[a-z_]+", q)
+            assert named, f"{title}: {q} names no sluice metric"
+            unknown = [m for m in named if m not in SLUICE_SERIES]
+            assert unknown == [], f"{title}: {unknown} not exported by sluice"
+
+
+def test_every_dashboard_query_parses_as_promql(tmp_path: Path) -> None:
+    """Each query, its variables filled in, as a recording rule that
+    `promtool check rules` parses."""
+    queries = [q for qs in dashboard_exprs(json.loads(DASHBOARD.read_text())).values() for q in qs]
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": re.sub(r"\$[a-z_]+", ".*", q)} for i, q in enumerate(queries)
+    ]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_has_a_panel_for_each_operator_question() -> None:
+    joined = " ".join(" ".join(e) for e in dashboard_exprs(json.loads(DASHBOARD.read_text())).values())
+    for pattern in [
+        r"sluice_requests_total\{[^}]*outcome=~?\"[^\"]*(denied|concurrency_denied)",  # lockout refusals
+        r"sluice_lease_admitted_total",
+        r"sluice_leases_granted_total",
+        r"sluice_lease_units_held",
+        r"sluice_store_fallback\b",
+        r"sluice_upstream_errors_total",
+        r"sluice_memory_store_evictions_total",
+        r"sluice_redis_calls_total",
+        r"histogram_quantile\(0\.99, sum by \(le, command\) \(rate\(sluice_redis_call_duration_seconds_bucket",
+        r"sum by \(source\) \(rate\(sluice_decision_duration_seconds_count",
+    ]:
+        assert re.search(pattern, joined), pattern
+
+
+# --- the alert rules --------------------------------------------------------
+
+
+def test_prometheus_rule_renders_the_plain_rules_file() -> None:
+    r = render(CASES["all-options"])
+    rule = r.one("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    plain = yaml.safe_load(RULES_FILE.read_text())
+    assert rule["spec"] == plain
+    # The chart's copy is the file itself, byte for byte.
+    assert CHART_RULES.read_bytes() == RULES_FILE.read_bytes()
+    # Annotations reach Prometheus unexpanded: `{{ $labels.pod }}` is its own.
+    summaries = [a["annotations"]["summary"] for g in rule["spec"]["groups"] for a in g["rules"]]
+    assert all("{{ $labels.pod }}" in s for s in summaries)
+
+
+def test_prometheus_rule_is_off_by_default() -> None:
+    assert render({}).all("PrometheusRule") == []
+
+
+def test_alert_rules_name_only_metrics_sluice_exports() -> None:
+    rules = [rule for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for rule in g["rules"]]
+    assert len(rules) >= 10
+    for rule in rules:
+        named = re.findall(r"\bsluice_[a-z_]+", rule["expr"])
+        assert named, rule["alert"]
+        unknown = [m for m in named if m not in SLUICE_SERIES]
+        assert unknown == [], f"{rule['alert']}: {unknown}"
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+
+
+def test_alert_rules_pass_promtool_unit_tests() -> None:
+    """`promtool test rules`: every alert has a case where it fires."""
+    tests = yaml.safe_load((RULES_FILE.parent / "sluice-rules.test.yaml").read_text())
+    fired = {
+        t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"] if t.get("exp_alerts")
+    }
+    alerts = {rule["alert"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for rule in g["rules"]}
+    assert alerts == fired
+    result = subprocess.run(
+        ["promtool", "test", "rules", "sluice-rules.test.yaml"],
+        cwd=RULES_FILE.parent,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_dashboard_configmap_carries_the_shipped_file() -> None:

@@ -28,6 +28,7 @@ mod local_fallback;
 mod manifests_check;
 mod memory_bound;
 mod operations;
+mod operator_metrics;
 mod proxy_protocol;
 mod proxy_smoke;
 mod proxying;

@@ -196,7 +196,7 @@ async fn metrics_count_traffic_by_route_policy_and_outcome_and_never_show_identi
         metric(
             &text,
             "sluice_decision_duration_seconds_count",
-            &[("store", "memory")]
+            &[("store", "memory"), ("source", "store")]
         ),
         Some(5.0),
         "{}",

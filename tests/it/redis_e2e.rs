@@ -89,7 +89,7 @@ async fn three_replicas_admit_exactly_25(name: &str) {
         let decisions = metric(
             &text,
             "sluice_decision_duration_seconds_count",
-            &[("store", "redis")],
+            &[("store", "redis"), ("source", "store")],
         )
         .unwrap_or_else(|| panic!("no redis decision histogram:\n{text}"));
         assert!(decisions >= 1.0, "{name}: {decisions} decisions timed");

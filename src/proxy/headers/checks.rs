@@ -72,6 +72,54 @@ pub enum Invalid {
 }
 
 impl Invalid {
+    /// One of each kind (the header named is only an example), so that
+    /// every label of `sluice_requests_refused_total` is registered at
+    /// start: the match makes a new kind impossible to leave out.
+    pub fn kinds() -> Vec<Invalid> {
+        let header = || HOST;
+        let mut all = Vec::new();
+        for kind in [
+            Invalid::MissingHost,
+            Invalid::DuplicateHost,
+            Invalid::HostMismatch,
+            Invalid::TransferCoding,
+            Invalid::UnframedBody,
+            Invalid::ConnectionNamesIdentity(header()),
+            Invalid::Connect,
+            Invalid::BadHost,
+            Invalid::RequestTarget,
+            Invalid::MethodCase,
+            Invalid::Path(PathError::AboveRoot),
+            Invalid::DuplicateIdentity(header()),
+            Invalid::ForwardedFor,
+            Invalid::MethodOverride,
+            Invalid::AsteriskForm,
+            Invalid::UnderscoreHeader,
+            Invalid::UnderscoreStandsFor(header()),
+        ] {
+            match kind {
+                Invalid::Path(_) => all.extend(PathError::ALL.map(Invalid::Path)),
+                Invalid::MissingHost
+                | Invalid::DuplicateHost
+                | Invalid::HostMismatch
+                | Invalid::TransferCoding
+                | Invalid::UnframedBody
+                | Invalid::ConnectionNamesIdentity(_)
+                | Invalid::Connect
+                | Invalid::BadHost
+                | Invalid::RequestTarget
+                | Invalid::MethodCase
+                | Invalid::DuplicateIdentity(_)
+                | Invalid::ForwardedFor
+                | Invalid::MethodOverride
+                | Invalid::AsteriskForm
+                | Invalid::UnderscoreHeader
+                | Invalid::UnderscoreStandsFor(_) => all.push(kind),
+            }
+        }
+        all
+    }
+
     /// A short, bounded reason for the response body and logs.
     /// A short, bounded label for `sluice_requests_refused_total`.
     pub fn label(&self) -> &'static str {

@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use tokio_rustls::TlsConnector;
 
+use super::counted::{Calls, Counted};
 use super::reply::Answer;
 use super::wire::{self, Wire};
 use super::RedisSetupError;
@@ -56,11 +57,11 @@ const CLUSTER_RETRIES: u32 = 3;
 #[derive(Clone)]
 pub enum Conn {
     /// sluice's own, to a standalone node or the Sentinels' primary.
-    Wire(Wire),
+    Wire(Counted<Wire>),
     /// redis-rs's, to a node [`Wire`] does not speak to (a Unix socket,
     /// TLS without hostname checks, RESP3).
-    Node(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Node(Counted<MultiplexedConnection>),
+    Cluster(Counted<ClusterConnection>),
 }
 
 impl Conn {
@@ -267,13 +268,14 @@ impl Connector {
         }
     }
 
-    pub async fn connect(&self) -> RedisResult<Conn> {
+    /// A new connection, its commands counted in `calls`.
+    pub async fn connect(&self, calls: &Arc<Calls>) -> RedisResult<Conn> {
         match self {
             Connector::Standalone {
                 client,
                 config,
                 tls,
-            } => node(client, config, tls.as_ref()).await,
+            } => node(client, config, tls.as_ref(), calls).await,
             Connector::Sentinel {
                 client,
                 config,
@@ -281,9 +283,12 @@ impl Connector {
             } => {
                 // The primary the Sentinels name, its role checked.
                 let primary = client.lock().await.async_get_client().await?;
-                node(&primary, config, tls.as_ref()).await
+                node(&primary, config, tls.as_ref(), calls).await
             }
-            Connector::Cluster { client } => client.get_async_connection().await.map(Conn::Cluster),
+            Connector::Cluster { client } => client
+                .get_async_connection()
+                .await
+                .map(|conn| Conn::Cluster(Counted::new(conn, calls.clone()))),
         }
     }
 }
@@ -294,14 +299,15 @@ async fn node(
     client: &Client,
     config: &AsyncConnectionConfig,
     tls: Option<&TlsConnector>,
+    calls: &Arc<Calls>,
 ) -> RedisResult<Conn> {
     let info = client.get_connection_info();
     match tokio::time::timeout(CONNECT_TIMEOUT, wire::open(info, tls)).await {
-        Ok(Some(opened)) => opened.map(Conn::Wire),
+        Ok(Some(opened)) => opened.map(|conn| Conn::Wire(Counted::new(conn, calls.clone()))),
         Ok(None) => client
             .get_multiplexed_async_connection_with_config(config)
             .await
-            .map(Conn::Node),
+            .map(|conn| Conn::Node(Counted::new(conn, calls.clone()))),
         Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
     }
 }

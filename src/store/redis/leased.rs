@@ -23,6 +23,9 @@ use crate::telemetry::{LEASES_RETURNED, LEASE_UNITS_RETURNED};
 /// lasts at most half `store.dedupe_window`, at least 1 s by default).
 const UPKEEP: Duration = Duration::from_millis(50);
 
+/// The `result` labels of `sluice_leases_returned_total`.
+pub(super) const RETURN_RESULTS: [&str; 3] = ["returned", "unneeded", "failed"];
+
 /// What the book said of each rate limit of a request, in order.
 pub type Befores = SmallVec<[Before; 2]>;
 
@@ -409,11 +412,11 @@ impl Inner {
             let result = match refund {
                 Refund::Refunded => {
                     metrics::counter!(LEASE_UNITS_RETURNED).increment(u64::from(units));
-                    "returned"
+                    RETURN_RESULTS[0]
                 }
                 // The grant's record is gone or says nothing was charged.
-                Refund::Unneeded => "unneeded",
-                Refund::Failed => "failed",
+                Refund::Unneeded => RETURN_RESULTS[1],
+                Refund::Failed => RETURN_RESULTS[2],
             };
             metrics::counter!(LEASES_RETURNED, "result" => result).increment(1);
         }

@@ -16,7 +16,10 @@
 //! - an Indeterminate attempt is retried once, with the same evaluation id,
 //!   while the deadline allows: the script returns the decision it recorded
 //!   for that id instead of charging twice;
-//! - a [`Breaker`] answers at once while Redis keeps failing.
+//! - a [`Breaker`] answers at once while Redis keeps failing;
+//! - every command a connection sends is counted by command and result,
+//!   with its round trip's time (`counted`), as Redis counts what it
+//!   receives.
 //!
 //! Libraries are loaded with `FUNCTION LOAD REPLACE` (on every primary by a
 //! background task at start, and again on the node that answered function
@@ -27,6 +30,7 @@
 
 mod call;
 mod connect;
+mod counted;
 mod evaluate;
 pub mod inspect;
 mod leased;

@@ -15,12 +15,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::connect::{Conn, Connector};
+use super::counted::Calls;
 use super::RedisSetupError;
 use crate::config;
 use crate::sync;
 
 pub struct Lanes {
     connector: Connector,
+    /// What every connection sends, counted (`counted`).
+    calls: Arc<Calls>,
     lanes: Box<[Lane]>,
     next: AtomicUsize,
 }
@@ -63,6 +66,7 @@ impl Lanes {
         let lanes = redis.pool_size.clamp(1, cores);
         Ok(Lanes {
             connector: Connector::new(redis, budget)?,
+            calls: Calls::new(),
             lanes: (0..lanes)
                 .map(|_| Lane {
                     current: Mutex::new(None),
@@ -91,7 +95,7 @@ impl Lanes {
         // the cluster's discovery) would otherwise make every decision's
         // future as large.
         let held = Arc::new(Held {
-            conn: Box::pin(self.connector.connect()).await?,
+            conn: Box::pin(self.connector.connect(&self.calls)).await?,
         });
         *lane.lock() = Some(held.clone());
         Ok(Checkout::new(index, held))

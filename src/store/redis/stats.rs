@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use metrics::{Counter, Gauge};
 
 use crate::telemetry::{
-    BREAKER_OPEN, BREAKER_OPENED, DEDUPE_HITS, REFUNDS, SCRIPT_LOADS, STORE_ERRORS, STORE_EVENTS,
-    STORE_RETRIES,
+    BREAKER_OPEN, BREAKER_OPENED, DEDUPE_HITS, LEASES_RETURNED, LEASE_UNITS_RETURNED, REFUNDS,
+    SCRIPT_LOADS, STORE_ERRORS, STORE_EVENTS, STORE_RETRIES,
 };
 
 #[derive(Debug)]
@@ -100,6 +100,12 @@ impl RedisStats {
         let error = |kind: &'static str| Stat::new(metrics::counter!(STORE_ERRORS, "kind" => kind));
         let refund =
             |result: &'static str| Stat::new(metrics::counter!(REFUNDS, "result" => result));
+        // Counted by a lookup as leases end (see `leased`); there at 0
+        // from the start.
+        for result in super::leased::RETURN_RESULTS {
+            metrics::counter!(LEASES_RETURNED, "result" => result).increment(0);
+        }
+        metrics::counter!(LEASE_UNITS_RETURNED).increment(0);
         RedisStats {
             warned_at: AtomicU64::new(0),
             script_loads: Stat::new(metrics::counter!(SCRIPT_LOADS)),

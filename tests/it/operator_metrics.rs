@@ -42,16 +42,19 @@ const SECRET: &str = "an HS256 secret, 32 bytes or more";
 /// Policies and routes that give every metric whose labels come from the
 /// configuration its series: a concurrency policy (`in_flight`), a route
 /// counting `Authorization` (`undecodable_credentials`), a `jwt:` subject
-/// (`jwt_rejected`), a cost read from the response (`response_charges`,
+/// (`jwt_rejected`), a GCRA policy with a delay (`requests_delayed`,
+/// `request_delay_seconds`), a cost read from the response (`response_charges`,
 /// `response_cost_fallbacks`).
 const POLICIES: &str = "  hourly: { algorithm: fixed-window, limit: 5, window: 1h }
   three: { algorithm: concurrency, limit: 3 }
   tokens: { algorithm: fixed-window, limit: 1000, window: 1h }
+  smooth: { algorithm: gcra, limit: 10, window: 1s, delay: { max_wait: 500ms } }
 ";
 const ROUTES: &str =
     "  - { name: api, match: { path_prefix: /api }, subject: header:Authorization, policy: hourly }
   - { name: user, match: { path_prefix: /user }, subject: jwt:sub, policy: hourly }
   - { name: slots, match: { path_prefix: /slots }, subject: client_ip, policy: three }
+  - { name: smooth, match: { path_prefix: /smooth }, subject: client_ip, policy: smooth }
   - name: complete
     match: { path: /v1/complete }
     subject: header:x-api-key

@@ -17,6 +17,9 @@ pub struct Concurrency {
     pub limit: NonZeroU32,
     /// `Retry-After` of the 503 a request over the limit gets.
     pub retry_after: Duration,
+    /// Whether its answers carry `RateLimit-Policy` and `Retry-After`
+    /// (`headers: off`: not).
+    pub announce: bool,
 }
 
 /// What a route's limit names: a rate policy, evaluated by the store, or a

@@ -34,6 +34,10 @@ pub struct Policy {
     /// have used up to be counted as near the limit
     /// (`sluice_near_limit_total`).
     pub near_limit: u8,
+    /// Whether its answers announce it: `RateLimit-Policy`, `RateLimit`
+    /// and `Retry-After` (`headers: off` for a limit against abuse, where
+    /// the quota would help the abuser).
+    pub announce: bool,
     /// Private with what is derived from it, so the two cannot disagree;
     /// derived once here rather than on every request.
     bands: Bands,
@@ -59,6 +63,7 @@ impl Policy {
             on_failure: None,
             lease: None,
             near_limit: 80,
+            announce: true,
             horizon: bands.horizon(),
             max_cost: bands.max_cost(),
             quotas: bands.quotas().into(),
@@ -87,6 +92,12 @@ impl Policy {
     /// The policy with its own near-limit share (percent used).
     pub fn with_near_limit(mut self, near_limit: u8) -> Policy {
         self.near_limit = near_limit;
+        self
+    }
+
+    /// The policy announced in its answers, or not (`headers: off`).
+    pub fn with_headers(mut self, announce: bool) -> Policy {
+        self.announce = announce;
         self
     }
 

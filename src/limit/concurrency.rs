@@ -31,6 +31,14 @@ pub enum LimitPolicy {
 }
 
 impl LimitPolicy {
+    /// Whether its answers announce it (no `headers: off`).
+    pub fn announced(&self) -> bool {
+        match self {
+            LimitPolicy::Rate(p) => p.announce,
+            LimitPolicy::Concurrency(c) => c.announce,
+        }
+    }
+
     pub fn name(&self) -> &Arc<str> {
         match self {
             LimitPolicy::Rate(p) => &p.name,

@@ -36,6 +36,7 @@ fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
             .collect(),
         upgrades: Arc::from(Vec::new()),
         tiers: None,
+        answers: Default::default(),
     }
 }
 
@@ -359,6 +360,7 @@ async fn every_limit_of_a_route_is_in_ratelimit_policy_and_concurrency_says_so()
         name: "in_flight".into(),
         limit: NonZeroU32::new(40).unwrap(),
         retry_after: Duration::from_millis(1500),
+        announce: true,
     };
     let r = route_of(
         "signup",

@@ -75,7 +75,9 @@ fn one(
     };
     let status = match &raw.status {
         None => Some(None),
-        Some(s) => cx.value(&path.key("status"), s, |s| status(s, kind)).map(Some),
+        Some(s) => cx
+            .value(&path.key("status"), s, |s| status(s, kind))
+            .map(Some),
     };
     let body = match (&raw.body_file, &raw.content_type) {
         (None, None) => Some(None),
@@ -136,7 +138,10 @@ fn status(s: &str, kind: Kind) -> Result<StatusCode, String> {
         .parse()
         .map_err(|_| format!("`{s}` is not a status; write e.g. `429`"))?;
     if !kind.allows(n) {
-        return Err(format!("{n} cannot be this answer's status: {}", kind.allowed()));
+        return Err(format!(
+            "{n} cannot be this answer's status: {}",
+            kind.allowed()
+        ));
     }
     StatusCode::from_u16(n).map_err(|_| format!("`{s}` is not a status"))
 }

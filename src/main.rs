@@ -145,6 +145,10 @@ fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCod
     if !config.live.policies.is_empty() {
         print!("\n{}", config.count_notes());
     }
+    let answers = config.answer_notes();
+    if !answers.is_empty() {
+        print!("\n{answers}");
+    }
     let warnings = config.tier_warnings();
     if !warnings.is_empty() {
         print!("\n{warnings}");

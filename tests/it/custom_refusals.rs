@@ -359,3 +359,92 @@ fn forbidden_headers_and_statuses_are_refused_at_their_keys() {
         "{stderr}"
     );
 }
+
+#[test]
+fn check_shows_each_routes_answer_and_the_unannounced_policies() {
+    let dir = files(&[("429.html", PAGE)]);
+    let yaml = with_responses(&format!(
+        "responses:\n  refused: {{ content_type: text/html, body_file: {}, headers: {{ X-Refused-By: sluice }} }}\n",
+        at(&dir, "429.html")
+    ))
+    .replace(
+        "policies:\n",
+        "policies:\n  abuse: { algorithm: fixed-window, limit: 9, window: 1m, headers: off }\n",
+    )
+    .replace(
+        "  - { name: api, policy: one }\n",
+        "  - { name: api, match: { path: /api }, policy: one }
+  - { name: bots, policy: abuse, responses: { refused: { status: 200 } } }
+",
+    );
+    let (_dir, path) = write_config(&yaml);
+    let (code, stdout, stderr) =
+        run_binary(&["check", "--config", &path.display().to_string()], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let page = format!(
+        "api      refused 429 (a concurrency limit: 503) text/html from {} ({} bytes), with x-refused-by",
+        at(&dir, "429.html"),
+        PAGE.len()
+    );
+    for expected in [
+        "Answered in place of sluice's own problem+json:",
+        &page,
+        "bots     refused 200 problem+json",
+        "Never announced (headers: off: no RateLimit, RateLimit-Policy or Retry-After): abuse",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn explain_says_what_a_refused_request_would_be_answered() {
+    const TOKEN: &str = "explain-token-4c2d9e7f1a";
+    let upstream = Upstream::start().await;
+    let dir = files(&[("429.html", PAGE)]);
+    let yaml = memory_yaml(
+        &upstream,
+        &format!(
+            "responses:
+  refused: {{ status: 403, content_type: text/html, body_file: {} }}
+policies:
+  one: {{ algorithm: fixed-window, limit: 1, window: 1h, headers: off }}
+routes:
+  - {{ name: api, policy: one }}
+",
+            at(&dir, "429.html")
+        ),
+    )
+    .replace(
+        "  listen: 127.0.0.1:0\n",
+        &format!("  listen: 127.0.0.1:0\n  admin: 127.0.0.1:0\n  explain: {{ token: {TOKEN} }}\n"),
+    );
+    let sluice = Sidecar::start(&yaml);
+    assert_eq!(get(sluice.addr(), "/", &[]).await.0, StatusCode::OK);
+    let described = serde_json::json!({"method": "GET", "path": "/", "peer": "127.0.0.1"});
+    let (status, _, body) = crate::support::request(
+        sluice.admin_addr().expect("the admin address is logged"),
+        http::Method::POST,
+        "/explain",
+        &[("Authorization", &format!("Bearer {TOKEN}"))],
+        described.to_string().into(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let explained: Value = serde_json::from_slice(&body).expect("JSON");
+    let answer = &explained["answer"];
+    assert_eq!(answer["status"], 403, "{explained}");
+    assert_eq!(
+        answer["response"]["content_type"], "text/html",
+        "{explained}"
+    );
+    let fields = answer["response"]["fields"].as_array().expect("fields");
+    assert!(
+        !fields
+            .iter()
+            .any(|f| f == "retry-after" || f == "ratelimit-policy"),
+        "{explained}"
+    );
+}

@@ -448,3 +448,45 @@ routes:
         "{explained}"
     );
 }
+
+#[tokio::test]
+async fn a_body_file_edited_in_place_is_served_after_the_reload_and_a_removed_one_is_refused() {
+    let upstream = Upstream::start().await;
+    let dir = files(&[("429.html", PAGE)]);
+    let yaml = memory_yaml(
+        &upstream,
+        &format!(
+            "responses:
+  refused: {{ content_type: text/html, body_file: {} }}
+policies:
+  one: {{ algorithm: fixed-window, limit: 1, window: 1h }}
+routes:
+  - {{ name: api, policy: one }}
+",
+            at(&dir, "429.html")
+        ),
+    );
+    let sluice = Sidecar::start(&yaml);
+    from(&sluice, "/", "192.0.2.9").await;
+    assert_eq!(from(&sluice, "/", "192.0.2.9").await.2, PAGE);
+
+    // The file alone changes: it is watched like the configuration.
+    const EDITED: &str = "<p>edited</p>\n";
+    std::fs::write(dir.path().join("429.html"), EDITED).unwrap();
+    crate::support::eventually(std::time::Duration::from_secs(10), || async {
+        (from(&sluice, "/", "192.0.2.9").await.2 == EDITED).then_some(())
+    })
+    .await;
+
+    // Gone: the reload is refused at the key, the last good body serves.
+    std::fs::remove_file(dir.path().join("429.html")).unwrap();
+    sluice.signal("HUP");
+    crate::support::eventually(std::time::Duration::from_secs(10), || async {
+        let logs = sluice.logs().join("\n");
+        logs.contains("responses.refused.body_file").then_some(())
+    })
+    .await;
+    let (status, _, body) = from(&sluice, "/", "192.0.2.9").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body, EDITED);
+}

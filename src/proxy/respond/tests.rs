@@ -790,3 +790,41 @@ async fn a_custom_answer_keeps_the_fields_and_sends_its_bytes() {
         "application/problem+json"
     );
 }
+
+#[tokio::test]
+async fn a_concurrency_refusal_takes_the_routes_refused_body_and_keeps_its_503() {
+    use crate::route::{Answers, CustomAnswer, CustomBody};
+    let in_flight = Concurrency {
+        name: "in_flight".into(),
+        limit: NonZeroU32::new(4).unwrap(),
+        retry_after: Duration::from_secs(2),
+        announce: true,
+    };
+    let mut r = route_of(
+        "upload",
+        vec![LimitPolicy::Concurrency(Arc::new(in_flight))],
+    );
+    r.answers = Answers {
+        refused: Some(Arc::new(CustomAnswer {
+            status: None,
+            body: Some(CustomBody {
+                content_type: HeaderValue::from_static("text/plain"),
+                bytes: Bytes::from_static(b"busy"),
+                file: "/etc/busy.txt".into(),
+            }),
+            headers: Box::default(),
+        })),
+        unavailable: None,
+    };
+    let response = over_concurrency(&Prepared::new(&r, 0), Duration::from_secs(2));
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let h = response.headers();
+    assert_eq!(h["content-type"], "text/plain");
+    assert_eq!(h["retry-after"], "2");
+    assert_eq!(
+        h["ratelimit-policy"],
+        r#""in_flight";q=4;qu="concurrent-requests""#
+    );
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&bytes[..], b"busy");
+}

@@ -541,4 +541,6 @@ pub use answers::*;
 use refusal::{Answer, Detail};
 
 #[cfg(test)]
+mod refusal_tests;
+#[cfg(test)]
 mod tests;

@@ -149,11 +149,6 @@ impl Prepared {
         }
     }
 
-    /// Whether the limit's answers announce it (no `headers: off`).
-    pub fn announced(&self) -> bool {
-        self.announce
-    }
-
     /// `"<name>";r=<remaining>;t=<seconds>` for the binding band: `r` is
     /// what the band has left now, `t` its effective window. On a denial
     /// `t` is exactly the `Retry-After` beside it (a client reading either

@@ -157,6 +157,10 @@ fn check_printing(
     if !config.live.policies.is_empty() {
         out.print(format_args!("\n{}", config.count_notes()));
     }
+    let answers = config.answer_notes();
+    if !answers.is_empty() {
+        print!("\n{answers}");
+    }
     let warnings = config.tier_warnings();
     if !warnings.is_empty() {
         out.print(format_args!("\n{warnings}"));

@@ -1,5 +1,5 @@
-//! Hot reload: the configuration file (and the JWT keys file it names) is
-//! polled and SIGHUP forces a check.
+//! Hot reload: the configuration file (and the JWT keys file and refusal
+//! bodies it names) is polled and SIGHUP forces a check.
 //!
 //! Polling the file (once a second) rather than watching inodes is what
 //! survives Kubernetes ConfigMap updates, which swap a `..data` symlink in
@@ -222,9 +222,31 @@ struct Stamp {
 /// The configuration file, and the files it names whose change must
 /// reload it too: `identity.jwt.keys_file`, which an identity provider's
 /// key rotation rewrites without touching the configuration.
+/// The configuration file and the files it names, read when it loads:
+/// the JWT keys file, and every `body_file` of a custom refusal (a page
+/// edited in its ConfigMap is served from the next poll, as the file is).
 fn watched(path: &std::path::Path, runtime: &SharedRuntime) -> Vec<PathBuf> {
+    let live = runtime.load().live.clone();
     let mut files = vec![path.to_path_buf()];
-    files.extend(runtime.load().live.identity.jwt_keys_file.clone());
+    files.extend(live.identity.jwt_keys_file.clone());
+    let answers = live
+        .routes
+        .iter()
+        .chain([&live.default])
+        .map(|route| &route.answers)
+        .chain([&live.responses.answers]);
+    for answers in answers {
+        let written = [&answers.refused, &answers.unavailable];
+        for body in written
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.body.as_ref())
+        {
+            if !files.contains(&body.file) {
+                files.push(body.file.clone());
+            }
+        }
+    }
     files
 }
 

@@ -7,6 +7,7 @@
 //! prepared responses) lives in the proxy, indexed by what [`RouteTable::find`]
 //! returns.
 
+mod answers;
 mod index;
 mod matcher;
 mod subject;
@@ -19,6 +20,7 @@ use http::{HeaderName, Method};
 
 use crate::limit::LimitPolicy;
 
+pub use answers::{Answers, CustomAnswer, CustomBody};
 pub use matcher::{Match, PathMatch, Segment};
 pub use subject::SubjectSource;
 pub use tiers::{TierBy, Tiers};
@@ -39,6 +41,10 @@ pub struct Route {
     /// `trusted_from` sets: the limits of the other tiers do not apply to
     /// a request.
     pub tiers: Option<Arc<Tiers>>,
+    /// What the route answers in place of sluice's own refusals: its own
+    /// `responses:`, each answer falling back to the global one (already
+    /// merged when the configuration loads).
+    pub answers: Answers,
 }
 
 /// One of a route's limits: a policy, who it counts, and what a request
@@ -346,6 +352,7 @@ mod tests {
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
             tiers: None,
+            answers: Default::default(),
         }
     }
 

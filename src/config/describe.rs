@@ -324,3 +324,73 @@ fn band_list(bands: &Bands) -> String {
         .collect();
     each.join(" + ")
 }
+
+/// What `sluice check` says of the answers in place of sluice's own: per
+/// route, its `refused` and `unavailable` (the global ones included, as
+/// merged), and the policies never announced (`headers: off`). Empty when
+/// there are none.
+pub fn answer_notes(config: &Config) -> String {
+    let routes: Vec<&Route> = config
+        .live
+        .routes
+        .iter()
+        .chain(std::iter::once(&config.live.default))
+        .collect();
+    let mut out = String::new();
+    let custom: Vec<&&Route> = routes
+        .iter()
+        .filter(|r| r.answers.refused.is_some() || r.answers.unavailable.is_some())
+        .collect();
+    if !custom.is_empty() {
+        out += "Answered in place of sluice's own problem+json:\n";
+        let width = custom.iter().map(|r| r.name.len()).max().unwrap_or(0);
+        for route in custom {
+            let mut parts = Vec::new();
+            if let Some(answer) = &route.answers.refused {
+                parts.push(format!(
+                    "refused {}",
+                    answer_text(answer, "429 (a concurrency limit: 503)")
+                ));
+            }
+            if let Some(answer) = &route.answers.unavailable {
+                parts.push(format!("unavailable {}", answer_text(answer, "503")));
+            }
+            out += &format!("  {:width$}  {}\n", route.name, parts.join("; "));
+        }
+    }
+    let mut silent: Vec<&str> = Vec::new();
+    for limit in routes.iter().flat_map(|r| &r.limits) {
+        let name = &**limit.policy.name();
+        if !limit.policy.announced() && !silent.contains(&name) {
+            silent.push(name);
+        }
+    }
+    if !silent.is_empty() {
+        out += &format!(
+            "Never announced (headers: off: no RateLimit, RateLimit-Policy or Retry-After): {}\n",
+            silent.join(", ")
+        );
+    }
+    out
+}
+
+/// `403 text/html from /etc/429.html (1234 bytes), +2 fields`.
+fn answer_text(answer: &crate::route::CustomAnswer, usual: &str) -> String {
+    let status = answer
+        .status
+        .map_or_else(|| usual.to_owned(), |s| s.as_u16().to_string());
+    let mut out = match &answer.body {
+        Some(body) => format!(
+            "{status} {} from {} ({} bytes)",
+            body.content_type.to_str().unwrap_or("?"),
+            body.file.display(),
+            body.bytes.len()
+        ),
+        None => format!("{status} problem+json"),
+    };
+    if !answer.headers.is_empty() {
+        let names: Vec<&str> = answer.headers.iter().map(|(n, _)| n.as_str()).collect();
+        out += &format!(", with {}", names.join(", "));
+    }
+    out
+}

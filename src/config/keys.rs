@@ -242,7 +242,27 @@ keys! { ALL:
     IDENTITY_JWT_LEEWAY: "identity.jwt.leeway", "duration", Value("30s"), Reload,
         "clock skew allowed on `exp` and `nbf`, in whole seconds";
     RESPONSES_RATELIMIT_HEADERS_ON_ALLOWED: "responses.ratelimit_headers_on_allowed", "`true`, `false`", Value("true"), Reload,
-        "also send `RateLimit` fields on forwarded responses; 429 and 503 always carry them";
+        "also send `RateLimit` fields on forwarded responses; 429 and 503 always carry them (unless the policy says `headers: off`)";
+    RESPONSES_REFUSED: "responses.refused", "mapping", Unset("sluice's problem+json"), Reload,
+        "the answer when a limit refuses a request: `{ status, content_type, body_file, headers }`";
+    RESPONSES_REFUSED_STATUS: "responses.refused.status", "status", Derived("429 (a concurrency limit: 503)"), Reload,
+        "400 to 499, or 200";
+    RESPONSES_REFUSED_CONTENT_TYPE: "responses.refused.content_type", "text", Unset("written with `body_file`, which needs it"), Reload,
+        "the `Content-Type` of `body_file`";
+    RESPONSES_REFUSED_BODY_FILE: "responses.refused.body_file", "path", Unset("sluice's problem+json body"), Reload,
+        "the body, sent as it is; read when the configuration loads or reloads; at most 64 KiB";
+    RESPONSES_REFUSED_HEADERS: "responses.refused.headers", "mapping", Unset("no fields added"), Reload,
+        "fields added to the answer; not framing or hop-by-hop fields, `Content-Type`, `RateLimit*` or `Retry-After`";
+    RESPONSES_UNAVAILABLE: "responses.unavailable", "mapping", Unset("sluice's problem+json"), Reload,
+        "the answer when a limit cannot be checked and `on_failure` is `deny`: `{ status, content_type, body_file, headers }`";
+    RESPONSES_UNAVAILABLE_STATUS: "responses.unavailable.status", "status", Derived("503"), Reload,
+        "500 to 599, or 429";
+    RESPONSES_UNAVAILABLE_CONTENT_TYPE: "responses.unavailable.content_type", "text", Unset("written with `body_file`, which needs it"), Reload,
+        "the `Content-Type` of `body_file`";
+    RESPONSES_UNAVAILABLE_BODY_FILE: "responses.unavailable.body_file", "path", Unset("sluice's problem+json body"), Reload,
+        "the body, as for `refused`";
+    RESPONSES_UNAVAILABLE_HEADERS: "responses.unavailable.headers", "mapping", Unset("no fields added"), Reload,
+        "fields added to the answer, as for `refused`";
 }
 
 keys! { ENTRIES:
@@ -282,6 +302,8 @@ keys! { ENTRIES:
         "the most requests of one route waiting at once in this sidecar; past it, 429 and the turn given back";
     POLICY_NEAR_LIMIT: "policies.NAME.near_limit", "percentage", Value("80%"), Reload,
         "an admitted request that has used more than this share of the quota counts in `sluice_near_limit_total`";
+    POLICY_HEADERS: "policies.NAME.headers", "`on`, `off`", Value("on"), Reload,
+        "`off`: the policy is never announced: no `RateLimit`, `RateLimit-Policy` or `Retry-After` for it, nor a retry time in its default body";
     POLICY_RETRY_AFTER: "policies.NAME.retry_after", "duration", Value("1s"), Reload,
         "concurrency: `Retry-After` of the 503 over its limit; > 0";
     ROUTE_NAME: "routes[].name", "text", Required, Reload,
@@ -362,6 +384,8 @@ keys! { ENTRIES:
         "when the limit is charged";
     ROUTE_LIMITS_CHARGE_STATUSES: "routes[].limits[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,
         "only responses with one of these statuses are charged (`on: response`)";
+    ROUTE_RESPONSES: "routes[].responses", "mapping", Unset("the global `responses.refused` and `responses.unavailable`"), Reload,
+        "`{ refused, unavailable }`, each as under `responses`; each one written replaces the global one whole, for this route";
     ROUTE_UPGRADES: "routes[].upgrades", "list", Value("[websocket]"), Reload,
         "the `Upgrade` protocols the route passes on; `[]` passes none";
     DEFAULT_ROUTE_POLICY: "default.policy", "text", Required, Reload,
@@ -414,6 +438,8 @@ keys! { ENTRIES:
         "when the limit is charged";
     DEFAULT_ROUTE_LIMITS_CHARGE_STATUSES: "default.limits[].charge.statuses", "list of statuses", Unset("every status the app answers"), Reload,
         "only responses with one of these statuses are charged (`on: response`)";
+    DEFAULT_ROUTE_RESPONSES: "default.responses", "mapping", Unset("the global ones"), Reload,
+        "`{ refused, unavailable }`, as in a route";
     DEFAULT_ROUTE_UPGRADES: "default.upgrades", "list", Value("[websocket]"), Reload,
         "the `Upgrade` protocols passed on for it";
 }

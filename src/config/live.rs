@@ -145,4 +145,7 @@ pub struct Identity {
 pub struct Responses {
     /// Send `RateLimit` / `RateLimit-Policy` on forwarded responses too.
     pub ratelimit_headers_on_allowed: bool,
+    /// `refused` and `unavailable`: every route's, unless it writes its
+    /// own (already merged into each [`Route::answers`]).
+    pub answers: crate::route::Answers,
 }

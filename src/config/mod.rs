@@ -122,6 +122,12 @@ impl Config {
         describe::count_notes(self)
     }
 
+    /// What `sluice check` prints of custom refusals and unannounced
+    /// policies; empty when there are none.
+    pub fn answer_notes(&self) -> String {
+        describe::answer_notes(self)
+    }
+
     /// The warnings `sluice check` prints: tiers that believe no one,
     /// tokens checked for no audience or issuer.
     pub fn tier_warnings(&self) -> String {
@@ -129,6 +135,8 @@ impl Config {
     }
 }
 
+#[cfg(test)]
+mod answers_tests;
 #[cfg(test)]
 mod buffering_tests;
 #[cfg(test)]

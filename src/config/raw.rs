@@ -431,6 +431,26 @@ pub struct Jwt {
 #[serde(deny_unknown_fields, expecting = "a mapping")]
 pub struct Responses {
     pub ratelimit_headers_on_allowed: Option<Scalar>,
+    pub refused: Option<Answer>,
+    pub unavailable: Option<Answer>,
+}
+
+/// A route's own `responses:`: the answers only.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct RouteResponses {
+    pub refused: Option<Answer>,
+    pub unavailable: Option<Answer>,
+}
+
+/// `refused` / `unavailable`: `{ status, content_type, body_file, headers }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping")]
+pub struct Answer {
+    pub status: Option<Scalar>,
+    pub content_type: Option<Scalar>,
+    pub body_file: Option<Scalar>,
+    pub headers: Option<serde_yaml::Mapping>,
 }
 
 /// The parameters of one band, of any algorithm; `validate` refuses those
@@ -484,6 +504,8 @@ pub struct Policy {
     /// `off`, `on`, or [`Lease`]: read by the policy's validation.
     pub lease: Option<serde_yaml::Value>,
     pub near_limit: Option<Scalar>,
+    /// `on` / `off`: the rate-limit fields of the policy's answers.
+    pub headers: Option<Scalar>,
     pub delay: Option<Delay>,
 }
 
@@ -527,6 +549,7 @@ pub struct Route {
     pub charge: Option<Charge>,
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
+    pub responses: Option<RouteResponses>,
 }
 
 /// One entry of a route's `limits:`.
@@ -589,4 +612,5 @@ pub struct DefaultRoute {
     pub subject: Option<Subjects>,
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
+    pub responses: Option<RouteResponses>,
 }

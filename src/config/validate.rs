@@ -194,7 +194,7 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         // subjects are not refused for it too.
         jwt: identity.as_ref().is_none_or(|i| i.jwt.is_some()),
     };
-    let routes = route::routes(
+    let mut routes = route::routes(
         cx,
         &top.key("routes"),
         sections.remove("routes"),
@@ -202,13 +202,19 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         &rules,
         reads,
     );
-    let default = route::default_route(
+    let mut default = route::default_route(
         cx,
         &top.key("default"),
         sections.remove("default"),
         &policies,
         reads,
     );
+    // A route's own answers replace the global ones, each on its own.
+    if let Some(global) = responses.as_ref().map(|r| &r.answers) {
+        for route in routes.iter_mut().chain(default.as_mut()) {
+            route.answers = route.answers.or(global);
+        }
+    }
 
     if let (Some((boot, _)), Some(identity)) = (&server, &identity) {
         if boot.proxy_protocol.any() && identity.trusted_proxies.is_empty() {

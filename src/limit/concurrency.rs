@@ -17,6 +17,9 @@ pub struct Concurrency {
     pub limit: NonZeroU32,
     /// `Retry-After` of the 503 a request over the limit gets.
     pub retry_after: Duration,
+    /// Whether its answers carry `RateLimit-Policy` and `Retry-After`
+    /// (`headers: off`: not).
+    pub announce: bool,
 }
 
 /// What a route's limit names: a rate policy, evaluated by the store, or a
@@ -28,6 +31,14 @@ pub enum LimitPolicy {
 }
 
 impl LimitPolicy {
+    /// Whether its answers announce it (no `headers: off`).
+    pub fn announced(&self) -> bool {
+        match self {
+            LimitPolicy::Rate(p) => p.announce,
+            LimitPolicy::Concurrency(c) => c.announce,
+        }
+    }
+
     pub fn name(&self) -> &Arc<str> {
         match self {
             LimitPolicy::Rate(p) => &p.name,

@@ -38,6 +38,10 @@ pub struct Policy {
     /// 429, when the turn comes within `max_wait` (GCRA only; the bands
     /// carry `max_wait` too, for the step).
     pub delay: Option<DelayTerms>,
+    /// Whether its answers announce it: `RateLimit-Policy`, `RateLimit`
+    /// and `Retry-After` (`headers: off` for a limit against abuse, where
+    /// the quota would help the abuser).
+    pub announce: bool,
     /// Private with what is derived from it, so the two cannot disagree;
     /// derived once here rather than on every request.
     bands: Bands,
@@ -64,6 +68,7 @@ impl Policy {
             lease: None,
             near_limit: 80,
             delay: None,
+            announce: true,
             horizon: bands.horizon(),
             max_cost: bands.max_cost(),
             quotas: bands.quotas().into(),
@@ -95,6 +100,12 @@ impl Policy {
         self
     }
 
+    /// The policy announced in its answers, or not (`headers: off`).
+    pub fn with_headers(mut self, announce: bool) -> Policy {
+        self.announce = announce;
+        self
+    }
+
     /// Whether an admitted `decision` leaves less than the near-limit
     /// share of its binding band unused: more than `near_limit` percent of
     /// the quota is spent.
@@ -118,6 +129,7 @@ impl Policy {
         delayed.on_failure = self.on_failure;
         delayed.lease = self.lease;
         delayed.near_limit = self.near_limit;
+        delayed.announce = self.announce;
         delayed.delay = Some(delay);
         Some(delayed)
     }

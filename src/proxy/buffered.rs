@@ -280,6 +280,7 @@ impl Buffering {
                     name: policy.name.clone(),
                     limit: streaming_share(policy.limit),
                     retry_after: policy.retry_after,
+                    announce: policy.announce,
                 };
                 let noop = Gauge::noop();
                 match self.streaming.try_acquire(&share, &check.subject, &noop) {

@@ -23,6 +23,13 @@
 //! "SHOULD NOT reference a point in time earlier than the end of the
 //! effective window"). All times are whole seconds rounded up, so a client
 //! that waits as told is never early.
+//!
+//! A route may answer its refusals its own way (`responses.refused`,
+//! `responses.unavailable`: [`crate::route::Answers`]): its status, its
+//! body read from a file when the configuration loaded, fields of its own.
+//! A policy with `headers: off` is never announced: its answers carry no
+//! `RateLimit-Policy`, `RateLimit` or `Retry-After`, its default body no
+//! retry time nor quota, and no other answer of the route lists it.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -46,9 +53,11 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// otherwise be redone for every request, to produce the same bytes.
 #[derive(Debug)]
 pub struct Prepared {
-    /// `RateLimit-Policy`: every limit of the route, the same on every
-    /// response of the route.
-    policy_field: HeaderValue,
+    /// `RateLimit-Policy`: every announced limit of the route, the same on
+    /// every response of the route; `None` when none is.
+    policy_field: Option<HeaderValue>,
+    /// The limit's policy does not say `headers: off`.
+    announce: bool,
     /// The policy's name as the inside of a structured-field String.
     band_name: Box<str>,
     /// More than one band: members are named `<policy>-<i>`.
@@ -57,9 +66,11 @@ pub struct Prepared {
     /// empty for a concurrency policy.
     effective: Box<[Effective]>,
     /// 429 for a rate policy; for a concurrency policy, the 503 of a
-    /// request over its limit.
-    denied: Template,
-    unavailable: Template,
+    /// request over its limit (or the route's `refused`).
+    denied: Answer,
+    /// The 503 when the store cannot decide (or the route's
+    /// `unavailable`).
+    unavailable: Answer,
 }
 
 impl Prepared {
@@ -74,27 +85,43 @@ impl Prepared {
     pub fn for_tier(route: &Route, limit: usize, tier: u8) -> Prepared {
         let policy = &route.limits[limit].policy;
         let (route_name, name) = (&*route.name, &**policy.name());
+        let refused = route.answers.refused.as_deref();
         let denied = match policy {
-            LimitPolicy::Rate(_) => Template::new(
+            LimitPolicy::Rate(_) => Answer::new(
+                refused,
                 StatusCode::TOO_MANY_REQUESTS,
-                &format!("route \"{route_name}\" is limited by policy \"{name}\"; retry after "),
+                Detail {
+                    told: &format!(
+                        "route \"{route_name}\" is limited by policy \"{name}\"; retry after "
+                    ),
+                    untold: &format!("route \"{route_name}\" is limited by policy \"{name}\""),
+                },
                 route_name,
                 name,
             ),
-            LimitPolicy::Concurrency(c) => Template::new(
+            LimitPolicy::Concurrency(c) => Answer::new(
+                refused,
                 StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "route \"{route_name}\" has {} requests in flight under policy \"{name}\"; retry after ",
-                    c.limit
-                ),
+                Detail {
+                    told: &format!(
+                        "route \"{route_name}\" has {} requests in flight under policy \"{name}\"; retry after ",
+                        c.limit
+                    ),
+                    untold: &format!(
+                        "route \"{route_name}\" has too many requests in flight under policy \"{name}\""
+                    ),
+                },
                 route_name,
                 name,
             ),
         };
+        let policy_value = route_policy_value(route, tier);
         Prepared {
             // Built from printable ASCII only (see `push_band_name`).
-            policy_field: HeaderValue::from_str(&route_policy_value(route, tier))
-                .unwrap_or_else(|_| HeaderValue::from_static("")),
+            policy_field: (!policy_value.is_empty()).then(|| {
+                HeaderValue::from_str(&policy_value).unwrap_or_else(|_| HeaderValue::from_static(""))
+            }),
+            announce: policy.announced(),
             band_name: sf_string_inner(name).into(),
             several_bands: match policy {
                 LimitPolicy::Rate(p) => p.bands().len() > 1,
@@ -105,11 +132,17 @@ impl Prepared {
                 LimitPolicy::Concurrency(_) => Box::default(),
             },
             denied,
-            unavailable: Template::new(
+            unavailable: Answer::new(
+                route.answers.unavailable.as_deref(),
                 StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "the rate limit of route \"{route_name}\" could not be checked; retry after "
-                ),
+                Detail {
+                    told: &format!(
+                        "the rate limit of route \"{route_name}\" could not be checked; retry after "
+                    ),
+                    untold: &format!(
+                        "the rate limit of route \"{route_name}\" could not be checked"
+                    ),
+                },
                 route_name,
                 name,
             ),
@@ -223,50 +256,6 @@ impl Effective {
     }
 }
 
-/// A problem body whose one variable is the retry-after seconds, which
-/// close `detail` and fill `retry_after`: `head`, seconds, `mid`, seconds,
-/// `}`. Byte for byte what [`problem`] serializes (tested).
-#[derive(Debug)]
-struct Template {
-    head: Box<str>,
-    mid: Box<str>,
-}
-
-impl Template {
-    fn new(status: StatusCode, detail_before_seconds: &str, route: &str, policy: &str) -> Template {
-        let title = json_string(status.canonical_reason().unwrap_or("Error"));
-        // JSON escapes character by character, so the escaped detail is the
-        // escaped text before the seconds, the digits, then the rest.
-        let detail = json_string(detail_before_seconds);
-        let detail_open = detail.strip_suffix('"').unwrap_or(&detail);
-        Template {
-            head: format!(
-                r#"{{"type":"about:blank","title":{title},"status":{},"detail":{detail_open}"#,
-                status.as_u16()
-            )
-            .into(),
-            mid: format!(
-                r#" s","route":{},"policy":{},"retry_after":"#,
-                json_string(route),
-                json_string(policy)
-            )
-            .into(),
-        }
-    }
-
-    fn render(&self, retry_after: u64) -> Bytes {
-        let mut seconds = itoa::Buffer::new();
-        let seconds = seconds.format(retry_after).as_bytes();
-        concat(&[
-            self.head.as_bytes(),
-            seconds,
-            self.mid.as_bytes(),
-            seconds,
-            b"}",
-        ])
-    }
-}
-
 fn json_string(s: &str) -> String {
     // Serializing a string cannot fail.
     serde_json::to_string(s).unwrap_or_default()
@@ -285,11 +274,7 @@ fn concat(parts: &[&[u8]]) -> Bytes {
 /// 429: the subject is over the policy's limit.
 pub fn too_many_requests(prepared: &Prepared, decision: &Decision) -> Response<Body> {
     let retry_after = retry_after_secs(decision.retry_after);
-    let mut response = problem_response(
-        StatusCode::TOO_MANY_REQUESTS,
-        prepared.denied.render(retry_after),
-        Some(retry_after),
-    );
+    let mut response = prepared.denied.respond(retry_after, prepared.announce);
     add_ratelimit_headers(response.headers_mut(), prepared, decision);
     response
 }
@@ -298,14 +283,8 @@ pub fn too_many_requests(prepared: &Prepared, decision: &Decision) -> Response<B
 /// limit's).
 pub fn over_concurrency(prepared: &Prepared, retry_after: Duration) -> Response<Body> {
     let retry_after = retry_after_secs(retry_after);
-    let mut response = problem_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        prepared.denied.render(retry_after),
-        Some(retry_after),
-    );
-    response
-        .headers_mut()
-        .append(&RATELIMIT_POLICY, prepared.policy_field.clone());
+    let mut response = prepared.denied.respond(retry_after, prepared.announce);
+    add_policy_field(response.headers_mut(), prepared);
     response
 }
 
@@ -318,15 +297,13 @@ pub fn too_many_requests_local(
     decision: &Decision,
 ) -> Response<Body> {
     let retry_after = retry_after_secs(decision.retry_after);
-    let mut response = problem_response(
-        StatusCode::TOO_MANY_REQUESTS,
-        prepared.denied.render(retry_after),
-        Some(retry_after),
-    );
-    let headers = response.headers_mut();
-    headers.append(&RATELIMIT_POLICY, local_field.clone());
-    if let Some(value) = prepared.limit_value(decision) {
-        headers.append(&RATELIMIT, value);
+    let mut response = prepared.denied.respond(retry_after, prepared.announce);
+    if prepared.announce {
+        let headers = response.headers_mut();
+        headers.append(&RATELIMIT_POLICY, local_field.clone());
+        if let Some(value) = prepared.limit_value(decision) {
+            headers.append(&RATELIMIT, value);
+        }
     }
     response
 }
@@ -334,25 +311,25 @@ pub fn too_many_requests_local(
 /// 503: the store could not decide in time and `on_failure` is `deny`.
 pub fn unavailable(prepared: &Prepared, retry_after: Duration) -> Response<Body> {
     let retry_after = retry_after_secs(retry_after);
-    let mut response = problem_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        prepared.unavailable.render(retry_after),
-        Some(retry_after),
-    );
-    response
-        .headers_mut()
-        .append(&RATELIMIT_POLICY, prepared.policy_field.clone());
+    let mut response = prepared.unavailable.respond(retry_after, prepared.announce);
+    add_policy_field(response.headers_mut(), prepared);
     response
 }
 
 /// 503: the request and the store cannot be evaluated together (a
-/// configuration or store mismatch, whatever `on_failure` says).
+/// configuration or store mismatch, whatever `on_failure` says). To the
+/// client, the limit could not be checked: a route's own `unavailable`
+/// answers it too.
 pub fn incompatible(
+    prepared: &Prepared,
     route: &Route,
     policy: &Policy,
     reason: Incompatible,
     retry_after: Duration,
 ) -> Response<Body> {
+    if prepared.unavailable.custom || !prepared.announce {
+        return unavailable(prepared, retry_after);
+    }
     let retry_after = retry_after_secs(retry_after);
     let why = match reason {
         Incompatible::UnknownPolicy => "the store does not know the policy",
@@ -373,12 +350,24 @@ pub fn incompatible(
 
 /// Adds `RateLimit-Policy` and `RateLimit` for `decision`. Appended, not
 /// set: an upstream's own rate-limit fields describe its own limits.
+/// Nothing for a policy with `headers: off`.
 pub fn add_ratelimit_headers(headers: &mut HeaderMap, prepared: &Prepared, decision: &Decision) {
-    headers.append(&RATELIMIT_POLICY, prepared.policy_field.clone());
+    if !prepared.announce {
+        return;
+    }
+    add_policy_field(headers, prepared);
     // Built from printable ASCII only, so this never fails; a header is
     // dropped rather than a response lost if it ever did.
     if let Some(value) = prepared.limit_value(decision) {
         headers.append(&RATELIMIT, value);
+    }
+}
+
+/// `RateLimit-Policy` on an answer of an announced limit, when the route
+/// has one to list.
+fn add_policy_field(headers: &mut HeaderMap, prepared: &Prepared) {
+    if let (true, Some(field)) = (prepared.announce, &prepared.policy_field) {
+        headers.append(&RATELIMIT_POLICY, field.clone());
     }
 }
 
@@ -390,11 +379,13 @@ pub fn policy_field(policy: &Policy) -> HeaderValue {
     HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// Every limit of `route` that applies to a request of tier `tier`, in
-/// order, as `RateLimit-Policy` members.
+/// Every announced limit of `route` that applies to a request of tier
+/// `tier`, in order, as `RateLimit-Policy` members: one with `headers:
+/// off` is left out, so an answer of another limit does not reveal it.
 fn route_policy_value(route: &Route, tier: u8) -> String {
     let mut out = String::new();
-    for limit in route.limits.iter().filter(|l| l.applies(tier)) {
+    let listed = |l: &&crate::route::Limit| l.applies(tier) && l.policy.announced();
+    for limit in route.limits.iter().filter(listed) {
         if !out.is_empty() {
             out.push_str(", ");
         }
@@ -539,8 +530,12 @@ fn problem_response(status: StatusCode, json: Bytes, retry_after: Option<u64>) -
 }
 
 mod answers;
+mod refusal;
 
 pub use answers::*;
+use refusal::{Answer, Detail};
 
+#[cfg(test)]
+mod refusal_tests;
 #[cfg(test)]
 mod tests;

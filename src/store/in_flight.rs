@@ -152,6 +152,7 @@ mod tests {
             name: name.into(),
             limit: NonZeroU32::new(limit).unwrap(),
             retry_after: Duration::from_secs(1),
+            announce: true,
         }
     }
 

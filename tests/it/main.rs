@@ -15,6 +15,7 @@ mod clocks_and_cardinality;
 mod combined_subjects;
 mod config_check;
 mod connection_shares;
+mod custom_refusals;
 mod delay;
 mod e2e_limits;
 mod explain;

@@ -225,6 +225,15 @@ pub fn percent(s: &str) -> Result<u8, String> {
     Ok(n as u8)
 }
 
+/// `on` or `off`, as `true` and `false`.
+pub fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not `{s}`")),
+    }
+}
+
 pub fn boolean(s: &str) -> Result<bool, String> {
     match s {
         "true" => Ok(true),

@@ -184,9 +184,16 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         Some(explicit) => explicit,
         None => derived_revision(&bands),
     };
+    let headers = cx.defaulted(
+        path,
+        &keys::POLICY_HEADERS,
+        raw.headers.as_ref(),
+        check::on_off,
+    );
     let policy = Policy::new(name, revision, bands, shadow?)
         .with_on_failure(on_failure?)
-        .with_near_limit(near_limit?);
+        .with_near_limit(near_limit?)
+        .with_headers(headers?);
     let lease = lease?;
     if let (Some(_), Some(why)) = (lease, policy.lease_refused()) {
         cx.error(&path.key("lease"), At::Key, why);
@@ -314,7 +321,7 @@ fn concurrency(
             cx.error(
                 &path.key(key),
                 At::Key,
-                format!("`{key}` is not a parameter of concurrency; it takes limit, retry_after"),
+                format!("`{key}` is not a parameter of concurrency; it takes limit, retry_after, headers"),
             );
         }
     }
@@ -325,10 +332,17 @@ fn concurrency(
         raw.retry_after.as_ref(),
         check::positive_duration,
     );
+    let headers = cx.defaulted(
+        path,
+        &keys::POLICY_HEADERS,
+        raw.headers.as_ref(),
+        check::on_off,
+    );
     let concurrency = Concurrency {
         name: name.into(),
         limit: limit?,
         retry_after: retry_after?,
+        announce: headers?,
     };
     ok.then_some(concurrency)
 }

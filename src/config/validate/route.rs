@@ -16,7 +16,7 @@ use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{Underscores, DEFAULT_UPGRADES};
 use crate::limit::LimitPolicy;
 use crate::path::{self, PathRules};
-use crate::route::{Limit, Match, PathMatch, Route, Segment, Tiers};
+use crate::route::{Answers, Limit, Match, PathMatch, Route, Segment, Tiers};
 
 /// What the sections routes depend on let a request carry: headers
 /// spelled with `_`, and verified tokens (`identity.jwt`).
@@ -78,6 +78,7 @@ pub fn routes(
             Some(m) => matcher(cx, &at.key("match"), m, rules),
         };
         let upgrades = upgrades(cx, &at.key("upgrades"), raw.upgrades);
+        let answers = own_answers(cx, &at.key("responses"), raw.responses);
         let written = Written {
             policy: raw.policy,
             tiers: raw.tiers,
@@ -87,8 +88,8 @@ pub fn routes(
             limits: raw.limits,
         };
         let limits = limits(cx, &at, written, policies, reads);
-        if let (Some(name), Some(matcher), Some((limits, tiers)), Some(upgrades)) =
-            (name, matcher, limits, upgrades)
+        if let (Some(name), Some(matcher), Some((limits, tiers)), Some(upgrades), Some(answers)) =
+            (name, matcher, limits, upgrades, answers)
         {
             out.push(Route {
                 name: Arc::from(name.as_str()),
@@ -96,6 +97,7 @@ pub fn routes(
                 limits,
                 upgrades,
                 tiers,
+                answers,
             });
         }
     }
@@ -118,6 +120,7 @@ pub fn default_route(
                 limits: Vec::new(),
                 upgrades: default_upgrades(),
                 tiers: None,
+                answers: Answers::default(),
             })
         }
         Some(v) => cx.shape::<raw::DefaultRoute>(path, Some(v))?,
@@ -132,6 +135,7 @@ pub fn default_route(
     };
     let limits = limits(cx, path, written, policies, reads);
     let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
+    let answers = own_answers(cx, &path.key("responses"), raw.responses);
     let (limits, tiers) = limits?;
     Some(Route {
         name: Arc::from(DEFAULT_ROUTE),
@@ -139,7 +143,21 @@ pub fn default_route(
         limits,
         upgrades: upgrades?,
         tiers,
+        answers: answers?,
     })
+}
+
+/// A route's own `responses:` (`refused`, `unavailable`); the global ones
+/// fill in what it leaves out once every section is read.
+fn own_answers(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<raw::RouteResponses>,
+) -> Option<Answers> {
+    match raw {
+        None => Some(Answers::default()),
+        Some(raw) => super::sections::answers(cx, path, raw.refused, raw.unavailable),
+    }
 }
 
 /// What a route (or `default:`) writes about its limits: `policy` (or

@@ -62,17 +62,37 @@ struct Answer {
     outcome: &'static str,
     forwarded: bool,
     why: String,
+    /// Of an answer sluice gives itself: its `Content-Type` and the names
+    /// of its fields, as a client would get them (a route's own
+    /// `responses.refused` or `unavailable`, a policy's `headers: off`).
+    response: Option<Value>,
 }
 
 impl Answer {
     fn json(&self) -> Value {
-        json!({
+        let mut out = json!({
             "status": self.status.as_u16(),
             "outcome": self.outcome,
             "forwarded": self.forwarded,
             "why": self.why,
-        })
+        });
+        if let (Value::Object(map), Some(response)) = (&mut out, &self.response) {
+            map.insert("response".to_owned(), response.clone());
+        }
+        out
     }
+}
+
+/// What the client of an answer sluice gives itself would read of it.
+fn answered(response: &http::Response<super::body::Body>) -> Value {
+    let headers = response.headers();
+    let fields: Vec<&str> = headers.keys().map(|name| name.as_str()).collect();
+    json!({
+        "content_type": headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        "fields": fields,
+    })
 }
 
 /// The explanation of `described` under `runtime`, as JSON.
@@ -254,22 +274,18 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
             let (local, shared) = fallback.peek_all(&asked, live.store.local_share);
             let judged = match plan.settle(&local, &shared, live) {
                 Judgement::Refused(refusal) => {
-                    let status = refusal.response.status();
                     let check = refusal.check;
                     let route = &check.entry.route.name;
                     let policy = Some(&**check.limit().policy.name());
-                    (answer(status, &refusal.verdict, live), route, policy)
+                    let answer = answer(Some(&refusal.response), &refusal.verdict, live);
+                    (answer, route, policy)
                 }
                 Judgement::Passed(passed) => {
                     // As its first route counts it.
                     let entry = routed.matched.primary();
                     let (at, verdict) = passed.counted(0, &routed.checks);
                     let policy = entry.route.limits.get(at).map(|l| &**l.policy.name());
-                    (
-                        answer(StatusCode::OK, &verdict, live),
-                        &entry.route.name,
-                        policy,
-                    )
+                    (answer(None, &verdict, live), &entry.route.name, policy)
                 }
             };
             let (answer, route, policy) = judged;
@@ -345,11 +361,11 @@ fn limit(
             plan::local_verdict(failure, outcome, policy, &shared, responses, &live.store)
         }
     };
-    let status = match &action {
-        Action::Respond(response) => response.status(),
-        Action::Forward { .. } => StatusCode::OK,
+    let response = match &action {
+        Action::Respond(response) => Some(response),
+        Action::Forward { .. } => None,
     };
-    out.insert("answer".to_owned(), answer(status, &verdict, live).json());
+    out.insert("answer".to_owned(), answer(response, &verdict, live).json());
     Value::Object(out)
 }
 
@@ -376,12 +392,18 @@ fn charge(limit: &crate::route::Limit) -> Value {
     })
 }
 
-fn answer(status: StatusCode, verdict: &Verdict, live: &Live) -> Answer {
+/// `response`: sluice's own answer; `None` for a request forwarded.
+fn answer(
+    response: Option<&http::Response<super::body::Body>>,
+    verdict: &Verdict,
+    live: &Live,
+) -> Answer {
     Answer {
-        status,
+        status: response.map_or(StatusCode::OK, |r| r.status()),
         outcome: verdict.label(),
         forwarded: verdict.forwarded(),
         why: why(verdict, live),
+        response: response.map(answered),
     }
 }
 
@@ -502,13 +524,13 @@ fn why(verdict: &Verdict, live: &Live) -> String {
     match verdict {
         Verdict::Unlimited => "no limit applies (policy: none): forwarded".to_owned(),
         Verdict::Allowed => "within the limit: forwarded to the upstream".to_owned(),
-        Verdict::Denied => "over the limit: answered 429".to_owned(),
+        Verdict::Denied => "over the limit: refused (`responses.refused`, sluice's own 429 unless written)".to_owned(),
         Verdict::ShadowDenied => {
             "over the limit, but the policy is shadow: forwarded, counted as shadow_denied"
                 .to_owned()
         }
         Verdict::FailedClosed(f) => format!(
-            "no decision ({}); on_failure is deny, or a local decision could not be made: answered 503, Retry-After {}s",
+            "no decision ({}); on_failure is deny, or a local decision could not be made: answered as unavailable (`responses.unavailable`, sluice's own 503 unless written), Retry-After {}s",
             failure(f),
             live.store.failure_retry_after.as_secs()
         ),
@@ -521,7 +543,7 @@ fn why(verdict: &Verdict, live: &Live) -> String {
             live.store.local_share
         ),
         Verdict::LocalDenied => format!(
-            "the store cannot decide; on_failure is local: over this sidecar's share (each quota divided by store.local_share, {}): answered 429",
+            "the store cannot decide; on_failure is local: over this sidecar's share (each quota divided by store.local_share, {}): refused",
             live.store.local_share
         ),
         Verdict::LocalShadowDenied => {
@@ -529,10 +551,10 @@ fn why(verdict: &Verdict, live: &Live) -> String {
                 .to_owned()
         }
         Verdict::Incompatible(reason) => {
-            format!("the store cannot evaluate this policy ({reason:?}): answered 503")
+            format!("the store cannot evaluate this policy ({reason:?}): answered as unavailable")
         }
         Verdict::ConcurrencyDenied => {
-            "every place of a concurrency limit is taken: answered 503".to_owned()
+            "every place of a concurrency limit is taken: refused (sluice's own 503 unless `responses.refused` says otherwise)".to_owned()
         }
     }
 }

@@ -8,19 +8,19 @@ use crate::limit::algorithm::{evaluate, State};
 use crate::limit::{Bands, BucketBand, Concurrency, GcraBand, WindowBand};
 use crate::route::{Limit, Match, SubjectSource};
 
-fn window(limit: u32, window: Duration) -> WindowBand {
+pub(super) fn window(limit: u32, window: Duration) -> WindowBand {
     WindowBand {
         limit: NonZeroU32::new(limit).unwrap(),
         window,
     }
 }
 
-fn policy(name: &str, bands: Bands) -> Policy {
+pub(super) fn policy(name: &str, bands: Bands) -> Policy {
     Policy::new(name, "r1", bands, false)
 }
 
 /// Route `name` limited by each of `policies`, per client.
-fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
+pub(super) fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
     Route {
         name: Arc::from(name),
         matcher: Match::default(),
@@ -36,6 +36,7 @@ fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
             .collect(),
         upgrades: Arc::from(Vec::new()),
         tiers: None,
+        answers: Default::default(),
     }
 }
 
@@ -51,7 +52,7 @@ fn value(policy: &Policy) -> String {
     out
 }
 
-fn denied(band: usize, remaining: u64, reset: Duration, retry: Duration) -> Decision {
+pub(super) fn denied(band: usize, remaining: u64, reset: Duration, retry: Duration) -> Decision {
     Decision {
         allowed: false,
         band,
@@ -62,7 +63,7 @@ fn denied(band: usize, remaining: u64, reset: Duration, retry: Duration) -> Deci
     }
 }
 
-async fn json(response: Response<Body>) -> serde_json::Value {
+pub(super) async fn json(response: Response<Body>) -> serde_json::Value {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&bytes).unwrap()
 }
@@ -359,6 +360,7 @@ async fn every_limit_of_a_route_is_in_ratelimit_policy_and_concurrency_says_so()
         name: "in_flight".into(),
         limit: NonZeroU32::new(40).unwrap(),
         retry_after: Duration::from_millis(1500),
+        announce: true,
     };
     let r = route_of(
         "signup",

@@ -342,7 +342,9 @@ pub(in crate::proxy) fn decide(
     match outcome {
         Outcome::Allowed(decision) => {
             // A shadow policy is invisible to clients.
-            let show = live.responses.ratelimit_headers_on_allowed && !policy.shadow;
+            // Nor is one with `headers: off`.
+            let show =
+                live.responses.ratelimit_headers_on_allowed && !policy.shadow && policy.announce;
             let ratelimit = show.then_some(decision);
             Step::Decided(Verdict::Allowed, Action::Forward { ratelimit })
         }
@@ -357,7 +359,8 @@ pub(in crate::proxy) fn decide(
         Outcome::Unavailable(reason) => fail(Failure::Unavailable(reason), policy, responses, live),
         Outcome::Indeterminate => fail(Failure::Indeterminate, policy, responses, live),
         Outcome::Incompatible(reason) => {
-            let response = respond::incompatible(route, policy, reason, store.failure_retry_after);
+            let response =
+                respond::incompatible(responses, route, policy, reason, store.failure_retry_after);
             Step::Decided(Verdict::Incompatible(reason), Action::Respond(response))
         }
     }

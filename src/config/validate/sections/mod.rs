@@ -1,6 +1,7 @@
 //! The plain sections, a file each: server, upstream, store, identity,
 //! responses.
 
+mod answers;
 mod identity;
 mod responses;
 mod server;
@@ -13,6 +14,7 @@ use crate::config::locate::KeyPath;
 use crate::config::raw::{Scalar, ScalarList};
 use crate::config::validate::check;
 
+pub use answers::answers;
 pub use identity::{identity, networks};
 pub use responses::responses;
 pub use server::server;

@@ -1,4 +1,5 @@
-//! `responses`: what every answer carries.
+//! `responses`: what every answer carries, and the refusals in place of
+//! sluice's own.
 
 use crate::config::keys;
 use crate::config::locate::KeyPath;
@@ -13,7 +14,9 @@ pub fn responses(cx: &mut Checker<'_>, path: &KeyPath, raw: raw::Responses) -> O
         raw.ratelimit_headers_on_allowed.as_ref(),
         check::boolean,
     )?;
+    let answers = super::answers(cx, path, raw.refused, raw.unavailable);
     Some(Responses {
         ratelimit_headers_on_allowed: on_allowed,
+        answers: answers?,
     })
 }

@@ -1,5 +1,6 @@
-//! The compiled route table: the first route in file order whose methods and
-//! path match wins; `default` takes the rest.
+//! The compiled route table: the first route in file order whose methods,
+//! path and conditions (host, headers, query) match wins; `default` takes
+//! the rest.
 //!
 //! A table of more than a few routes also holds an [`index::Index`], so a
 //! request checks only the routes that could match its path. The table
@@ -7,8 +8,10 @@
 //! prepared responses) lives in the proxy, indexed by what [`RouteTable::find`]
 //! returns.
 
+mod conditions;
 mod index;
 mod matcher;
+pub mod query;
 mod subject;
 mod tiers;
 
@@ -19,6 +22,7 @@ use http::{HeaderName, Method};
 
 use crate::limit::LimitPolicy;
 
+pub use conditions::{host_name, Ambiguous, Conditions, Facts, HostPattern, Unmet, Wanted};
 pub use matcher::{Match, PathMatch, Segment};
 pub use subject::SubjectSource;
 pub use tiers::{TierBy, Tiers};
@@ -233,9 +237,17 @@ pub struct RouteTable {
     /// by header) is removed from every request its `trusted_from` did not
     /// send.
     tiers: Vec<Arc<Tiers>>,
-    /// The identity headers and every tier header: the headers a name
-    /// spelled with `_` must not stand for.
+    /// The identity headers, every tier header and every header a route's
+    /// conditions read: the headers a name spelled with `_` must not stand
+    /// for.
     read_headers: Vec<HeaderName>,
+    /// Every header a route's conditions read: refused when sent twice.
+    condition_headers: Vec<HeaderName>,
+    /// Every query parameter a route's conditions read (folded form):
+    /// refused when sent with two values.
+    condition_params: Vec<Box<[u8]>>,
+    /// Whether any route matches on the host.
+    reads_host: bool,
 }
 
 impl RouteTable {
@@ -272,8 +284,28 @@ impl RouteTable {
                 read_headers.push(header.clone());
             }
         }
+        let mut condition_headers: Vec<HeaderName> = Vec::new();
+        let mut condition_params: Vec<Box<[u8]>> = Vec::new();
+        for conditions in routes.iter().map(|r| &r.matcher.conditions) {
+            for (name, _) in &conditions.headers {
+                if !condition_headers.contains(name) {
+                    condition_headers.push(name.clone());
+                }
+                if !read_headers.contains(name) {
+                    read_headers.push(name.clone());
+                }
+            }
+            for (name, _) in &conditions.query {
+                if !condition_params.contains(name) {
+                    condition_params.push(name.clone());
+                }
+            }
+        }
         RouteTable {
             index: (routes.len() >= index::SCAN_BELOW).then(|| index::Index::new(routes)),
+            reads_host: routes.iter().any(|r| !r.matcher.conditions.hosts.is_empty()),
+            condition_headers,
+            condition_params,
             routes: routes
                 .iter()
                 .chain(std::iter::once(default))
@@ -299,8 +331,8 @@ impl RouteTable {
         &self.identity_headers
     }
 
-    /// Every header a route reads from the request: its subjects' and its
-    /// tiers'.
+    /// Every header a route reads from the request: its subjects', its
+    /// tiers' and its conditions'.
     pub fn read_headers(&self) -> &[HeaderName] {
         &self.read_headers
     }
@@ -311,12 +343,41 @@ impl RouteTable {
         &self.routes
     }
 
-    /// The position in [`RouteTable::routes`] of the route `method` and
-    /// `path` match. `path` is the request path without the query, in its
-    /// matching form ([`crate::path::normalize`]).
-    pub fn find(&self, method: &Method, path: &str) -> usize {
+    /// Whether any route matches on the host.
+    pub fn reads_host(&self) -> bool {
+        self.reads_host
+    }
+
+    /// Refuses a request that sends a header a route's conditions read
+    /// more than once, or such a query parameter with two values: checked
+    /// before routing, so no route is chosen by a copy the app may not
+    /// read.
+    pub fn check_conditions(
+        &self,
+        headers: &http::HeaderMap,
+        query: Option<&str>,
+    ) -> Result<(), Ambiguous> {
+        for name in &self.condition_headers {
+            let mut values = headers.get_all(name).iter();
+            if values.next().is_some() && values.next().is_some() {
+                return Err(Ambiguous::Header(name.clone()));
+            }
+        }
+        if let Some(q) = query.filter(|_| !self.condition_params.is_empty()) {
+            for name in &self.condition_params {
+                query::value_of(q, name).map_err(|()| Ambiguous::Query)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The position in [`RouteTable::routes`] of the route `method`,
+    /// `path` and `facts` match. `path` is the request path without the
+    /// query, in its matching form ([`crate::path::normalize`]). Conditions
+    /// are checked only on the routes whose path matched.
+    pub fn find(&self, method: &Method, path: &str, facts: &Facts) -> usize {
         let default = self.routes.len() - 1;
-        let matching = |i: usize| self.routes[i].matcher.matches(method, path);
+        let matching = |i: usize| self.routes[i].matcher.admits(method, path, facts);
         let found = match &self.index {
             Some(index) => index.first(path, matching),
             None => (0..default).find(|&i| matching(i)),
@@ -324,9 +385,16 @@ impl RouteTable {
         found.unwrap_or(default)
     }
 
-    /// The route `method` and `path` match.
+    /// The route `method` and `path` match, for a request `facts` describe.
+    pub fn route_for(&self, method: &Method, path: &str, facts: &Facts) -> &Route {
+        &self.routes[self.find(method, path, facts)]
+    }
+
+    /// The route `method` and `path` match for a request with no host,
+    /// headers or query.
+    #[cfg(test)]
     pub fn route(&self, method: &Method, path: &str) -> &Route {
-        &self.routes[self.find(method, path)]
+        self.route_for(method, path, &Facts::default())
     }
 }
 
@@ -342,6 +410,7 @@ mod tests {
                 path,
                 case_sensitive: true,
                 format_suffix: false,
+                conditions: Conditions::default(),
             },
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),

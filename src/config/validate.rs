@@ -8,6 +8,7 @@
 
 mod charge;
 pub(crate) mod check;
+mod conditions;
 mod policy;
 pub(crate) use policy::derived_revision;
 mod route;

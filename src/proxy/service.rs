@@ -524,6 +524,8 @@ pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
         Invalid::ConnectionNamesIdentity(_)
         | Invalid::Path(_)
         | Invalid::DuplicateIdentity(_)
+        | Invalid::DuplicateRouteHeader(_)
+        | Invalid::DuplicateRouteParameter
         | Invalid::ForwardedFor
         | Invalid::MethodOverride
         | Invalid::AsteriskForm
@@ -537,4 +539,4 @@ pub(super) mod on_response;
 pub(super) mod plan;
 mod prepare;
 
-pub(super) use prepare::{prepare, Destination, Matched, Routed};
+pub(super) use prepare::{facts, prepare, Destination, Matched, Routed};

@@ -228,6 +228,7 @@ mod tests {
                 path,
                 case_sensitive: rng.below(3) > 0,
                 format_suffix: rng.below(4) == 0,
+                conditions: Default::default(),
             },
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),

@@ -16,7 +16,7 @@ use crate::config::raw::{self, Scalar, ScalarList};
 use crate::config::{Underscores, DEFAULT_UPGRADES};
 use crate::limit::LimitPolicy;
 use crate::path::{self, PathRules};
-use crate::route::{Limit, Match, PathMatch, Route, Segment, Tiers};
+use crate::route::{Conditions, Limit, Match, PathMatch, Route, Segment, Tiers};
 
 /// What the sections routes depend on let a request carry: headers
 /// spelled with `_`, and verified tokens (`identity.jwt`).
@@ -398,15 +398,23 @@ fn matcher(
             None
         }
     };
+    let hosts = super::conditions::hosts(cx, &path.key("hosts"), raw.hosts);
+    let headers = super::conditions::headers(cx, &path.key("headers"), raw.headers);
+    let query = super::conditions::query(cx, &path.key("query"), raw.query);
     Some(Match {
         methods: methods?,
         path: path_match?,
         case_sensitive: case_sensitive?,
         format_suffix: format_suffix?,
+        conditions: Conditions {
+            hosts: hosts?,
+            headers: headers?,
+            query: query?,
+        },
     })
 }
 
-fn list(path: &KeyPath, raw: ScalarList) -> Vec<(KeyPath, Scalar)> {
+pub(super) fn list(path: &KeyPath, raw: ScalarList) -> Vec<(KeyPath, Scalar)> {
     match raw {
         ScalarList::One(s) => vec![(path.clone(), s)],
         ScalarList::Many(v) => v

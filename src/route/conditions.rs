@@ -83,8 +83,11 @@ impl Conditions {
     /// The first condition `facts` fails, `None` when all hold.
     pub fn unmet(&self, facts: &Facts) -> Option<Unmet> {
         if !self.hosts.is_empty() {
-            let host = facts.host.map(host_name)?;
-            if !self.hosts.iter().any(|p| p.matches(host)) {
+            let matched = facts
+                .host
+                .map(host_name)
+                .is_some_and(|host| self.hosts.iter().any(|p| p.matches(host)));
+            if !matched {
                 return Some(Unmet::Host);
             }
         }

@@ -132,6 +132,8 @@ impl Config {
 #[cfg(test)]
 mod buffering_tests;
 #[cfg(test)]
+mod conditions_tests;
+#[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]
 mod identity_tests;

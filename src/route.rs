@@ -303,7 +303,9 @@ impl RouteTable {
         }
         RouteTable {
             index: (routes.len() >= index::SCAN_BELOW).then(|| index::Index::new(routes)),
-            reads_host: routes.iter().any(|r| !r.matcher.conditions.hosts.is_empty()),
+            reads_host: routes
+                .iter()
+                .any(|r| !r.matcher.conditions.hosts.is_empty()),
             condition_headers,
             condition_params,
             routes: routes
@@ -365,7 +367,7 @@ impl RouteTable {
         }
         if let Some(q) = query.filter(|_| !self.condition_params.is_empty()) {
             for name in &self.condition_params {
-                query::value_of(q, name).map_err(|()| Ambiguous::Query)?;
+                query::value_of(q, name).map_err(|query::TwoValues| Ambiguous::Query)?;
             }
         }
         Ok(())

@@ -62,7 +62,10 @@ fn hosts_headers_and_query_are_read_beside_the_path() {
                 (HeaderName::from_static("x-key"), Wanted::Present),
             ],
             query: vec![
-                (query::fold_written("version"), Wanted::Value(b"2"[..].into())),
+                (
+                    query::fold_written("version"),
+                    Wanted::Value(b"2"[..].into())
+                ),
                 (query::fold_written("debug"), Wanted::Present),
             ],
         }
@@ -79,22 +82,82 @@ fn hosts_headers_and_query_are_read_beside_the_path() {
 #[test]
 fn conditions_that_could_never_match_are_refused_at_their_keys() {
     for (matcher, key, says) in [
-        (r#"{ hosts: ["*"] }"#, "routes[0].match.hosts[0]", "`*` stands only"),
-        ("{ hosts: [a.*.com] }", "routes[0].match.hosts[0]", "`*` stands only"),
-        ("{ hosts: [api.example.com:8080] }", "routes[0].match.hosts[0]", "without the port"),
+        (
+            r#"{ hosts: ["*"] }"#,
+            "routes[0].match.hosts[0]",
+            "`*` stands only",
+        ),
+        (
+            "{ hosts: [a.*.com] }",
+            "routes[0].match.hosts[0]",
+            "`*` stands only",
+        ),
+        (
+            "{ hosts: [api.example.com:8080] }",
+            "routes[0].match.hosts[0]",
+            "without the port",
+        ),
         ("{ hosts: [] }", "routes[0].match.hosts", "matches nothing"),
-        (r#"{ hosts: ["a b"] }"#, "routes[0].match.hosts[0]", "is not a host name"),
-        (r#"{ headers: { "": gold } }"#, "routes[0].match.headers", "not a valid header name"),
-        (r#"{ headers: { "X Tenant": gold } }"#, "routes[0].match.headers.X Tenant", "not a valid header name"),
-        ("{ headers: { Host: a.com } }", "routes[0].match.headers.Host", "`hosts`"),
-        ("{ headers: { Connection: close } }", "routes[0].match.headers.Connection", "hop-by-hop"),
-        ("{ headers: { X-Tenant: gold, x-tenant: silver } }", "routes[0].match.headers.x-tenant", "written twice"),
-        (r#"{ headers: { X-Tenant: " gold" } }"#, "routes[0].match.headers.X-Tenant", "spaces around"),
-        ("{ headers: { X-Tenant: { present: false } } }", "routes[0].match.headers.X-Tenant.present", "only `present: true`"),
-        ("{ headers: { X-Tenant: [a, b] } }", "routes[0].match.headers.X-Tenant", "`{ present: true }`"),
-        ("{ query: { a.b: 1, a_b: 2 } }", "routes[0].match.query.a_b", "written twice"),
-        (r#"{ query: { " ": 1 } }"#, "routes[0].match.query", "cannot be empty"),
-        ("{ query: { v: { exists: true } } }", "routes[0].match.query.v", "`{ present: true }`"),
+        (
+            r#"{ hosts: ["a b"] }"#,
+            "routes[0].match.hosts[0]",
+            "is not a host name",
+        ),
+        (
+            r#"{ headers: { "": gold } }"#,
+            "routes[0].match.headers",
+            "not a valid header name",
+        ),
+        (
+            r#"{ headers: { "X Tenant": gold } }"#,
+            "routes[0].match.headers.X Tenant",
+            "not a valid header name",
+        ),
+        (
+            "{ headers: { Host: a.com } }",
+            "routes[0].match.headers.Host",
+            "`hosts`",
+        ),
+        (
+            "{ headers: { Connection: close } }",
+            "routes[0].match.headers.Connection",
+            "hop-by-hop",
+        ),
+        (
+            "{ headers: { X-Tenant: gold, x-tenant: silver } }",
+            "routes[0].match.headers.x-tenant",
+            "written twice",
+        ),
+        (
+            r#"{ headers: { X-Tenant: " gold" } }"#,
+            "routes[0].match.headers.X-Tenant",
+            "spaces around",
+        ),
+        (
+            "{ headers: { X-Tenant: { present: false } } }",
+            "routes[0].match.headers.X-Tenant.present",
+            "only `present: true`",
+        ),
+        (
+            "{ headers: { X-Tenant: [a, b] } }",
+            "routes[0].match.headers.X-Tenant",
+            "`{ present: true }`",
+        ),
+        (
+            "{ query: { a.b: 1, a_b: 2 } }",
+            "routes[0].match.query.a_b",
+            "written twice",
+        ),
+        (
+            r#"{ query: { " ": 1 } }"#,
+            "routes[0].match.query",
+            "cannot be empty",
+        ),
+        (
+            "{ query: { v: { exists: true } } }",
+            "routes[0].match.query.v",
+            "`{ present: true }`",
+        ),
     ] {
         let errors = errors(matcher);
         assert_eq!(errors.len(), 1, "{matcher}: {errors:#?}");

@@ -221,7 +221,11 @@ fn conditions(c: &Conditions) -> String {
         parts.push(format!("{name}{}", wanted(w, ": ")));
     }
     for (name, w) in &c.query {
-        parts.push(format!("?{}{}", String::from_utf8_lossy(name), wanted(w, "=")));
+        parts.push(format!(
+            "?{}{}",
+            String::from_utf8_lossy(name),
+            wanted(w, "=")
+        ));
     }
     format!("[{}]", parts.join("; "))
 }

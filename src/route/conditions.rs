@@ -265,7 +265,10 @@ mod tests {
     fn query_parameters_match_as_the_app_decodes_them() {
         let c = Conditions {
             query: vec![
-                (query::fold_written("version"), Wanted::Value(b"2"[..].into())),
+                (
+                    query::fold_written("version"),
+                    Wanted::Value(b"2"[..].into()),
+                ),
                 (query::fold_written("debug"), Wanted::Present),
             ],
             ..Conditions::default()
@@ -284,7 +287,12 @@ mod tests {
         ] {
             assert!(check(q), "{q}");
         }
-        for q in ["version=2", "debug&version=3", "debug&version=2&version=3", "debug&Version=2"] {
+        for q in [
+            "version=2",
+            "debug&version=3",
+            "debug&version=2&version=3",
+            "debug&Version=2",
+        ] {
             assert!(!check(q), "{q}");
         }
     }

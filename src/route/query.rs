@@ -15,10 +15,13 @@
 /// The raw `(name, value)` of each non-empty parameter of `query`, in
 /// order, neither decoded.
 pub fn params(query: &str) -> impl Iterator<Item = (&[u8], &[u8])> {
-    query.split(['&', ';']).filter(|p| !p.is_empty()).map(|pair| {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (name.as_bytes(), value.as_bytes())
-    })
+    query
+        .split(['&', ';'])
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (name.as_bytes(), value.as_bytes())
+        })
 }
 
 /// `raw` as `application/x-www-form-urlencoded` decodes it: `+` is a
@@ -65,12 +68,16 @@ pub fn fold_written(name: &str) -> Box<[u8]> {
     folded_name(name.bytes()).collect()
 }
 
+/// A parameter sent with two values that differ once decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TwoValues;
+
 /// The decoded value of the parameter `name` (folded form), when the query
-/// holds it; `Err(())` when it holds it more than once with values that
+/// holds it; `Err(TwoValues)` when it holds it more than once with values that
 /// differ once decoded (frameworks disagree on which one they take: PHP
 /// and Express's `qs` the last or a list, Rails the last, Flask and
 /// Django's `GET[...]` the first, Go the first).
-pub fn value_of<'q>(query: &'q str, name: &[u8]) -> Result<Option<&'q [u8]>, ()> {
+pub fn value_of<'q>(query: &'q str, name: &[u8]) -> Result<Option<&'q [u8]>, TwoValues> {
     let mut found: Option<&[u8]> = None;
     for (raw_name, raw_value) in params(query) {
         if !name_is(raw_name, name) {
@@ -79,7 +86,7 @@ pub fn value_of<'q>(query: &'q str, name: &[u8]) -> Result<Option<&'q [u8]>, ()>
         match found {
             None => found = Some(raw_value),
             Some(first) if decoded(first).eq(decoded(raw_value)) => {}
-            Some(_) => return Err(()),
+            Some(_) => return Err(TwoValues),
         }
     }
     Ok(found)
@@ -89,7 +96,7 @@ pub fn value_of<'q>(query: &'q str, name: &[u8]) -> Result<Option<&'q [u8]>, ()>
 mod tests {
     use super::*;
 
-    fn value(query: &str, name: &str) -> Result<Option<Vec<u8>>, ()> {
+    fn value(query: &str, name: &str) -> Result<Option<Vec<u8>>, TwoValues> {
         value_of(query, &fold_written(name)).map(|v| v.map(|v| decoded(v).collect()))
     }
 
@@ -107,8 +114,14 @@ mod tests {
         assert_eq!(value("q=a+b%20c", "q"), Ok(Some(b"a b c".to_vec())));
         assert_eq!(value("debug", "debug"), Ok(Some(Vec::new())));
         assert_eq!(value("debug=", "debug"), Ok(Some(Vec::new())));
-        assert_eq!(value("api.version=3", "api_version"), Ok(Some(b"3".to_vec())));
-        assert_eq!(value("+api_version=3", "api.version"), Ok(Some(b"3".to_vec())));
+        assert_eq!(
+            value("api.version=3", "api_version"),
+            Ok(Some(b"3".to_vec()))
+        );
+        assert_eq!(
+            value("+api_version=3", "api.version"),
+            Ok(Some(b"3".to_vec()))
+        );
         for query in ["", "versions=2", "xversion=2", "&&", "v%65rsio=2"] {
             assert_eq!(value(query, "version"), Ok(None), "{query}");
         }
@@ -127,7 +140,7 @@ mod tests {
             } else {
                 "version"
             };
-            assert_eq!(value(query, name), Err(()), "{query}");
+            assert_eq!(value(query, name), Err(TwoValues), "{query}");
         }
     }
 }

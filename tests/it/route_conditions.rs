@@ -23,6 +23,7 @@ policies:
   p_keyed: {{ algorithm: fixed-window, limit: 5, window: 1h }}
   p_v2: {{ algorithm: fixed-window, limit: 6, window: 1h }}
   p_debug: {{ algorithm: fixed-window, limit: 7, window: 1h }}
+  p_local: {{ algorithm: fixed-window, limit: 8, window: 1h }}
   p_default: {{ algorithm: fixed-window, limit: 50, window: 1h }}
 routes:
   - {{ name: api, match: {{ path_prefix: /a, hosts: [api.example.com] }}, policy: p_api }}
@@ -31,6 +32,7 @@ routes:
   - {{ name: keyed, match: {{ path_prefix: /h, headers: {{ X-Key: {{ present: true }} }} }}, policy: p_keyed }}
   - {{ name: v2, match: {{ path_prefix: /q, query: {{ version: "2" }} }}, policy: p_v2 }}
   - {{ name: debug, match: {{ path_prefix: /q, query: {{ debug: {{ present: true }} }} }}, policy: p_debug }}
+  - {{ name: local, match: {{ path: /local, hosts: ["127.0.0.1"] }}, policy: p_local }}
   - {{ name: filler1, match: {{ path: /filler1 }}, policy: none }}
   - {{ name: filler2, match: {{ path: /filler2 }}, policy: none }}
 default:
@@ -79,7 +81,9 @@ async fn the_host_chooses_the_route_without_its_port_in_any_case() {
     let (status, h, _) = get(sluice.addr(), "/a", &host("api.example.com.")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
-        header(&h, "ratelimit").and_then(parse_ratelimit).map(|r| r.name),
+        header(&h, "ratelimit")
+            .and_then(parse_ratelimit)
+            .map(|r| r.name),
         Some("p_api".to_owned())
     );
     // One or more labels below example.com; never example.com itself.
@@ -112,16 +116,24 @@ async fn an_absolute_target_naming_another_host_than_host_is_refused() {
     let sluice = Sidecar::start(&config(&upstream));
     // The target's authority and Host agree (port and case aside): routed
     // by it.
-    let same =
-        raw_exchange(sluice.addr(), b"GET http://api.example.com/a HTTP/1.1\r\nHost: API.example.com:80\r\n\r\n")
-            .await;
+    let same = raw_exchange(
+        sluice.addr(),
+        b"GET http://api.example.com/a HTTP/1.1\r\nHost: API.example.com:80\r\n\r\n",
+    )
+    .await;
     assert_eq!(same.status, 200, "{}", same.head);
-    assert!(same.head.to_ascii_lowercase().contains("\"p_api\""), "{}", same.head);
+    assert!(
+        same.head.to_ascii_lowercase().contains("\"p_api\""),
+        "{}",
+        same.head
+    );
     // They disagree: the app may read either, so neither chooses a route.
     let forwarded = upstream.count();
-    let other =
-        raw_exchange(sluice.addr(), b"GET http://api.example.com/a HTTP/1.1\r\nHost: eu.example.com\r\n\r\n")
-            .await;
+    let other = raw_exchange(
+        sluice.addr(),
+        b"GET http://api.example.com/a HTTP/1.1\r\nHost: eu.example.com\r\n\r\n",
+    )
+    .await;
     assert_eq!(other.status, 400, "{}", other.head);
     assert_eq!(upstream.count(), forwarded, "nothing forwarded");
 }
@@ -130,11 +142,21 @@ async fn an_absolute_target_naming_another_host_than_host_is_refused() {
 async fn http2_authority_chooses_the_route() {
     let upstream = Upstream::start().await;
     let sluice = Sidecar::start(&config(&upstream));
-    // `:authority` is 127.0.0.1:PORT: no host route matches it.
+    // `:authority` is 127.0.0.1:PORT, with no Host field.
+    let (status, h, _) = request_h2(sluice.addr(), Method::GET, "/local", Bytes::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    let item = header(&h, "ratelimit")
+        .and_then(parse_ratelimit)
+        .expect("RateLimit");
+    assert_eq!((item.name.as_str(), item.param("r")), ("p_local", Some(7)));
+    // And HTTP/1's `Host: 127.0.0.1:PORT` the same.
+    assert_eq!(charged(&sluice, "/local", &[]).await, is("p_local", 6));
     let (status, h, _) = request_h2(sluice.addr(), Method::GET, "/a", Bytes::new()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
-        header(&h, "ratelimit").and_then(parse_ratelimit).map(|r| r.name),
+        header(&h, "ratelimit")
+            .and_then(parse_ratelimit)
+            .map(|r| r.name),
         Some("p_default".to_owned())
     );
 }
@@ -162,7 +184,12 @@ async fn a_header_chooses_the_route_by_its_exact_value_or_its_presence() {
         is("p_keyed", 4)
     );
     assert_eq!(
-        charged(&sluice, "/h/deeper", &[("x-tenant", "silver"), ("x-key", "k1")]).await,
+        charged(
+            &sluice,
+            "/h/deeper",
+            &[("x-tenant", "silver"), ("x-key", "k1")]
+        )
+        .await,
         is("p_keyed", 3)
     );
     assert_eq!(charged(&sluice, "/h", &[]).await, is("p_default", 48));
@@ -206,7 +233,11 @@ async fn a_query_parameter_chooses_the_route_as_the_app_decodes_it() {
         "/q?+version=2",
     ] {
         left -= 1;
-        assert_eq!(charged(&sluice, path, &[]).await, is("p_v2", left), "{path}");
+        assert_eq!(
+            charged(&sluice, path, &[]).await,
+            is("p_v2", left),
+            "{path}"
+        );
     }
     assert_eq!(charged(&sluice, "/q?debug", &[]).await, is("p_debug", 6));
     assert_eq!(

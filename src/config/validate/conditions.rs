@@ -15,9 +15,15 @@ const NOT_MATCHED: [(&str, &str); 7] = [
     ("host", "match the host with `hosts`"),
     ("connection", "a hop-by-hop header never reaches the app"),
     ("keep-alive", "a hop-by-hop header never reaches the app"),
-    ("proxy-connection", "a hop-by-hop header never reaches the app"),
+    (
+        "proxy-connection",
+        "a hop-by-hop header never reaches the app",
+    ),
     ("te", "a hop-by-hop header never reaches the app"),
-    ("transfer-encoding", "a hop-by-hop header never reaches the app"),
+    (
+        "transfer-encoding",
+        "a hop-by-hop header never reaches the app",
+    ),
     ("upgrade", "a hop-by-hop header never reaches the app"),
 ];
 
@@ -120,11 +126,7 @@ pub fn headers(
         let name = match HeaderName::from_bytes(text.trim().as_bytes()) {
             Ok(name) => name,
             Err(_) => {
-                cx.error(
-                    &at,
-                    At::Key,
-                    format!("`{text}` is not a valid header name"),
-                );
+                cx.error(&at, At::Key, format!("`{text}` is not a valid header name"));
                 ok = false;
                 continue;
             }
@@ -262,8 +264,14 @@ mod tests {
     #[test]
     fn host_patterns() {
         for (s, want) in [
-            ("api.example.com", HostPattern::Exact("api.example.com".into())),
-            ("API.Example.com.", HostPattern::Exact("api.example.com".into())),
+            (
+                "api.example.com",
+                HostPattern::Exact("api.example.com".into()),
+            ),
+            (
+                "API.Example.com.",
+                HostPattern::Exact("api.example.com".into()),
+            ),
             ("*.example.com", HostPattern::Below(".example.com".into())),
             ("10.0.0.1", HostPattern::Exact("10.0.0.1".into())),
             ("[::1]", HostPattern::Exact("[::1]".into())),

@@ -5,6 +5,7 @@
 //! and how much of it is left.
 
 use crate::support::client::{raw_exchange, request_h2};
+use crate::support::sidecar::{run_binary, write_config};
 use crate::support::{get, header, parse_ratelimit, Sidecar, Upstream};
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -271,4 +272,65 @@ async fn a_query_parameter_chooses_the_route_as_the_app_decodes_it() {
         );
     }
     assert_eq!(upstream.count(), forwarded);
+}
+
+/// `sluice check` shows each route's conditions beside its path, and
+/// `--explain` names the condition that passed over a route (never a
+/// value the request sent).
+#[tokio::test]
+async fn check_shows_the_conditions_and_explain_why_a_route_was_passed_over() {
+    let upstream = Upstream::start().await;
+    let (dir, path) = write_config(&config(&upstream));
+    let path = path.to_str().expect("a UTF-8 path");
+    let (code, table, stderr) = run_binary(&["check", "--config", path], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    for shown in [
+        "prefix /a [host api.example.com]",
+        "prefix /a [host *.example.com]",
+        "prefix /h [x-tenant: gold]",
+        "prefix /h [x-key present]",
+        "prefix /q [?version=2]",
+        "prefix /q [?debug present]",
+    ] {
+        assert!(table.contains(shown), "{shown} in\n{table}");
+    }
+    let explain = |described: serde_json::Value| {
+        let file = dir.path().join("request.json");
+        std::fs::write(&file, described.to_string()).expect("write the request");
+        let file = file.to_str().expect("a UTF-8 path");
+        let (code, stdout, stderr) =
+            run_binary(&["check", "--config", path, "--explain", file], &[]);
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(&stdout).expect("JSON on stdout")
+    };
+    let explained = explain(serde_json::json!({
+        "method": "GET", "path": "/h", "headers": { "X-Tenant": "silver-secret" }
+    }));
+    assert_eq!(explained["routes"][0]["route"], "default", "{explained}");
+    assert_eq!(
+        explained["passed_over"],
+        serde_json::json!([
+            { "route": "gold", "unmet": "header x-tenant" },
+            { "route": "keyed", "unmet": "header x-key" },
+        ]),
+        "{explained}"
+    );
+    assert!(!explained.to_string().contains("silver-secret"));
+    let explained = explain(serde_json::json!({
+        "method": "GET", "path": "http://eu.example.com/a?debug"
+    }));
+    assert_eq!(explained["routes"][0]["route"], "tenants", "{explained}");
+    assert_eq!(
+        explained["passed_over"],
+        serde_json::json!([{ "route": "api", "unmet": "host" }]),
+        "{explained}"
+    );
+    let explained = explain(serde_json::json!({
+        "method": "GET", "path": "/q?version=1&version=2"
+    }));
+    assert_eq!(explained["answer"]["status"], 400, "{explained}");
+    assert_eq!(
+        explained["refused"]["label"], "duplicate_route_parameter",
+        "{explained}"
+    );
 }

@@ -355,6 +355,68 @@ mod tests {
         assert_eq!(find("/nowhere", &facts), (None, 0));
     }
 
+    /// The workload `bench/route_conditions.sh` counts instructions of
+    /// under callgrind: `SLUICE_BENCH_ROUTES` routes (1,000 unless set),
+    /// each a path of its own with a host, a header and a query condition,
+    /// and 10,000 lookups spread over them, half meeting the conditions.
+    /// Not a test: it asserts nothing about time.
+    #[test]
+    #[ignore = "a workload for bench/route_conditions.sh"]
+    fn lookup_workload() {
+        use crate::route::{Conditions, Facts, HostPattern, RouteTable, Wanted};
+        let n: usize = std::env::var("SLUICE_BENCH_ROUTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        let conditions = Conditions {
+            hosts: vec![
+                HostPattern::Exact("api.example.com".into()),
+                HostPattern::Below(".example.com".into()),
+            ],
+            headers: vec![(
+                http::HeaderName::from_static("x-tenant"),
+                Wanted::Value(b"gold"[..].into()),
+            )],
+            query: vec![(b"version"[..].into(), Wanted::Value(b"2"[..].into()))],
+        };
+        let routes: Vec<Route> = (0..n)
+            .map(|i| Route {
+                name: Arc::from(format!("r{i}")),
+                matcher: Match {
+                    path: PathMatch::Prefix(format!("/api/r{i}")),
+                    conditions: conditions.clone(),
+                    ..Match::default()
+                },
+                limits: Vec::new(),
+                upgrades: Arc::from(Vec::new()),
+                tiers: None,
+            })
+            .collect();
+        let default = Route {
+            name: Arc::from("default"),
+            ..routes[0].clone()
+        };
+        let table = RouteTable::new(&routes, &default);
+        let mut gold = http::HeaderMap::new();
+        gold.insert("x-tenant", http::HeaderValue::from_static("gold"));
+        let paths: Vec<String> = (0..n).map(|i| format!("/api/r{i}/items/7")).collect();
+        let mut matched = 0;
+        for k in 0..10_000 {
+            let facts = Facts {
+                host: Some(if k % 2 == 0 {
+                    "eu.example.com:443"
+                } else {
+                    "other.org"
+                }),
+                headers: Some(&gold),
+                query: Some("page=3&version=2"),
+            };
+            let at = table.find(&Method::GET, &paths[k % n], &facts);
+            matched += usize::from(at < n);
+        }
+        assert_eq!(matched, 5_000);
+    }
+
     #[test]
     fn a_path_hashed_in_pieces_hashes_as_a_whole() {
         let index = Index::new(&[]);

@@ -11,7 +11,7 @@
 //! them, and sluice cannot know which; matching as if it held either (or
 //! neither) would let a client choose the looser route.
 
-use http::header::{HeaderMap, HeaderName};
+use http::header::{HeaderMap, HeaderName, CONNECTION};
 
 use super::query;
 
@@ -93,7 +93,12 @@ impl Conditions {
         }
         for (name, wanted) in &self.headers {
             // Sent once at most: a second copy is refused before routing.
-            let value = facts.headers.and_then(|h| h.get(name));
+            // One `Connection` names is removed before forwarding: the app
+            // never sees it, so neither does the match.
+            let value = facts
+                .headers
+                .filter(|h| !named_by_connection(h, name))
+                .and_then(|h| h.get(name));
             let holds = match (wanted, value) {
                 (_, None) => false,
                 (Wanted::Present, Some(_)) => true,
@@ -118,6 +123,19 @@ impl Conditions {
         }
         None
     }
+}
+
+/// Whether `Connection` names `name` (RFC 9110 §7.6.1: sluice removes it).
+fn named_by_connection(headers: &HeaderMap, name: &HeaderName) -> bool {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .any(|token| {
+            token
+                .trim_ascii()
+                .eq_ignore_ascii_case(name.as_str().as_bytes())
+        })
 }
 
 impl HostPattern {
@@ -258,7 +276,17 @@ mod tests {
             check(&with(&[(&tenant, "gold")])),
             Some(Unmet::Header(key.clone()))
         );
-        assert_eq!(check(&with(&[])), Some(Unmet::Header(tenant)));
+        assert_eq!(check(&with(&[])), Some(Unmet::Header(tenant.clone())));
+        // Named by `Connection`, it is removed before the app sees it.
+        let connection = http::header::CONNECTION;
+        assert_eq!(
+            check(&with(&[
+                (&tenant, "gold"),
+                (&key, "k"),
+                (&connection, "keep-alive, X-API-Key")
+            ])),
+            Some(Unmet::Header(key))
+        );
     }
 
     #[test]

@@ -194,6 +194,12 @@ async fn a_header_chooses_the_route_by_its_exact_value_or_its_presence() {
         is("p_keyed", 3)
     );
     assert_eq!(charged(&sluice, "/h", &[]).await, is("p_default", 48));
+    // Named by `Connection`, a header is removed before the app sees it:
+    // no route matches it either.
+    assert_eq!(
+        charged(&sluice, "/h", &[("x-key", "k2"), ("connection", "X-Key")]).await,
+        is("p_default", 47)
+    );
 
     // Sent twice, whatever the values: refused, nothing forwarded, nothing
     // charged.

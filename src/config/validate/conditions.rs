@@ -11,7 +11,7 @@ use crate::route::{query, HostPattern, Wanted};
 
 /// Headers that never reach the app as sent, or that have a key of their
 /// own: a route matching on them would match what the app never sees.
-const NOT_MATCHED: [(&str, &str); 7] = [
+const NOT_MATCHED: [(&str, &str); 11] = [
     ("host", "match the host with `hosts`"),
     ("connection", "a hop-by-hop header never reaches the app"),
     ("keep-alive", "a hop-by-hop header never reaches the app"),
@@ -25,6 +25,19 @@ const NOT_MATCHED: [(&str, &str); 7] = [
         "a hop-by-hop header never reaches the app",
     ),
     ("upgrade", "a hop-by-hop header never reaches the app"),
+    (
+        "proxy-authenticate",
+        "a hop-by-hop header never reaches the app",
+    ),
+    (
+        "proxy-authorization",
+        "a hop-by-hop header never reaches the app",
+    ),
+    ("trailer", "a hop-by-hop header never reaches the app"),
+    (
+        "http2-settings",
+        "a hop-by-hop header never reaches the app",
+    ),
 ];
 
 pub fn hosts(

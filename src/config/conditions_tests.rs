@@ -119,6 +119,16 @@ fn conditions_that_could_never_match_are_refused_at_their_keys() {
             "`hosts`",
         ),
         (
+            "{ headers: { X-Forwarded-Proto: https } }",
+            "routes[0].match.headers.X-Forwarded-Proto",
+            "trusted proxy",
+        ),
+        (
+            "{ headers: { X-Real-IP: 10.0.0.1 } }",
+            "routes[0].match.headers.X-Real-IP",
+            "trusted proxy",
+        ),
+        (
             "{ headers: { Connection: close } }",
             "routes[0].match.headers.Connection",
             "hop-by-hop",

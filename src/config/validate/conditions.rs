@@ -40,6 +40,15 @@ const NOT_MATCHED: [(&str, &str); 11] = [
     ),
 ];
 
+/// The headers naming the client's address or the original request
+/// (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`, ...), which sluice rewrites
+/// before forwarding when no trusted proxy sent them.
+fn is_address_claim(name: &HeaderName) -> bool {
+    use crate::proxy::headers::{is_claim, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+    use crate::subject::resolve::X_FORWARDED_FOR;
+    is_claim(name) || [&X_FORWARDED_FOR, &X_FORWARDED_HOST, &X_FORWARDED_PROTO].contains(&name)
+}
+
 pub fn hosts(
     cx: &mut Checker<'_>,
     path: &KeyPath,
@@ -146,6 +155,15 @@ pub fn headers(
         };
         if let Some((_, why)) = NOT_MATCHED.iter().find(|(n, _)| *n == name.as_str()) {
             cx.error(&at, At::Key, format!("`{text}`: {why}"));
+            ok = false;
+            continue;
+        }
+        if is_address_claim(&name) {
+            cx.error(
+                &at,
+                At::Key,
+                format!("`{text}`: sluice rewrites or removes this header unless a trusted proxy sent it, so the app would not see what the route matched"),
+            );
             ok = false;
             continue;
         }

@@ -177,3 +177,20 @@ fn conditions_that_could_never_match_are_refused_at_their_keys() {
         );
     }
 }
+
+#[test]
+fn a_route_matching_on_a_tier_header_is_refused() {
+    let text = format!(
+        "{BASE}  - {{ name: plans, tiers: {{ header: X-Plan, trusted_from: [10.0.0.0/8], policies: {{ pro: p }}, default: p }} }}
+  - {{ name: r, policy: p, match: {{ headers: {{ X-Plan: pro }} }} }}\n"
+    );
+    let errors: Vec<String> = match parse(&text) {
+        Ok(_) => panic!("should be refused"),
+        Err(e) => e.iter().map(|e| e.to_string()).collect(),
+    };
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].contains("routes[1].match.headers") && errors[0].contains("tiers"),
+        "{errors:#?}"
+    );
+}

@@ -210,6 +210,7 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         &policies,
         reads,
     );
+    conditions::not_on_tier_headers(cx, &top.key("routes"), &routes, default.as_ref());
 
     if let (Some((boot, _)), Some(identity)) = (&server, &identity) {
         if boot.proxy_protocol.any() && identity.trusted_proxies.is_empty() {

@@ -7,7 +7,7 @@ use serde_yaml::{Mapping, Value};
 use super::check::Checker;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::ScalarList;
-use crate::route::{query, HostPattern, Wanted};
+use crate::route::{query, HostPattern, Route, Wanted};
 
 /// Headers that never reach the app as sent, or that have a key of their
 /// own: a route matching on them would match what the app never sees.
@@ -182,6 +182,33 @@ pub fn headers(
         }
     }
     ok.then_some(out)
+}
+
+/// Refuses a route matching on a header some route's tiers are chosen by:
+/// sluice removes it from every request its `trusted_from` did not send,
+/// so a client could pick the route by a header the app never sees.
+pub fn not_on_tier_headers(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    routes: &[Route],
+    default: Option<&Route>,
+) {
+    let tier_headers: Vec<&HeaderName> = routes
+        .iter()
+        .chain(default)
+        .filter_map(|r| r.tiers.as_ref()?.header())
+        .collect();
+    for (i, route) in routes.iter().enumerate() {
+        for (name, _) in &route.matcher.conditions.headers {
+            if tier_headers.contains(&name) {
+                cx.error(
+                    &path.index(i).key("match").key("headers"),
+                    At::Value,
+                    format!("`{name}` chooses a route's tiers: sluice removes it from requests no `trusted_from` sent, so the app would not see what the route matched"),
+                );
+            }
+        }
+    }
 }
 
 /// A header's value as parsers give it: printable, without the spaces

@@ -9,6 +9,7 @@
 mod charge;
 pub(crate) mod check;
 mod conditions;
+mod matcher;
 mod policy;
 pub(crate) use policy::derived_revision;
 mod route;

@@ -57,7 +57,7 @@ pub fn hosts(
     let Some(raw) = raw else {
         return Some(Vec::new());
     };
-    let items = super::route::list(path, raw);
+    let items = super::matcher::list(path, raw);
     if items.is_empty() {
         cx.error(
             path,

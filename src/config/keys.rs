@@ -293,7 +293,7 @@ keys! { ENTRIES:
     ROUTE_MATCH_HEADERS: "routes[].match.headers", "mapping", Unset("any headers"), Reload,
         "`NAME: VALUE`, the value exactly as sent (case-sensitive), or `NAME: { present: true }`, sent with any value; a request sending one of these headers twice is refused (400)";
     ROUTE_MATCH_QUERY: "routes[].match.query", "mapping", Unset("any query"), Reload,
-        "`NAME: VALUE` or `NAME: { present: true }`, names and values as the app decodes them (`%76ersion` is `version`, `+` a space); a request giving one of these parameters two different values is refused (400)";
+        "`NAME: VALUE` or `NAME: { present: true }`, names and values as the app decodes them (`%76ersion` is `version`, `+` a space; names in any case); a request giving one of these parameters two different values is refused (400)";
     ROUTE_POLICY: "routes[].policy", "text", Required, Reload,
         "a policy's name, or `none` for no limit; unless `limits` is written";
     ROUTE_SUBJECT: "routes[].subject", "list", Value("client_ip"), Reload,

@@ -319,9 +319,10 @@ mod tests {
             "version=2",
             "debug&version=3",
             "debug&version=2&version=3",
-            "debug&Version=2",
+            "debug&version=Two",
         ] {
             assert!(!check(q), "{q}");
         }
+        assert!(check("debug&Version=2"), "any case, as ASP.NET reads names");
     }
 }

@@ -10,6 +10,8 @@
 //!   `_` (`?.method=DELETE` is `$_GET['_method']`): names are compared in
 //!   that form, so `a.b` and `a_b` are one name to sluice (matching more
 //!   spellings than one app routes can only over-limit);
+//! - route conditions compare names in any ASCII case, as ASP.NET reads
+//!   them (`?Version=2` is `version` there); `_method` only as written;
 //! - a parameter without `=` is present with an empty value (`?debug`).
 
 /// The raw `(name, value)` of each non-empty parameter of `query`, in
@@ -63,16 +65,29 @@ pub fn name_is(raw: &[u8], name: &[u8]) -> bool {
     folded_name(decoded(raw)).eq(name.iter().copied())
 }
 
-/// The form a configured name is compared in (written decoded).
+/// The form a route's parameter name is compared in (written decoded):
+/// PHP's, and ASCII lower-case, as ASP.NET reads names in any case
+/// (matching more spellings than one app reads can only over-limit).
 pub fn fold_written(name: &str) -> Box<[u8]> {
-    folded_name(name.bytes()).collect()
+    folded_name(name.bytes())
+        .map(|b| b.to_ascii_lowercase())
+        .collect()
+}
+
+/// Whether the raw parameter name `raw` is `name` (given as
+/// [`fold_written`] gives it) once decoded and folded, in any case.
+pub fn route_name_is(raw: &[u8], name: &[u8]) -> bool {
+    folded_name(decoded(raw))
+        .map(|b| b.to_ascii_lowercase())
+        .eq(name.iter().copied())
 }
 
 /// A parameter sent with two values that differ once decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TwoValues;
 
-/// The decoded value of the parameter `name` (folded form), when the query
+/// The decoded value of the parameter `name` ([`fold_written`]'s form),
+/// in any spelling, when the query
 /// holds it; `Err(TwoValues)` when it holds it more than once with values that
 /// differ once decoded (frameworks disagree on which one they take: PHP
 /// and Express's `qs` the last or a list, Rails the last, Flask and
@@ -80,7 +95,7 @@ pub struct TwoValues;
 pub fn value_of<'q>(query: &'q str, name: &[u8]) -> Result<Option<&'q [u8]>, TwoValues> {
     let mut found: Option<&[u8]> = None;
     for (raw_name, raw_value) in params(query) {
-        if !name_is(raw_name, name) {
+        if !route_name_is(raw_name, name) {
             continue;
         }
         match found {
@@ -134,6 +149,7 @@ mod tests {
             "version=2&%76ersion=1",
             "version=2;version",
             "api.version=1&api_version=2",
+            "version=1&Version=2",
         ] {
             let name = if query.starts_with("api") {
                 "api_version"

@@ -252,7 +252,7 @@ pub fn query(
             cx.error(
                 &at,
                 At::Key,
-                format!("`{text}` is written twice (`.`, `_` and a space are one character in a parameter's name)"),
+                format!("`{text}` is written twice (names match in any case, and `.`, `_` and a space are one character in them)"),
             );
             ok = false;
             continue;

@@ -15,6 +15,7 @@ fn config(upstream: &Upstream) -> String {
         r#"version: 1
 server:
   listen: 127.0.0.1:0
+  admin: 127.0.0.1:0
 upstream:
   url: {url}
 policies:
@@ -58,6 +59,18 @@ async fn charged(sluice: &Sidecar, path: &str, headers: &[(&str, &str)]) -> (Str
         .unwrap_or_else(|| panic!("{path} {headers:?}: no RateLimit"));
     let left = item.param("r").expect("r");
     (item.name, left)
+}
+
+/// `sluice_requests_refused_total{reason}`.
+async fn refused(sluice: &Sidecar, reason: &str) -> f64 {
+    let admin = sluice.admin_addr().expect("an admin listener");
+    let text = crate::support::ops::scrape(admin).await;
+    crate::support::ops::metric(
+        &text,
+        "sluice_requests_refused_total",
+        &[("reason", reason)],
+    )
+    .unwrap_or(0.0)
 }
 
 fn is(policy: &str, left: u64) -> (String, u64) {
@@ -218,6 +231,7 @@ async fn a_header_chooses_the_route_by_its_exact_value_or_its_presence() {
         );
     }
     assert_eq!(upstream.count(), forwarded);
+    assert_eq!(refused(&sluice, "duplicate_route_header").await, 3.0);
     assert_eq!(
         charged(&sluice, "/h", &[("x-tenant", "gold")]).await,
         is("p_gold", 1)
@@ -281,6 +295,7 @@ async fn a_query_parameter_chooses_the_route_as_the_app_decodes_it() {
         );
     }
     assert_eq!(upstream.count(), forwarded);
+    assert_eq!(refused(&sluice, "duplicate_route_parameter").await, 5.0);
 }
 
 /// `sluice check` shows each route's conditions beside its path, and

@@ -6,7 +6,8 @@
 //! - [`path`]: one request path as the app will read it (dot segments,
 //!   slashes, escapes, parameters), used for matching and forwarded.
 //! - [`route`]: routes and their matchers, compiled into a table;
-//!   `find(method, path)` → the route's position, which the proxy's
+//!   `find(method, path, facts)` (the host, headers and query route
+//!   conditions read) → the route's position, which the proxy's
 //!   per-route state is indexed by.
 //! - [`subject`]: who is asking (client IP behind trusted proxies, a header)
 //!   and its pseudonym (versioned HMAC; raw identities never reach a store).

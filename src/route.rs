@@ -1,5 +1,6 @@
-//! The compiled route table: the first route in file order whose methods and
-//! path match wins; `default` takes the rest.
+//! The compiled route table: the first route in file order whose methods,
+//! path and conditions (host, headers, query) match wins; `default` takes
+//! the rest.
 //!
 //! A table of more than a few routes also holds an [`index::Index`], so a
 //! request checks only the routes that could match its path. The table
@@ -8,8 +9,10 @@
 //! returns.
 
 mod answers;
+mod conditions;
 mod index;
 mod matcher;
+pub mod query;
 mod subject;
 mod tiers;
 
@@ -21,6 +24,7 @@ use http::{HeaderName, Method};
 use crate::limit::LimitPolicy;
 
 pub use answers::{Answers, CustomAnswer, CustomBody};
+pub use conditions::{host_name, Ambiguous, Conditions, Facts, HostPattern, Unmet, Wanted};
 pub use matcher::{Match, PathMatch, Segment};
 pub use subject::SubjectSource;
 pub use tiers::{TierBy, Tiers};
@@ -239,9 +243,17 @@ pub struct RouteTable {
     /// by header) is removed from every request its `trusted_from` did not
     /// send.
     tiers: Vec<Arc<Tiers>>,
-    /// The identity headers and every tier header: the headers a name
-    /// spelled with `_` must not stand for.
+    /// The identity headers, every tier header and every header a route's
+    /// conditions read: the headers a name spelled with `_` must not stand
+    /// for.
     read_headers: Vec<HeaderName>,
+    /// Every header a route's conditions read: refused when sent twice.
+    condition_headers: Vec<HeaderName>,
+    /// Every query parameter a route's conditions read (folded form):
+    /// refused when sent with two values.
+    condition_params: Vec<Box<[u8]>>,
+    /// Whether any route matches on the host.
+    reads_host: bool,
 }
 
 impl RouteTable {
@@ -278,8 +290,30 @@ impl RouteTable {
                 read_headers.push(header.clone());
             }
         }
+        let mut condition_headers: Vec<HeaderName> = Vec::new();
+        let mut condition_params: Vec<Box<[u8]>> = Vec::new();
+        for conditions in routes.iter().map(|r| &r.matcher.conditions) {
+            for (name, _) in &conditions.headers {
+                if !condition_headers.contains(name) {
+                    condition_headers.push(name.clone());
+                }
+                if !read_headers.contains(name) {
+                    read_headers.push(name.clone());
+                }
+            }
+            for (name, _) in &conditions.query {
+                if !condition_params.contains(name) {
+                    condition_params.push(name.clone());
+                }
+            }
+        }
         RouteTable {
             index: (routes.len() >= index::SCAN_BELOW).then(|| index::Index::new(routes)),
+            reads_host: routes
+                .iter()
+                .any(|r| !r.matcher.conditions.hosts.is_empty()),
+            condition_headers,
+            condition_params,
             routes: routes
                 .iter()
                 .chain(std::iter::once(default))
@@ -305,8 +339,8 @@ impl RouteTable {
         &self.identity_headers
     }
 
-    /// Every header a route reads from the request: its subjects' and its
-    /// tiers'.
+    /// Every header a route reads from the request: its subjects', its
+    /// tiers' and its conditions'.
     pub fn read_headers(&self) -> &[HeaderName] {
         &self.read_headers
     }
@@ -317,12 +351,41 @@ impl RouteTable {
         &self.routes
     }
 
-    /// The position in [`RouteTable::routes`] of the route `method` and
-    /// `path` match. `path` is the request path without the query, in its
-    /// matching form ([`crate::path::normalize`]).
-    pub fn find(&self, method: &Method, path: &str) -> usize {
+    /// Whether any route matches on the host.
+    pub fn reads_host(&self) -> bool {
+        self.reads_host
+    }
+
+    /// Refuses a request that sends a header a route's conditions read
+    /// more than once, or such a query parameter with two values: checked
+    /// before routing, so no route is chosen by a copy the app may not
+    /// read.
+    pub fn check_conditions(
+        &self,
+        headers: &http::HeaderMap,
+        query: Option<&str>,
+    ) -> Result<(), Ambiguous> {
+        for name in &self.condition_headers {
+            let mut values = headers.get_all(name).iter();
+            if values.next().is_some() && values.next().is_some() {
+                return Err(Ambiguous::Header(name.clone()));
+            }
+        }
+        if let Some(q) = query.filter(|_| !self.condition_params.is_empty()) {
+            for name in &self.condition_params {
+                query::value_of(q, name).map_err(|query::TwoValues| Ambiguous::Query)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The position in [`RouteTable::routes`] of the route `method`,
+    /// `path` and `facts` match. `path` is the request path without the
+    /// query, in its matching form ([`crate::path::normalize`]). Conditions
+    /// are checked only on the routes whose path matched.
+    pub fn find(&self, method: &Method, path: &str, facts: &Facts) -> usize {
         let default = self.routes.len() - 1;
-        let matching = |i: usize| self.routes[i].matcher.matches(method, path);
+        let matching = |i: usize| self.routes[i].matcher.admits(method, path, facts);
         let found = match &self.index {
             Some(index) => index.first(path, matching),
             None => (0..default).find(|&i| matching(i)),
@@ -330,214 +393,18 @@ impl RouteTable {
         found.unwrap_or(default)
     }
 
-    /// The route `method` and `path` match.
+    /// The route `method` and `path` match, for a request `facts` describe.
+    pub fn route_for(&self, method: &Method, path: &str, facts: &Facts) -> &Route {
+        &self.routes[self.find(method, path, facts)]
+    }
+
+    /// The route `method` and `path` match for a request with no host,
+    /// headers or query.
+    #[cfg(test)]
     pub fn route(&self, method: &Method, path: &str) -> &Route {
-        &self.routes[self.find(method, path)]
+        self.route_for(method, path, &Facts::default())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn route(name: &str, methods: &[Method], path: PathMatch) -> Route {
-        Route {
-            name: Arc::from(name),
-            matcher: Match {
-                methods: methods.to_vec(),
-                path,
-                case_sensitive: true,
-                format_suffix: false,
-            },
-            limits: Vec::new(),
-            upgrades: Arc::from(Vec::new()),
-            tiers: None,
-            answers: Default::default(),
-        }
-    }
-
-    fn table(routes: Vec<Route>) -> RouteTable {
-        RouteTable::new(&routes, &route("default", &[], PathMatch::Any))
-    }
-
-    fn lit(s: &str) -> Segment {
-        Segment::Literal(s.to_owned())
-    }
-
-    #[test]
-    fn prefix_is_segment_aware() {
-        let t = table(vec![route("api", &[], PathMatch::Prefix("/api".into()))]);
-        for (path, want) in [
-            ("/api", "api"),
-            ("/api/", "api"),
-            ("/api/v1/x", "api"),
-            ("/apix", "default"),
-            ("/ap", "default"),
-            ("/", "default"),
-        ] {
-            assert_eq!(&*t.route(&Method::GET, path).name, want, "{path}");
-        }
-    }
-
-    #[test]
-    fn root_prefix_matches_everything() {
-        let t = table(vec![route("all", &[], PathMatch::Prefix("/".into()))]);
-        assert_eq!(&*t.route(&Method::GET, "/anything/at/all").name, "all");
-    }
-
-    #[test]
-    fn methods_and_exact_paths() {
-        let t = table(vec![route(
-            "login",
-            &[Method::POST],
-            PathMatch::Exact("/login".into()),
-        )]);
-        assert_eq!(&*t.route(&Method::POST, "/login").name, "login");
-        assert_eq!(&*t.route(&Method::GET, "/login").name, "default");
-        // One trailing slash is the same resource to most apps.
-        assert_eq!(&*t.route(&Method::POST, "/login/").name, "login");
-        assert_eq!(&*t.route(&Method::POST, "/login/x").name, "default");
-        assert_eq!(&*t.route(&Method::POST, "/loginx").name, "default");
-        let root = table(vec![route("root", &[], PathMatch::Exact("/".into()))]);
-        assert_eq!(&*root.route(&Method::GET, "/").name, "root");
-        assert_eq!(&*root.route(&Method::GET, "//").name, "default");
-    }
-
-    #[test]
-    fn a_get_route_also_limits_head() {
-        let t = table(vec![
-            route("get", &[Method::GET], PathMatch::Exact("/get".into())),
-            route("head", &[Method::HEAD], PathMatch::Exact("/head".into())),
-        ]);
-        assert_eq!(&*t.route(&Method::HEAD, "/get").name, "get");
-        assert_eq!(&*t.route(&Method::HEAD, "/head").name, "head");
-        assert_eq!(&*t.route(&Method::GET, "/head").name, "default");
-    }
-
-    #[test]
-    fn case_insensitive_routes_match_any_letter_case() {
-        let mut login = route("login", &[], PathMatch::Exact("/Login".into()));
-        login.matcher.case_sensitive = false;
-        let mut api = route("api", &[], PathMatch::Prefix("/api".into()));
-        api.matcher.case_sensitive = false;
-        let mut user = route(
-            "user",
-            &[],
-            PathMatch::Template(vec![lit("users"), Segment::Param("id".into())]),
-        );
-        user.matcher.case_sensitive = false;
-        let sensitive = route("exact", &[], PathMatch::Exact("/Exact".into()));
-        let t = table(vec![login, api, user, sensitive]);
-        for (path, want) in [
-            ("/login", "login"),
-            ("/LOGIN/", "login"),
-            ("/API/v1", "api"),
-            ("/Users/7", "user"),
-            ("/Exact", "exact"),
-            ("/exact", "default"),
-            ("/apix", "default"),
-        ] {
-            assert_eq!(&*t.route(&Method::GET, path).name, want, "{path}");
-        }
-    }
-
-    /// Express, Koa and Nest route `/LOGIN` and `/Login/` to `/login`:
-    /// a route written without `case_sensitive` limits every spelling.
-    #[test]
-    fn routes_match_any_letter_case_unless_they_say_otherwise() {
-        let with = |path: PathMatch| Match {
-            path,
-            ..Match::default()
-        };
-        let exact = with(PathMatch::Exact("/login".into()));
-        let prefix = with(PathMatch::Prefix("/api".into()));
-        let template = with(PathMatch::Template(vec![
-            lit("users"),
-            Segment::Param("id".into()),
-        ]));
-        for (matcher, path) in [
-            (&exact, "/login"),
-            (&exact, "/LOGIN"),
-            (&exact, "/Login/"),
-            (&prefix, "/API/x"),
-            (&prefix, "/Api"),
-            (&template, "/USERS/7/"),
-        ] {
-            assert!(matcher.matches(&Method::POST, path), "{path}");
-        }
-        for (matcher, path) in [(&exact, "/logins"), (&prefix, "/APIx")] {
-            assert!(!matcher.matches(&Method::POST, path), "{path}");
-        }
-        let sensitive = Match {
-            case_sensitive: true,
-            ..exact.clone()
-        };
-        assert!(sensitive.matches(&Method::POST, "/login/"));
-        assert!(!sensitive.matches(&Method::POST, "/LOGIN"));
-    }
-
-    #[test]
-    fn templates_capture_exactly_one_segment() {
-        let segments = vec![lit("users"), Segment::Param("id".into()), lit("posts")];
-        let t = table(vec![route("posts", &[], PathMatch::Template(segments))]);
-        assert_eq!(&*t.route(&Method::GET, "/users/42/posts").name, "posts");
-        assert_eq!(&*t.route(&Method::GET, "/users/42/posts/").name, "posts");
-        for path in [
-            "/users//posts",
-            "/users/42",
-            "/users/42/posts/1",
-            "/users/4/2/posts",
-            "/users/42/posts//",
-        ] {
-            assert_eq!(&*t.route(&Method::GET, path).name, "default", "{path}");
-        }
-    }
-
-    #[test]
-    fn first_match_in_file_order_wins() {
-        let t = table(vec![
-            route("specific", &[], PathMatch::Exact("/api/login".into())),
-            route("api", &[], PathMatch::Prefix("/api".into())),
-            route("never", &[], PathMatch::Exact("/api/login".into())),
-        ]);
-        assert_eq!(&*t.route(&Method::GET, "/api/login").name, "specific");
-        assert_eq!(&*t.route(&Method::GET, "/api/other").name, "api");
-    }
-
-    #[test]
-    fn a_format_suffix_extends_the_last_segment_only() {
-        let suffixed = |name: &str, path: PathMatch| {
-            let mut r = route(name, &[], path);
-            r.matcher.format_suffix = true;
-            r
-        };
-        let t = table(vec![
-            suffixed("login", PathMatch::Exact("/login".into())),
-            suffixed(
-                "edit",
-                PathMatch::Template(vec![lit("users"), Segment::Param("id".into()), lit("edit")]),
-            ),
-            suffixed("api", PathMatch::Prefix("/api".into())),
-            route("plain", &[], PathMatch::Exact("/plain".into())),
-        ]);
-        for (path, want) in [
-            ("/login", "login"),
-            ("/login.json", "login"),
-            ("/login.html/", "login"),
-            ("/login.tar.gz", "login"),
-            ("/login.", "default"),
-            ("/login.json/x", "default"),
-            ("/loginx", "default"),
-            ("/login/.json", "default"),
-            ("/users/7/edit.json", "edit"),
-            ("/users/7/edit.", "default"),
-            ("/users.json/7/edit", "default"),
-            ("/api.json", "api"),
-            ("/api/x.json", "api"),
-            ("/api.json/x", "default"),
-            ("/plain.json", "default"),
-        ] {
-            assert_eq!(&*t.route(&Method::GET, path).name, want, "{path}");
-        }
-    }
-}
+mod tests;

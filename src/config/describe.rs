@@ -7,7 +7,9 @@ use std::num::NonZeroU32;
 
 use super::{Config, OnFailure, StoreLive};
 use crate::limit::{Bands, LimitPolicy};
-use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource, TierBy, Tiers};
+use crate::route::{
+    Conditions, Limit, PathMatch, Route, Segment, SubjectSource, TierBy, Tiers, Wanted,
+};
 
 const COLUMNS: usize = 11;
 
@@ -142,6 +144,10 @@ fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
     if route.matcher.case_sensitive {
         path.push_str(" (exact case)");
     }
+    if !route.matcher.conditions.is_empty() {
+        path.push(' ');
+        path.push_str(&conditions(&route.matcher.conditions));
+    }
     let upgrades = if route.upgrades.is_empty() {
         "-".to_owned()
     } else {
@@ -197,6 +203,31 @@ fn rows(route: &Route, store: &StoreLive) -> Vec<[String; COLUMNS]> {
             },
         )
         .collect()
+}
+
+/// `[host api.example.com|*.example.com; x-tenant: gold; x-key present;
+/// ?version=2]`: the conditions beyond the path, all of which must hold.
+fn conditions(c: &Conditions) -> String {
+    let wanted = |w: &Wanted, sep: &str| match w {
+        Wanted::Value(v) => format!("{sep}{}", String::from_utf8_lossy(v)),
+        Wanted::Present => " present".to_owned(),
+    };
+    let mut parts: Vec<String> = Vec::new();
+    if !c.hosts.is_empty() {
+        let hosts: Vec<String> = c.hosts.iter().map(ToString::to_string).collect();
+        parts.push(format!("host {}", hosts.join("|")));
+    }
+    for (name, w) in &c.headers {
+        parts.push(format!("{name}{}", wanted(w, ": ")));
+    }
+    for (name, w) in &c.query {
+        parts.push(format!(
+            "?{}{}",
+            String::from_utf8_lossy(name),
+            wanted(w, "=")
+        ));
+    }
+    format!("[{}]", parts.join("; "))
 }
 
 /// SUBJECT, POLICY, LIMITS, COST, SHADOW, ON_FAILURE and REVISION of one

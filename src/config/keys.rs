@@ -318,6 +318,12 @@ keys! { ENTRIES:
         "`false`: the path's ASCII letters match in any case, as Express, Koa and Nest route; `true`: only as written";
     ROUTE_MATCH_FORMAT_SUFFIX: "routes[].match.format_suffix", "`true`, `false`", Value("false"), Reload,
         "also match the path with a format suffix (`/users/1.json`)";
+    ROUTE_MATCH_HOSTS: "routes[].match.hosts", "list", Unset("any host"), Reload,
+        "the host the request names (`:authority` or `Host`, port and one trailing dot left out, any letter case): `api.example.com`, or `*.example.com` for one or more labels below `example.com`, never `example.com` itself";
+    ROUTE_MATCH_HEADERS: "routes[].match.headers", "mapping", Unset("any headers"), Reload,
+        "`NAME: VALUE`, the value exactly as sent (case-sensitive), or `NAME: { present: true }`, sent with any value; a request sending one of these headers twice is refused (400)";
+    ROUTE_MATCH_QUERY: "routes[].match.query", "mapping", Unset("any query"), Reload,
+        "`NAME: VALUE` or `NAME: { present: true }`, names and values as the app decodes them (`%76ersion` is `version`, `+` a space; names in any case); a request giving one of these parameters two different values is refused (400)";
     ROUTE_POLICY: "routes[].policy", "text", Required, Reload,
         "a policy's name, or `none` for no limit; unless `limits` is written";
     ROUTE_SUBJECT: "routes[].subject", "list", Value("client_ip"), Reload,

@@ -140,6 +140,8 @@ mod answers_tests;
 #[cfg(test)]
 mod buffering_tests;
 #[cfg(test)]
+mod conditions_tests;
+#[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]
 mod identity_tests;

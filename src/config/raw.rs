@@ -602,6 +602,9 @@ pub struct Match {
     pub path_prefix: Option<Scalar>,
     pub case_sensitive: Option<Scalar>,
     pub format_suffix: Option<Scalar>,
+    pub hosts: Option<ScalarList>,
+    pub headers: Option<serde_yaml::Mapping>,
+    pub query: Option<serde_yaml::Mapping>,
 }
 
 #[derive(Debug, Default, Deserialize)]

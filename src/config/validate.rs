@@ -8,6 +8,8 @@
 
 mod charge;
 pub(crate) mod check;
+mod conditions;
+mod matcher;
 mod policy;
 pub(crate) use policy::derived_revision;
 mod route;
@@ -209,6 +211,7 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         &policies,
         reads,
     );
+    conditions::not_on_tier_headers(cx, &top.key("routes"), &routes, default.as_ref());
     // A route's own answers replace the global ones, each on its own.
     if let Some(global) = responses.as_ref().map(|r| &r.answers) {
         for route in routes.iter_mut().chain(default.as_mut()) {

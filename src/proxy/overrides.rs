@@ -13,11 +13,10 @@
 //! Each is read the way the frameworks read it, or the spelling they
 //! accept and sluice does not is a bypass:
 //!
-//! - query parameter names and values are percent-decoded, `+` is a space
-//!   (`?%5Fmethod=DELETE`, `?_method=%44ELETE`);
-//! - PHP drops leading spaces from a parameter name and turns `.` and
-//!   spaces into `_` (`?.method=DELETE` is `$_GET['_method']`);
-//! - `&` and `;` both separate parameters (Rack before 3, old Werkzeug);
+//! - the query as [`crate::route::query`] reads it: names and values
+//!   percent-decoded, `+` a space (`?%5Fmethod=DELETE`,
+//!   `?_method=%44ELETE`), names in PHP's form (`?.method=DELETE` is
+//!   `$_GET['_method']`), `&` and `;` both separators;
 //! - behind CGI-style servers a header name with `_` is the name with `-`
 //!   (`X_HTTP_Method_Override`): read so when such headers are let
 //!   through (`server.headers_with_underscores: allow`; otherwise they
@@ -27,6 +26,7 @@ use http::header::{HeaderMap, HeaderName};
 use http::Method;
 
 use super::headers::Invalid;
+use crate::route::query::{decoded, name_is, params};
 
 pub static OVERRIDE_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("x-http-method-override"),
@@ -107,16 +107,12 @@ pub fn methods(
         out.push(parse(value).ok_or(Invalid::MethodOverride)?);
     }
     if let Some(query) = query.filter(|_| any_query) {
-        let mut named = query
-            .split(['&', ';'])
-            .filter_map(|pair| {
-                let (name, value) = pair.split_once('=')?;
-                is_method_param(name.as_bytes()).then_some(value)
-            })
+        let mut named = params(query)
+            .filter_map(|(name, value)| name_is(name, b"_method").then_some(value))
             .filter_map(|value| {
                 let mut buf = [0u8; METHOD_MAX];
                 let mut len = 0;
-                for b in decoded(value.as_bytes()) {
+                for b in decoded(value) {
                     *buf.get_mut(len)? = b;
                     len += 1;
                 }
@@ -149,45 +145,6 @@ pub fn folds_to(name: &HeaderName, target: &HeaderName) -> bool {
 /// say neither, and are not parsed.
 fn may_override(query: &str) -> bool {
     query.contains("method") || query.contains('%')
-}
-
-/// Whether a raw parameter name reads as `_method` once decoded and, as
-/// PHP does, stripped of leading spaces with `.` and spaces made `_`.
-fn is_method_param(raw: &[u8]) -> bool {
-    let mut name = decoded(raw).skip_while(|b| *b == b' ').map(|b| {
-        if matches!(b, b'.' | b' ') {
-            b'_'
-        } else {
-            b
-        }
-    });
-    b"_method".iter().all(|want| name.next() == Some(*want)) && name.next().is_none()
-}
-
-/// `raw` as `application/x-www-form-urlencoded` decodes it: `+` is a
-/// space, `%XX` the byte it names, and an escape that names none (`%zz`,
-/// a lone `%`) is left as written, as PHP and Rack leave it.
-fn decoded(raw: &[u8]) -> impl Iterator<Item = u8> + '_ {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let b = *raw.get(at)?;
-        at += 1;
-        match b {
-            b'+' => Some(b' '),
-            b'%' => {
-                let hex = |i: usize| raw.get(i).and_then(|d| (*d as char).to_digit(16));
-                match (hex(at), hex(at + 1)) {
-                    (Some(hi), Some(lo)) => {
-                        at += 2;
-                        // Two hex digits: at most 0xFF.
-                        Some((hi * 16 + lo) as u8)
-                    }
-                    _ => Some(b'%'),
-                }
-            }
-            b => Some(b),
-        }
-    })
 }
 
 /// Frameworks upper-case an override before using it.

@@ -653,6 +653,8 @@ pub(super) fn refusal(invalid: &Invalid) -> Response<Body> {
         Invalid::ConnectionNamesIdentity(_)
         | Invalid::Path(_)
         | Invalid::DuplicateIdentity(_)
+        | Invalid::DuplicateRouteHeader(_)
+        | Invalid::DuplicateRouteParameter
         | Invalid::ForwardedFor
         | Invalid::MethodOverride
         | Invalid::AsteriskForm
@@ -667,4 +669,4 @@ pub(super) mod plan;
 mod prepare;
 mod turn;
 
-pub(super) use prepare::{prepare, Destination, Matched, Routed};
+pub(super) use prepare::{facts, prepare, Destination, Matched, Routed};

@@ -228,6 +228,20 @@ mod tests {
                 path,
                 case_sensitive: rng.below(3) > 0,
                 format_suffix: rng.below(4) == 0,
+                conditions: match rng.below(6) {
+                    0 => crate::route::Conditions {
+                        hosts: vec![crate::route::HostPattern::Exact("a.example".into())],
+                        ..Default::default()
+                    },
+                    1 => crate::route::Conditions {
+                        headers: vec![(
+                            http::HeaderName::from_static("x-t"),
+                            crate::route::Wanted::Value(b"g"[..].into()),
+                        )],
+                        ..Default::default()
+                    },
+                    _ => Default::default(),
+                },
             },
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
@@ -238,7 +252,8 @@ mod tests {
 
     /// The index gives the route a scan in file order gives, for random
     /// tables over a small vocabulary (so routes overlap, shadow each other
-    /// and differ only in letter case) and random paths.
+    /// and differ only in letter case, some with a host or header
+    /// condition) and random requests.
     #[test]
     fn the_index_finds_what_a_scan_finds() {
         let mut rng = Rng(0x5eed);
@@ -247,6 +262,9 @@ mod tests {
             ..route(&mut rng, 0)
         };
         let mut indexed_tables = 0;
+        let mut tenant = http::HeaderMap::new();
+        tenant.insert("x-t", http::HeaderValue::from_static("g"));
+        let none = http::HeaderMap::new();
         for _ in 0..300 {
             let routes: Vec<Route> = (0..1 + rng.below(40)).map(|n| route(&mut rng, n)).collect();
             let table = RouteTable::new(&routes, &default);
@@ -254,12 +272,19 @@ mod tests {
             for _ in 0..200 {
                 let path = path(&mut rng, 4);
                 let method = rng.pick(&[Method::GET, Method::POST, Method::HEAD]).clone();
+                let host = *rng.pick(&[None, Some("a.example"), Some("b.example")]);
+                let headers = if rng.below(2) == 0 { &tenant } else { &none };
+                let facts = crate::route::Facts {
+                    host,
+                    headers: Some(headers),
+                    query: None,
+                };
                 let scan = routes
                     .iter()
-                    .find(|r| r.matcher.matches(&method, &path))
+                    .find(|r| r.matcher.admits(&method, &path, &facts))
                     .map_or("default", |r| &*r.name);
                 assert_eq!(
-                    &*table.route(&method, &path).name,
+                    &*table.route_for(&method, &path, &facts).name,
                     scan,
                     "{method} {path} in {routes:#?}"
                 );
@@ -269,6 +294,130 @@ mod tests {
             indexed_tables > 200,
             "most tables are large enough to index"
         );
+    }
+
+    /// 1,000 routes on one host, each its own path: a request's host,
+    /// headers and query are checked on the routes of its path only, not
+    /// on the 1,000.
+    #[test]
+    fn conditions_are_checked_only_on_the_routes_the_path_index_gives() {
+        use crate::route::{Conditions, Facts, HostPattern, Wanted};
+        let conditions = Conditions {
+            hosts: vec![HostPattern::Below(".example.com".into())],
+            headers: vec![(
+                http::HeaderName::from_static("x-tenant"),
+                Wanted::Value(b"gold"[..].into()),
+            )],
+            query: vec![(b"version"[..].into(), Wanted::Present)],
+        };
+        let routes: Vec<Route> = (0..1000)
+            .map(|n| Route {
+                name: Arc::from(format!("r{n}")),
+                matcher: Match {
+                    // Half exact paths, half prefixes.
+                    path: if n % 2 == 0 {
+                        PathMatch::Exact(format!("/r{n}"))
+                    } else {
+                        PathMatch::Prefix(format!("/p{n}"))
+                    },
+                    conditions: conditions.clone(),
+                    ..Match::default()
+                },
+                limits: Vec::new(),
+                upgrades: Arc::from(Vec::new()),
+                tiers: None,
+                answers: Default::default(),
+            })
+            .collect();
+        let index = Index::new(&routes);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-tenant", http::HeaderValue::from_static("gold"));
+        let facts = Facts {
+            host: Some("eu.example.com:443"),
+            headers: Some(&headers),
+            query: Some("version=2"),
+        };
+        let checks = std::cell::Cell::new(0);
+        let find = |path: &str, facts: &Facts| {
+            checks.set(0);
+            let found = index.first(path, |i| {
+                checks.set(checks.get() + 1);
+                routes[i].matcher.admits(&Method::GET, path, facts)
+            });
+            (found, checks.get())
+        };
+        assert_eq!(find("/r500", &facts), (Some(500), 1));
+        assert_eq!(find("/p999/x/y", &facts), (Some(999), 1));
+        // Conditions unmet: the one candidate is checked, and no other.
+        let elsewhere = Facts {
+            host: Some("example.org"),
+            ..facts
+        };
+        assert_eq!(find("/r500", &elsewhere), (None, 1));
+        assert_eq!(find("/nowhere", &facts), (None, 0));
+    }
+
+    /// The workload `bench/route_conditions.sh` counts instructions of
+    /// under callgrind: `SLUICE_BENCH_ROUTES` routes (1,000 unless set),
+    /// each a path of its own with a host, a header and a query condition,
+    /// and 10,000 lookups spread over them, half meeting the conditions.
+    /// Not a test: it asserts nothing about time.
+    #[test]
+    #[ignore = "a workload for bench/route_conditions.sh"]
+    fn lookup_workload() {
+        use crate::route::{Conditions, Facts, HostPattern, RouteTable, Wanted};
+        let n: usize = std::env::var("SLUICE_BENCH_ROUTES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        let conditions = Conditions {
+            hosts: vec![
+                HostPattern::Exact("api.example.com".into()),
+                HostPattern::Below(".example.com".into()),
+            ],
+            headers: vec![(
+                http::HeaderName::from_static("x-tenant"),
+                Wanted::Value(b"gold"[..].into()),
+            )],
+            query: vec![(b"version"[..].into(), Wanted::Value(b"2"[..].into()))],
+        };
+        let routes: Vec<Route> = (0..n)
+            .map(|i| Route {
+                name: Arc::from(format!("r{i}")),
+                matcher: Match {
+                    path: PathMatch::Prefix(format!("/api/r{i}")),
+                    conditions: conditions.clone(),
+                    ..Match::default()
+                },
+                limits: Vec::new(),
+                upgrades: Arc::from(Vec::new()),
+                tiers: None,
+                answers: Default::default(),
+            })
+            .collect();
+        let default = Route {
+            name: Arc::from("default"),
+            ..routes[0].clone()
+        };
+        let table = RouteTable::new(&routes, &default);
+        let mut gold = http::HeaderMap::new();
+        gold.insert("x-tenant", http::HeaderValue::from_static("gold"));
+        let paths: Vec<String> = (0..n).map(|i| format!("/api/r{i}/items/7")).collect();
+        let mut matched = 0;
+        for k in 0..10_000 {
+            let facts = Facts {
+                host: Some(if k % 2 == 0 {
+                    "eu.example.com:443"
+                } else {
+                    "other.org"
+                }),
+                headers: Some(&gold),
+                query: Some("page=3&version=2"),
+            };
+            let at = table.find(&Method::GET, &paths[k % n], &facts);
+            matched += usize::from(at < n);
+        }
+        assert_eq!(matched, 5_000);
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! What a route matches: methods and a path, compared against a request
-//! path in its matching form ([`crate::path::normalize`]).
+//! path in its matching form ([`crate::path::normalize`]), then the
+//! conditions on its host, headers and query ([`super::conditions`]).
 //!
 //! Built by `config::validate`; matching allocates nothing: paths are
 //! compared segment by segment against literals stored in matching form.
 
 use http::Method;
+
+use super::conditions::{Conditions, Facts};
 
 #[derive(Debug, Clone)]
 pub struct Match {
@@ -22,6 +25,8 @@ pub struct Match {
     /// (Rails' `/login(.:format)`, Spring MVC's suffix patterns before
     /// 5.3): `/login` matches `/login.json` too.
     pub format_suffix: bool,
+    /// `hosts`, `headers`, `query`: checked once method and path match.
+    pub conditions: Conditions,
 }
 
 impl Default for Match {
@@ -31,6 +36,7 @@ impl Default for Match {
             path: PathMatch::Any,
             case_sensitive: false,
             format_suffix: false,
+            conditions: Conditions::default(),
         }
     }
 }
@@ -57,7 +63,13 @@ pub enum Segment {
 }
 
 impl Match {
-    /// `path` is the request path without the query, in its matching form.
+    /// Method, path and every condition.
+    pub fn admits(&self, method: &Method, path: &str, facts: &Facts) -> bool {
+        self.matches(method, path) && self.conditions.admit(facts)
+    }
+
+    /// Method and path only. `path` is the request path without the
+    /// query, in its matching form.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         if !self.methods.is_empty() && !method_matches(&self.methods, method) {
             return false;

@@ -45,6 +45,7 @@ mod request_buffering;
 mod request_corpus;
 mod reservations;
 mod response_limits;
+mod route_conditions;
 mod several_limits;
 mod slow_clients;
 mod store_breaker;

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::config::Live;
 use crate::limit::{Decision, LimitPolicy, Outcome, Policy, Unavailable};
 use crate::path;
-use crate::route::{SubjectSource, TierBy};
+use crate::route::{SubjectSource, TierBy, Unmet};
 use crate::store::lease::HeldView;
 use crate::store::{Outcomes, Store};
 use crate::subject::jwt::Token;
@@ -145,7 +145,30 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
             normal.matching.into_owned()
         });
     let methods: Vec<&http::Method> = routed.methods.iter().collect();
+    // `prepare` read them without error.
+    let facts = service::facts(runtime, &described.uri, &described.headers).unwrap_or_default();
     out.insert("matched_as".to_owned(), json!(matching));
+    // Routes before the one found whose methods and path matched but
+    // whose conditions did not: the condition each failed (names only,
+    // never a value).
+    if let Some(matching) = &matching {
+        let found = runtime.routes.find(&described.method, matching, &facts);
+        let passed_over: Vec<Value> = runtime.routes.routes()[..found]
+            .iter()
+            .filter(|r| r.matcher.matches(&described.method, matching))
+            .filter_map(|r| {
+                let unmet = match r.matcher.conditions.unmet(&facts)? {
+                    Unmet::Host => "host".to_owned(),
+                    Unmet::Header(name) => format!("header {name}"),
+                    Unmet::Query(name) => format!("query {name}"),
+                };
+                Some(json!({ "route": &*r.name, "unmet": unmet }))
+            })
+            .collect();
+        if !passed_over.is_empty() {
+            out.insert("passed_over".to_owned(), Value::Array(passed_over));
+        }
+    }
     out.insert(
         "runs_as".to_owned(),
         json!(methods.iter().map(|m| m.as_str()).collect::<Vec<_>>()),
@@ -208,7 +231,7 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
         let found_by: Vec<&str> = match &matching {
             Some(matching) => methods
                 .iter()
-                .filter(|m| std::ptr::eq(runtime.routes.route(m, matching), route))
+                .filter(|m| std::ptr::eq(runtime.routes.route_for(m, matching, &facts), route))
                 .map(|m| m.as_str())
                 .collect(),
             None => vec![described.method.as_str()],

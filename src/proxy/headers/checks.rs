@@ -54,6 +54,13 @@ pub enum Invalid {
     /// A header a route's subject is read from, sent more than once: the
     /// app may read another copy than the one sluice counted.
     DuplicateIdentity(HeaderName),
+    /// A header a route matches on (`match.headers`), sent more than
+    /// once: the app may read another copy than the one sluice routed by.
+    DuplicateRouteHeader(HeaderName),
+    /// A query parameter a route matches on (`match.query`), sent twice
+    /// with different values (once decoded): apps disagree on which one
+    /// they read.
+    DuplicateRouteParameter,
     /// Behind a trusted proxy, an `X-Forwarded-For` entry that is no
     /// address where sluice must find the client.
     ForwardedFor,
@@ -91,6 +98,8 @@ impl Invalid {
             Invalid::MethodCase,
             Invalid::Path(PathError::AboveRoot),
             Invalid::DuplicateIdentity(header()),
+            Invalid::DuplicateRouteHeader(header()),
+            Invalid::DuplicateRouteParameter,
             Invalid::ForwardedFor,
             Invalid::MethodOverride,
             Invalid::AsteriskForm,
@@ -110,6 +119,8 @@ impl Invalid {
                 | Invalid::RequestTarget
                 | Invalid::MethodCase
                 | Invalid::DuplicateIdentity(_)
+                | Invalid::DuplicateRouteHeader(_)
+                | Invalid::DuplicateRouteParameter
                 | Invalid::ForwardedFor
                 | Invalid::MethodOverride
                 | Invalid::AsteriskForm
@@ -136,6 +147,8 @@ impl Invalid {
             Invalid::RequestTarget => "request_target",
             Invalid::Path(error) => error.label(),
             Invalid::DuplicateIdentity(_) => "duplicate_identity",
+            Invalid::DuplicateRouteHeader(_) => "duplicate_route_header",
+            Invalid::DuplicateRouteParameter => "duplicate_route_parameter",
             Invalid::ForwardedFor => "forwarded_for",
             Invalid::MethodOverride => "method_override",
             Invalid::AsteriskForm => "asterisk_form",
@@ -163,6 +176,12 @@ impl Invalid {
             Invalid::Path(error) => error.reason(),
             Invalid::DuplicateIdentity(_) => {
                 "a header that identifies the client is sent more than once"
+            }
+            Invalid::DuplicateRouteHeader(_) => {
+                "a header that routes are chosen by is sent more than once"
+            }
+            Invalid::DuplicateRouteParameter => {
+                "a query parameter that routes are chosen by is sent with two values"
             }
             Invalid::ForwardedFor => "X-Forwarded-For holds an entry that is not an address",
             Invalid::MethodOverride => "a method-override header is sent twice or names no method",

@@ -3,6 +3,8 @@
 //! normalized and routed, and every limit's subject resolved.
 
 use super::*;
+use crate::route::{host_name, Ambiguous, Facts};
+use http::header::HOST;
 
 /// What the routing half found for a request: the routes it matched, the
 /// URI to forward when normalization changed the path, and every limit of
@@ -49,6 +51,14 @@ pub(in crate::proxy) fn prepare<'r>(
     let read = runtime.routes.read_headers();
     let underscored = underscores::check(headers, live.server.underscores, read)?;
     headers::check_identity_headers(headers, identity)?;
+    runtime
+        .routes
+        .check_conditions(headers, uri.query())
+        .map_err(|ambiguous| match ambiguous {
+            Ambiguous::Header(name) => Invalid::DuplicateRouteHeader(name),
+            Ambiguous::Query => Invalid::DuplicateRouteParameter,
+        })?;
+    let facts = facts(runtime, uri, headers)?;
     let fold = underscored && live.server.underscores == Underscores::Allow;
     let methods = overrides::methods(method, headers, uri.query(), fold)?;
     if headers::is_asterisk(uri) {
@@ -57,11 +67,11 @@ pub(in crate::proxy) fn prepare<'r>(
         if methods.iter().any(|m| *m != Method::OPTIONS) {
             return Err(Invalid::AsteriskForm);
         }
-        if !asterisk_routed(runtime) {
+        if !asterisk_routed(runtime, &facts) {
             return Ok(Destination::Sluice);
         }
     }
-    let (matched, rewritten) = route(runtime, &methods, uri, live)?;
+    let (matched, rewritten) = route(runtime, &methods, uri, &facts, live)?;
 
     // Every subject is resolved before anything is charged, so a
     // request refused for one route consumes nothing of another.
@@ -127,8 +137,8 @@ pub(in crate::proxy) fn prepare<'r>(
 /// without `path`) was written for the app's resources, and `*` is none:
 /// forwarded under it, `OPTIONS *` would reach an app that may read it as
 /// `/*` while counting against a route that never meant it.
-fn asterisk_routed(runtime: &Runtime) -> bool {
-    let route = runtime.routes.route(&Method::OPTIONS, "*");
+fn asterisk_routed(runtime: &Runtime, facts: &Facts) -> bool {
+    let route = runtime.routes.route_for(&Method::OPTIONS, "*", facts);
     matches!(&route.matcher.path, PathMatch::Exact(path) if path == "*")
 }
 
@@ -158,6 +168,7 @@ fn route<'r>(
     runtime: &'r Runtime,
     methods: &Methods,
     uri: &Uri,
+    facts: &Facts,
     live: &Live,
 ) -> Result<(Matched<'r>, Option<Uri>), Invalid> {
     let normal = path::normalize(uri.path(), &live.server.paths).map_err(Invalid::Path)?;
@@ -165,7 +176,7 @@ fn route<'r>(
         entries: [None; MAX_METHODS],
     };
     for (i, method) in methods.iter().enumerate() {
-        let entry = runtime.entry(runtime.routes.find(method, &normal.matching));
+        let entry = runtime.entry(runtime.routes.find(method, &normal.matching, facts));
         if !matched_already(&matched.entries, entry.route) {
             matched.entries[i] = Some(entry);
         }
@@ -176,6 +187,49 @@ fn route<'r>(
         Some(with_path(uri, &normal.forward))
     };
     Ok((matched, rewritten))
+}
+
+/// What route conditions read of a request.
+pub(in crate::proxy) fn facts<'h>(
+    runtime: &Runtime,
+    uri: &'h Uri,
+    headers: &'h HeaderMap,
+) -> Result<Facts<'h>, Invalid> {
+    Ok(Facts {
+        host: request_host(uri, headers, runtime.routes.reads_host())?,
+        headers: Some(headers),
+        query: uri.query(),
+    })
+}
+
+/// The host routes match on, when one does: `:authority` (HTTP/2) or the
+/// authority of an absolute-form target, else `Host`. An HTTP/1 request
+/// naming one host in its target and another in `Host` is refused: RFC
+/// 9112 has the target win, yet many apps read `Host`, and a route chosen
+/// by one while the app reads the other is a way around a limit. (HTTP/2
+/// requests were held to the same by [`headers::check_head`].)
+fn request_host<'h>(
+    uri: &'h Uri,
+    headers: &'h HeaderMap,
+    reads_host: bool,
+) -> Result<Option<&'h str>, Invalid> {
+    if !reads_host {
+        return Ok(None);
+    }
+    let authority = uri.authority().map(|a| a.as_str());
+    // Checked to be `host[:port]`, ASCII, by the head check.
+    let host = headers.get(HOST).and_then(|h| h.to_str().ok());
+    match (authority, host) {
+        (Some(a), Some(h))
+            if !host_name(a)
+                .as_bytes()
+                .eq_ignore_ascii_case(host_name(h).as_bytes()) =>
+        {
+            Err(Invalid::HostMismatch)
+        }
+        (Some(a), _) => Ok(Some(a)),
+        (None, h) => Ok(h),
+    }
 }
 
 fn matched_already(entries: &[Option<Entry>], route: &Route) -> bool {

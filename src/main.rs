@@ -142,6 +142,10 @@ fn main() -> ExitCode {
 /// said.
 fn check(config: &Config, filled: &[(String, String)], connect: bool) -> ExitCode {
     print!("{}", config.route_table());
+    let addresses = config.address_notes();
+    if !addresses.is_empty() {
+        print!("\n{addresses}");
+    }
     if !config.live.policies.is_empty() {
         print!("\n{}", config.count_notes());
     }

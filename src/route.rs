@@ -7,6 +7,7 @@
 //! prepared responses) lives in the proxy, indexed by what [`RouteTable::find`]
 //! returns.
 
+mod addresses;
 mod index;
 mod matcher;
 mod subject;
@@ -19,6 +20,7 @@ use http::{HeaderName, Method};
 
 use crate::limit::LimitPolicy;
 
+pub use addresses::Addresses;
 pub use matcher::{Match, PathMatch, Segment};
 pub use subject::SubjectSource;
 pub use tiers::{TierBy, Tiers};
@@ -39,6 +41,8 @@ pub struct Route {
     /// `trusted_from` sets: the limits of the other tiers do not apply to
     /// a request.
     pub tiers: Option<Arc<Tiers>>,
+    /// `deny` and `exempt`: what the client address does on this route.
+    pub addresses: Addresses,
 }
 
 /// One of a route's limits: a policy, who it counts, and what a request
@@ -346,6 +350,7 @@ mod tests {
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
             tiers: None,
+            addresses: Addresses::default(),
         }
     }
 

@@ -3,11 +3,15 @@
 //! cannot decide. A route with several limits takes one line per limit,
 //! the route's own columns written on the first only.
 
+mod addresses;
+
 use std::num::NonZeroU32;
 
 use super::{Config, OnFailure, StoreLive};
 use crate::limit::{Bands, LimitPolicy};
 use crate::route::{Limit, PathMatch, Route, Segment, SubjectSource, TierBy, Tiers};
+
+pub use addresses::address_notes;
 
 const COLUMNS: usize = 11;
 

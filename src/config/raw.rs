@@ -519,6 +519,8 @@ pub struct Route {
     pub charge: Option<Charge>,
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
+    pub exempt: Option<ScalarList>,
+    pub deny: Option<ScalarList>,
 }
 
 /// One entry of a route's `limits:`.
@@ -530,6 +532,7 @@ pub struct Limit {
     pub subject: Option<Subjects>,
     pub cost: Option<Cost>,
     pub charge: Option<Charge>,
+    pub exempt: Option<ScalarList>,
 }
 
 /// `cost`: a number, or `{ from_response_header, max, default, reserve }`.
@@ -581,4 +584,6 @@ pub struct DefaultRoute {
     pub subject: Option<Subjects>,
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
+    pub exempt: Option<ScalarList>,
+    pub deny: Option<ScalarList>,
 }

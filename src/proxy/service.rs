@@ -167,12 +167,20 @@ impl Proxy {
             rewritten,
             checks,
             drop_underscored,
+            exempted,
             ..
         } = match routed {
             Ok(Destination::Routes(routed)) => routed,
             Ok(Destination::Sluice) => return respond::server_options(),
+            Ok(Destination::Denied(entry)) => {
+                entry.metrics.denied();
+                return respond::forbidden(&entry.route.name);
+            }
             Err(invalid) => return refuse(&invalid),
         };
+        for (entry, limit) in exempted {
+            entry.metrics.exempted(limit);
+        }
         if drop_underscored {
             underscores::remove(request.headers_mut());
         }

@@ -232,6 +232,7 @@ mod tests {
             limits: Vec::new(),
             upgrades: Arc::from(Vec::new()),
             tiers: None,
+            addresses: Default::default(),
         }
     }
 

@@ -5,15 +5,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::Method;
+use ipnet::IpNet;
 use serde_yaml::Value;
 
+use super::addresses;
 use super::charge;
 use super::check::{self, Checker};
-use super::policy::{Found, Policies};
+use super::upgrades::{default_upgrades, upgrades};
+use super::policy::{route_policy, Policies};
 use crate::config::keys;
 use crate::config::locate::{At, KeyPath};
 use crate::config::raw::{self, Scalar, ScalarList};
-use crate::config::{Underscores, DEFAULT_UPGRADES};
+use crate::config::Underscores;
 use crate::limit::LimitPolicy;
 use crate::path::{self, PathRules};
 use crate::route::{Limit, Match, PathMatch, Route, Segment, Tiers};
@@ -78,6 +81,8 @@ pub fn routes(
             Some(m) => matcher(cx, &at.key("match"), m, rules),
         };
         let upgrades = upgrades(cx, &at.key("upgrades"), raw.upgrades);
+        let deny = addresses::list(cx, &at.key("deny"), raw.deny);
+        let exempt = addresses::list(cx, &at.key("exempt"), raw.exempt);
         let written = Written {
             policy: raw.policy,
             tiers: raw.tiers,
@@ -87,15 +92,20 @@ pub fn routes(
             limits: raw.limits,
         };
         let limits = limits(cx, &at, written, policies, reads);
-        if let (Some(name), Some(matcher), Some((limits, tiers)), Some(upgrades)) =
+        if let (Some(name), Some(matcher), Some((limits, tiers, own)), Some(upgrades)) =
             (name, matcher, limits, upgrades)
         {
+            let (Some(deny), Some(exempt)) = (deny, exempt) else {
+                continue;
+            };
+            let addresses = addresses::gather(cx, &at, deny, exempt, &limits, own);
             out.push(Route {
                 name: Arc::from(name.as_str()),
                 matcher,
                 limits,
                 upgrades,
                 tiers,
+                addresses,
             });
         }
     }
@@ -118,6 +128,7 @@ pub fn default_route(
                 limits: Vec::new(),
                 upgrades: default_upgrades(),
                 tiers: None,
+                addresses: Default::default(),
             })
         }
         Some(v) => cx.shape::<raw::DefaultRoute>(path, Some(v))?,
@@ -132,13 +143,17 @@ pub fn default_route(
     };
     let limits = limits(cx, path, written, policies, reads);
     let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
-    let (limits, tiers) = limits?;
+    let deny = addresses::list(cx, &path.key("deny"), raw.deny);
+    let exempt = addresses::list(cx, &path.key("exempt"), raw.exempt);
+    let (limits, tiers, own) = limits?;
+    let addresses = addresses::gather(cx, path, deny?, exempt?, &limits, own);
     Some(Route {
         name: Arc::from(DEFAULT_ROUTE),
         matcher: Match::default(),
         limits,
         upgrades: upgrades?,
         tiers,
+        addresses,
     })
 }
 
@@ -154,8 +169,9 @@ struct Written {
     limits: Option<Vec<raw::Limit>>,
 }
 
-/// A route's limits, and its tiers when one of them is chosen by header.
-type Limits = (Vec<Limit>, Option<Arc<Tiers>>);
+/// A route's limits, its tiers when one of them is chosen by header, and
+/// (parallel to the limits) the networks each `limits` item exempts.
+type Limits = (Vec<Limit>, Option<Arc<Tiers>>, Vec<Vec<IpNet>>);
 
 /// The route's limits; `path` is the route. `policy: none` is no limit at
 /// all, `policy` + `subject` a list of one, `tiers` one limit per tier.
@@ -173,9 +189,11 @@ fn limits(
             subject: written.subject,
             cost: written.cost,
             charge: written.charge,
+            exempt: None,
         };
         let (limits, tiers) = entry(cx, path, one, policies, reads, false)?;
-        return Some((limits, tiers.map(Arc::new)));
+        let own = vec![Vec::new(); limits.len()];
+        return Some((limits, tiers.map(Arc::new), own));
     };
     let beside = [
         ("policy", written.policy.is_some()),
@@ -205,11 +223,13 @@ fn limits(
         return None;
     }
     let mut out: Vec<Limit> = Vec::with_capacity(list.len());
+    let mut own: Vec<Vec<IpNet>> = Vec::with_capacity(list.len());
     let mut route_tiers: Option<(usize, Tiers)> = None;
     // Where each policy was first named, so a repeat can point at it.
     let mut named: HashMap<Arc<str>, usize> = HashMap::new();
-    for (i, raw) in list.into_iter().enumerate() {
+    for (i, mut raw) in list.into_iter().enumerate() {
         let item = at.index(i);
+        let exempt = addresses::list(cx, &item.key("exempt"), raw.exempt.take());
         let tiered = raw.tiers.is_some();
         let key = if tiered { "tiers" } else { "policy" };
         // Named as written, so a repeat is found even beside an error.
@@ -228,10 +248,13 @@ fn limits(
                 named.insert(name.into(), i);
             }
         }
-        let Some((limits, tiers)) = entry(cx, &item, raw, policies, reads, true) else {
+        let (Some((limits, tiers)), Some(exempt)) =
+            (entry(cx, &item, raw, policies, reads, true), exempt)
+        else {
             ok = false;
             continue;
         };
+        own.extend(std::iter::repeat_n(exempt, limits.len()));
         if let Some(tiers) = tiers {
             if let Some((first, _)) = &route_tiers {
                 cx.error(
@@ -249,7 +272,7 @@ fn limits(
         }
         out.extend(limits);
     }
-    ok.then(|| (out, route_tiers.map(|(_, t)| Arc::new(t))))
+    ok.then(|| (out, route_tiers.map(|(_, t)| Arc::new(t)), own))
 }
 
 /// The policies a `limits` item names: its `policy`, or each of its
@@ -406,7 +429,7 @@ fn matcher(
     })
 }
 
-fn list(path: &KeyPath, raw: ScalarList) -> Vec<(KeyPath, Scalar)> {
+pub(super) fn list(path: &KeyPath, raw: ScalarList) -> Vec<(KeyPath, Scalar)> {
     match raw {
         ScalarList::One(s) => vec![(path.clone(), s)],
         ScalarList::Many(v) => v
@@ -556,83 +579,4 @@ fn prefix_path(s: &str, rules: &PathRules) -> Result<PathMatch, String> {
         ));
     }
     Ok(PathMatch::Prefix(normal_path(s, rules)?))
-}
-
-fn default_upgrades() -> Arc<[Box<str>]> {
-    DEFAULT_UPGRADES.iter().map(|p| Box::from(*p)).collect()
-}
-
-/// `upgrades: [websocket, ...]`: the `Upgrade` protocols a route passes,
-/// by name (any version); `[]` passes none. `h2c` never passes: an h2c
-/// tunnel would carry requests sluice never sees.
-fn upgrades(
-    cx: &mut Checker<'_>,
-    path: &KeyPath,
-    raw: Option<ScalarList>,
-) -> Option<Arc<[Box<str>]>> {
-    let Some(raw) = raw else {
-        return Some(default_upgrades());
-    };
-    let mut out: Vec<Box<str>> = Vec::new();
-    let mut ok = true;
-    for (p, s) in &list(path, raw) {
-        match cx.value(p, s, upgrade_protocol) {
-            Some(name) if !out.contains(&name) => out.push(name),
-            Some(_) => {}
-            None => ok = false,
-        }
-    }
-    ok.then(|| out.into())
-}
-
-fn upgrade_protocol(s: &str) -> Result<Box<str>, String> {
-    let name = s.trim().to_ascii_lowercase();
-    let token = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-    if !token {
-        return Err(format!(
-            "`{s}` is not a protocol name; write it without a version, e.g. websocket"
-        ));
-    }
-    if name == "h2c" {
-        return Err(
-            "h2c is never passed: the tunnel would carry HTTP/2 requests sluice never limits"
-                .to_owned(),
-        );
-    }
-    Ok(name.into_boxed_str())
-}
-
-/// `Some(None)` for `policy: none`.
-fn route_policy(
-    cx: &mut Checker<'_>,
-    path: &KeyPath,
-    raw: Option<&Scalar>,
-    policies: &Policies,
-) -> Option<Option<LimitPolicy>> {
-    let Some(s) = raw else {
-        cx.error(
-            path,
-            At::Key,
-            "required key is missing (name a policy, or `none` for no limit)",
-        );
-        return None;
-    };
-    if s.0 == "none" {
-        return Some(None);
-    }
-    match policies.find(&s.0) {
-        Found::Valid(p) => Some(Some(p.clone())),
-        Found::Invalid => None,
-        Found::Unknown => {
-            cx.error(
-                path,
-                At::Value,
-                format!("unknown policy `{}`; {}", s.0, policies.known()),
-            );
-            None
-        }
-    }
 }

@@ -36,6 +36,7 @@ fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
             .collect(),
         upgrades: Arc::from(Vec::new()),
         tiers: None,
+        addresses: Default::default(),
     }
 }
 

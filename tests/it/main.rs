@@ -9,6 +9,7 @@
 mod support;
 
 mod address_claims;
+mod address_rules;
 mod app_spellings;
 mod broken_upstream;
 mod clocks_and_cardinality;

@@ -136,6 +136,8 @@ impl Config {
 }
 
 #[cfg(test)]
+mod address_tests;
+#[cfg(test)]
 mod buffering_tests;
 #[cfg(test)]
 mod fallback_tests;

@@ -281,3 +281,60 @@ async fn on_redis_exempt_requests_make_no_store_call() {
     );
     assert!(script_calls(&mut conn) >= 1);
 }
+
+#[test]
+fn check_lists_the_rules_and_explain_says_denied_and_exempt() {
+    use crate::support::sidecar::{run_binary, write_config};
+    let (dir, path) = write_config(&config("http://127.0.0.1:9", "", "[127.0.0.1]"));
+    let config = path.to_str().unwrap();
+    let (code, out, err) = run_binary(&["check", "--config", config], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("api: deny 203.0.113.0/24 (403, before any limit)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("api: exempt 10.0.0.0/8 from policy one"),
+        "{out}"
+    );
+    assert!(
+        out.contains("both: exempt 10.0.0.0/8 from policy one"),
+        "{out}"
+    );
+
+    let explain = |forwarded_for: &str, path: &str| {
+        let request = dir.path().join("request.json");
+        let described = serde_json::json!({
+            "method": "GET",
+            "path": path,
+            "headers": { "X-Forwarded-For": forwarded_for },
+            "peer": "127.0.0.1",
+        });
+        std::fs::write(&request, described.to_string()).unwrap();
+        let request = request.to_str().unwrap();
+        let (code, out, err) =
+            run_binary(&["check", "--config", config, "--explain", request], &[]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let denied = explain("203.0.113.9", "/api");
+    assert_eq!(denied["answer"]["status"], 403, "{denied:#}");
+    assert_eq!(denied["denied"], "api");
+    assert!(!denied.to_string().contains("203.0.113.9"), "{denied:#}");
+    let exempt = explain("10.1.2.3", "/both");
+    let limits = &exempt["routes"][0]["limits"];
+    let one = limits
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["policy"] == "one")
+        .unwrap();
+    assert_eq!(one["exempt"], true, "{exempt:#}");
+    let two = limits
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["policy"] == "two")
+        .unwrap();
+    assert!(two.get("exempt").is_none(), "{exempt:#}");
+}

@@ -35,6 +35,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod import;
 pub mod limit;
 pub mod manifests;
 pub mod path;

@@ -22,6 +22,7 @@ mod hang_ups;
 mod head_budget;
 mod hostile_requests;
 mod identity;
+mod ingress_import;
 mod jwt_claims;
 mod leases;
 mod local_fallback;

@@ -7,7 +7,8 @@
 //!   slashes, escapes, parameters), used for matching and forwarded.
 //! - [`route`]: routes and their matchers, compiled into a table;
 //!   `find(method, path)` → the route's position, which the proxy's
-//!   per-route state is indexed by.
+//!   per-route state is indexed by; each route's `deny` and `exempt`
+//!   networks (`route::Addresses`).
 //! - [`subject`]: who is asking (client IP behind trusted proxies, a header)
 //!   and its pseudonym (versioned HMAC; raw identities never reach a store).
 //! - [`limit`]: policies, typed outcomes and the pure algorithm steps.
@@ -26,6 +27,8 @@
 //!   names; each module holds the handles of what it measures.
 //! - [`sync`]: locks taken whatever a panic elsewhere left (one rule,
 //!   written once) and the made-once map the Redis scripts live in.
+//! - [`import`]: `sluice import ingress-nginx`, which writes a
+//!   configuration with the limits of Ingress annotations.
 //! - [`manifests`]: `sluice check-manifests`, which reads a rendering
 //!   (Helm, Kustomize) for workloads meant to run sluice that do not and
 //!   Service ports that reach the application around it.

@@ -8,20 +8,26 @@ use ipnet::IpNet;
 use super::read::{text, Ingress, ANNOTATION_PREFIX};
 
 /// ingress-nginx's `limit-burst-multiplier` when it is not written (or
-/// not a whole number of at least 1).
+/// not a whole number).
 pub const DEFAULT_BURST_MULTIPLIER: u64 = 5;
 
 /// The largest `limit` or `burst` a sluice policy takes.
 const MAX: u64 = u32::MAX as u64;
 
 /// The annotations this importer carries over, by their short name.
-pub const CARRIED: [&str; 5] = [
+pub const CARRIED: [&str; 6] = [
     "limit-rps",
     "limit-rpm",
     "limit-burst-multiplier",
     "limit-connections",
+    "limit-allowlist",
     "limit-whitelist",
 ];
+
+/// Said of a value ingress-nginx refuses: it then applied none of the
+/// Ingress's limit annotations, where this import carries over those
+/// that read, as their author meant.
+const REFUSED: &str = "ingress-nginx refused it and then enforced none of this Ingress's limits; the others are carried over here";
 
 /// An Ingress's limits, as ingress-nginx would enforce them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,7 +40,8 @@ pub struct Limits {
     pub multiplier: u64,
     /// Connections at once per client address.
     pub connections: Option<u64>,
-    /// `limit-whitelist`: exempt from every limit of the Ingress.
+    /// `limit-allowlist` (or its older name `limit-whitelist`): exempt
+    /// from every limit of the Ingress.
     pub whitelist: Vec<IpNet>,
     /// Full annotation names, each with why it was not carried over.
     pub not_carried: Vec<(String, String)>,
@@ -81,7 +88,7 @@ pub fn read(ingress: &Ingress) -> Limits {
             None => {
                 limits.not_carried.push((
                     full(name),
-                    format!("`{written}` is not a whole number (ingress-nginx ignores it too)"),
+                    format!("`{written}` is not a whole number: {REFUSED}"),
                 ));
                 None
             }
@@ -92,29 +99,41 @@ pub fn read(ingress: &Ingress) -> Limits {
     limits.connections = rate("limit-connections", &mut limits);
     if let Some(written) = ingress.annotation("limit-burst-multiplier") {
         match whole(&written) {
-            Some(n) if n >= 1 => limits.multiplier = n,
-            _ => limits.not_carried.push((
+            // 0 is nginx's `burst=0`: one request at a time.
+            Some(n) => limits.multiplier = n,
+            None => limits.not_carried.push((
                 full("limit-burst-multiplier"),
-                format!("`{written}` is not a whole number of at least 1: ingress-nginx used its default, {DEFAULT_BURST_MULTIPLIER}, and so does this import"),
+                format!("`{written}` is not a whole number: ingress-nginx used its default, {DEFAULT_BURST_MULTIPLIER}, and so does this import"),
             )),
         }
     }
-    if let Some(written) = ingress.annotation("limit-whitelist") {
+    // ingress-nginx reads `limit-allowlist`, and `limit-whitelist` as its
+    // older name when the new one is not written.
+    let allowlist = ["limit-allowlist", "limit-whitelist"]
+        .into_iter()
+        .find_map(|name| Some((name, ingress.annotation(name)?)));
+    if let Some((name, written)) = allowlist {
         for entry in written.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             match network(entry) {
                 Some(net) if !limits.whitelist.contains(&net) => limits.whitelist.push(net),
                 Some(_) => {}
                 None => limits.not_carried.push((
-                    full("limit-whitelist"),
-                    format!("`{entry}` is neither an address nor a CIDR"),
+                    full(name),
+                    format!("`{entry}` is neither an address nor a CIDR: {REFUSED}"),
                 )),
             }
         }
         if !limits.any() && !limits.whitelist.is_empty() {
             limits.whitelist.clear();
             limits.not_carried.push((
-                full("limit-whitelist"),
+                full(name),
                 "the Ingress sets no limit to exempt from".to_owned(),
+            ));
+        }
+        if name == "limit-allowlist" && ingress.annotation("limit-whitelist").is_some() {
+            limits.not_carried.push((
+                full("limit-whitelist"),
+                "ingress-nginx read `limit-allowlist` in its place".to_owned(),
             ));
         }
     }
@@ -132,7 +151,6 @@ pub fn read(ingress: &Ingress) -> Limits {
             s if s.starts_with("global-rate-limit") => {
                 "ingress-nginx's memcached-backed global limit: its key and window are not mapped; write a policy on `store.kind: redis` for it by hand".to_owned()
             }
-            "limit-allow-list" => "not an ingress-nginx annotation; `limit-whitelist` is".to_owned(),
             "whitelist-source-range" | "denylist-source-range" | "allowlist-source-range" => {
                 let value = text(value).unwrap_or_default();
                 format!("an access rule, not a limit (value `{}`); a route's `deny` refuses addresses, but an allow list is not mapped", one_line(&value))

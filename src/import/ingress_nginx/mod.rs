@@ -12,8 +12,9 @@
 //! - `limit-connections`: a concurrency policy. ingress-nginx counted
 //!   connections per client address in each controller replica; sluice
 //!   counts requests in flight per client address in each sidecar.
-//! - `limit-whitelist`: the route's `exempt` (ingress-nginx exempted
-//!   those addresses from every limit of the Ingress).
+//! - `limit-allowlist` (or its older name `limit-whitelist`): the
+//!   route's `exempt` (ingress-nginx exempted those addresses from every
+//!   limit of the Ingress).
 //! - one route per path of each rule: `Exact` → `path`, `Prefix` →
 //!   `path_prefix`, `ImplementationSpecific` → `path_prefix` (with a
 //!   comment); the default backend → a route for any path, last.

@@ -132,6 +132,36 @@ fn the_whitelist_exempts_from_every_limit_of_the_ingress() {
 }
 
 #[test]
+fn the_allowlist_is_read_under_its_new_name_first() {
+    let annotations = annotation("limit-rps", "5")
+        + &annotation("limit-allowlist", "192.0.2.0/24")
+        + &annotation("limit-whitelist", "10.0.0.0/8");
+    let (out, config) = loaded(&ingress(&annotations, &path("/api", "Prefix")));
+    let exempt: Vec<String> = config.live.routes[0]
+        .addresses
+        .exempt_from(0)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(exempt, ["192.0.2.0/24"]);
+    assert!(out.contains(
+        "# sluice import: not carried over: nginx.ingress.kubernetes.io/limit-whitelist: ingress-nginx read `limit-allowlist` in its place"
+    ));
+}
+
+#[test]
+fn a_multiplier_of_zero_is_nginxs_burst_of_zero() {
+    let annotations = annotation("limit-rps", "3") + &annotation("limit-burst-multiplier", "0");
+    let (_, config) = loaded(&ingress(&annotations, &path("/api", "Prefix")));
+    let (limit, _, burst) = gcra(&config, "ns.app-rps");
+    assert_eq!((limit, burst), (3, 1));
+    let annotations = annotation("limit-rps", "3") + &annotation("limit-burst-multiplier", "x");
+    let (out, config) = loaded(&ingress(&annotations, &path("/api", "Prefix")));
+    assert_eq!(gcra(&config, "ns.app-rps").2, 16);
+    assert!(out.contains("limit-burst-multiplier: `x` is not a whole number"));
+}
+
+#[test]
 fn every_annotation_not_carried_over_is_named() {
     let annotations = annotation("limit-rps", "5")
         + &annotation("limit-rate", "100")

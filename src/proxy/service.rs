@@ -174,6 +174,15 @@ impl Proxy {
             Ok(Destination::Sluice) => return respond::server_options(),
             Ok(Destination::Denied(entry)) => {
                 entry.metrics.denied();
+                // Logged as other refusals are: a few a second per route.
+                if entry.log_budget.take(arrival) {
+                    tracing::info!(
+                        route = %entry.route.name,
+                        outcome = "address_denied",
+                        forwarded = false,
+                        "decision"
+                    );
+                }
                 return respond::forbidden(&entry.route.name);
             }
             Err(invalid) => return refuse(&invalid),

@@ -8,7 +8,8 @@
 //! - [`route`]: routes and their matchers, compiled into a table;
 //!   `find(method, path, facts)` (the host, headers and query route
 //!   conditions read) → the route's position, which the proxy's
-//!   per-route state is indexed by.
+//!   per-route state is indexed by; each route's `deny` and `exempt`
+//!   networks (`route::Addresses`).
 //! - [`subject`]: who is asking (client IP behind trusted proxies, a header)
 //!   and its pseudonym (versioned HMAC; raw identities never reach a store).
 //! - [`limit`]: policies, typed outcomes and the pure algorithm steps.
@@ -27,6 +28,8 @@
 //!   names; each module holds the handles of what it measures.
 //! - [`sync`]: locks taken whatever a panic elsewhere left (one rule,
 //!   written once) and the made-once map the Redis scripts live in.
+//! - [`import`]: `sluice import ingress-nginx`, which writes a
+//!   configuration with the limits of Ingress annotations.
 //! - [`manifests`]: `sluice check-manifests`, which reads a rendering
 //!   (Helm, Kustomize) for workloads meant to run sluice that do not and
 //!   Service ports that reach the application around it.
@@ -36,6 +39,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod import;
 pub mod limit;
 pub mod manifests;
 pub mod path;

@@ -1,7 +1,8 @@
 //! `sluice run` serves; `sluice check` validates and prints the route table,
 //! or with `--explain` the routing of one described request;
 //! `sluice check-manifests` reads a Kubernetes rendering for sluice left out
-//! or gone around.
+//! or gone around; `sluice import ingress-nginx` writes a configuration
+//! from Ingress manifests.
 //! Exit codes: 0 ok, 2 invalid configuration (or request description),
 //! 1 runtime failure.
 
@@ -67,6 +68,12 @@ enum Command {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
+    /// Write a sluice configuration (YAML, to standard output) with the
+    /// limits another proxy was given.
+    Import {
+        #[command(subcommand)]
+        from: ImportFrom,
+    },
     /// Print every key of the sections (server, upstream, store, identity,
     /// responses): its default, whether a reload applies it or it needs a
     /// restart, and what it means.
@@ -74,6 +81,18 @@ enum Command {
         /// As the Markdown table of the configuration reference.
         #[arg(long)]
         markdown: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImportFrom {
+    /// Ingress manifests (`networking.k8s.io/v1`, multi-document YAML,
+    /// `-` for standard input) and their `nginx.ingress.kubernetes.io/`
+    /// limit annotations: one route per path, every annotation not
+    /// carried over named in a comment.
+    IngressNginx {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
     },
 }
 
@@ -94,6 +113,9 @@ fn main() -> ExitCode {
             out.finish(ExitCode::SUCCESS)
         }
         Command::CheckManifests { files } => check_manifests(&files),
+        Command::Import {
+            from: ImportFrom::IngressNginx { files },
+        } => import_ingress_nginx(&files),
         Command::Check {
             config,
             explain,
@@ -154,12 +176,16 @@ fn check_printing(
     connect: bool,
 ) -> ExitCode {
     out.print(format_args!("{}", config.route_table()));
+    let addresses = config.address_notes();
+    if !addresses.is_empty() {
+        out.print(format_args!("\n{addresses}"));
+    }
     if !config.live.policies.is_empty() {
         out.print(format_args!("\n{}", config.count_notes()));
     }
     let answers = config.answer_notes();
     if !answers.is_empty() {
-        print!("\n{answers}");
+        out.print(format_args!("\n{answers}"));
     }
     let warnings = config.tier_warnings();
     if !warnings.is_empty() {
@@ -239,13 +265,7 @@ fn check_printing(
 fn check_manifests(files: &[PathBuf]) -> ExitCode {
     let mut objects = Vec::new();
     for file in files {
-        let (name, text) = if file.as_os_str() == "-" {
-            let mut text = String::new();
-            let read = std::io::Read::read_to_string(&mut std::io::stdin(), &mut text);
-            ("standard input".to_owned(), read.map(|_| text))
-        } else {
-            (file.display().to_string(), std::fs::read_to_string(file))
-        };
+        let (name, text) = read_input(file);
         let text = match text {
             Ok(text) => text,
             Err(error) => {
@@ -269,6 +289,43 @@ fn check_manifests(files: &[PathBuf]) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The text of `file` (`-`: standard input), named for messages.
+fn read_input(file: &Path) -> (String, std::io::Result<String>) {
+    if file.as_os_str() == "-" {
+        let mut text = String::new();
+        let read = std::io::Read::read_to_string(&mut std::io::stdin(), &mut text);
+        ("standard input".to_owned(), read.map(|_| text))
+    } else {
+        (file.display().to_string(), std::fs::read_to_string(file))
+    }
+}
+
+/// `sluice import ingress-nginx`: every file read first, then one
+/// configuration for all their Ingresses.
+fn import_ingress_nginx(files: &[PathBuf]) -> ExitCode {
+    let mut read = Vec::with_capacity(files.len());
+    for file in files {
+        match read_input(file) {
+            (name, Ok(text)) => read.push((name, text)),
+            (name, Err(error)) => {
+                eprintln!("{name}: {error}");
+                return ExitCode::from(EXIT_RUNTIME);
+            }
+        }
+    }
+    match sluice::import::ingress_nginx::import(&read) {
+        Ok(config) => {
+            // A closed pipe (`| head`) is no failure of the import.
+            let _ = write!(std::io::stdout(), "{config}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
 }
 
 /// `sluice check --explain`: the routing half of `POST /explain`, offline.

@@ -8,6 +8,7 @@
 //! prepared responses) lives in the proxy, indexed by what [`RouteTable::find`]
 //! returns.
 
+mod addresses;
 mod answers;
 mod conditions;
 mod index;
@@ -23,6 +24,7 @@ use http::{HeaderName, Method};
 
 use crate::limit::LimitPolicy;
 
+pub use addresses::Addresses;
 pub use answers::{Answers, CustomAnswer, CustomBody};
 pub use conditions::{host_name, Ambiguous, Conditions, Facts, HostPattern, Unmet, Wanted};
 pub use matcher::{Match, PathMatch, Segment};
@@ -49,6 +51,8 @@ pub struct Route {
     /// `responses:`, each answer falling back to the global one (already
     /// merged when the configuration loads).
     pub answers: Answers,
+    /// `deny` and `exempt`: what the client address does on this route.
+    pub addresses: Addresses,
 }
 
 /// One of a route's limits: a policy, who it counts, and what a request

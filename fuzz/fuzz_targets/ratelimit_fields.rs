@@ -168,6 +168,7 @@ fuzz_target!(|input: Input| {
         }],
         upgrades: Arc::from(Vec::<Box<str>>::new()),
         tiers: None,
+        addresses: Default::default(),
     };
     let duration = |(secs, nanos): (u64, u32)| Duration::new(secs, nanos % 1_000_000_000);
     let decision = Decision {

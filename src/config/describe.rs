@@ -3,6 +3,8 @@
 //! cannot decide. A route with several limits takes one line per limit,
 //! the route's own columns written on the first only.
 
+mod addresses;
+
 use std::num::NonZeroU32;
 
 use super::{Config, OnFailure, StoreLive};
@@ -10,6 +12,8 @@ use crate::limit::{Bands, LimitPolicy};
 use crate::route::{
     Conditions, Limit, PathMatch, Route, Segment, SubjectSource, TierBy, Tiers, Wanted,
 };
+
+pub use addresses::address_notes;
 
 const COLUMNS: usize = 11;
 

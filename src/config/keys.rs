@@ -392,8 +392,14 @@ keys! { ENTRIES:
         "only responses with one of these statuses are charged (`on: response`)";
     ROUTE_RESPONSES: "routes[].responses", "mapping", Unset("the global `responses.refused` and `responses.unavailable`"), Reload,
         "`{ refused, unavailable }`, each as under `responses`; each one written replaces the global one whole, for this route";
+    ROUTE_LIMITS_EXEMPT: "routes[].limits[].exempt", "list of CIDRs", Unset("no address skips this limit"), Reload,
+        "requests from these networks skip this limit (beside the route's `exempt`), counted in `sluice_requests_exempted_total`";
     ROUTE_UPGRADES: "routes[].upgrades", "list", Value("[websocket]"), Reload,
         "the `Upgrade` protocols the route passes on; `[]` passes none";
+    ROUTE_EXEMPT: "routes[].exempt", "list of CIDRs", Unset("no address skips a limit"), Reload,
+        "requests whose client address (as `client_ip` resolves it, behind trusted proxies and PROXY protocol) is in one of these networks skip every limit of the route, counted in `sluice_requests_exempted_total`";
+    ROUTE_DENY: "routes[].deny", "list of CIDRs", Unset("no address is refused"), Reload,
+        "requests whose client address (as `client_ip` resolves it) is in one of these networks are answered 403 before any limit, never forwarded, counted in `sluice_requests_denied_total`";
     DEFAULT_ROUTE_POLICY: "default.policy", "text", Required, Reload,
         "the policy of a request no route matches, or `none`; no `default` at all is `policy: none`";
     DEFAULT_ROUTE_SUBJECT: "default.subject", "list", Value("client_ip"), Reload,
@@ -446,8 +452,14 @@ keys! { ENTRIES:
         "only responses with one of these statuses are charged (`on: response`)";
     DEFAULT_ROUTE_RESPONSES: "default.responses", "mapping", Unset("the global ones"), Reload,
         "`{ refused, unavailable }`, as in a route";
+    DEFAULT_ROUTE_LIMITS_EXEMPT: "default.limits[].exempt", "list of CIDRs", Unset("no address skips this limit"), Reload,
+        "requests from these networks skip this limit";
     DEFAULT_ROUTE_UPGRADES: "default.upgrades", "list", Value("[websocket]"), Reload,
         "the `Upgrade` protocols passed on for it";
+    DEFAULT_ROUTE_EXEMPT: "default.exempt", "list of CIDRs", Unset("no address skips a limit"), Reload,
+        "requests from these networks skip every limit of `default`";
+    DEFAULT_ROUTE_DENY: "default.deny", "list of CIDRs", Unset("no address is refused"), Reload,
+        "requests no route matched from these networks are answered 403";
 }
 
 /// The key at `path`.

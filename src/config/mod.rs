@@ -116,6 +116,12 @@ impl Config {
         describe::route_table(self)
     }
 
+    /// What `sluice check` prints after the table: the client addresses
+    /// each route denies, and exempts from which limit.
+    pub fn address_notes(&self) -> String {
+        describe::address_notes(self)
+    }
+
     /// What `sluice check` prints after the table: for each counting
     /// policy, which changes start its counts afresh.
     pub fn count_notes(&self) -> String {
@@ -135,6 +141,8 @@ impl Config {
     }
 }
 
+#[cfg(test)]
+mod address_tests;
 #[cfg(test)]
 mod answers_tests;
 #[cfg(test)]

@@ -550,6 +550,8 @@ pub struct Route {
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
     pub responses: Option<RouteResponses>,
+    pub exempt: Option<ScalarList>,
+    pub deny: Option<ScalarList>,
 }
 
 /// One entry of a route's `limits:`.
@@ -561,6 +563,7 @@ pub struct Limit {
     pub subject: Option<Subjects>,
     pub cost: Option<Cost>,
     pub charge: Option<Charge>,
+    pub exempt: Option<ScalarList>,
 }
 
 /// `cost`: a number, or `{ from_response_header, max, default, reserve }`.
@@ -616,4 +619,6 @@ pub struct DefaultRoute {
     pub limits: Option<Vec<Limit>>,
     pub upgrades: Option<ScalarList>,
     pub responses: Option<RouteResponses>,
+    pub exempt: Option<ScalarList>,
+    pub deny: Option<ScalarList>,
 }

@@ -6,6 +6,7 @@
 //! policy and each route deserialized on its own (`raw`) and checked, so one
 //! mistake never hides another in a different place.
 
+mod addresses;
 mod charge;
 pub(crate) mod check;
 mod conditions;
@@ -15,6 +16,7 @@ pub(crate) use policy::derived_revision;
 mod route;
 mod sections;
 mod subject;
+mod upgrades;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -14,8 +14,9 @@ use crate::route::{CostRead, Route, SubjectSource};
 
 use crate::telemetry::{
     DECISION_DURATION, FORWARDED_WITHOUT_DECISION, IN_FLIGHT, NEAR_LIMIT, REQUESTS,
-    REQUESTS_REFUSED, REQUEST_BODIES_CUT, RESPONSE_CHARGES, RESPONSE_COST_FALLBACKS,
-    UNDECODABLE_CREDENTIALS, UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_RESPONSES,
+    REQUESTS_DENIED, REQUESTS_EXEMPTED, REQUESTS_REFUSED, REQUEST_BODIES_CUT, RESPONSE_CHARGES,
+    RESPONSE_COST_FALLBACKS, UNDECODABLE_CREDENTIALS, UPSTREAM_DURATION, UPSTREAM_ERRORS,
+    UPSTREAM_RESPONSES,
 };
 
 use super::body::Cut;
@@ -50,6 +51,11 @@ pub struct RouteMetrics {
     /// When a limit of the route counts `header:Authorization`: requests
     /// whose `Basic` credential went to the shared undecodable bucket.
     undecodable: Option<Counter>,
+    /// Per limit of the route that exempts some network: requests that
+    /// skipped it.
+    exempted: Box<[Option<Counter>]>,
+    /// When the route denies some network: requests answered 403.
+    denied: Option<Counter>,
 }
 
 impl RouteMetrics {
@@ -102,9 +108,24 @@ impl RouteMetrics {
             .flat_map(SubjectSource::parts)
             .any(|s| matches!(s, SubjectSource::Header(h) if h == http::header::AUTHORIZATION))
             .then(|| metrics::counter!(UNDECODABLE_CREDENTIALS, "route" => name.clone()));
+        let exempted = route
+            .limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let policy = l.policy.name().to_string();
+                (!route.addresses.exempt_from(i).is_empty()).then(|| {
+                    metrics::counter!(REQUESTS_EXEMPTED, "route" => name.clone(), "policy" => policy)
+                })
+            })
+            .collect();
+        let denied = (!route.addresses.deny.is_empty())
+            .then(|| metrics::counter!(REQUESTS_DENIED, "route" => name.clone()));
         let route = name;
         RouteMetrics {
             undecodable,
+            exempted,
+            denied,
             in_flight,
             near_limit,
             on_response,
@@ -145,6 +166,21 @@ impl RouteMetrics {
     /// shared undecodable bucket.
     pub fn undecodable(&self) {
         if let Some(counter) = &self.undecodable {
+            counter.increment(1);
+        }
+    }
+
+    /// Counts a request that skipped the route's limit `limit`, its
+    /// client address being exempt from it.
+    pub fn exempted(&self, limit: usize) {
+        if let Some(Some(counter)) = self.exempted.get(limit) {
+            counter.increment(1);
+        }
+    }
+
+    /// Counts a request answered 403 for the route's `deny`.
+    pub fn denied(&self) {
+        if let Some(counter) = &self.denied {
             counter.increment(1);
         }
     }

@@ -197,12 +197,29 @@ impl Proxy {
             rewritten,
             checks,
             drop_underscored,
+            exempted,
             ..
         } = match routed {
             Ok(Destination::Routes(routed)) => routed,
             Ok(Destination::Sluice) => return respond::server_options(),
+            Ok(Destination::Denied(entry)) => {
+                entry.metrics.denied();
+                // Logged as other refusals are: a few a second per route.
+                if entry.log_budget.take(arrival) {
+                    tracing::info!(
+                        route = %entry.route.name,
+                        outcome = "address_denied",
+                        forwarded = false,
+                        "decision"
+                    );
+                }
+                return respond::forbidden(&entry.route.name);
+            }
             Err(invalid) => return refuse(&invalid),
         };
+        for (entry, limit) in exempted {
+            entry.metrics.exempted(limit);
+        }
         if drop_underscored {
             underscores::remove(request.headers_mut());
         }

@@ -247,6 +247,7 @@ mod tests {
             upgrades: Arc::from(Vec::new()),
             tiers: None,
             answers: Default::default(),
+            addresses: Default::default(),
         }
     }
 
@@ -327,6 +328,7 @@ mod tests {
                 upgrades: Arc::from(Vec::new()),
                 tiers: None,
                 answers: Default::default(),
+                addresses: Default::default(),
             })
             .collect();
         let index = Index::new(&routes);
@@ -393,6 +395,7 @@ mod tests {
                 upgrades: Arc::from(Vec::new()),
                 tiers: None,
                 answers: Default::default(),
+                addresses: Default::default(),
             })
             .collect();
         let default = Route {

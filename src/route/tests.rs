@@ -16,6 +16,7 @@ fn route(name: &str, methods: &[Method], path: PathMatch) -> Route {
         upgrades: Arc::from(Vec::new()),
         tiers: None,
         answers: Default::default(),
+        addresses: Default::default(),
     }
 }
 

@@ -63,6 +63,8 @@ impl Metric {
 
 pub const REQUESTS: &str = "sluice_requests_total";
 pub const REQUESTS_REFUSED: &str = "sluice_requests_refused_total";
+pub const REQUESTS_EXEMPTED: &str = "sluice_requests_exempted_total";
+pub const REQUESTS_DENIED: &str = "sluice_requests_denied_total";
 pub const DECISION_DURATION: &str = "sluice_decision_duration_seconds";
 pub const FORWARDED_WITHOUT_DECISION: &str = "sluice_forwarded_without_decision_total";
 pub const UPSTREAM_RESPONSES: &str = "sluice_upstream_responses_total";
@@ -118,6 +120,14 @@ pub const ALL: &[Metric] = &[
     Metric::counter(
         REQUESTS_REFUSED,
         "Malformed requests refused before routing (400/501), by reason.",
+    ),
+    Metric::counter(
+        REQUESTS_EXEMPTED,
+        "Requests that skipped a limit because their client address is in its `exempt` networks, by route and policy.",
+    ),
+    Metric::counter(
+        REQUESTS_DENIED,
+        "Requests answered 403 because their client address is in the route's `deny` networks, by route; never forwarded, never counted against a limit.",
     ),
     Metric::counter(
         STORE_RETRIES,

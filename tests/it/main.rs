@@ -9,6 +9,7 @@
 mod support;
 
 mod address_claims;
+mod address_rules;
 mod app_spellings;
 mod broken_upstream;
 mod clocks_and_cardinality;
@@ -23,6 +24,7 @@ mod hang_ups;
 mod head_budget;
 mod hostile_requests;
 mod identity;
+mod ingress_import;
 mod jwt_claims;
 mod leases;
 mod local_fallback;

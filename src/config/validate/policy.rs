@@ -427,3 +427,35 @@ impl crate::limit::algorithm::Params for Written<'_, '_, '_, '_> {
         self.cx.error(&path, At::Key, message);
     }
 }
+
+/// `Some(None)` for `policy: none`.
+pub(super) fn route_policy(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    raw: Option<&Scalar>,
+    policies: &Policies,
+) -> Option<Option<LimitPolicy>> {
+    let Some(s) = raw else {
+        cx.error(
+            path,
+            At::Key,
+            "required key is missing (name a policy, or `none` for no limit)",
+        );
+        return None;
+    };
+    if s.0 == "none" {
+        return Some(None);
+    }
+    match policies.find(&s.0) {
+        Found::Valid(p) => Some(Some(p.clone())),
+        Found::Invalid => None,
+        Found::Unknown => {
+            cx.error(
+                path,
+                At::Value,
+                format!("unknown policy `{}`; {}", s.0, policies.known()),
+            );
+            None
+        }
+    }
+}

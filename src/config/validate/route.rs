@@ -5,14 +5,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use serde_yaml::Value;
 
+use super::addresses;
 use super::charge;
 use super::check::{self, Checker};
-use super::policy::{Found, Policies};
+use super::policy::{route_policy, Policies};
+use super::upgrades::{default_upgrades, upgrades};
 use crate::config::locate::{At, KeyPath};
-use crate::config::raw::{self, Scalar, ScalarList};
-use crate::config::{Underscores, DEFAULT_UPGRADES};
+use crate::config::raw::{self, Scalar};
+use crate::config::Underscores;
 use crate::limit::LimitPolicy;
 use crate::path::PathRules;
 use crate::route::{Answers, Limit, Match, Route, Tiers};
@@ -78,6 +81,8 @@ pub fn routes(
         };
         let upgrades = upgrades(cx, &at.key("upgrades"), raw.upgrades);
         let answers = own_answers(cx, &at.key("responses"), raw.responses);
+        let deny = addresses::list(cx, &at.key("deny"), raw.deny);
+        let exempt = addresses::list(cx, &at.key("exempt"), raw.exempt);
         let written = Written {
             policy: raw.policy,
             tiers: raw.tiers,
@@ -87,9 +92,18 @@ pub fn routes(
             limits: raw.limits,
         };
         let limits = limits(cx, &at, written, policies, reads);
-        if let (Some(name), Some(matcher), Some((limits, tiers)), Some(upgrades), Some(answers)) =
-            (name, matcher, limits, upgrades, answers)
+        if let (
+            Some(name),
+            Some(matcher),
+            Some((limits, tiers, own)),
+            Some(upgrades),
+            Some(answers),
+        ) = (name, matcher, limits, upgrades, answers)
         {
+            let (Some(deny), Some(exempt)) = (deny, exempt) else {
+                continue;
+            };
+            let addresses = addresses::gather(cx, &at, deny, exempt, &limits, own);
             out.push(Route {
                 name: Arc::from(name.as_str()),
                 matcher,
@@ -97,6 +111,7 @@ pub fn routes(
                 upgrades,
                 tiers,
                 answers,
+                addresses,
             });
         }
     }
@@ -120,6 +135,7 @@ pub fn default_route(
                 upgrades: default_upgrades(),
                 tiers: None,
                 answers: Answers::default(),
+                addresses: Default::default(),
             })
         }
         Some(v) => cx.shape::<raw::DefaultRoute>(path, Some(v))?,
@@ -135,7 +151,10 @@ pub fn default_route(
     let limits = limits(cx, path, written, policies, reads);
     let upgrades = upgrades(cx, &path.key("upgrades"), raw.upgrades);
     let answers = own_answers(cx, &path.key("responses"), raw.responses);
-    let (limits, tiers) = limits?;
+    let deny = addresses::list(cx, &path.key("deny"), raw.deny);
+    let exempt = addresses::list(cx, &path.key("exempt"), raw.exempt);
+    let (limits, tiers, own) = limits?;
+    let addresses = addresses::gather(cx, path, deny?, exempt?, &limits, own);
     Some(Route {
         name: Arc::from(DEFAULT_ROUTE),
         matcher: Match::default(),
@@ -143,6 +162,7 @@ pub fn default_route(
         upgrades: upgrades?,
         tiers,
         answers: answers?,
+        addresses,
     })
 }
 
@@ -171,8 +191,9 @@ struct Written {
     limits: Option<Vec<raw::Limit>>,
 }
 
-/// A route's limits, and its tiers when one of them is chosen by header.
-type Limits = (Vec<Limit>, Option<Arc<Tiers>>);
+/// A route's limits, its tiers when one of them is chosen by header, and
+/// (parallel to the limits) the networks each `limits` item exempts.
+type Limits = (Vec<Limit>, Option<Arc<Tiers>>, Vec<Vec<IpNet>>);
 
 /// The route's limits; `path` is the route. `policy: none` is no limit at
 /// all, `policy` + `subject` a list of one, `tiers` one limit per tier.
@@ -190,9 +211,11 @@ fn limits(
             subject: written.subject,
             cost: written.cost,
             charge: written.charge,
+            exempt: None,
         };
         let (limits, tiers) = entry(cx, path, one, policies, reads, false)?;
-        return Some((limits, tiers.map(Arc::new)));
+        let own = vec![Vec::new(); limits.len()];
+        return Some((limits, tiers.map(Arc::new), own));
     };
     let beside = [
         ("policy", written.policy.is_some()),
@@ -222,11 +245,13 @@ fn limits(
         return None;
     }
     let mut out: Vec<Limit> = Vec::with_capacity(list.len());
+    let mut own: Vec<Vec<IpNet>> = Vec::with_capacity(list.len());
     let mut route_tiers: Option<(usize, Tiers)> = None;
     // Where each policy was first named, so a repeat can point at it.
     let mut named: HashMap<Arc<str>, usize> = HashMap::new();
-    for (i, raw) in list.into_iter().enumerate() {
+    for (i, mut raw) in list.into_iter().enumerate() {
         let item = at.index(i);
+        let exempt = addresses::list(cx, &item.key("exempt"), raw.exempt.take());
         let tiered = raw.tiers.is_some();
         let key = if tiered { "tiers" } else { "policy" };
         // Named as written, so a repeat is found even beside an error.
@@ -245,10 +270,13 @@ fn limits(
                 named.insert(name.into(), i);
             }
         }
-        let Some((limits, tiers)) = entry(cx, &item, raw, policies, reads, true) else {
+        let (Some((limits, tiers)), Some(exempt)) =
+            (entry(cx, &item, raw, policies, reads, true), exempt)
+        else {
             ok = false;
             continue;
         };
+        own.extend(std::iter::repeat_n(exempt, limits.len()));
         if let Some(tiers) = tiers {
             if let Some((first, _)) = &route_tiers {
                 cx.error(
@@ -266,7 +294,7 @@ fn limits(
         }
         out.extend(limits);
     }
-    ok.then(|| (out, route_tiers.map(|(_, t)| Arc::new(t))))
+    ok.then(|| (out, route_tiers.map(|(_, t)| Arc::new(t)), own))
 }
 
 /// The policies a `limits` item names: its `policy`, or each of its
@@ -366,83 +394,4 @@ fn entry(
         })
         .collect();
     Some((limits, tiers))
-}
-
-fn default_upgrades() -> Arc<[Box<str>]> {
-    DEFAULT_UPGRADES.iter().map(|p| Box::from(*p)).collect()
-}
-
-/// `upgrades: [websocket, ...]`: the `Upgrade` protocols a route passes,
-/// by name (any version); `[]` passes none. `h2c` never passes: an h2c
-/// tunnel would carry requests sluice never sees.
-fn upgrades(
-    cx: &mut Checker<'_>,
-    path: &KeyPath,
-    raw: Option<ScalarList>,
-) -> Option<Arc<[Box<str>]>> {
-    let Some(raw) = raw else {
-        return Some(default_upgrades());
-    };
-    let mut out: Vec<Box<str>> = Vec::new();
-    let mut ok = true;
-    for (p, s) in &super::matcher::list(path, raw) {
-        match cx.value(p, s, upgrade_protocol) {
-            Some(name) if !out.contains(&name) => out.push(name),
-            Some(_) => {}
-            None => ok = false,
-        }
-    }
-    ok.then(|| out.into())
-}
-
-fn upgrade_protocol(s: &str) -> Result<Box<str>, String> {
-    let name = s.trim().to_ascii_lowercase();
-    let token = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-    if !token {
-        return Err(format!(
-            "`{s}` is not a protocol name; write it without a version, e.g. websocket"
-        ));
-    }
-    if name == "h2c" {
-        return Err(
-            "h2c is never passed: the tunnel would carry HTTP/2 requests sluice never limits"
-                .to_owned(),
-        );
-    }
-    Ok(name.into_boxed_str())
-}
-
-/// `Some(None)` for `policy: none`.
-fn route_policy(
-    cx: &mut Checker<'_>,
-    path: &KeyPath,
-    raw: Option<&Scalar>,
-    policies: &Policies,
-) -> Option<Option<LimitPolicy>> {
-    let Some(s) = raw else {
-        cx.error(
-            path,
-            At::Key,
-            "required key is missing (name a policy, or `none` for no limit)",
-        );
-        return None;
-    };
-    if s.0 == "none" {
-        return Some(None);
-    }
-    match policies.find(&s.0) {
-        Found::Valid(p) => Some(Some(p.clone())),
-        Found::Invalid => None,
-        Found::Unknown => {
-            cx.error(
-                path,
-                At::Value,
-                format!("unknown policy `{}`; {}", s.0, policies.known()),
-            );
-            None
-        }
-    }
 }

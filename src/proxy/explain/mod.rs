@@ -13,6 +13,7 @@
 //! The output never holds a raw identity: no header value, no peer, no
 //! client address; subjects appear as the pseudonyms the stores key by.
 
+mod addresses;
 mod request;
 
 #[cfg(test)]
@@ -128,6 +129,11 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
             out.insert("answer".to_owned(), answered_by_sluice());
             return Value::Object(out);
         }
+        Ok(Destination::Denied(entry)) => {
+            out.insert("denied".to_owned(), json!(&*entry.route.name));
+            out.insert("answer".to_owned(), addresses::denied(entry.route));
+            return Value::Object(out);
+        }
         Err(invalid) => {
             let (refused, answer) = refused(&invalid);
             out.insert("refused".to_owned(), refused);
@@ -227,6 +233,11 @@ pub async fn explain(runtime: &Runtime, source: Source<'_>, described: &Describe
                 );
             }
             limits.push(json);
+        }
+        for &(exempt, at) in &routed.exempted {
+            if std::ptr::eq(exempt.route, route) {
+                limits.push(addresses::exempt(route, at));
+            }
         }
         let found_by: Vec<&str> = match &matching {
             Some(matching) => methods

@@ -11,7 +11,7 @@ use http::{Response, StatusCode};
 use crate::server::heads;
 
 use super::body::{self, Body, Cut};
-use super::{problem, problem_json};
+use super::{problem, problem_json, problem_response, Problem};
 
 /// The methods `OPTIONS *` announces in `Allow`: those in general use
 /// that sluice passes to the app. CONNECT is refused (501); TRACE and
@@ -30,6 +30,27 @@ pub fn server_options() -> Response<Body> {
     headers.insert(ALLOW, HeaderValue::from_static(SERVER_ALLOW));
     headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
     response
+}
+
+/// 403: the client address is in the `deny` networks of route `route`.
+/// Nothing of the request was looked at past its route, and nothing is
+/// forwarded; the body names the route (the operator's word), never the
+/// address.
+pub fn forbidden(route: &str) -> Response<Body> {
+    let status = StatusCode::FORBIDDEN;
+    let detail = format!("route \"{route}\" does not accept requests from this client address");
+    let problem = Problem {
+        kind: "about:blank",
+        title: "Forbidden",
+        status: status.as_u16(),
+        detail: &detail,
+        route: Some(route),
+        policy: None,
+        retry_after: None,
+    };
+    // Serializing a struct of strings and integers cannot fail.
+    let json = serde_json::to_vec(&problem).unwrap_or_default();
+    problem_response(status, json.into(), None)
 }
 
 pub fn bad_request(reason: &str) -> Response<Body> {

@@ -37,6 +37,7 @@ pub(super) fn route_of(name: &str, policies: Vec<LimitPolicy>) -> Route {
         upgrades: Arc::from(Vec::new()),
         tiers: None,
         answers: Default::default(),
+        addresses: Default::default(),
     }
 }
 

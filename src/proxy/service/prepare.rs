@@ -17,6 +17,10 @@ pub(in crate::proxy) struct Routed<'r> {
     pub drop_underscored: bool,
     /// The methods the request was matched as, the wire method first.
     pub methods: Methods,
+    /// The limits the client address is exempt from: each route it
+    /// matched, and the index of the limit in `route.limits`. Skipped,
+    /// they are in no check.
+    pub exempted: SmallVec<[(Entry<'r>, usize); 1]>,
 }
 
 /// Where a request that passed every check goes.
@@ -29,6 +33,9 @@ pub(in crate::proxy) enum Destination<'r> {
     /// `OPTIONS *` that no route asks for: sluice, the server the client
     /// reached, answers it ([`respond::server_options`]).
     Sluice,
+    /// The client address is in the `deny` networks of this route (one
+    /// the request matched): 403, before any limit is looked at.
+    Denied(Entry<'r>),
 }
 
 /// Everything a request goes through before a store is asked: the head
@@ -73,6 +80,23 @@ pub(in crate::proxy) fn prepare<'r>(
     }
     let (matched, rewritten) = route(runtime, &methods, uri, &facts, live)?;
 
+    // The client address, as `client_ip` subjects read it, resolved only
+    // for routes that deny or exempt by it. An `X-Forwarded-For` from a
+    // trusted proxy that cannot be read is refused as it is for
+    // `client_ip`: guessing could let a denied client through.
+    let client = if matched.iter().any(|e| !e.route.addresses.is_empty()) {
+        let trusted = &live.identity.trusted_proxies;
+        let ip = subject::client_ip(peer, headers, trusted)
+            .map_err(|UnreadableForwardedFor| Invalid::ForwardedFor)?;
+        if let Some(entry) = matched.iter().find(|e| e.route.addresses.denies(ip)) {
+            return Ok(Destination::Denied(entry));
+        }
+        Some(ip)
+    } else {
+        None
+    };
+    let mut exempted = SmallVec::new();
+
     // Every subject is resolved before anything is charged, so a
     // request refused for one route consumes nothing of another.
     let mut checks: SmallVec<[Check<'r>; 2]> = SmallVec::new();
@@ -88,6 +112,10 @@ pub(in crate::proxy) fn prepare<'r>(
         let mut undecodable = false;
         for (i, (limit, state)) in route.limits.iter().zip(entry.limits).enumerate() {
             if !limit.applies(tier) {
+                continue;
+            }
+            if client.is_some_and(|ip| route.addresses.exempts(i, ip)) {
+                exempted.push((entry, i));
                 continue;
             }
             // Limits of one route counting the same subject share its
@@ -129,6 +157,7 @@ pub(in crate::proxy) fn prepare<'r>(
         checks,
         drop_underscored: underscored && live.server.underscores == Underscores::Drop,
         methods,
+        exempted,
     }))
 }
 

@@ -43,7 +43,8 @@ const SECRET: &str = "an HS256 secret, 32 bytes or more";
 /// configuration its series: a concurrency policy (`in_flight`), a route
 /// counting `Authorization` (`undecodable_credentials`), a `jwt:` subject
 /// (`jwt_rejected`), a GCRA policy with a delay (`requests_delayed`,
-/// `request_delay_seconds`), a cost read from the response (`response_charges`,
+/// `request_delay_seconds`), `exempt` and `deny` networks (`requests_exempted`,
+/// `requests_denied`), a cost read from the response (`response_charges`,
 /// `response_cost_fallbacks`).
 const POLICIES: &str = "  hourly: { algorithm: fixed-window, limit: 5, window: 1h }
   three: { algorithm: concurrency, limit: 3 }
@@ -55,6 +56,7 @@ const ROUTES: &str =
   - { name: user, match: { path_prefix: /user }, subject: jwt:sub, policy: hourly }
   - { name: slots, match: { path_prefix: /slots }, subject: client_ip, policy: three }
   - { name: smooth, match: { path_prefix: /smooth }, subject: client_ip, policy: smooth }
+  - { name: nets, match: { path_prefix: /nets }, policy: hourly, exempt: [10.9.0.0/16], deny: [10.8.0.0/16] }
   - name: complete
     match: { path: /v1/complete }
     subject: header:x-api-key

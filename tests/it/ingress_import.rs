@@ -93,16 +93,22 @@ async fn an_imported_rate_holds_in_front_of_the_app() {
             &format!("url: {}", upstream.url()),
         );
     let sluice = Sidecar::start(&yaml);
+    let host = [("host", "api.shop.example")];
     for i in 0..7 {
-        let (status, _, _) = get(sluice.addr(), "/api/orders", &[]).await;
+        let (status, _, _) = get(sluice.addr(), "/api/orders", &host).await;
         assert_eq!(status, StatusCode::OK, "request {}", i + 1);
     }
-    let (status, headers, _) = get(sluice.addr(), "/api/orders", &[]).await;
+    let (status, headers, _) = get(sluice.addr(), "/api/orders", &host).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(headers.contains_key("retry-after"));
     assert_eq!(upstream.count(), 7);
-    // Outside the Ingress's paths nothing is limited.
+    // Outside the Ingress's paths, or for another host, nothing is limited.
     for _ in 0..10 {
-        assert_eq!(get(sluice.addr(), "/other", &[]).await.0, StatusCode::OK);
+        assert_eq!(get(sluice.addr(), "/other", &host).await.0, StatusCode::OK);
+        let other_host = [("host", "www.shop.example")];
+        assert_eq!(
+            get(sluice.addr(), "/api/orders", &other_host).await.0,
+            StatusCode::OK
+        );
     }
 }

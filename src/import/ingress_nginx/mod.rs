@@ -21,7 +21,8 @@
 //!   Routes are ordered as nginx picks locations: exact paths first, then
 //!   the longest prefix first, since sluice takes the first route that
 //!   matches.
-//! - hosts: written as a comment (routes here match on the path).
+//! - hosts: `match.hosts` of each rule's routes, ordered as nginx picks
+//!   servers (a named host, a wildcard, then any host).
 //! - every other `nginx.ingress.kubernetes.io/` annotation: a
 //!   `# sluice import: not carried over: …` comment.
 

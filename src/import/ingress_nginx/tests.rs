@@ -208,7 +208,12 @@ fn path_types_and_nginx_order() {
     .map(|p| format!("{p:?}"));
     assert_eq!(matched, want);
     assert!(out.contains("# pathType ImplementationSpecific: read as a prefix"));
-    assert!(out.contains("# host app.example: this route matches any host"));
+    assert!(out.contains("# host app.example"), "{out}");
+    assert!(config
+        .live
+        .routes
+        .iter()
+        .all(|r| format!("{:?}", r.matcher).contains("app.example")));
 }
 
 #[test]
@@ -285,4 +290,37 @@ fn a_file_that_is_not_manifests_is_refused_by_name_and_document() {
     )])
     .unwrap_err();
     assert_eq!(error.origin, "bad.yaml, document 2");
+}
+
+#[test]
+fn hosts_are_matched_and_named_hosts_come_before_any_host() {
+    let named = ingress(&annotation("limit-rps", "5"), &path("/", "Prefix"));
+    let any = ingress(&annotation("limit-rps", "9"), &path("/api", "Prefix"))
+        .replace("name: app", "name: any")
+        .replace("host: app.example", "host: \"*.example\"");
+    let bare = ingress(&annotation("limit-rps", "7"), &path("/api/v2", "Prefix"))
+        .replace("name: app", "name: bare")
+        .replace("    - host: app.example\n      http:", "    - http:");
+    let (out, config) = loaded(&format!("{bare}---\n{any}---\n{named}"));
+    let order: Vec<String> = config
+        .live
+        .routes
+        .iter()
+        .map(|r| format!("{:?} {:?}", r.matcher.conditions, r.matcher.path))
+        .collect();
+    // nginx: the server by host first, then the longest location.
+    assert_eq!(order.len(), 3, "{out}");
+    assert!(
+        order[0].contains("app.example") && order[0].contains("\"/\""),
+        "{order:?}"
+    );
+    assert!(
+        order[1].contains("example") && order[1].contains("/api"),
+        "{order:?}"
+    );
+    assert!(order[2].contains("/api/v2"), "{order:?}");
+    assert!(
+        out.contains("sluice's wildcard also takes deeper names"),
+        "{out}"
+    );
 }

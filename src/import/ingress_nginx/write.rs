@@ -28,17 +28,25 @@ impl Matcher {
         }
     }
 
-    fn yaml(&self) -> Option<String> {
-        match self {
-            Matcher::Exact(p) => Some(format!("{{ path: {} }}", quoted(p))),
-            Matcher::Prefix(p) => Some(format!("{{ path_prefix: {} }}", quoted(p))),
-            Matcher::Any => None,
+    /// The route's `match`, with the rule's host when it names one.
+    fn yaml(&self, host: Option<&str>) -> Option<String> {
+        let mut keys = Vec::new();
+        if let Some(host) = host {
+            keys.push(format!("hosts: [{}]", quoted(host)));
         }
+        match self {
+            Matcher::Exact(p) => keys.push(format!("path: {}", quoted(p))),
+            Matcher::Prefix(p) => keys.push(format!("path_prefix: {}", quoted(p))),
+            Matcher::Any => {}
+        }
+        (!keys.is_empty()).then(|| format!("{{ {} }}", keys.join(", ")))
     }
 }
 
 /// One route to write.
 struct Route {
+    /// The rule's host, lower-case; `None` for a rule without one.
+    host: Option<String>,
     matcher: Matcher,
     comments: Vec<String>,
     name: String,
@@ -70,10 +78,11 @@ pub fn configuration(files: &[&str], ingresses: &[Ingress], skipped: &[String]) 
         }
         let own = write_policies(&mut policies, &mut names, &base, &limits);
         let exempt: Vec<String> = limits.whitelist.iter().map(ToString::to_string).collect();
-        for (i, (matcher, mut comments)) in paths(ingress).into_iter().enumerate() {
+        for (i, (host, matcher, mut comments)) in paths(ingress).into_iter().enumerate() {
             comments.insert(0, format!("Ingress {}", ingress.id()));
             routes.push(Route {
                 name: names.unique(&format!("{base}-{i}")),
+                host,
                 matcher,
                 comments,
                 policies: own.clone(),
@@ -89,8 +98,11 @@ pub fn configuration(files: &[&str], ingresses: &[Ingress], skipped: &[String]) 
         out.push('\n');
         out.push_str(&policies);
     }
-    // Stable: among equals, the order of the files.
-    routes.sort_by_key(|r| r.matcher.rank());
+    // nginx picks the server by host first (an exact name, then a
+    // wildcard, then the default server), then the location by path;
+    // sluice takes the first route that matches, so that order is the
+    // file's. Stable: among equals, the order of the files.
+    routes.sort_by_key(|r| (host_rank(r.host.as_deref()), r.matcher.rank()));
     write_routes(&mut out, &routes);
     out
 }
@@ -110,7 +122,8 @@ fn header(out: &mut String, files: &[&str], skipped: &[String]) {
          #   between the app's replicas.\n\
          # - ingress-nginx counted a client once for every path of an Ingress;\n\
          #   here each route counts on its own.\n\
-         # - routes match on the path; the hosts of each rule are in comments.\n",
+         # - routes match on each rule's host and path, in nginx's order: a\n\
+         #   named host first, then a wildcard, then any host.\n",
     );
     for object in skipped {
         let _ = writeln!(
@@ -180,22 +193,64 @@ fn write_policies(out: &mut String, names: &mut Names, base: &str, limits: &Limi
     own
 }
 
-/// One matcher per path of each rule, with its comments; the default
-/// backend as a route for any path. A path sluice cannot match is left
-/// out, said in a comment of the route list.
-fn paths(ingress: &Ingress) -> Vec<(Matcher, Vec<String>)> {
+/// A DNS name, or `*.` and one: what `match.hosts` takes.
+fn host_name(h: &str) -> bool {
+    let name = h.strip_prefix("*.").unwrap_or(h);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+fn host_rank(host: Option<&str>) -> u8 {
+    match host {
+        Some(h) if h.starts_with("*.") => 1,
+        Some(_) => 0,
+        None => 2,
+    }
+}
+
+/// One matcher per path of each rule, with its host and comments; the
+/// default backend as a route for any host and path. A path sluice cannot
+/// match is left out, said in a comment of the route list.
+fn paths(ingress: &Ingress) -> Vec<(Option<String>, Matcher, Vec<String>)> {
     let regex = ingress.annotation("use-regex").as_deref() == Some("true");
     let mut out = Vec::new();
     for rule in &ingress.spec.rules {
-        let host = match &rule.host {
-            Some(host) => format!(
-                "host {}: this route matches any host; if the app serves other hosts with other limits, split the route by host",
-                one_line(host)
+        let written = rule
+            .host
+            .as_deref()
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_ascii_lowercase);
+        // A host sluice would refuse is said, and the route matches any.
+        let host = written.clone().filter(|h| host_name(h));
+        let said = match (&host, &written) {
+            (None, Some(h)) => format!(
+                "sluice import: not carried over: host {}: not a host name; this route matches any host",
+                one_line(h)
             ),
+            _ => String::new(),
+        };
+        let said = match &host {
+            _ if !said.is_empty() => said,
+            // Kubernetes' `*.example.com` stands for one label; sluice's
+            // for one or more.
+            Some(h) if h.starts_with("*.") => format!(
+                "host {}: sluice's wildcard also takes deeper names (a.b.{})",
+                one_line(h),
+                one_line(&h[2..])
+            ),
+            Some(h) => format!("host {}", one_line(h)),
             None => "any host".to_owned(),
         };
         for path in rule.http.iter().flat_map(|h| &h.paths) {
-            let mut comments = vec![host.clone(), backend(&path.backend)];
+            let mut comments = vec![said.clone(), backend(&path.backend)];
             let written = path.path.clone().unwrap_or_else(|| "/".to_owned());
             let kind = path
                 .path_type
@@ -206,7 +261,7 @@ fn paths(ingress: &Ingress) -> Vec<(Matcher, Vec<String>)> {
                     "sluice import: not carried over: path {} ({kind}): {why}",
                     quoted(&one_line(&written))
                 ));
-                out.push((Matcher::Any, comments));
+                out.push((host.clone(), Matcher::Any, comments));
                 continue;
             }
             let matcher = match kind {
@@ -220,11 +275,12 @@ fn paths(ingress: &Ingress) -> Vec<(Matcher, Vec<String>)> {
                     Matcher::Prefix(written)
                 }
             };
-            out.push((matcher, comments));
+            out.push((host.clone(), matcher, comments));
         }
     }
     if let Some(default) = &ingress.spec.default_backend {
         out.push((
+            None,
             Matcher::Any,
             vec![
                 "the Ingress's default backend: any path the rules above do not take".to_owned(),
@@ -277,6 +333,7 @@ fn write_routes(out: &mut String, routes: &[Route]) {
         }
         if let Some(first) = routes[..i].iter().find(|r| {
             r.matcher == route.matcher
+                && r.host == route.host
                 && !r
                     .comments
                     .iter()
@@ -284,12 +341,12 @@ fn write_routes(out: &mut String, routes: &[Route]) {
         }) {
             let _ = writeln!(
                 out,
-                "  # never reached as written: route {} above matches the same paths (split both by host)",
+                "  # never reached as written: route {} above matches the same host and paths",
                 first.name
             );
         }
         let _ = writeln!(out, "  - name: {}", route.name);
-        if let Some(matcher) = route.matcher.yaml() {
+        if let Some(matcher) = route.matcher.yaml(route.host.as_deref()) {
             let _ = writeln!(out, "    match: {matcher}");
         }
         if route.policies.is_empty() {

@@ -14,10 +14,11 @@ local function decide(redis, KEYS, ARGV)
   local id, cost, record_key, record_life = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
-  -- Per band: capacity, refill_tokens, refill_every_us.
-  local args = band_args(KEYS, 2, 3, P_BAND_ARGS, bands)
+  -- Per band: capacity, refill_tokens, refill_every_us, max_wait_us (the
+  -- policy's delay).
+  local args = band_args(KEYS, 2, 4, P_BAND_ARGS, bands)
   for b = 1, bands do
-    local capacity, period = args[3 * b - 2], args[3 * b]
+    local capacity, period = args[4 * b - 3], args[4 * b - 1]
     -- Bounds last + periods * period while the bucket is not full.
     if capacity * period > MAX_EXACT then
       fail('capacity * refill_every exceeds 2^53')
@@ -47,13 +48,14 @@ local function decide(redis, KEYS, ARGV)
   local verdicts = {}
   for b = 1, bands do
     local k, l = 2 * b, 2 * b + 1
-    local c, r, p = args[3 * b - 2], args[3 * b - 1], args[3 * b]
+    local c, r, p, wait = args[4 * b - 3], args[4 * b - 2], args[4 * b - 1], args[4 * b]
     local tokens = state[k]
     local last = state[l]
     if not tokens or not last then
       tokens, last = c, now
     end
-    local periods = math.floor((now - last) / p)
+    -- A stamp past now (tokens taken ahead) refills nothing until then.
+    local periods = math.floor((math.max(now, last) - last) / p)
     -- periods * r may pass 2^53 and lose precision, but only when it is far
     -- beyond the capacity, which the min absorbs.
     tokens = math.min(c, tokens + periods * r)
@@ -62,15 +64,33 @@ local function decide(redis, KEYS, ARGV)
     else
       last = last + periods * p
     end
-    local allowed = tokens >= cost
+    -- With a delay, tokens that come within `wait` are taken ahead: the
+    -- stamp moves past now and the request waits for them.
+    local enough = tokens >= cost
+    local ahead = 0
+    if not enough then
+      ahead = ceil_div(cost - tokens, r)
+    end
+    local ready = math.max(last + ahead * p - now, 0)
+    local filled = math.min(c, tokens + ahead * r)
+    local taken_ahead = not enough and wait > 0 and ready <= wait and filled >= cost
+    local allowed = enough or taken_ahead
+    if taken_ahead then
+      tokens = filled
+      last = last + ahead * p
+    end
     local after = allowed and tokens - cost or tokens
     local reset = 0
     if after < c then
       reset = last + ceil_div(c - after, r) * p - now
     end
+    -- Without a delay nothing is taken ahead: a stamp past now is a clock
+    -- gone back, and waits for nothing.
     local retry = 0
     if not allowed then
-      retry = last + ceil_div(cost - tokens, r) * p - now
+      retry = math.max(ready - wait, 0)
+    elseif wait > 0 then
+      retry = ready
     end
     verdicts[b] = {allowed, after, reset, retry}
     state[k] = after

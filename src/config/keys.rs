@@ -295,7 +295,7 @@ keys! { ENTRIES:
     POLICY_LEASE_MAX_SHARE: "policies.NAME.lease.max_share", "percentage", Value("10%"), Reload,
         "the most of what the store says is left that one lease may take";
     POLICY_DELAY: "policies.NAME.delay", "mapping", Unset("past the burst, 429 at once"), Reload,
-        "gcra: `{ max_wait, max_queued }`: a request past the burst waits for its turn (taken in the store) instead of a 429";
+        "gcra, token-bucket: `{ max_wait, max_queued }`: a request past the burst waits for its turn (taken in the store) instead of a 429";
     POLICY_DELAY_MAX_WAIT: "policies.NAME.delay.max_wait", "duration", Required, Reload,
         "the longest a request waits for its turn; a later turn is a 429; > 0, at most 1m";
     POLICY_DELAY_MAX_QUEUED: "policies.NAME.delay.max_queued", "number", Value("100"), Reload,

@@ -175,6 +175,7 @@ fn the_product_example_parses_into_domain_values() {
             capacity: nz(5),
             refill_tokens: nz(1),
             refill_every: Duration::from_secs(10),
+            max_wait_us: 0,
         }])
     );
     assert_eq!(

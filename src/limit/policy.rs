@@ -325,11 +325,13 @@ mod tests {
             capacity: n(100),
             refill_tokens: n(10),
             refill_every: Duration::from_secs(1),
+            max_wait_us: 0,
         };
         let slow = BucketBand {
             capacity: n(5),
             refill_tokens: n(1),
             refill_every: Duration::from_secs(10),
+            max_wait_us: 0,
         };
         let local = policy(Bands::TokenBucket(vec![fast, slow])).shared(n(3));
         let Bands::TokenBucket(bands) = local.bands() else {
@@ -342,6 +344,7 @@ mod tests {
                 capacity: n(33),
                 refill_tokens: n(3),
                 refill_every: Duration::from_secs(1),
+                max_wait_us: 0,
             }
         );
         // One token per period: the period is stretched, so the rate is a
@@ -352,6 +355,7 @@ mod tests {
                 capacity: n(1),
                 refill_tokens: n(1),
                 refill_every: Duration::from_secs(30),
+                max_wait_us: 0,
             }
         );
     }

@@ -261,7 +261,7 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(
         REQUESTS_DELAYED,
-        "Requests past a GCRA policy's burst held for their turn (`delay`) instead of refused, by route and policy.",
+        "Requests past a GCRA or token-bucket policy's burst held for their turn (`delay`) instead of refused, by route and policy.",
     ),
     Metric::seconds(
         REQUEST_DELAY,

@@ -164,7 +164,7 @@ fn delay_is_refused_where_it_cannot_work() {
     for (policy, want) in [
         (
             "{ algorithm: fixed-window, limit: 5, window: 1s, delay: { max_wait: 1s } }",
-            "`delay` is for gcra",
+            "`delay` is for gcra and token-bucket",
         ),
         (
             "{ algorithm: gcra, limit: 5, window: 1s, delay: { max_wait: 2m } }",
@@ -239,4 +239,25 @@ routes:
         "the waiting request held the one place"
     );
     assert_eq!(waiting.await.expect("the waiting request"), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bucket_takes_its_tokens_ahead_and_waits_for_them() {
+    let upstream = Upstream::start().await;
+    // 5 tokens, one back every 500 ms, waits of up to 1.5 s: 5 at once,
+    // three more 0.5, 1 and 1.5 s late, the ninth refused.
+    let yaml = memory_yaml(&upstream, 100)
+        .replace(
+            "algorithm: gcra, limit: 10, window: 5s,",
+            "algorithm: token-bucket, capacity: 5, refill_every: 500ms,",
+        )
+        .replace("max_wait: 2500ms", "max_wait: 1500ms");
+    let sluice = Sidecar::start(&yaml);
+    let started = Instant::now();
+    let statuses = released_together(sluice.addr(), "/api/x", 9).await;
+    let took = started.elapsed();
+    assert_eq!(count(&statuses, StatusCode::OK), 8, "{statuses:?}");
+    assert_eq!(count(&statuses, StatusCode::TOO_MANY_REQUESTS), 1);
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
+    assert_eq!(upstream.count(), 8);
 }

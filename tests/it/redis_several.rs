@@ -83,6 +83,7 @@ fn every_algorithm() -> Vec<Policy> {
             capacity: nz(3),
             refill_tokens: nz(1),
             refill_every: Duration::from_millis(HOUR_MS),
+            max_wait_us: 0,
         }]),
         Bands::Gcra(vec![GcraBand {
             limit: nz(3),

@@ -88,6 +88,7 @@ fn bucket(capacity: u32, refill: u32, every_ms: u64) -> BucketBand {
         capacity: nz(capacity),
         refill_tokens: nz(refill),
         refill_every: ms(every_ms),
+        max_wait_us: 0,
     }
 }
 
@@ -220,6 +221,19 @@ fn all_bands() -> Vec<(&'static str, Bands)> {
             Bands::Gcra(vec![gcra(8, 1000, 4), gcra(20, 10_000, 7)]),
         ),
         // With `delay`: past the burst, admitted and told to wait.
+        (
+            "bucket-delay",
+            Bands::TokenBucket(vec![
+                BucketBand {
+                    max_wait_us: 300_000,
+                    ..bucket(4, 1, 250)
+                },
+                BucketBand {
+                    max_wait_us: 300_000,
+                    ..bucket(7, 2, 1000)
+                },
+            ]),
+        ),
         (
             "gcra-delay",
             Bands::Gcra(vec![
@@ -437,6 +451,39 @@ async fn conformance_table_matches_the_memory_store() {
     want.extend([100, 200, 300, 400, 500].map(Some));
     want.push(None);
     assert_eq!(waits, want);
+    // A bucket of 5, one token back each 200 ms, waits of up to 600 ms:
+    // 5 at once, then three told to wait 200, 400 and 600 ms, the ninth
+    // refused.
+    let bucket_delayed = Bands::TokenBucket(vec![BucketBand {
+        max_wait_us: 600_000,
+        ..bucket(5, 1, 200)
+    }]);
+    let bucket_policy = self::policy("bucket-delay-designed", bucket_delayed.clone());
+    let who = subject("bucket-delay-designed");
+    let waits: Vec<Option<u64>> = (0..9)
+        .map(
+            |_| match memory.evaluate_at(&evaluation(&bucket_policy, &who, 1), 5_000_000) {
+                Outcome::Allowed(d) => Some(d.retry_after.as_millis() as u64),
+                _ => None,
+            },
+        )
+        .collect();
+    let mut want: Vec<Option<u64>> = vec![Some(0); 5];
+    want.extend([200, 400, 600].map(Some));
+    want.push(None);
+    assert_eq!(waits, want);
+    conform_pinned(
+        &server,
+        &store,
+        "bucket-delay-designed",
+        bucket_delayed,
+        &[(0, 1); 9]
+            .iter()
+            .copied()
+            .chain([(150 * ms, 1), (0, 2), (900 * ms, 3), (50 * ms, 1)])
+            .collect::<Vec<_>>(),
+    )
+    .await;
     conform_pinned(
         &server,
         &store,
@@ -471,6 +518,20 @@ async fn conformance_table_matches_the_memory_store() {
             "gcra-random",
             Bands::Gcra(vec![gcra(7, 1000, 3), gcra(30, 9000, 8)]),
             9_000_000,
+        ),
+        (
+            "bucket-delay-random",
+            Bands::TokenBucket(vec![
+                BucketBand {
+                    max_wait_us: 700_000,
+                    ..bucket(5, 2, 300)
+                },
+                BucketBand {
+                    max_wait_us: 700_000,
+                    ..bucket(12, 3, 1100)
+                },
+            ]),
+            4_000_000,
         ),
         (
             "gcra-delay-random",

@@ -228,7 +228,7 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
             cx.error(
                 &at,
                 At::Key,
-                format!("`delay` is for gcra, whose state is a turn that can be taken ahead; not for {algorithm}"),
+                format!("`delay` is for gcra and token-bucket, whose state can take a turn ahead; not for {algorithm}, whose count cannot be charged to a later window"),
             );
             None
         }

@@ -200,15 +200,25 @@ register! {
 }
 
 impl Bands {
-    /// The bands with a policy's `delay.max_wait` (microseconds): GCRA
-    /// only, whose state is a time a turn can be taken ahead in; `None`
-    /// for every other algorithm.
+    /// The bands with a policy's `delay.max_wait` (microseconds): GCRA,
+    /// whose state is a time a turn can be taken ahead in, and the token
+    /// bucket, whose refill stamp can be moved ahead; `None` for the
+    /// window algorithms, whose counts cannot be charged to a later window.
     pub fn delayed(self, max_wait_us: u64) -> Option<Bands> {
         match self {
             Bands::Gcra(bands) => Some(Bands::Gcra(
                 bands
                     .into_iter()
                     .map(|band| gcra::GcraBand {
+                        max_wait_us,
+                        ..band
+                    })
+                    .collect(),
+            )),
+            Bands::TokenBucket(bands) => Some(Bands::TokenBucket(
+                bands
+                    .into_iter()
+                    .map(|band| token_bucket::BucketBand {
                         max_wait_us,
                         ..band
                     })

@@ -16,6 +16,11 @@ pub struct BucketBand {
     pub refill_tokens: NonZeroU32,
     /// At least one millisecond (validated).
     pub refill_every: Duration,
+    /// `delay.max_wait` of the policy, in microseconds: a request the
+    /// bucket has too few tokens for is admitted when they come within
+    /// this, the tokens taken ahead (the refill stamp moves past now) and
+    /// the request told to wait for them. 0: refused at once.
+    pub max_wait_us: u64,
 }
 
 impl BucketBand {
@@ -50,14 +55,17 @@ impl Spec for TokenBucket {
             capacity: capacity?,
             refill_tokens: refill_tokens?,
             refill_every: refill_every?,
+            max_wait_us: 0,
         };
         let product = u128::from(band.capacity.get()) * band.refill_every.as_micros();
         exact_in_lua(params, "capacity", product, "capacity × refill_every")?;
         Some(band)
     }
 
+    /// Tokens taken ahead (`delay`) move the refill stamp up to
+    /// `max_wait` past now.
     fn horizon(band: &BucketBand) -> Duration {
-        band.full_refill()
+        band.full_refill() + Duration::from_micros(band.max_wait_us)
     }
 
     fn fresh(bands: &[BucketBand]) -> Vec<BandState> {
@@ -96,6 +104,7 @@ impl BandSpec for BucketBand {
             u64::from(self.capacity.get()),
             u64::from(self.refill_tokens.get()),
             micros(self.refill_every),
+            self.max_wait_us,
         ]
     }
 
@@ -105,8 +114,12 @@ impl BandSpec for BucketBand {
 
     /// `5 (+1/10s)`.
     fn describe(&self) -> String {
+        let delay = match self.max_wait_us {
+            0 => String::new(),
+            us => format!(" delay ≤{}", short(Duration::from_micros(us))),
+        };
         format!(
-            "{} (+{}/{})",
+            "{} (+{}/{}){delay}",
             self.capacity,
             self.refill_tokens,
             short(self.refill_every)
@@ -131,6 +144,8 @@ impl BandSpec for BucketBand {
             capacity: super::divided(self.capacity, share),
             refill_tokens,
             refill_every,
+            // A sidecar deciding alone takes no tokens ahead.
+            max_wait_us: 0,
         }
     }
 }
@@ -180,7 +195,28 @@ pub fn check(
         state.last + periods * period
     };
 
-    let allowed = tokens >= cost;
+    let enough = tokens >= cost;
+    // With a delay, tokens that come within `max_wait` are taken ahead:
+    // the refill stamp moves on by the periods they need (past now), and
+    // the request waits until then. Without enough tokens the stamp is
+    // within one period of `t`, so the wait is never 0.
+    let periods_ahead = if enough {
+        0
+    } else {
+        (cost - tokens).div_ceil(refill)
+    };
+    let ready_at = last.saturating_add(periods_ahead.saturating_mul(period));
+    let wait = ready_at.saturating_sub(now);
+    // `periods_ahead` refills cover what was missing unless `cost` is
+    // above `capacity` (which validation refuses).
+    let filled = capacity.min(tokens.saturating_add(periods_ahead.saturating_mul(refill)));
+    let taken_ahead = !enough && band.max_wait_us > 0 && wait <= band.max_wait_us && filled >= cost;
+    let allowed = enough || taken_ahead;
+    let (tokens, last) = if taken_ahead {
+        (filled, ready_at)
+    } else {
+        (tokens, last)
+    };
     let after = if allowed { tokens - cost } else { tokens };
     // The instant `missing` more tokens are in, counting whole periods
     // from `last`.
@@ -196,10 +232,18 @@ pub fn check(
         } else {
             refilled_at(capacity - after)
         },
+        // Admitted: the wait for its tokens. Refused: until it would be
+        // admitted (with a wait).
+        // Without a delay nothing is taken ahead: a stamp past now is a
+        // clock gone back, and waits for nothing.
         retry_after: if allowed {
-            0
+            if band.max_wait_us > 0 {
+                wait
+            } else {
+                0
+            }
         } else {
-            refilled_at(cost - tokens)
+            wait.saturating_sub(band.max_wait_us)
         },
     };
     let next = if allowed {

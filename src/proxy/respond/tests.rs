@@ -131,6 +131,7 @@ fn bucket_windows_and_short_windows_round_up() {
             capacity: NonZeroU32::new(5).unwrap(),
             refill_tokens: NonZeroU32::new(2).unwrap(),
             refill_every: Duration::from_millis(1500),
+            max_wait_us: 0,
         }]),
     );
     // Three periods of 1.5 s refill 5 tokens: 4.5 s, announced as 5.
@@ -465,6 +466,7 @@ fn token_bucket_t_is_the_next_refill_not_the_full_bucket() {
             capacity: NonZeroU32::new(5).unwrap(),
             refill_tokens: NonZeroU32::new(1).unwrap(),
             refill_every: Duration::from_secs(10),
+            max_wait_us: 0,
         }]),
     );
     let answers = answered(
@@ -503,6 +505,7 @@ fn token_bucket_t_after_a_partial_refill_is_the_period_under_way() {
             capacity: NonZeroU32::new(10).unwrap(),
             refill_tokens: NonZeroU32::new(2).unwrap(),
             refill_every: Duration::from_secs(30),
+            max_wait_us: 0,
         }]),
     );
     // Ten spent at once; 35 s later one period has refilled two, and the
@@ -651,11 +654,13 @@ fn several_bands_take_the_binding_bands_window() {
                 capacity: NonZeroU32::new(3).unwrap(),
                 refill_tokens: NonZeroU32::new(1).unwrap(),
                 refill_every: Duration::from_secs(10),
+                max_wait_us: 0,
             },
             BucketBand {
                 capacity: NonZeroU32::new(100).unwrap(),
                 refill_tokens: NonZeroU32::new(100).unwrap(),
                 refill_every: Duration::from_secs(3600),
+                max_wait_us: 0,
             },
         ]),
     );
@@ -686,6 +691,7 @@ fn local_fallback_denials_keep_retry_after_as_t() {
             capacity: NonZeroU32::new(10).unwrap(),
             refill_tokens: NonZeroU32::new(1).unwrap(),
             refill_every: Duration::from_secs(6),
+            max_wait_us: 0,
         }]),
     );
     let shared = p.shared(NonZeroU32::new(2).unwrap());

@@ -30,6 +30,7 @@ fn bucket(capacity: u32, lease: LeaseTerms) -> Policy {
             capacity: n(capacity),
             refill_tokens: n(1),
             refill_every: Duration::from_secs(1),
+            max_wait_us: 0,
         }]),
         false,
     )

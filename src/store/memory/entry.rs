@@ -238,6 +238,7 @@ mod tests {
                 capacity: NonZeroU32::new(2).unwrap(),
                 refill_tokens: NonZeroU32::new(1).unwrap(),
                 refill_every: Duration::from_secs(10),
+                max_wait_us: 0,
             }]),
             false,
         );

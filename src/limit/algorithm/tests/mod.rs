@@ -38,6 +38,7 @@ fn bucket(capacity: u32, refill_tokens: u32, refill_every: Micros) -> BucketBand
         capacity: nz(capacity),
         refill_tokens: nz(refill_tokens),
         refill_every: Duration::from_micros(refill_every),
+        max_wait_us: 0,
     }
 }
 

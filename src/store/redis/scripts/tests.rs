@@ -35,6 +35,7 @@ fn policies() -> Vec<Policy> {
             capacity: nz(5),
             refill_tokens: nz(1),
             refill_every: Duration::from_secs(2),
+            max_wait_us: 0,
         }]),
         Bands::Gcra(vec![GcraBand {
             limit: nz(60),

@@ -56,6 +56,7 @@ fn bands(input: &Input) -> Option<Bands> {
                     capacity: limit,
                     refill_tokens: limit,
                     refill_every: window,
+                    max_wait_us: 0,
                 })
                 .collect(),
         ),
@@ -65,6 +66,7 @@ fn bands(input: &Input) -> Option<Bands> {
                     limit,
                     window,
                     burst: limit,
+                    max_wait_us: 0,
                 })
                 .collect(),
         ),
@@ -168,6 +170,7 @@ fuzz_target!(|input: Input| {
         }],
         upgrades: Arc::from(Vec::<Box<str>>::new()),
         tiers: None,
+        answers: Default::default(),
         addresses: Default::default(),
     };
     let duration = |(secs, nanos): (u64, u32)| Duration::new(secs, nanos % 1_000_000_000);

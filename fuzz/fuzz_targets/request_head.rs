@@ -339,13 +339,19 @@ fuzz_target!(|input: Input| {
             Some(n) => name(n).map(SubjectSource::Header),
         })
         .collect();
+    // Only client_ip and header sources are built above.
     let relied: Vec<HeaderName> = subject
         .iter()
         .filter_map(|s| match s {
             SubjectSource::ClientIp => Some(HeaderName::from_static("x-forwarded-for")),
             SubjectSource::Header(n) => Some(n.clone()),
+            SubjectSource::Jwt { .. } => Some(http::header::AUTHORIZATION),
             // Reads nothing from the request.
             SubjectSource::Global => None,
+            SubjectSource::All(parts) => parts.first().and_then(|p| match p {
+                SubjectSource::Header(n) => Some(n.clone()),
+                _ => None,
+            }),
         })
         .collect();
     let named = |n: &HeaderName| *n == "x-forwarded-for" || relied.contains(n);

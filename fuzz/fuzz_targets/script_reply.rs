@@ -96,7 +96,9 @@ fn expected(value: &Value, bands: usize) -> Option<Reply> {
         1 => true,
         _ => return None,
     };
-    if band >= bands as u64 || allowed != (retry_after == 0) {
+    // A denial says when to retry; an admission's retry_after is its
+    // delay (0 without one).
+    if band >= bands as u64 || (!allowed && retry_after == 0) {
         return None;
     }
     Some(Reply::Decided {

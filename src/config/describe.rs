@@ -242,11 +242,13 @@ fn limit(limit: &Limit, store: &StoreLive) -> [String; 7] {
         LimitPolicy::Rate(p) => (
             match p.lease {
                 // `50000 (+5000/1s) leased 250ms ≤10%`
+                // `50000 (+5000/1s) leased 250ms ≤10% (auto)`
                 Some(lease) => format!(
-                    "{} leased {} ≤{}%",
+                    "{} leased {} ≤{}%{}",
                     limits(p.bands()),
                     humantime::format_duration(lease.ttl),
-                    lease.max_share
+                    lease.max_share,
+                    if lease.auto { " (auto)" } else { "" }
                 ),
                 None => limits(p.bands()),
             },

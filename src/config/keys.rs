@@ -288,8 +288,8 @@ keys! { ENTRIES:
         "counts are kept while it stays the same; a new one starts them afresh";
     POLICY_ON_FAILURE: "policies.NAME.on_failure", "text", Derived("`store.on_failure`"), Reload,
         "this policy's answer when the store cannot decide";
-    POLICY_LEASE: "policies.NAME.lease", "`on`, `off`, or a mapping", Value("off"), Reload,
-        "Redis: hot subjects spend blocks of quota taken at once (token-bucket, gcra; fixed-window or sliding-counter of one band)";
+    POLICY_LEASE: "policies.NAME.lease", "`auto`, `on`, `off`, or a mapping", Value("auto"), Reload,
+        "Redis: hot subjects spend blocks of quota taken at once (token-bucket, gcra; fixed-window or sliding-counter of one band); `auto` leases every policy that can be, with the defaults below, and is silent where one cannot (other algorithms, `shadow`, `delay`, the memory store)";
     POLICY_LEASE_TTL: "policies.NAME.lease.ttl", "duration", Value("250ms"), Reload,
         "the longest a lease is held before what is left of it goes back; at most half `store.dedupe_window`";
     POLICY_LEASE_MAX_SHARE: "policies.NAME.lease.max_share", "percentage", Value("10%"), Reload,

@@ -1661,8 +1661,14 @@ fn a_lease_is_on_with_its_defaults_written_or_off() {
     let defaults = LeaseTerms {
         ttl: Duration::from_millis(250),
         max_share: 10,
+        auto: false,
     };
-    assert_eq!(terms(tb), None);
+    let auto = LeaseTerms {
+        auto: true,
+        ..defaults
+    };
+    assert_eq!(terms(tb), Some(auto));
+    assert_eq!(terms(&format!("{tb}, lease: auto")), Some(auto));
     assert_eq!(terms(&format!("{tb}, lease: off")), None);
     assert_eq!(terms(&format!("{tb}, lease: on")), Some(defaults));
     assert_eq!(terms(&format!("{tb}, lease: {{}}")), Some(defaults));
@@ -1671,6 +1677,7 @@ fn a_lease_is_on_with_its_defaults_written_or_off() {
         Some(LeaseTerms {
             ttl: Duration::from_millis(100),
             max_share: 50,
+            auto: false,
         })
     );
     let gcra = "algorithm: gcra, limit: 10, window: 1s, lease: on";
@@ -1702,7 +1709,7 @@ fn a_lease_that_cannot_be_exact_is_refused_at_its_key() {
         ),
         (
             "algorithm: gcra, limit: 10, window: 1s, lease: yes",
-            "expected `on`, `off` or `{ ttl, max_share }`",
+            "expected `auto`, `on`, `off` or `{ ttl, max_share }`",
         ),
         (
             "algorithm: gcra, limit: 10, window: 1s, lease: { ttl: 0s }",
@@ -1731,6 +1738,52 @@ fn a_lease_that_cannot_be_exact_is_refused_at_its_key() {
     parse_ok(&leased(
         "algorithm: gcra, limit: 10, window: 1s, lease: { ttl: 500ms }",
     ));
+}
+
+#[test]
+fn lease_auto_leases_only_what_can_be_leased_and_is_silent_elsewhere() {
+    let terms = |text: &str| policy(&parse_ok(&leased(text)), "hot").lease;
+    for silent in [
+        "algorithm: sliding-log, limit: 10, window: 1s",
+        "algorithm: fixed-window, bands: [{ limit: 10, window: 1s }, { limit: 100, window: 1m }]",
+        "algorithm: sliding-counter, bands: [{ limit: 10, window: 1s }, { limit: 100, window: 1m }], lease: auto",
+        "algorithm: gcra, limit: 10, window: 1s, shadow: true",
+        "algorithm: gcra, limit: 10, window: 1s, delay: { max_wait: 1s }",
+        // A tenth of 9 is no unit: never granted anything.
+        "algorithm: fixed-window, limit: 9, window: 1s",
+        "algorithm: token-bucket, capacity: 9, refill_every: 1s",
+    ] {
+        assert_eq!(terms(silent), None, "{silent}");
+    }
+    for leased in [
+        "algorithm: gcra, limit: 10, window: 1s",
+        "algorithm: fixed-window, limit: 10, window: 1s",
+        "algorithm: sliding-counter, limit: 10, window: 1s",
+    ] {
+        assert!(terms(leased).is_some_and(|t| t.auto), "{leased}");
+    }
+    // On the memory store nothing is leased, and nothing is refused.
+    let memory = leased("algorithm: gcra, limit: 10, window: 1s").replace(
+        "{ kind: redis, url: redis://127.0.0.1:6379 }",
+        "{ kind: memory }",
+    );
+    assert_eq!(policy(&parse_ok(&memory), "hot").lease, None);
+    // A short record's life shortens the automatic lease to half of it,
+    // where a written one is refused.
+    let short = |policy: &str| {
+        leased(policy).replace(
+            "url: redis://127.0.0.1:6379",
+            "url: redis://127.0.0.1:6379, budget: 10ms, dedupe_window: 300ms",
+        )
+    };
+    let auto = parse_ok(&short("algorithm: gcra, limit: 10, window: 1s"));
+    let ttl = policy(&auto, "hot").lease.map(|t| t.ttl);
+    assert_eq!(ttl, Some(Duration::from_millis(150)));
+    let errors = parse_err(&short("algorithm: gcra, limit: 10, window: 1s, lease: on"));
+    assert!(
+        errors[0].contains("at most half `store.dedupe_window`"),
+        "{errors:?}"
+    );
 }
 
 #[test]

@@ -183,7 +183,12 @@ fn build(cx: &mut Checker<'_>, root: Value) -> Option<Config> {
         .shape::<raw::Responses>(&p, sections.remove("responses"))
         .and_then(|raw| sections::responses(cx, &p, raw));
 
-    let policies = policy::policies(cx, &top.key("policies"), sections.remove("policies"));
+    // `lease: auto` leases on Redis, ending well before a grant's record.
+    let auto = policy::AutoLease(match store.as_ref().map(|(boot, _)| &boot.kind) {
+        Some(StoreKind::Redis(redis)) => Some(redis.dedupe_window / 2),
+        _ => None,
+    });
+    let policies = policy::policies(cx, &top.key("policies"), sections.remove("policies"), auto);
     // Route paths are normalized as requests will be; a broken `server`
     // section has already been reported, so its defaults stand in.
     let rules = server
@@ -287,7 +292,10 @@ fn leases(
     policies: &policy::Policies,
 ) {
     for p in policies.valid.iter().filter_map(LimitPolicy::as_rate) {
-        let Some(lease) = p.lease else { continue };
+        // `auto` chose terms that fit already.
+        let Some(lease) = p.lease.filter(|l| !l.auto) else {
+            continue;
+        };
         let at = top.key("policies").key(&p.name).key("lease");
         if kind == Some(sections::Kind::Memory) {
             cx.error(

@@ -245,6 +245,8 @@ pub struct LeaseTerms {
     /// The most of what the store says is left that one grant may take,
     /// in percent (1 to 100).
     pub max_share: u8,
+    /// Chosen by `lease: auto` (the default), not written.
+    pub auto: bool,
 }
 
 /// What happens to a request when the store cannot decide: the store's

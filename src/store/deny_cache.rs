@@ -298,6 +298,7 @@ mod tests {
         let p = policy().with_lease(Some(crate::limit::LeaseTerms {
             ttl: Duration::from_millis(200),
             max_share: 10,
+            auto: false,
         }));
         let s = subject("a");
         let t0 = Instant::now();

@@ -21,7 +21,6 @@
 //! out ([`Return`]). Bounded in subjects: a subject that finds its shard
 //! full is simply not followed, and so decided one call per request.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,138 +29,22 @@ use tokio::time::Instant;
 
 use super::shards::{Shards, SubjectKey};
 use super::{Evaluation, EvaluationId};
-use crate::limit::{Algorithm, Bands, Decision, LeaseTerms, Outcome, Policy};
+use crate::limit::{Algorithm, Decision, LeaseTerms, Outcome, Policy};
 use crate::subject::Pseudonym;
 use crate::telemetry::{LEASES_GRANTED, LEASE_ADMITTED, LEASE_UNITS_HELD};
 
+mod doorkeeper;
+mod entry;
+mod held;
+
+use doorkeeper::Doorkeeper;
+pub use entry::extra;
+use entry::{make_room, Entry};
+pub use held::HeldView;
+use held::{with_more, Held};
+
 /// Subjects followed at once, per sidecar. An entry is about 200 bytes.
 pub const FOLLOWED: usize = 65_536;
-
-struct Entry {
-    /// The policy's numbers when the entry was made: a reload that changes
-    /// them keeps the revision (and the counts) but not this entry.
-    numbers: u64,
-    /// The period under way started at `since` and lasts one `ttl`; `seen`
-    /// requests came in it, `before` in the one before.
-    since: Instant,
-    ttl: Duration,
-    seen: u32,
-    before: u32,
-    /// What the store said was left at its last answer.
-    left_in_store: Option<u64>,
-    /// A request is asking the store for a lease since then: the others
-    /// meanwhile ask for none (no herd of grants, each soon given back).
-    asking: Option<Instant>,
-    /// Units of that ask (a grant's extra, or a top-up), and units of
-    /// leases on their way back to the store: the subject's, though Redis
-    /// does not count them so yet. An answer from Redis adds them.
-    in_flight: u32,
-    returning: u32,
-    /// Told when that ask is answered, to the requests that found the
-    /// lease spent and wait for it (made on first use).
-    answered: Option<watch::Sender<()>>,
-    held: Option<Held>,
-}
-
-#[derive(Clone)]
-struct Held {
-    policy: Arc<Policy>,
-    /// The latest grant's: what is left goes back through its record.
-    id: EvaluationId,
-    left: u32,
-    /// Units the latest grant brought: a lease spent below half of them
-    /// is topped up ahead of its end.
-    size: u32,
-    until: Instant,
-    /// Taken before the grant was sent: every instant derived from it is
-    /// at or before the store's own.
-    sent_at: Instant,
-    /// The store's answer at the grant; its `remaining` counts the lease
-    /// as spent.
-    granted: Decision,
-}
-
-impl Held {
-    /// The answer to a request spent from this lease at `now`, `left`
-    /// being what is left of it after the request.
-    /// `more`: units of this subject's on their way to or from the store.
-    fn decision(&self, now: Instant, more: u32) -> Decision {
-        let unspent = self.left.saturating_add(more);
-        Decision {
-            allowed: true,
-            band: self.granted.band,
-            remaining: self.granted.remaining + u64::from(unspent),
-            reset_after: reset_with(&self.policy, &self.granted, unspent)
-                .saturating_sub(now.saturating_duration_since(self.sent_at)),
-            retry_after: Duration::ZERO,
-            // A sliding counter's estimate stays one.
-            approximate: self.granted.approximate,
-        }
-    }
-}
-
-/// A lease as `POST /explain` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeldView {
-    /// What a request would be answered from it now.
-    pub answer: Decision,
-    /// Units it holds before that request.
-    pub units: u32,
-    /// Until it ends.
-    pub lasts: Duration,
-}
-
-/// The grant's binding band back to full, as it would be with `unspent`
-/// of the lease's units never charged: the store said when it would be
-/// with all of them spent. A token bucket refills by whole periods of
-/// `refill_tokens`, a GCRA's arrival time moves one interval per unit; a
-/// fixed window is full again when it ends, whatever was spent, and a
-/// sliding counter one window later.
-fn reset_with(policy: &Policy, granted: &Decision, unspent: u32) -> Duration {
-    let unspent = u64::from(unspent);
-    match policy.bands() {
-        Bands::TokenBucket(bands) => {
-            let Some(band) = bands.get(granted.band) else {
-                return granted.reset_after;
-            };
-            let capacity = u64::from(band.capacity.get());
-            let refill = u64::from(band.refill_tokens.get());
-            let charged = granted.remaining.min(capacity);
-            let uncharged = (charged + unspent).min(capacity);
-            if uncharged == capacity {
-                return Duration::ZERO;
-            }
-            let periods = |deficit: u64| deficit.div_ceil(refill);
-            let fewer = periods(capacity - charged) - periods(capacity - uncharged);
-            let fewer = u32::try_from(fewer).unwrap_or(u32::MAX);
-            granted
-                .reset_after
-                .saturating_sub(band.refill_every.saturating_mul(fewer))
-        }
-        Bands::Gcra(bands) => match bands.get(granted.band) {
-            Some(band) => granted.reset_after.saturating_sub(Duration::from_micros(
-                unspent.saturating_mul(band.emission_interval_us()),
-            )),
-            None => granted.reset_after,
-        },
-        Bands::FixedWindow(_) | Bands::SlidingCounter(_) | Bands::SlidingLog(_) => {
-            granted.reset_after
-        }
-    }
-}
-
-/// `decision` from Redis with `more` units the subject has here or on
-/// their way counted as its own.
-fn with_more(policy: &Policy, decision: Decision, more: u32) -> Decision {
-    if more == 0 {
-        return decision;
-    }
-    Decision {
-        remaining: decision.remaining + u64::from(more),
-        reset_after: reset_with(policy, &decision, more),
-        ..decision
-    }
-}
 
 /// Unspent units of a lease, to give back to the store with the grant's
 /// evaluation id.
@@ -224,6 +107,8 @@ pub enum Before {
 
 pub struct Leases {
     shards: Shards<Entry>,
+    /// `None` in the book's own tests, which follow every subject at once.
+    door: Option<Doorkeeper>,
     per_shard: usize,
     granted: metrics::Counter,
     admitted: metrics::Counter,
@@ -241,11 +126,19 @@ impl Leases {
     pub fn new(subjects: usize) -> Leases {
         Leases {
             shards: Shards::default(),
+            door: Some(Doorkeeper::default()),
             per_shard: subjects.div_ceil(super::shards::SHARDS).max(1),
             granted: metrics::counter!(LEASES_GRANTED),
             admitted: metrics::counter!(LEASE_ADMITTED),
             held: metrics::gauge!(LEASE_UNITS_HELD),
         }
+    }
+
+    /// Following every subject from its first request.
+    #[cfg(test)]
+    pub fn without_door(mut self) -> Leases {
+        self.door = None;
+        self
     }
 
     /// Spends `evaluation` from its lease, or says how much to ask the
@@ -270,6 +163,13 @@ impl Leases {
                 if let Some(old) = shard.remove(&key) {
                     self.give_up(old.held, &key, returns);
                 }
+                // Followed from its second request within a `ttl`: that
+                // one counts, beside this.
+                let ttl_ms = u32::try_from(terms.ttl.as_millis()).unwrap_or(u32::MAX);
+                let door = self.door.as_ref();
+                if door.is_some_and(|d| !d.seen_lately(evaluation.subject, now, ttl_ms)) {
+                    return Before::Ask { extra: 0 };
+                }
                 if shard.len() >= self.per_shard && !make_room(&mut shard, now) {
                     return Before::Ask { extra: 0 };
                 }
@@ -277,7 +177,8 @@ impl Leases {
                     numbers: policy.numbers(),
                     since: now,
                     ttl: terms.ttl,
-                    seen: 0,
+                    // The request seen at the door.
+                    seen: u32::from(door.is_some()),
                     before: 0,
                     left_in_store: None,
                     asking: None,
@@ -615,77 +516,6 @@ impl Leases {
     }
 }
 
-impl Entry {
-    /// One more request at `now`, in periods of the lease's `ttl`.
-    fn count(&mut self, now: Instant) {
-        let ttl = self.ttl;
-        let elapsed = now.saturating_duration_since(self.since);
-        if elapsed >= ttl {
-            self.before = if elapsed < ttl * 2 { self.seen } else { 0 };
-            self.seen = 0;
-            self.since = now;
-        }
-        self.seen = self.seen.saturating_add(1);
-    }
-
-    /// The ask under way is answered: another request may ask, and the
-    /// ones waiting for it look again.
-    fn done_asking(&mut self) {
-        self.asking = None;
-        self.in_flight = 0;
-        if let Some(answered) = &self.answered {
-            answered.send_replace(());
-        }
-    }
-
-    /// A top-up of the lease held, after a request spent from it (see
-    /// [`Before::Spent`]).
-    fn top_up(
-        &mut self,
-        evaluation: &Evaluation<'_>,
-        terms: LeaseTerms,
-        now: Instant,
-    ) -> Option<Box<TopUp>> {
-        let held = self.held.as_ref()?;
-        let asking = self.asking.is_some_and(|since| now < since + terms.ttl);
-        if asking || held.left.saturating_mul(2) >= held.size {
-            return None;
-        }
-        // A block as a grant would take, beside the request's own cost.
-        let units = extra(
-            terms,
-            self.seen.max(self.before),
-            evaluation.cost,
-            self.left_in_store,
-            evaluation.policy.max_cost(),
-        );
-        if units == 0 {
-            return None;
-        }
-        self.asking = Some(now);
-        self.in_flight = units;
-        Some(Box::new(TopUp {
-            policy: Arc::clone(&held.policy),
-            subject: *evaluation.subject,
-            units,
-        }))
-    }
-
-    /// No request for two periods, as far as `count` looks back: nothing
-    /// here is worth keeping.
-    fn quiet(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.since) >= self.ttl * 2
-    }
-}
-
-/// Drops the subjects of `shard` gone quiet and holding nothing; whether
-/// there is room now.
-fn make_room(shard: &mut HashMap<SubjectKey, Entry>, now: Instant) -> bool {
-    let before = shard.len();
-    shard.retain(|_, e| e.held.is_some() || !e.quiet(now));
-    shard.len() < before
-}
-
 /// The policy's lease terms, when its requests may be leased: never for a
 /// shadow policy (it only counts, and a denial of the larger charge would
 /// be reported for a request that fits).
@@ -694,30 +524,6 @@ fn leased(policy: &Policy) -> Option<LeaseTerms> {
         return None;
     }
     policy.lease
-}
-
-/// How many units to ask for beyond a request's `cost`: what this sidecar
-/// would spend in one `ttl` at the subject's rate here (`rate` requests of
-/// about this cost), never more than `max_share` of what the store last
-/// said was left (so near the limit every request is decided by the store,
-/// exact to the last unit), never past the policy's largest cost, and
-/// nothing for a subject seen once in a period.
-pub fn extra(
-    terms: LeaseTerms,
-    rate: u32,
-    cost: u32,
-    left_in_store: Option<u64>,
-    max_cost: u32,
-) -> u32 {
-    if rate < 2 {
-        return 0;
-    }
-    let Some(left) = left_in_store else { return 0 };
-    let want = u64::from(rate) * u64::from(cost);
-    let share = left * u64::from(terms.max_share) / 100;
-    let room = u64::from(max_cost.saturating_sub(cost));
-    // At most `room`, itself a u32.
-    want.min(share).min(room) as u32
 }
 
 #[cfg(test)]

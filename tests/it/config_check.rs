@@ -228,19 +228,21 @@ fn check_prints_every_limit_of_a_route() {
 }
 
 /// ON_FAILURE is each limit's own `on_failure`, else the store's; under
-/// `local`, the quota one sidecar enforces alone (÷ `local_share`).
+/// `local`, the quota one sidecar enforces alone (÷ `local_share`). LIMITS
+/// says which are leased by default (not a login's 5: a tenth of it is no
+/// unit).
 #[test]
 fn check_prints_what_each_limit_does_when_the_store_cannot_decide() {
     let out = check(&fixture("local_fallback.yaml"));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let expected = "\
-ROUTE    METHODS  PATH            SUBJECT    POLICY     LIMITS                    COST  SHADOW  ON_FAILURE            REVISION      UPGRADES
-signup   POST     exact /signup   client_ip  login      token-bucket 5 (+1/10s)   1     no      local ÷3: 1 (+1/30s)  d8ca2af6679e  websocket
-                                  global     app_cap    fixed-window 100/1m       1     no      deny                  6836fc5939e4
-                                  global     in_flight  concurrency 40 in flight  1     no      -                     -
-export   *        prefix /export  client_ip  export     sliding-log 20/10s        1     no      allow                 0780eb0dabb8  websocket
-health   *        exact /health   -          none       unlimited                 -     -       -                     -             websocket
-default  *        any             client_ip  login      token-bucket 5 (+1/10s)   1     no      local ÷3: 1 (+1/30s)  d8ca2af6679e  websocket
+ROUTE    METHODS  PATH            SUBJECT    POLICY     LIMITS                                        COST  SHADOW  ON_FAILURE            REVISION      UPGRADES
+signup   POST     exact /signup   client_ip  login      token-bucket 5 (+1/10s)                       1     no      local ÷3: 1 (+1/30s)  d8ca2af6679e  websocket
+                                  global     app_cap    fixed-window 100/1m leased 250ms ≤10% (auto)  1     no      deny                  6836fc5939e4
+                                  global     in_flight  concurrency 40 in flight                      1     no      -                     -
+export   *        prefix /export  client_ip  export     sliding-log 20/10s                            1     no      allow                 0780eb0dabb8  websocket
+health   *        exact /health   -          none       unlimited                                     -     -       -                     -             websocket
+default  *        any             client_ip  login      token-bucket 5 (+1/10s)                       1     no      local ÷3: 1 (+1/30s)  d8ca2af6679e  websocket
 
 Counts survive a reload that changes a policy's other numbers; these start them afresh:
   login    token-bucket     the algorithm, the number or order of bands

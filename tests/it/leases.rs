@@ -173,6 +173,66 @@ async fn three_sidecars_on_a_leased_sliding_counter_admit_exactly_the_limit() {
     three_sidecars_admit_at_most_then_exactly_the_limit("sc").await;
 }
 
+/// With no `lease` key, a global limit on Redis is leased (`lease: auto`):
+/// three sidecars offered `12L` admit exactly `L` with a fraction of the
+/// calls; `lease: off` pays a call for every admitted request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_limit_is_leased_by_default_and_lease_off_pays_a_call_per_request() {
+    let _serial = SERIAL.lock().await;
+    const L: usize = 300;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let written = yaml(&upstream, &redis.url(), "tb", L as u32);
+    let default = written.replace(", lease: { ttl: 200ms, max_share: 20% }", "");
+    assert_ne!(default, written);
+    let off = written.replace("lease: { ttl: 200ms, max_share: 20% }", "lease: off");
+    assert_ne!(off, written);
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+    let mut conn = redis.connection();
+    for (yaml, leased) in [(default, true), (off, false)] {
+        // A bucket of its own for each: another policy name, another key.
+        let yaml = if leased {
+            yaml
+        } else {
+            yaml.replace("  hot:", "  cold:")
+                .replace("policy: hot", "policy: cold")
+        };
+        let cap = L;
+        let sluices = [
+            start_ready(&yaml).await,
+            start_ready(&yaml).await,
+            start_ready(&yaml).await,
+        ];
+        let addrs: Vec<_> = sluices.iter().map(Sidecar::addr).collect();
+        reset_stats(&mut conn);
+        let before = upstream.count();
+        let rounds = offer(&addrs, 3 * L, 4).await;
+        let calls = fcalls(&mut conn);
+        let total: usize = rounds.iter().sum();
+        assert_eq!(total, cap, "leased {leased}: admitted per round {rounds:?}");
+        assert_eq!(
+            upstream.count() - before,
+            cap,
+            "leased {leased}: reached the app"
+        );
+        let from_leases = admitted_from_leases(&sluices).await;
+        let offered = 12 * L as u64;
+        if leased {
+            assert!(
+                from_leases >= (L / 2) as f64,
+                "only {from_leases} from leases"
+            );
+            assert!(
+                calls * 10 < offered,
+                "{calls} FCALLs for {offered} requests"
+            );
+        } else {
+            assert_eq!(from_leases, 0.0);
+            assert!(calls >= cap as u64, "{calls} FCALLs for {cap} admitted");
+        }
+    }
+}
+
 /// One sidecar, one subject, requests one after another: with leases the
 /// answers are the memory store's, request by request, `RateLimit`
 /// included, for each leased algorithm; to the last unit, the last
@@ -428,7 +488,7 @@ async fn several_limits_are_admitted_from_leases_only_when_every_one_has_one() {
     let upstream = Upstream::start().await;
     let policies = "  wide: { algorithm: token-bucket, capacity: 100000, refill_tokens: 1, refill_every: 1h, lease: { ttl: 500ms, max_share: 20% } }
   tight: { algorithm: gcra, limit: 300, window: 1d, burst: 300, lease: { ttl: 500ms, max_share: 20% } }
-  plain: { algorithm: gcra, limit: 100000, window: 1d, burst: 100000 }
+  plain: { algorithm: gcra, limit: 100000, window: 1d, burst: 100000, lease: off }
 ";
     let routes = "  - name: both
     match: { path_prefix: /both }

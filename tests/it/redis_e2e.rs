@@ -350,7 +350,7 @@ async fn each_allowed_request_costs_exactly_one_fcall() {
     let sluice = start_ready(&yaml(
         &upstream,
         &redis.url(),
-        "  wide: { algorithm: gcra, limit: 100000, window: 1h, burst: 100000 }\n",
+        "  wide: { algorithm: gcra, limit: 100000, window: 1h, burst: 100000, lease: off }\n",
         "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: wide }\n",
     ))
     .await;

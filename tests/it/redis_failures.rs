@@ -31,7 +31,7 @@ fn config(upstream: &Upstream, redis_url: &str) -> String {
     redis_yaml(
         upstream,
         redis_url,
-        "  big: { algorithm: fixed-window, limit: 10000000, window: 1h }\n",
+        "  big: { algorithm: fixed-window, limit: 10000000, window: 1h, lease: off }\n",
         "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: big }\n",
     )
 }

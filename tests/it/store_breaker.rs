@@ -33,7 +33,7 @@ fn config(upstream: &Upstream, redis_url: &str) -> String {
     let yaml = redis_yaml(
         upstream,
         redis_url,
-        "  big: { algorithm: fixed-window, limit: 10000000, window: 1h }\n",
+        "  big: { algorithm: fixed-window, limit: 10000000, window: 1h, lease: off }\n",
         "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: big }\n",
     )
     .replace(
@@ -233,7 +233,7 @@ async fn a_cpu_starved_sidecar_does_not_open_its_breaker_against_a_healthy_redis
     let yaml = redis_yaml(
         &upstream,
         &redis.url(),
-        "  big: { algorithm: fixed-window, limit: 10000000, window: 1h }\n",
+        "  big: { algorithm: fixed-window, limit: 10000000, window: 1h, lease: off }\n",
         "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: big }\n",
     )
     .replace(

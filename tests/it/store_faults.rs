@@ -53,7 +53,9 @@ fn capped(upstream: &Upstream, redis_url: &str, limit: u32, budget: Duration) ->
     redis_yaml(
         upstream,
         redis_url,
-        &format!("  capped: {{ algorithm: fixed-window, limit: {limit}, window: 24h }}\n"),
+        &format!(
+            "  capped: {{ algorithm: fixed-window, limit: {limit}, window: 24h, lease: off }}\n"
+        ),
         "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: capped }\n",
     )
     .replace(
@@ -425,7 +427,7 @@ async fn replies_delayed_around_the_budget_are_decided_in_time_or_503_and_never_
     let yaml = redis_yaml(
         &upstream,
         &relay.url(),
-        "  big: { algorithm: fixed-window, limit: 10000000, window: 24h }\n  \
+        "  big: { algorithm: fixed-window, limit: 10000000, window: 24h, lease: off }\n  \
          one: { algorithm: fixed-window, limit: 1, window: 24h }\n",
         "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: big }\n  \
          - { name: deny, match: { path_prefix: /deny }, subject: client_ip, policy: one }\n",

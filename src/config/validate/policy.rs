@@ -64,7 +64,18 @@ impl Policies {
     }
 }
 
-pub fn policies(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> Policies {
+/// `lease: auto` (the default) leases a policy that can be leased, on a
+/// Redis store, for this `ttl`: at most half `store.dedupe_window`. `None`
+/// on the memory store (or a store section already reported broken).
+#[derive(Debug, Clone, Copy)]
+pub struct AutoLease(pub Option<Duration>);
+
+pub fn policies(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    value: Option<Value>,
+    auto: AutoLease,
+) -> Policies {
     let mut out = Policies::default();
     let entries = match value {
         None | Some(Value::Null) => return out,
@@ -101,7 +112,7 @@ pub fn policies(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> P
         let policy = if is_concurrency {
             concurrency(cx, &at, &name, raw).map(|c| LimitPolicy::Concurrency(Arc::new(c)))
         } else {
-            policy(cx, &at, &name, raw).map(|p| LimitPolicy::Rate(Arc::new(p)))
+            policy(cx, &at, &name, raw, auto).map(|p| LimitPolicy::Rate(Arc::new(p)))
         };
         if let Some(policy) = policy {
             if valid_name {
@@ -123,7 +134,13 @@ fn algorithm(s: &str) -> Result<Algorithm, String> {
     })
 }
 
-fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) -> Option<Policy> {
+fn policy(
+    cx: &mut Checker<'_>,
+    path: &KeyPath,
+    name: &str,
+    raw: raw::Policy,
+    auto: AutoLease,
+) -> Option<Policy> {
     let algorithm = cx.required(&path.key("algorithm"), raw.algorithm.as_ref(), algorithm);
     let shadow = cx.defaulted(
         path,
@@ -194,11 +211,40 @@ fn policy(cx: &mut Checker<'_>, path: &KeyPath, name: &str, raw: raw::Policy) ->
         .with_on_failure(on_failure?)
         .with_near_limit(near_limit?)
         .with_headers(headers?);
-    let lease = lease?;
-    if let (Some(_), Some(why)) = (lease, policy.lease_refused()) {
-        cx.error(&path.key("lease"), At::Key, why);
-        return None;
-    }
+    let lease = match lease? {
+        Lease::Written(terms) => {
+            if let Some(why) = policy.lease_refused() {
+                cx.error(&path.key("lease"), At::Key, why);
+                return None;
+            }
+            Some(terms)
+        }
+        Lease::Off => None,
+        // Only where a lease can be exact and nothing excludes it; a
+        // `delay` takes its turn in the store, request by request.
+        Lease::Auto => match auto.0 {
+            Some(longest)
+                if policy.lease_refused().is_none() && !policy.shadow && raw.delay.is_none() =>
+            {
+                // The written terms' defaults, from the one table of keys.
+                let at = path.key("lease");
+                let ttl =
+                    cx.defaulted(&at, &keys::POLICY_LEASE_TTL, None, check::positive_duration)?;
+                let max_share =
+                    cx.defaulted(&at, &keys::POLICY_LEASE_MAX_SHARE, None, check::percent)?;
+                // A quota whose share never reaches one unit is never
+                // granted a lease (a login's 5 tries): it stays unleased,
+                // and its denials are remembered as long as they hold.
+                let whole = u64::from(policy.max_cost()) * u64::from(max_share) / 100;
+                (whole >= 1).then_some(LeaseTerms {
+                    ttl: ttl.min(longest),
+                    max_share,
+                    auto: true,
+                })
+            }
+            _ => None,
+        },
+    };
     let policy = policy.with_lease(lease);
     let Some(raw_delay) = raw.delay else {
         return Some(policy);
@@ -256,19 +302,29 @@ fn delay(cx: &mut Checker<'_>, at: &KeyPath, raw: raw::Delay) -> Option<DelayTer
     })
 }
 
-/// `lease:` `off` (or absent), `on` (every term its default), or
-/// `{ ttl, max_share }`.
-fn lease(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> Option<Option<LeaseTerms>> {
+/// What `lease:` says, before the policy it is in is known.
+enum Lease {
+    /// `auto`, or absent: leased where it can be (see [`AutoLease`]).
+    Auto,
+    Off,
+    /// `on` (every term its default) or `{ ttl, max_share }`: leased, or
+    /// an error where it cannot be.
+    Written(LeaseTerms),
+}
+
+/// `lease:` `auto` (or absent), `off`, `on`, or `{ ttl, max_share }`.
+fn lease(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> Option<Lease> {
     let at = path.key("lease");
     let raw = match value {
-        None | Some(Value::Null) => return Some(None),
-        Some(Value::String(word)) if word == "off" => return Some(None),
+        None | Some(Value::Null) => return Some(Lease::Auto),
+        Some(Value::String(word)) if word == "auto" => return Some(Lease::Auto),
+        Some(Value::String(word)) if word == "off" => return Some(Lease::Off),
         Some(Value::String(word)) if word == "on" => raw::Lease::default(),
         Some(Value::Bool(_)) | Some(Value::String(_)) => {
             cx.error(
                 &at,
                 At::Value,
-                "expected `on`, `off` or `{ ttl, max_share }`",
+                "expected `auto`, `on`, `off` or `{ ttl, max_share }`",
             );
             return None;
         }
@@ -286,9 +342,10 @@ fn lease(cx: &mut Checker<'_>, path: &KeyPath, value: Option<Value>) -> Option<O
         raw.max_share.as_ref(),
         check::percent,
     );
-    Some(Some(LeaseTerms {
+    Some(Lease::Written(LeaseTerms {
         ttl: ttl?,
         max_share: max_share?,
+        auto: false,
     }))
 }
 

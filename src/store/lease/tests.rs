@@ -19,6 +19,7 @@ fn terms(ttl_ms: u64, max_share: u8) -> LeaseTerms {
     LeaseTerms {
         ttl: MS * ttl_ms as u32,
         max_share,
+        auto: false,
     }
 }
 
@@ -116,7 +117,7 @@ fn request(
 }
 
 #[test]
-fn a_subject_seen_once_is_never_leased_and_a_second_time_is() {
+fn a_subject_is_seen_at_the_door_then_followed_then_leased() {
     let book = Leases::new(64);
     let p = bucket(1000, terms(250, 10));
     let a = subject("a");
@@ -124,18 +125,23 @@ fn a_subject_seen_once_is_never_leased_and_a_second_time_is() {
     let mut returns = Vec::new();
     let (extra, _) = request(&book, &ask(&p, &a, 1, t0), t0, 900, &mut returns);
     assert_eq!(extra, Some(0), "first sight");
-    // Twice in one period: the rate here is 2 per ttl, so 2 units more.
-    let (extra, answer) = request(&book, &ask(&p, &a, 1, t0), t0 + MS, 899, &mut returns);
-    assert_eq!(extra, Some(2));
-    // The lease is still the subject's: 897 in Redis and 2 held here.
-    assert_eq!(remaining(answer), 899 + 2);
-    assert_eq!(book.held(), 2);
+    assert_eq!(book.shards.len(), 0, "only seen at the door");
+    // Followed from the second: what the store says is left is learnt.
+    let (extra, _) = request(&book, &ask(&p, &a, 1, t0), t0 + MS, 899, &mut returns);
+    assert_eq!(extra, Some(0));
+    assert_eq!(book.shards.len(), 1);
+    // Three in one period: the rate here is 3 per ttl, so 3 units more.
+    let (extra, answer) = request(&book, &ask(&p, &a, 1, t0), t0 + MS * 2, 898, &mut returns);
+    assert_eq!(extra, Some(3));
+    // The lease is still the subject's: 895 in Redis and 3 held here.
+    assert_eq!(remaining(answer), 898 + 3);
+    assert_eq!(book.held(), 3);
     assert!(returns.is_empty());
 }
 
 #[test]
 fn a_lease_pays_until_spent_and_the_answers_count_down() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let p = window(1000, terms(250, 50));
     let a = subject("a");
     let t0 = Instant::now();
@@ -176,7 +182,7 @@ fn a_lease_pays_until_spent_and_the_answers_count_down() {
 
 #[test]
 fn a_request_costing_more_than_is_left_goes_to_the_store_and_the_rest_goes_back() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let p = bucket(1000, terms(250, 50));
     let a = subject("a");
     let t0 = Instant::now();
@@ -197,7 +203,7 @@ fn a_request_costing_more_than_is_left_goes_to_the_store_and_the_rest_goes_back(
 
 #[test]
 fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let t0 = Instant::now();
     let mut returns = Vec::new();
     for (i, (p, reset_ms, lasts)) in [
@@ -241,7 +247,7 @@ fn a_lease_ends_with_its_ttl_and_a_fixed_window_with_its_window() {
 
 #[test]
 fn a_spent_answer_says_when_the_bucket_would_be_full_with_what_is_held_back() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     // 1000 tokens, one back a second: 13 taken (one request, a lease of
     // 12) is full again in 13 s.
     let p = bucket(1000, terms(250, 50));
@@ -289,7 +295,7 @@ fn near_the_limit_every_request_is_the_stores() {
 
 #[test]
 fn one_request_at_a_time_asks_for_a_lease() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let p = bucket(1000, terms(250, 50));
     let a = subject("a");
     let t0 = Instant::now();
@@ -323,7 +329,7 @@ fn one_request_at_a_time_asks_for_a_lease() {
 
 #[test]
 fn new_numbers_or_a_drain_give_back_what_is_held() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let (a, b) = (subject("a"), subject("b"));
     let p = bucket(1000, terms(250, 50));
     let t0 = Instant::now();
@@ -355,6 +361,11 @@ fn a_full_book_follows_no_one_new_and_drops_the_quiet() {
     let t0 = Instant::now();
     let mut returns = Vec::new();
     let subjects: Vec<Pseudonym> = (0..200).map(|i| subject(&i.to_string())).collect();
+    // A first request is only seen at the door: no one is followed.
+    for s in &subjects {
+        request(&book, &ask(&p, s, 1, t0), t0, 900, &mut returns);
+    }
+    assert_eq!(book.shards.len(), 0);
     for s in &subjects {
         request(&book, &ask(&p, s, 1, t0), t0, 900, &mut returns);
     }
@@ -378,7 +389,7 @@ fn a_full_book_follows_no_one_new_and_drops_the_quiet() {
 
 #[test]
 fn a_shadow_policy_is_never_leased() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let mut p = bucket(1000, terms(250, 50));
     p.shadow = true;
     let a = subject("a");
@@ -416,7 +427,7 @@ fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<B
 
 #[test]
 fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let p = window(10_000, terms(250, 50));
     let a = subject("a");
     let t0 = Instant::now();
@@ -447,7 +458,7 @@ fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
 
 #[test]
 fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let t0 = Instant::now();
     let mut returns = Vec::new();
     // A fixed window's lease ends with its window, 100 ms on; the top-up
@@ -491,7 +502,7 @@ fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
 
 #[test]
 fn a_request_finding_the_lease_spent_waits_for_the_grant_on_its_way() {
-    let book = Leases::new(64);
+    let book = Leases::new(64).without_door();
     let p = window(10_000, terms(250, 50));
     let a = subject("a");
     let t0 = Instant::now();

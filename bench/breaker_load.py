@@ -46,7 +46,7 @@ store:
 identity:
   pseudonym_key: "0123456789abcdef0123456789abcdef"
 policies:
-  api: {{ algorithm: fixed-window, limit: {limit}, window: 1m }}
+  api: {{ algorithm: fixed-window, limit: {limit}, window: 1m, lease: off }}
 routes: []
 default: {{ policy: api, subject: client_ip }}
 """

@@ -148,6 +148,7 @@ policies:
     algorithm: fixed-window
     limit: 1000000000
     window: 1s
+    lease: off  # one decision per request, as before leases were on by default
   closed:
     algorithm: fixed-window
     limit: 1

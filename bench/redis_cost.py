@@ -61,11 +61,11 @@ store:
 identity:
   pseudonym_key: bench-pseudonym-key-not-a-secret
 policies:
-  fixed-window: {{ algorithm: fixed-window, limit: 1000000000, window: 1h }}
-  sliding-counter: {{ algorithm: sliding-counter, limit: 1000000000, window: 1h }}
+  fixed-window: {{ algorithm: fixed-window, limit: 1000000000, window: 1h, lease: off }}
+  sliding-counter: {{ algorithm: sliding-counter, limit: 1000000000, window: 1h, lease: off }}
   sliding-log: {{ algorithm: sliding-log, limit: 1000000000, window: 10s }}
-  token-bucket: {{ algorithm: token-bucket, capacity: 1000000, refill_tokens: 1000000, refill_every: 1s }}
-  gcra: {{ algorithm: gcra, limit: 1000000, window: 1s, burst: 1000000 }}
+  token-bucket: {{ algorithm: token-bucket, capacity: 1000000, refill_tokens: 1000000, refill_every: 1s, lease: off }}
+  gcra: {{ algorithm: gcra, limit: 1000000, window: 1s, burst: 1000000, lease: off }}
 routes:
   - {{ name: fw, match: {{ path: /fixed-window }}, subject: client_ip, policy: fixed-window }}
   - {{ name: sc, match: {{ path: /sliding-counter }}, subject: client_ip, policy: sliding-counter }}

@@ -7,8 +7,14 @@
 
 use std::fmt;
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use ring::hmac;
+
+mod memo;
+
+use memo::Memo;
 
 /// The key and its version. Rotating the key bumps the version, which is
 /// part of every pseudonym, so old and new counters never mix.
@@ -20,6 +26,8 @@ pub struct PseudonymKey {
     // paid by every request with a subject.
     key: hmac::Key,
     version: u32,
+    /// This key's pseudonyms of late (see [`memo`]).
+    memo: Arc<Memo>,
 }
 
 /// Framed input up to this long is hashed from one stack buffer in a
@@ -31,6 +39,7 @@ impl PseudonymKey {
         PseudonymKey {
             key: hmac::Key::new(hmac::HMAC_SHA256, secret),
             version,
+            memo: Arc::default(),
         }
     }
 
@@ -50,7 +59,7 @@ impl PseudonymKey {
     pub fn pseudonym(&self, kind: &str, identity: &[u8], route: &str) -> Pseudonym {
         let parts = [kind.as_bytes(), identity, route.as_bytes()];
         let framed: usize = parts.iter().map(|p| 8 + p.len()).sum();
-        let tag = if framed <= FRAMED_INLINE {
+        let digest = if framed <= FRAMED_INLINE {
             let mut input = [0u8; FRAMED_INLINE];
             let mut at = 0;
             for part in parts {
@@ -59,23 +68,35 @@ impl PseudonymKey {
                 input[at..at + part.len()].copy_from_slice(part);
                 at += part.len();
             }
-            hmac::sign(&self.key, &input[..at])
+            let input = &input[..at];
+            match self.memo.get(input) {
+                Some(digest) => digest,
+                None => {
+                    let digest = digest(hmac::sign(&self.key, input));
+                    self.memo.put(input, digest);
+                    digest
+                }
+            }
         } else {
             let mut mac = hmac::Context::with_key(&self.key);
             for part in parts {
                 mac.update(&(part.len() as u64).to_be_bytes());
                 mac.update(part);
             }
-            mac.sign()
+            digest(mac.sign())
         };
-        let mut digest = [0u8; 32];
-        // HMAC-SHA256 tags are 32 bytes.
-        digest.copy_from_slice(tag.as_ref());
         Pseudonym {
             digest,
             version: self.version,
         }
     }
+}
+
+fn digest(tag: hmac::Tag) -> [u8; 32] {
+    let mut digest = [0u8; 32];
+    // HMAC-SHA256 tags are 32 bytes.
+    digest.copy_from_slice(tag.as_ref());
+    digest
 }
 
 impl fmt::Debug for PseudonymKey {
@@ -143,6 +164,32 @@ impl fmt::Debug for Pseudonym {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remembered_pseudonym_is_the_one_computed() {
+        let key = PseudonymKey::new(b"k", 1);
+        let fresh = || PseudonymKey::new(b"k", 1);
+        for (kind, identity) in [
+            ("ip", &b"192.0.2.1"[..]),
+            ("header:x-api-key", b"k1"),
+            ("ip", b"192.0.2.10"),
+        ] {
+            let first = key.pseudonym(kind, identity, "r");
+            let again = key.pseudonym(kind, identity, "r");
+            assert_eq!(first, again);
+            assert_eq!(again, fresh().pseudonym(kind, identity, "r"));
+        }
+        assert_ne!(
+            key.pseudonym("ip", b"192.0.2.1", "r"),
+            key.pseudonym("ip", b"192.0.2.10", "r")
+        );
+        // Another key's table is its own.
+        let other = PseudonymKey::new(b"other", 1);
+        assert_ne!(
+            other.pseudonym("ip", b"192.0.2.1", "r"),
+            key.pseudonym("ip", b"192.0.2.1", "r")
+        );
+    }
 
     #[test]
     fn framing_keeps_parts_apart() {

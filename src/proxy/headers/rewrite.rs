@@ -188,8 +188,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
-    // `Connection` is the first hop-by-hop name.
-    if present & 1 != 0 {
+    // `Connection` is the first hop-by-hop name. Most say only
+    // `keep-alive` or `close` (every nginx and Node answer): those name no
+    // field but `Keep-Alive`, which goes with the others below, so no
+    // token needs a removal of its own.
+    if present & 1 != 0 && !names_only_hop_by_hop(headers) {
         // Values are reference-counted: holding them costs no copy, and
         // frees the map to change while their tokens are read.
         for value in take_all(headers, &CONNECTION) {
@@ -207,6 +210,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+}
+
+/// Whether every `Connection` token is `keep-alive` or `close`.
+fn names_only_hop_by_hop(headers: &HeaderMap) -> bool {
+    headers.get_all(&CONNECTION).iter().all(|value| {
+        list(value.as_bytes()).all(|token| {
+            token.eq_ignore_ascii_case(b"keep-alive") || token.eq_ignore_ascii_case(b"close")
+        })
+    })
 }
 
 /// Address claims: from a trusted proxy they are passed on as it wrote

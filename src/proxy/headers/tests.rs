@@ -196,6 +196,30 @@ fn hop_by_hop_and_connection_named_headers_are_stripped() {
     assert_eq!(left, ["x-kept", "content-type"]);
 }
 
+#[test]
+fn a_connection_of_keep_alive_alone_is_stripped_with_its_keep_alive_and_a_mix_still_names() {
+    for (connection, left) in [
+        (&["keep-alive"][..], &["x-kept", "x-secret"][..]),
+        (&["Keep-Alive, close"], &["x-kept", "x-secret"]),
+        (&["close", "keep-alive"], &["x-kept", "x-secret"]),
+        // A token beside them is still a field to remove.
+        (&["keep-alive, X-Secret"], &["x-kept"]),
+        (&["keep-alive", "x-secret"], &["x-kept"]),
+    ] {
+        let mut fields: Vec<(&str, &str)> = connection.iter().map(|c| ("connection", *c)).collect();
+        fields.extend([
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("x-kept", "3"),
+        ]);
+        let mut h = headers(&fields);
+        strip_hop_by_hop(&mut h);
+        let mut kept: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, left, "{connection:?}");
+    }
+}
+
 fn forwarded(peer: &str, tls: bool) -> Forwarded {
     Forwarded {
         peer: peer.parse().unwrap(),

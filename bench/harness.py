@@ -219,6 +219,27 @@ def port_of(addr):
     return int(str(addr).rsplit(":", 1)[1])
 
 
+def start_floor(procs, workdir, floor, upstream_port):
+    """The hyper floor (`bench/floor/`): a bare hyper proxy with sluice's
+    runtime settings, on the proxy's CPU like sluice."""
+    if not os.access(floor, os.X_OK):
+        return Server("hyper-floor", reason=f"no hyper-floor binary at {floor} (bench/run.sh builds it)")
+    logf = os.path.join(workdir, "hyper-floor.log")
+    proc = procs.start("hyper-floor", [floor, f"http://127.0.0.1:{upstream_port}"], CPU_PROXY, logf)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(logf, errors="replace") as f:
+            for line in f:
+                if line.startswith("listening "):
+                    server = Server("hyper-floor", proc, port_of(line.split()[1]))
+                    server.idle_rss_kb = tools.rss_kb(proc.pid)
+                    return server
+        time.sleep(0.05)
+    reason = f"hyper-floor did not start: {tools.tail(logf) or 'no output'}"
+    procs.stop(proc)
+    return Server("hyper-floor", reason=reason)
+
+
 def start_sluice(procs, workdir, sluice, name, template, **values):
     conf = render(template, os.path.join(workdir, f"{name}.yaml"), BUDGET_MS=BUDGET_MS, **values)
     check = subprocess.run([sluice, "check", "--config", conf], capture_output=True, text=True)
@@ -494,6 +515,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="1 round of short runs (also BENCH_QUICK=1)")
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
     ap.add_argument("--oha", default=shutil.which("oha") or "oha")
+    ap.add_argument("--floor", default=os.path.join(ROOT, "target", "release", "hyper-floor"),
+                    help="the hyper floor binary (bench/floor/)")
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
     args = ap.parse_args()
@@ -544,6 +567,7 @@ def session(procs, workdir, args, settings):
     if upstream.reason:
         raise SystemExit(f"bench: cannot run anything: {upstream.reason}")
     nginx = start_nginx(procs, workdir, "proxy", "proxy.nginx.conf", CPU_PROXY, UPSTREAM_PORT=upstream.port)
+    floor = start_floor(procs, workdir, args.floor, upstream.port)
     redis_srv = start_redis(procs, workdir)
     cluster_srv = start_redis_cluster(procs, workdir)
     if not os.access(args.sluice, os.X_OK):
@@ -568,7 +592,7 @@ def session(procs, workdir, args, settings):
             clu = start_sluice(procs, workdir, args.sluice, "sluice-redis-cluster",
                                "sluice-redis-cluster.yaml",
                                UPSTREAM_PORT=upstream.port, REDIS_PORT=cluster_srv.port)
-    for s in (nginx, mem, red, clu, routes):
+    for s in (nginx, floor, mem, red, clu, routes):
         if s.reason:
             log(f"{s.name}: {s.reason}")
 
@@ -577,6 +601,9 @@ def session(procs, workdir, args, settings):
         Scenario("nginx-proxy", nginx, "/", proxy=True),
         Scenario("nginx-limit-allowed", nginx, "/allowed", proxy=True),
         Scenario("nginx-limit-blocked", nginx, "/blocked", proxy=True, blocked=True),
+        # The same stack as sluice with nothing of sluice's own: what
+        # sluice-none is measured against.
+        Scenario("hyper-floor", floor, "/none", proxy=True),
         Scenario("sluice-none", mem, "/none", proxy=True),
         Scenario("sluice-memory", mem, "/allowed", proxy=True),
         Scenario("sluice-blocked-memory", mem, "/blocked", proxy=True, blocked=True),
@@ -712,17 +739,19 @@ def summarize(scenarios):
     # Ratios within each round: both figures come from the same round.
     for key, entry in out.items():
         entry["ratio"] = {}
-        for ref in ("direct", "nginx-proxy", "nginx-limit-blocked", "sluice-none", "sluice-memory",
+        for ref in ("direct", "nginx-proxy", "hyper-floor", "nginx-limit-blocked", "sluice-none", "sluice-memory",
                     "sluice-redis"):
             a, b = by_key[key], by_key[ref]
             if a.closed and b.closed and len(a.closed) == len(b.closed):
                 entry["ratio"][ref] = med_range([x["rps"] / y["rps"] for x, y in zip(a.closed, b.closed) if y["rps"]])
-        entry["cpu_ratio_sluice_none"] = None
-        a, b = by_key[key], by_key["sluice-none"]
-        if a.closed and b.closed and len(a.closed) == len(b.closed):
-            entry["cpu_ratio_sluice_none"] = med_range([
-                x["cpu_us_per_req"] / y["cpu_us_per_req"] for x, y in zip(a.closed, b.closed)
-                if x["cpu_us_per_req"] and y["cpu_us_per_req"]])
+        for ref in ("sluice-none", "hyper-floor"):
+            field = "cpu_ratio_" + ref.replace("-", "_")
+            entry[field] = None
+            a, b = by_key[key], by_key[ref]
+            if a.closed and b.closed and len(a.closed) == len(b.closed):
+                entry[field] = med_range([
+                    x["cpu_us_per_req"] / y["cpu_us_per_req"] for x, y in zip(a.closed, b.closed)
+                    if x["cpu_us_per_req"] and y["cpu_us_per_req"]])
     return out
 
 

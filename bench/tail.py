@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""Where the Redis path's tail latency comes from: one session, several
+set-ups side by side.
+
+    python3 bench/tail.py --sluice target/release/sluice --oha ~/.cache/sluice-bench/bin/oha \
+        [--rate 13474] [--seconds 5] [--rounds 3] [--keep]
+
+Every run is the harness's open-loop latency run (oha, 32 connections,
+`--latency-correction`, on CPU 0 beside the nginx upstream) at one rate for
+all, and reads, for the same run:
+
+- the end-to-end p50 / p99 / p99.9 (oha) and, for sluice, its own
+  `sluice_decision_duration_seconds{source="store"}` histogram (admin
+  `/metrics`, before and after): how long the decision took inside
+  sluice, Redis's round trip and sluice's reply handling included;
+- Redis's own FCALL execution time (`INFO latencystats`, reset before the
+  run): the script alone, no network, no queueing;
+- a PING every 2 ms from this script (on CPU 0) over its own connection:
+  how long Redis takes to answer anyone, its scheduling on its CPU
+  included;
+- each CPU's busy share (`/proc/stat`) and sluice's CPU per request.
+
+Set-ups (rounds interleaved, A…Z then Z…A):
+  direct            oha → upstream (the floor every figure is taken against)
+  memory            sluice, memory store (`server.workers: 1`, CPU 1)
+  redis             sluice on Redis, Redis on CPU 0 with oha and the upstream (bench/run.sh's layout)
+  redis-cpu1        the same sluice, Redis moved to CPU 1 beside sluice (CPU 0: oha and the upstream only)
+  redis-w2          sluice on Redis with `server.workers: 2` (both threads on CPU 1), Redis on CPU 0
+  redis-half        `redis` at half the rate
+
+Writes bench/results/tail.md and tail.json.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tools  # noqa: E402
+from harness import BENCH, BUDGET_MS, CONNS, CPU_PROXY, CPU_REST, ROOT, start_nginx, start_redis  # noqa: E402
+from tools import Processes, Redis  # noqa: E402
+
+SETUPS = ["direct", "memory", "redis", "redis-cpu1", "redis-w2", "redis-half"]
+
+
+def log(msg):
+    print(f"[tail {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def config(template, workers, **values):
+    with open(os.path.join(BENCH, "configs", template)) as f:
+        text = f.read()
+    text = text.replace("workers: 1", f"workers: {workers}")
+    for k, v in dict(values, BUDGET_MS=BUDGET_MS).items():
+        text = text.replace(f"@@{k}@@", str(v))
+    return text
+
+
+def pin(pid, cpu):
+    """Moves every thread of `pid` to `cpu`."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass
+
+
+def cpu_times():
+    """{cpu index: (busy, total)} jiffies from /proc/stat."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            m = re.match(r"cpu(\d+) (.*)", line)
+            if m:
+                v = [int(x) for x in m.group(2).split()]
+                idle = v[3] + v[4]
+                out[int(m.group(1))] = (sum(v[:8]) - idle, sum(v[:8]))
+    return out
+
+
+def busy_share(before, after):
+    return {cpu: (after[cpu][0] - before[cpu][0]) / max(1, after[cpu][1] - before[cpu][1]) for cpu in after}
+
+
+def decision_buckets(admin_port):
+    """{le: count} of sluice_decision_duration_seconds{source="store"}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith("sluice_decision_duration_seconds_bucket{") or 'source="store"' not in line:
+            continue
+        m = re.search(r'le="([^"]+)"\}\s+(\S+)', line)
+        if m:
+            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+            out[le] = out.get(le, 0) + float(m.group(2))
+    return out
+
+
+def quantile_ms(buckets, q):
+    """The q-quantile from cumulative buckets, linear within a bucket (ms)."""
+    items = sorted(buckets.items())
+    total = items[-1][1] if items else 0
+    if not total:
+        return None
+    want = q * total
+    lo_le, lo_n = 0.0, 0.0
+    for le, n in items:
+        if n >= want:
+            if le == float("inf"):
+                return lo_le * 1000
+            frac = (want - lo_n) / max(1e-9, n - lo_n)
+            return (lo_le + frac * (le - lo_le)) * 1000
+        lo_le, lo_n = le, n
+    return None
+
+
+def share_over(buckets, le):
+    items = sorted(buckets.items())
+    total = items[-1][1] if items else 0
+    return None if not total else 1 - buckets.get(le, 0) / total
+
+
+class Pinger:
+    """PING every 2 ms on a connection of its own; round trips in ms."""
+
+    def __init__(self, port):
+        self.port = port
+        self.rtts = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        r = Redis(self.port)
+        try:
+            while not self._stop.wait(0.002):
+                t0 = time.perf_counter()
+                r.cmd("PING")
+                self.rtts.append((time.perf_counter() - t0) * 1000)
+        finally:
+            r.close()
+
+
+def pct(values, q):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def latencystats(redis):
+    """Redis's own FCALL execution time percentiles (µs)."""
+    line = redis.info("latencystats").get("latency_percentiles_usec_fcall")
+    if not line:
+        return {}
+    return {k: float(v) for k, v in (kv.split("=") for kv in line.split(","))}
+
+
+def run(setup, servers, redis, redis_proc, oha, rate, seconds):
+    url_of = {
+        "direct": (servers["upstream"], "/"),
+        "memory": (servers["memory"], "/allowed"),
+        "redis": (servers["redis"], "/allowed"),
+        "redis-cpu1": (servers["redis"], "/allowed"),
+        "redis-w2": (servers["redis-w2"], "/allowed"),
+        "redis-half": (servers["redis"], "/allowed"),
+    }
+    srv, path = url_of[setup]
+    if setup == "redis-half":
+        rate = rate // 2
+    pin(redis_proc.pid, CPU_PROXY if setup == "redis-cpu1" else CPU_REST)
+    redis.cmd("CONFIG", "RESETSTAT")
+    admin = srv.get("admin")
+    before = decision_buckets(admin) if admin else None
+    sluice_cpu0 = tools.cpu_seconds(srv["pid"]) if admin else None
+    redis_cpu0 = redis.cpu_seconds()
+    cpus0 = cpu_times()
+    with Pinger(redis.port) as pinger:
+        res = tools.run_oha(oha, f"http://127.0.0.1:{srv['port']}{path}", rate, seconds, CONNS, CPU_REST)
+    cpus = busy_share(cpus0, cpu_times())
+    answered = sum(res["statuses"].values()) or 1
+    out = {
+        "setup": setup, "rate": rate, "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"],
+        "p999_ms": res["p999_ms"], "max_ms": res["max_ms"], "statuses": res["statuses"],
+        "errors": res["errors"], "cpu_busy": cpus,
+        "redis_cpu_us_per_req": (redis.cpu_seconds() - redis_cpu0) * 1e6 / answered,
+        "ping_p50_ms": pct(pinger.rtts, 0.5), "ping_p99_ms": pct(pinger.rtts, 0.99),
+        "ping_max_ms": max(pinger.rtts) if pinger.rtts else None, "pings": len(pinger.rtts),
+    }
+    if admin:
+        after = decision_buckets(admin)
+        diff = {le: after.get(le, 0) - before.get(le, 0) for le in after}
+        out["decision"] = {
+            "count": max(diff.values()) if diff else 0,
+            "p50_ms": quantile_ms(diff, 0.5), "p99_ms": quantile_ms(diff, 0.99), "p999_ms": quantile_ms(diff, 0.999),
+            "over_1ms": share_over(diff, 0.001), "over_2_5ms": share_over(diff, 0.0025),
+        }
+        out["sluice_cpu_us_per_req"] = (tools.cpu_seconds(srv["pid"]) - sluice_cpu0) * 1e6 / answered
+    if setup.startswith("redis"):
+        out["fcall_usec"] = latencystats(redis)
+    pin(redis_proc.pid, CPU_REST)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
+    ap.add_argument("--oha", default=shutil.which("oha") or "oha")
+    ap.add_argument("--rate", type=int, default=13474, help="open-loop req/s (default: the last full run's)")
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--stem", default="tail")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    setups = args.setups.split(",")
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    # This script's own threads (the pinger) run beside the load generator.
+    os.sched_setaffinity(0, {CPU_REST})
+    procs = Processes()
+    workdir = tempfile.mkdtemp(prefix="sluice-tail-")
+    runs = []
+    try:
+        upstream = start_nginx(procs, workdir, "upstream", "upstream.nginx.conf", CPU_REST)
+        redis_srv = start_redis(procs, workdir)
+        for s in (upstream, redis_srv):
+            if s.reason:
+                raise SystemExit(s.reason)
+        servers = {"upstream": {"port": upstream.port, "pid": upstream.pid}}
+        for name, template, workers in (("memory", "sluice-memory.yaml", 1), ("redis", "sluice-redis.yaml", 1),
+                                        ("redis-w2", "sluice-redis.yaml", 2)):
+            text = config(template, workers, UPSTREAM_PORT=upstream.port, REDIS_PORT=redis_srv.port)
+            proc, port, admin, _ = tools.start_sluice(procs, workdir, args.sluice, text, name, CPU_PROXY)
+            servers[name] = {"port": port, "admin": admin, "pid": proc.pid}
+        redis = Redis(redis_srv.port)
+        log(f"warm-up, then {args.rounds} rounds of {args.seconds} s at {args.rate} req/s: {' '.join(setups)}")
+        for s in setups:
+            run(s, servers, redis, redis_srv.proc, args.oha, args.rate, 1)
+        for r in range(args.rounds):
+            order = setups if r % 2 == 0 else list(reversed(setups))
+            for s in order:
+                out = run(s, servers, redis, redis_srv.proc, args.oha, args.rate, args.seconds)
+                out["round"] = r + 1
+                runs.append(out)
+                d = out.get("decision") or {}
+                log(f"round {r + 1} {s:<11} p50 {out['p50_ms']:.3f} p99 {out['p99_ms']:.3f} "
+                    f"p99.9 {out['p999_ms']:.3f} ms; decision p99 {_f(d.get('p99_ms'))} ms; "
+                    f"ping p99 {_f(out['ping_p99_ms'])} ms; cpu0 {out['cpu_busy'][0]:.0%} cpu1 {out['cpu_busy'][1]:.0%}")
+        redis.close()
+    finally:
+        procs.stop_all()
+        if args.keep:
+            log(f"work directory kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result = {
+        "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip(),
+        "rate": args.rate, "seconds": args.seconds, "rounds": args.rounds, "loadavg": os.getloadavg(),
+        "runs": runs,
+    }
+    with open(os.path.join(BENCH, "results", args.stem + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+    md = render(result, setups)
+    with open(os.path.join(BENCH, "results", args.stem + ".md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+def _f(v, digits=3):
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def render(result, setups):
+    """One row per set-up: medians over rounds; added = minus direct's in the same round."""
+    by = {}
+    for r in result["runs"]:
+        by.setdefault(r["setup"], []).append(r)
+    direct = {r["round"]: r for r in by.get("direct", [])}
+
+    def med(rows, get):
+        vals = [v for v in (get(r) for r in rows) if v is not None]
+        return statistics.median(vals) if vals else None
+
+    lines = [
+        f"# Tail latency on the Redis path, set-ups side by side — {result['generated_at']}", "",
+        f"Commit {result['commit']}; open loop {result['rate']} req/s (`redis-half`: half), "
+        f"{result['seconds']} s, {result['rounds']} rounds interleaved, oha 32 connections with latency "
+        f"correction on CPU 0; load average at start {', '.join(f'{x:.2f}' for x in result['loadavg'])}. "
+        "Medians over rounds; *added* is minus `direct` in the same round.", "",
+        "| set-up | added p50 / p99 / p99.9 (ms) | decision p50 / p99 / p99.9 (ms) | decisions > 1 ms | "
+        "Redis FCALL p50 / p99 / p99.9 (µs) | PING p50 / p99 / max (ms) | CPU 0 / CPU 1 busy | sluice µs/req | answers |",
+        "|---|---|---|---:|---|---|---|---:|---|",
+    ]
+    for s in setups:
+        rows = by.get(s, [])
+        if not rows:
+            continue
+
+        def added(key):
+            if s == "direct":
+                return med(rows, lambda r: r[key])
+            return med(rows, lambda r: r[key] - direct[r["round"]][key] if r["round"] in direct else None)
+
+        lat = " / ".join(_f(added(k)) for k in ("p50_ms", "p99_ms", "p999_ms"))
+        if s == "direct":
+            lat += " (absolute)"
+        dec = " / ".join(_f(med(rows, lambda r, k=k: (r.get("decision") or {}).get(k))) for k in
+                         ("p50_ms", "p99_ms", "p999_ms")) if rows[0].get("decision") else "—"
+        over = med(rows, lambda r: (r.get("decision") or {}).get("over_1ms"))
+        fc = " / ".join(_f(med(rows, lambda r, k=k: (r.get("fcall_usec") or {}).get(k)), 0) for k in
+                        ("p50", "p99", "p99.9")) if rows[0].get("fcall_usec") else "—"
+        ping = " / ".join(_f(med(rows, lambda r, k=k: r[k])) for k in ("ping_p50_ms", "ping_p99_ms", "ping_max_ms"))
+        cpu = f"{med(rows, lambda r: r['cpu_busy'][0]):.0%} / {med(rows, lambda r: r['cpu_busy'][1]):.0%}"
+        statuses = {}
+        for r in rows:
+            for k, v in r["statuses"].items():
+                statuses[k] = statuses.get(k, 0) + v
+        ans = ", ".join(f"{k}×{v}" for k, v in sorted(statuses.items()))
+        lines.append(f"| {s} | {lat} | {dec} | {_f(over * 100, 2) + '%' if over is not None else '—'} | {fc} | "
+                     f"{ping} | {cpu} | {_f(med(rows, lambda r: r.get('sluice_cpu_us_per_req')), 1)} | {ans} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); every started process was stopped")
+        sys.exit(130)

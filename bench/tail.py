@@ -197,12 +197,16 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
         rate = rate // 2
     pin(redis_proc.pid, CPU_PROXY if setup == "redis-cpu1" else CPU_REST)
     redis.cmd("CONFIG", "RESETSTAT")
+    redis.cmd("LATENCY", "RESET")
+    expired0 = int(redis.info("stats").get("expired_keys", 0))
     admin = srv.get("admin")
     before = decision_buckets(admin) if admin else None
     sluice_cpu0 = tools.cpu_seconds(srv["pid"]) if admin else None
     redis_cpu0 = redis.cpu_seconds()
+    upstream_cpu0 = tools.cpu_seconds(servers["upstream"]["pid"])
     ours = [p for p in (srv.get("pid"), redis_proc.pid, servers["upstream"]["pid"]) if p]
     ours0 = sum(tools.cpu_seconds(p) for p in set(ours)) + children_cpu()
+    oha0 = children_cpu()
     cpus0 = cpu_times()
     t0 = time.monotonic()
     with Pinger(redis.sock.getpeername()[1]) as pinger:
@@ -219,7 +223,10 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
         "setup": setup, "rate": rate, "p50_ms": res["p50_ms"], "p99_ms": res["p99_ms"],
         "p999_ms": res["p999_ms"], "max_ms": res["max_ms"], "statuses": res["statuses"],
         "errors": res["errors"], "cpu_busy": cpus, "others_cpus": max(0.0, others),
+        "oha_cpu_share": (children_cpu() - oha0) / wall,
         "redis_cpu_us_per_req": (redis.cpu_seconds() - redis_cpu0) * 1e6 / answered,
+        "redis_cpu_share": (redis.cpu_seconds() - redis_cpu0) / wall,
+        "upstream_cpu_share": (tools.cpu_seconds(servers["upstream"]["pid"]) - upstream_cpu0) / wall,
         "ping_p50_ms": pct(pinger.rtts, 0.5), "ping_p99_ms": pct(pinger.rtts, 0.99),
         "ping_max_ms": max(pinger.rtts) if pinger.rtts else None, "pings": len(pinger.rtts),
     }
@@ -232,6 +239,12 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
             "over_1ms": share_over(diff, 0.001), "over_2_5ms": share_over(diff, 0.0025),
         }
         out["sluice_cpu_us_per_req"] = (tools.cpu_seconds(srv["pid"]) - sluice_cpu0) * 1e6 / answered
+    # Redis's own stalls of 1 ms or more (latency monitor): the event
+    # loop, the expiry cycle, commands.
+    out["redis_events"] = {e[0]: {"latest_ms": e[2], "max_ms": e[3]} for e in (redis.cmd("LATENCY", "LATEST") or [])}
+    out["redis_event_samples"] = {
+        name: [s[1] for s in (redis.cmd("LATENCY", "HISTORY", name) or [])] for name in out["redis_events"]}
+    out["expired_keys"] = int(redis.info("stats").get("expired_keys", 0)) - expired0
     if setup.startswith("redis"):
         out["fcall_usec"] = latencystats(redis)
     pin(redis_proc.pid, CPU_REST)
@@ -248,7 +261,12 @@ def main():
     ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--stem", default="tail")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--wait-quiet", type=float, default=0,
+                    help="first wait up to this many seconds for a 1-minute load average ≤ 0.5")
     args = ap.parse_args()
+    deadline = time.monotonic() + args.wait_quiet
+    while os.getloadavg()[0] > 0.5 and time.monotonic() < deadline:
+        time.sleep(5)
     setups = args.setups.split(",")
 
     def on_signal(signum, _frame):
@@ -274,6 +292,7 @@ def main():
             proc, port, admin, _ = tools.start_sluice(procs, workdir, args.sluice, text, name, CPU_PROXY)
             servers[name] = {"port": port, "admin": admin, "pid": proc.pid}
         redis = Redis(redis_srv.port)
+        redis.cmd("CONFIG", "SET", "latency-monitor-threshold", "1")
         log(f"warm-up, then {args.rounds} rounds of {args.seconds} s at {args.rate} req/s: {' '.join(setups)}")
         for s in setups:
             run(s, servers, redis, redis_srv.proc, args.oha, args.rate, 1)
@@ -287,7 +306,7 @@ def main():
                 log(f"round {r + 1} {s:<11} p50 {out['p50_ms']:.3f} p99 {out['p99_ms']:.3f} "
                     f"p99.9 {out['p999_ms']:.3f} ms; decision p99 {_f(d.get('p99_ms'))} ms; "
                     f"ping p99 {_f(out['ping_p99_ms'])} ms; cpu0 {out['cpu_busy'][0]:.0%} cpu1 {out['cpu_busy'][1]:.0%}; "
-                    f"others {out['others_cpus']:.2f} CPUs")
+                    f"others {out['others_cpus']:.2f} CPUs; redis events {out['redis_events']}; expired {out['expired_keys']}")
         redis.close()
     finally:
         procs.stop_all()
@@ -332,8 +351,8 @@ def render(result, setups):
         f"correction on CPU 0; load average at start {', '.join(f'{x:.2f}' for x in result['loadavg'])}. "
         "Medians over rounds; *added* is minus `direct` in the same round.", "",
         "| set-up | added p50 / p99 / p99.9 (ms) | decision p50 / p99 / p99.9 (ms) | decisions > 1 ms | "
-        "Redis FCALL p50 / p99 / p99.9 (µs) | PING p50 / p99 / max (ms) | CPU 0 / CPU 1 busy | other work (CPUs) | sluice µs/req | answers |",
-        "|---|---|---|---:|---|---|---|---:|---:|---|",
+        "Redis FCALL p50 / p99 / p99.9 (µs) | PING p50 / p99 / max (ms) | CPU 0 / CPU 1 busy | oha / upstream / Redis CPU | other work (CPUs) | sluice µs/req | answers |",
+        "|---|---|---|---:|---|---|---|---|---:|---:|---|",
     ]
     for s in setups:
         rows = by.get(s, [])
@@ -355,13 +374,15 @@ def render(result, setups):
                         ("p50", "p99", "p99.9")) if rows[0].get("fcall_usec") else "—"
         ping = " / ".join(_f(med(rows, lambda r, k=k: r[k])) for k in ("ping_p50_ms", "ping_p99_ms", "ping_max_ms"))
         cpu = f"{med(rows, lambda r: r['cpu_busy'][0]):.0%} / {med(rows, lambda r: r['cpu_busy'][1]):.0%}"
+        shares = " / ".join(f"{med(rows, lambda r, k=k: r.get(k)) or 0:.0%}" for k in
+                            ("oha_cpu_share", "upstream_cpu_share", "redis_cpu_share"))
         statuses = {}
         for r in rows:
             for k, v in r["statuses"].items():
                 statuses[k] = statuses.get(k, 0) + v
         ans = ", ".join(f"{k}×{v}" for k, v in sorted(statuses.items()))
         lines.append(f"| {s} | {lat} | {dec} | {_f(over * 100, 2) + '%' if over is not None else '—'} | {fc} | "
-                     f"{ping} | {cpu} | {_f(med(rows, lambda r: r.get('others_cpus')), 2)} | {_f(med(rows, lambda r: r.get('sluice_cpu_us_per_req')), 1)} | {ans} |")
+                     f"{ping} | {cpu} | {shares} | {_f(med(rows, lambda r: r.get('others_cpus')), 2)} | {_f(med(rows, lambda r: r.get('sluice_cpu_us_per_req')), 1)} | {ans} |")
     return "\n".join(lines) + "\n"
 
 

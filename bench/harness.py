@@ -357,8 +357,15 @@ def run_scenario(procs, workdir, scn, settings, redis, rate, tag, measured):
         return None
     if measured:
         scn.closed.append(closed)
+        # sluice's own decision time over the same run, to set beside the
+        # end-to-end percentiles (its tail is inside the decision or not).
+        admin = scn.server.admin_port if not scn.blocked else None
         try:
-            scn.open.append(tools.run_oha(settings["oha"], scn.url, rate, settings["open_s"], CONNS, CPU_REST))
+            before = tools.decision_buckets(admin) if admin else None
+            run = tools.run_oha(settings["oha"], scn.url, rate, settings["open_s"], CONNS, CPU_REST)
+            if before is not None:
+                run["decision"] = tools.decision_summary(before, tools.decision_buckets(admin))
+            scn.open.append(run)
         except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
             scn.reason = f"open-loop run failed in {tag}: {e}"
             return None
@@ -724,6 +731,10 @@ def summarize(scenarios):
                 if direct.open and len(direct.open) == len(s.open):
                     entry["added_" + p] = med_range([o[p] - d[p] for o, d in zip(s.open, direct.open)
                                                       if o[p] is not None and d[p] is not None])
+            decided = [o["decision"] for o in s.open if (o.get("decision") or {}).get("count")]
+            if decided:
+                entry["decision_ms"] = {p: med_range([d[p] for d in decided])
+                                        for p in ("p50_ms", "p99_ms", "p999_ms")}
             statuses = {}
             for o in s.open:
                 for k, v in o["statuses"].items():

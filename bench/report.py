@@ -288,6 +288,13 @@ def markdown(result):
             f"{_mr(e['ratio'].get('hyper-floor'))} | {_mr(e['ratio'].get('sluice-none'))} | {_f(_med(e.get('cpu_us_per_req')), 1)} | "
             f"{_f(_med(e.get('syscalls_per_req')), 2)} | {_added(key, e)} | {_redis_cmds(e)} | "
             f"{_f(_med(e.get('redis_cpu_us_per_req')), 1)} | {_statuses(e)} |")
+    decided = [(SCENARIO_LABELS[k], sc[k]["decision_ms"]) for k in SCENARIO_LABELS
+               if (sc.get(k) or {}).get("decision_ms")]
+    if decided:
+        out.append("\nDecision time inside sluice over the same open-loop runs "
+                   "(`sluice_decision_duration_seconds{source=\"store\"}`, from the buckets), p50 / p99 / p99.9: "
+                   + "; ".join(f"{label} {' / '.join(_f(_med(d[p]), 3) for p in ('p50_ms', 'p99_ms', 'p999_ms'))} ms"
+                               for label, d in decided) + ".")
     if result.get("syscalls_not_counted"):
         out.append(f"\nSyscalls not counted: {result['syscalls_not_counted']}.")
     out.append("")

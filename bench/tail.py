@@ -46,7 +46,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,45 +93,6 @@ def cpu_times():
 
 def busy_share(before, after):
     return {cpu: (after[cpu][0] - before[cpu][0]) / max(1, after[cpu][1] - before[cpu][1]) for cpu in after}
-
-
-def decision_buckets(admin_port):
-    """{le: count} of sluice_decision_duration_seconds{source="store"}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if not line.startswith("sluice_decision_duration_seconds_bucket{") or 'source="store"' not in line:
-            continue
-        m = re.search(r'le="([^"]+)"\}\s+(\S+)', line)
-        if m:
-            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
-            out[le] = out.get(le, 0) + float(m.group(2))
-    return out
-
-
-def quantile_ms(buckets, q):
-    """The q-quantile from cumulative buckets, linear within a bucket (ms)."""
-    items = sorted(buckets.items())
-    total = items[-1][1] if items else 0
-    if not total:
-        return None
-    want = q * total
-    lo_le, lo_n = 0.0, 0.0
-    for le, n in items:
-        if n >= want:
-            if le == float("inf"):
-                return lo_le * 1000
-            frac = (want - lo_n) / max(1e-9, n - lo_n)
-            return (lo_le + frac * (le - lo_le)) * 1000
-        lo_le, lo_n = le, n
-    return None
-
-
-def share_over(buckets, le):
-    items = sorted(buckets.items())
-    total = items[-1][1] if items else 0
-    return None if not total else 1 - buckets.get(le, 0) / total
 
 
 class Pinger:
@@ -200,7 +160,7 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
     redis.cmd("LATENCY", "RESET")
     expired0 = int(redis.info("stats").get("expired_keys", 0))
     admin = srv.get("admin")
-    before = decision_buckets(admin) if admin else None
+    before = tools.decision_buckets(admin) if admin else None
     sluice_cpu0 = tools.cpu_seconds(srv["pid"]) if admin else None
     redis_cpu0 = redis.cpu_seconds()
     upstream_cpu0 = tools.cpu_seconds(servers["upstream"]["pid"])
@@ -231,13 +191,8 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
         "ping_max_ms": max(pinger.rtts) if pinger.rtts else None, "pings": len(pinger.rtts),
     }
     if admin:
-        after = decision_buckets(admin)
-        diff = {le: after.get(le, 0) - before.get(le, 0) for le in after}
-        out["decision"] = {
-            "count": max(diff.values()) if diff else 0,
-            "p50_ms": quantile_ms(diff, 0.5), "p99_ms": quantile_ms(diff, 0.99), "p999_ms": quantile_ms(diff, 0.999),
-            "over_1ms": share_over(diff, 0.001), "over_2_5ms": share_over(diff, 0.0025),
-        }
+        after = tools.decision_buckets(admin)
+        out["decision"] = tools.decision_summary(before, after)
         out["sluice_cpu_us_per_req"] = (tools.cpu_seconds(srv["pid"]) - sluice_cpu0) * 1e6 / answered
     # Redis's own stalls of 1 ms or more (latency monitor): the event
     # loop, the expiry cycle, commands.
@@ -262,11 +217,14 @@ def main():
     ap.add_argument("--stem", default="tail")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--wait-quiet", type=float, default=0,
-                    help="first wait up to this many seconds for a 1-minute load average ≤ 0.5")
+                    help="first wait up to this many seconds for 5 s in which the machine is ≥ 85%% idle")
     args = ap.parse_args()
     deadline = time.monotonic() + args.wait_quiet
-    while os.getloadavg()[0] > 0.5 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        before = cpu_times()
         time.sleep(5)
+        if sum(busy_share(before, cpu_times()).values()) <= 0.3:
+            break
     setups = args.setups.split(",")
 
     def on_signal(signum, _frame):

@@ -27,6 +27,9 @@ Set-ups (rounds interleaved, A…Z then Z…A):
   redis-cpu1        the same sluice, Redis moved to CPU 1 beside sluice (CPU 0: oha and the upstream only)
   redis-w2          sluice on Redis with `server.workers: 2` (both threads on CPU 1), Redis on CPU 0
   redis-half        `redis` at half the rate
+  redis-noexpire    `redis` with Redis's active expiry off for the run (`DEBUG SET-ACTIVE-EXPIRE 0`):
+                    no expiry cycle deleting the decisions' retry records (`PX 5s`, one per decision)
+  redis-hz100       `redis` with `hz 100`: the expiry cycle runs ten times as often, each run a tenth as long
 
 Writes bench/results/tail.md and tail.json.
 """
@@ -50,10 +53,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tools  # noqa: E402
-from harness import BENCH, BUDGET_MS, CONNS, CPU_PROXY, CPU_REST, ROOT, start_nginx, start_redis  # noqa: E402
+from harness import BENCH, BUDGET_MS, CONNS, CPU_PROXY, CPU_REST, ROOT, Server, start_nginx  # noqa: E402
 from tools import Processes, Redis  # noqa: E402
 
-SETUPS = ["direct", "memory", "redis", "redis-cpu1", "redis-w2", "redis-half"]
+SETUPS = ["direct", "memory", "redis", "redis-noexpire", "redis-hz100", "redis-cpu1", "redis-w2", "redis-half"]
 
 
 def log(msg):
@@ -151,11 +154,17 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
         "redis-cpu1": (servers["redis"], "/allowed"),
         "redis-w2": (servers["redis-w2"], "/allowed"),
         "redis-half": (servers["redis"], "/allowed"),
+        "redis-noexpire": (servers["redis"], "/allowed"),
+        "redis-hz100": (servers["redis"], "/allowed"),
     }
     srv, path = url_of[setup]
     if setup == "redis-half":
         rate = rate // 2
     pin(redis_proc.pid, CPU_PROXY if setup == "redis-cpu1" else CPU_REST)
+    if setup == "redis-noexpire":
+        redis.cmd("DEBUG", "SET-ACTIVE-EXPIRE", "0")
+    if setup == "redis-hz100":
+        redis.cmd("CONFIG", "SET", "hz", "100")
     redis.cmd("CONFIG", "RESETSTAT")
     redis.cmd("LATENCY", "RESET")
     expired0 = int(redis.info("stats").get("expired_keys", 0))
@@ -203,7 +212,29 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
     if setup.startswith("redis"):
         out["fcall_usec"] = latencystats(redis)
     pin(redis_proc.pid, CPU_REST)
+    if setup == "redis-hz100":
+        redis.cmd("CONFIG", "SET", "hz", "10")
+    if setup == "redis-noexpire":
+        # The records kept meanwhile expire now, all at once: let that
+        # backlog pass before the next run.
+        redis.cmd("DEBUG", "SET-ACTIVE-EXPIRE", "1")
+        deadline = time.monotonic() + 20
+        while redis.cmd("DBSIZE") > 2 * rate * 5 * 1.2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        out["backlog_left"] = redis.cmd("DBSIZE")
     return out
+
+
+def start_redis_debug(procs, workdir):
+    """The harness's Redis, with `DEBUG` allowed from loopback (for
+    `DEBUG SET-ACTIVE-EXPIRE`)."""
+    port = tools.free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--daemonize", "no", "--dir", workdir, "--enable-debug-command", "local"]
+    proc = procs.start("redis", argv, CPU_REST, os.path.join(workdir, "redis.log"))
+    if not tools.wait_tcp(port, proc):
+        return Server("redis", reason=f"redis-server did not start: {tools.tail(os.path.join(workdir, 'redis.log'))}")
+    return Server("redis", proc, port)
 
 
 def main():
@@ -239,7 +270,7 @@ def main():
     runs = []
     try:
         upstream = start_nginx(procs, workdir, "upstream", "upstream.nginx.conf", CPU_REST)
-        redis_srv = start_redis(procs, workdir)
+        redis_srv = start_redis_debug(procs, workdir)
         for s in (upstream, redis_srv):
             if s.reason:
                 raise SystemExit(s.reason)

@@ -119,6 +119,9 @@ def start_redis(procs, workdir):
     argv = [
         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
         "--appendonly", "no", "--daemonize", "no", "--dir", workdir,
+        # Its own stalls of 1 ms or more are recorded (LATENCY LATEST),
+        # and reported beside sluice-redis's tail.
+        "--latency-monitor-threshold", "1",
     ]
     proc = procs.start("redis", argv, CPU_REST, logf)
     if not tools.wait_tcp(port, proc):
@@ -360,11 +363,16 @@ def run_scenario(procs, workdir, scn, settings, redis, rate, tag, measured):
         # sluice's own decision time over the same run, to set beside the
         # end-to-end percentiles (its tail is inside the decision or not).
         admin = scn.server.admin_port if not scn.blocked else None
+        stalls = redis if (scn.redis and redis) else None
         try:
             before = tools.decision_buckets(admin) if admin else None
+            if stalls:
+                stalls.cmd("LATENCY", "RESET")
             run = tools.run_oha(settings["oha"], scn.url, rate, settings["open_s"], CONNS, CPU_REST)
             if before is not None:
                 run["decision"] = tools.decision_summary(before, tools.decision_buckets(admin))
+            if stalls:
+                run["redis_stalls_max_ms"] = {e[0]: e[3] for e in (stalls.cmd("LATENCY", "LATEST") or [])}
             scn.open.append(run)
         except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
             scn.reason = f"open-loop run failed in {tag}: {e}"
@@ -735,6 +743,10 @@ def summarize(scenarios):
             if decided:
                 entry["decision_ms"] = {p: med_range([d[p] for d in decided])
                                         for p in ("p50_ms", "p99_ms", "p999_ms")}
+            if any("redis_stalls_max_ms" in o for o in s.open):
+                names = sorted({k for o in s.open for k in o.get("redis_stalls_max_ms", {})})
+                entry["redis_stalls_max_ms"] = {k: [o.get("redis_stalls_max_ms", {}).get(k, 0) for o in s.open]
+                                                for k in names}
             statuses = {}
             for o in s.open:
                 for k, v in o["statuses"].items():

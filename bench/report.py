@@ -295,6 +295,13 @@ def markdown(result):
                    "(`sluice_decision_duration_seconds{source=\"store\"}`, from the buckets), p50 / p99 / p99.9: "
                    + "; ".join(f"{label} {' / '.join(_f(_med(d[p]), 3) for p in ('p50_ms', 'p99_ms', 'p999_ms'))} ms"
                                for label, d in decided) + ".")
+    stalls = [(SCENARIO_LABELS[k], sc[k]["redis_stalls_max_ms"]) for k in SCENARIO_LABELS
+              if (sc.get(k) or {}).get("redis_stalls_max_ms")]
+    if stalls:
+        out.append("\nRedis's own stalls of 1 ms or more during those runs (latency monitor, worst per round): "
+                   + "; ".join(label + ": " + ", ".join(f"{name} {'/'.join(str(v) for v in per_round)} ms"
+                                                          for name, per_round in d.items())
+                               for label, d in stalls) + ".")
     if result.get("syscalls_not_counted"):
         out.append(f"\nSyscalls not counted: {result['syscalls_not_counted']}.")
     out.append("")

@@ -82,7 +82,9 @@ def pin(pid, cpu):
 
 
 def cpu_times():
-    """{cpu index: (busy, total)} jiffies from /proc/stat."""
+    """{cpu index: (busy, total, process time)} jiffies from /proc/stat;
+    process time leaves out interrupts (loopback TCP is mostly softirq,
+    charged to no process)."""
     out = {}
     with open("/proc/stat") as f:
         for line in f:
@@ -90,7 +92,7 @@ def cpu_times():
             if m:
                 v = [int(x) for x in m.group(2).split()]
                 idle = v[3] + v[4]
-                out[int(m.group(1))] = (sum(v[:8]) - idle, sum(v[:8]))
+                out[int(m.group(1))] = (sum(v[:8]) - idle, sum(v[:8]), v[0] + v[1] + v[2])
     return out
 
 
@@ -101,8 +103,9 @@ def busy_share(before, after):
 class Pinger:
     """PING every 2 ms on a connection of its own; round trips in ms."""
 
-    def __init__(self, port):
+    def __init__(self, port, cpu):
         self.port = port
+        self.cpu = cpu
         self.rtts = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -116,6 +119,7 @@ class Pinger:
         self._thread.join()
 
     def _run(self):
+        os.sched_setaffinity(0, {self.cpu})  # this thread only
         r = Redis(self.port)
         try:
             while not self._stop.wait(0.002):
@@ -178,14 +182,18 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
     oha0 = children_cpu()
     cpus0 = cpu_times()
     t0 = time.monotonic()
-    with Pinger(redis.sock.getpeername()[1]) as pinger:
+    port = redis.sock.getpeername()[1]
+    # Redis's round trip seen from the load generator's CPU and from
+    # sluice's (where sluice's own connection waits for its replies).
+    with Pinger(port, CPU_REST) as pinger, Pinger(port, CPU_PROXY) as pinger1:
         res = tools.run_oha(oha, f"http://127.0.0.1:{srv['port']}{path}", rate, seconds, CONNS, CPU_REST)
     cpus_after = cpu_times()
     wall = time.monotonic() - t0
     cpus = busy_share(cpus0, cpus_after)
-    busy = sum(cpus_after[c][0] - cpus0[c][0] for c in cpus_after) / tools.CLK_TCK
-    # What the rest of the machine did meanwhile, in CPUs: busy time less
-    # this run's own processes (oha counted as a child of this script).
+    busy = sum(cpus_after[c][2] - cpus0[c][2] for c in cpus_after) / tools.CLK_TCK
+    # What the rest of the machine did meanwhile, in CPUs: process time
+    # less this run's own processes (oha counted as a child of this
+    # script; this script's own PING thread is in it, about 0.02).
     others = (busy - (sum(tools.cpu_seconds(p) for p in set(ours)) + children_cpu() - ours0)) / wall
     answered = sum(res["statuses"].values()) or 1
     out = {
@@ -198,6 +206,9 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
         "upstream_cpu_share": (tools.cpu_seconds(servers["upstream"]["pid"]) - upstream_cpu0) / wall,
         "ping_p50_ms": pct(pinger.rtts, 0.5), "ping_p99_ms": pct(pinger.rtts, 0.99),
         "ping_max_ms": max(pinger.rtts) if pinger.rtts else None, "pings": len(pinger.rtts),
+        "ping1_p50_ms": pct(pinger1.rtts, 0.5), "ping1_p99_ms": pct(pinger1.rtts, 0.99),
+        "ping1_max_ms": max(pinger1.rtts) if pinger1.rtts else None,
+        "redis_stall_seconds": None,
     }
     if admin:
         after = tools.decision_buckets(admin)
@@ -208,6 +219,7 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
     out["redis_events"] = {e[0]: {"latest_ms": e[2], "max_ms": e[3]} for e in (redis.cmd("LATENCY", "LATEST") or [])}
     out["redis_event_samples"] = {
         name: [s[1] for s in (redis.cmd("LATENCY", "HISTORY", name) or [])] for name in out["redis_events"]}
+    out["redis_stall_seconds"] = sum(len(v) for v in out["redis_event_samples"].values())
     out["expired_keys"] = int(redis.info("stats").get("expired_keys", 0)) - expired0
     if setup.startswith("redis"):
         out["fcall_usec"] = latencystats(redis)
@@ -215,11 +227,12 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
     if setup == "redis-hz100":
         redis.cmd("CONFIG", "SET", "hz", "10")
     if setup == "redis-noexpire":
-        # The records kept meanwhile expire now, all at once: let that
-        # backlog pass before the next run.
+        # The records kept meanwhile expire now, all at once (the expiry
+        # cycle then runs its full 25 ms per tick): let that backlog pass
+        # before the next run; with no load, every record is gone 5 s on.
         redis.cmd("DEBUG", "SET-ACTIVE-EXPIRE", "1")
         deadline = time.monotonic() + 20
-        while redis.cmd("DBSIZE") > 2 * rate * 5 * 1.2 and time.monotonic() < deadline:
+        while redis.cmd("DBSIZE") > 100 and time.monotonic() < deadline:
             time.sleep(0.2)
         out["backlog_left"] = redis.cmd("DBSIZE")
     return out
@@ -340,8 +353,8 @@ def render(result, setups):
         f"correction on CPU 0; load average at start {', '.join(f'{x:.2f}' for x in result['loadavg'])}. "
         "Medians over rounds; *added* is minus `direct` in the same round.", "",
         "| set-up | added p50 / p99 / p99.9 (ms) | decision p50 / p99 / p99.9 (ms) | decisions > 1 ms | "
-        "Redis FCALL p50 / p99 / p99.9 (µs) | PING p50 / p99 / max (ms) | CPU 0 / CPU 1 busy | oha / upstream / Redis CPU | other work (CPUs) | sluice µs/req | answers |",
-        "|---|---|---|---:|---|---|---|---|---:|---:|---|",
+        "Redis FCALL p50 / p99 / p99.9 (µs) | PING from CPU 0, p50 / p99 / max (ms) | PING from CPU 1, p50 / p99 / max (ms) | Redis stalls ≥ 1 ms: worst (ms), seconds with one | CPU 0 / CPU 1 busy | oha / upstream / Redis CPU | other work (CPUs) | sluice µs/req | answers |",
+        "|---|---|---|---:|---|---|---|---|---|---|---:|---:|---|",
     ]
     for s in setups:
         rows = by.get(s, [])
@@ -362,6 +375,10 @@ def render(result, setups):
         fc = " / ".join(_f(med(rows, lambda r, k=k: (r.get("fcall_usec") or {}).get(k)), 0) for k in
                         ("p50", "p99", "p99.9")) if rows[0].get("fcall_usec") else "—"
         ping = " / ".join(_f(med(rows, lambda r, k=k: r[k])) for k in ("ping_p50_ms", "ping_p99_ms", "ping_max_ms"))
+        ping1 = " / ".join(_f(med(rows, lambda r, k=k: r.get(k))) for k in
+                           ("ping1_p50_ms", "ping1_p99_ms", "ping1_max_ms"))
+        worst = max((e["max_ms"] for r in rows for e in r.get("redis_events", {}).values()), default=0)
+        stall = f"{worst} / {med(rows, lambda r: r.get('redis_stall_seconds')) or 0:.0f}"
         cpu = f"{med(rows, lambda r: r['cpu_busy'][0]):.0%} / {med(rows, lambda r: r['cpu_busy'][1]):.0%}"
         shares = " / ".join(f"{med(rows, lambda r, k=k: r.get(k)) or 0:.0%}" for k in
                             ("oha_cpu_share", "upstream_cpu_share", "redis_cpu_share"))
@@ -371,7 +388,7 @@ def render(result, setups):
                 statuses[k] = statuses.get(k, 0) + v
         ans = ", ".join(f"{k}×{v}" for k, v in sorted(statuses.items()))
         lines.append(f"| {s} | {lat} | {dec} | {_f(over * 100, 2) + '%' if over is not None else '—'} | {fc} | "
-                     f"{ping} | {cpu} | {shares} | {_f(med(rows, lambda r: r.get('others_cpus')), 2)} | {_f(med(rows, lambda r: r.get('sluice_cpu_us_per_req')), 1)} | {ans} |")
+                     f"{ping} | {ping1} | {stall} | {cpu} | {shares} | {_f(med(rows, lambda r: r.get('others_cpus')), 2)} | {_f(med(rows, lambda r: r.get('sluice_cpu_us_per_req')), 1)} | {ans} |")
     return "\n".join(lines) + "\n"
 
 

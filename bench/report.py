@@ -295,6 +295,11 @@ def markdown(result):
                    "(`sluice_decision_duration_seconds{source=\"store\"}`, from the buckets), p50 / p99 / p99.9: "
                    + "; ".join(f"{label} {' / '.join(_f(_med(d[p]), 3) for p in ('p50_ms', 'p99_ms', 'p999_ms'))} ms"
                                for label, d in decided) + ".")
+    pings = [(SCENARIO_LABELS[k], sc[k]["redis_ping_p99_ms"]) for k in SCENARIO_LABELS
+             if (sc.get(k) or {}).get("redis_ping_p99_ms")]
+    if pings:
+        out.append("\nRedis's round trip for a `PING` every 2 ms from CPU 0 during those runs, p99 (the floor "
+                   "of a decision's on this layout): " + "; ".join(f"{label} {_mr(m, 3)} ms" for label, m in pings) + ".")
     stalls = [(SCENARIO_LABELS[k], sc[k]["redis_stalls_max_ms"]) for k in SCENARIO_LABELS
               if (sc.get(k) or {}).get("redis_stalls_max_ms")]
     if stalls:

@@ -47,7 +47,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -98,36 +97,6 @@ def cpu_times():
 
 def busy_share(before, after):
     return {cpu: (after[cpu][0] - before[cpu][0]) / max(1, after[cpu][1] - before[cpu][1]) for cpu in after}
-
-
-class Pinger:
-    """PING every 2 ms on a connection of its own; round trips in ms."""
-
-    def __init__(self, port, cpu):
-        self.port = port
-        self.cpu = cpu
-        self.rtts = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self):
-        os.sched_setaffinity(0, {self.cpu})  # this thread only
-        r = Redis(self.port)
-        try:
-            while not self._stop.wait(0.002):
-                t0 = time.perf_counter()
-                r.cmd("PING")
-                self.rtts.append((time.perf_counter() - t0) * 1000)
-        finally:
-            r.close()
 
 
 def children_cpu():
@@ -185,7 +154,7 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
     port = redis.sock.getpeername()[1]
     # Redis's round trip seen from the load generator's CPU and from
     # sluice's (where sluice's own connection waits for its replies).
-    with Pinger(port, CPU_REST) as pinger, Pinger(port, CPU_PROXY) as pinger1:
+    with tools.Pinger(port, CPU_REST) as pinger, tools.Pinger(port, CPU_PROXY) as pinger1:
         res = tools.run_oha(oha, f"http://127.0.0.1:{srv['port']}{path}", rate, seconds, CONNS, CPU_REST)
     cpus_after = cpu_times()
     wall = time.monotonic() - t0
@@ -218,8 +187,8 @@ def run(setup, servers, redis, redis_proc, oha, rate, seconds):
     # loop, the expiry cycle, commands.
     out["redis_events"] = {e[0]: {"latest_ms": e[2], "max_ms": e[3]} for e in (redis.cmd("LATENCY", "LATEST") or [])}
     out["redis_event_samples"] = {
-        name: [s[1] for s in (redis.cmd("LATENCY", "HISTORY", name) or [])] for name in out["redis_events"]}
-    out["redis_stall_seconds"] = sum(len(v) for v in out["redis_event_samples"].values())
+        name: [[s[0], s[1]] for s in (redis.cmd("LATENCY", "HISTORY", name) or [])] for name in out["redis_events"]}
+    out["redis_stall_seconds"] = len({t for v in out["redis_event_samples"].values() for t, _ in v})
     out["expired_keys"] = int(redis.info("stats").get("expired_keys", 0)) - expired0
     if setup.startswith("redis"):
         out["fcall_usec"] = latencystats(redis)

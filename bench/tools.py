@@ -395,6 +395,44 @@ def decision_summary(before, after):
     }
 
 
+class Pinger:
+    """PING every 2 ms on a connection of its own, from a thread pinned to
+    `cpu`: Redis's round trip as anyone on that CPU sees it, in ms."""
+
+    def __init__(self, port, cpu):
+        self.port = port
+        self.cpu = cpu
+        self.rtts = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        os.sched_setaffinity(0, {self.cpu})  # this thread only
+        r = Redis(self.port)
+        try:
+            while not self._stop.wait(0.002):
+                t0 = time.perf_counter()
+                r.cmd("PING")
+                self.rtts.append((time.perf_counter() - t0) * 1000)
+        finally:
+            r.close()
+
+
+def percentile(values, q):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
 # --- load generators ---------------------------------------------------------
 
 

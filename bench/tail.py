@@ -3,7 +3,7 @@
 set-ups side by side.
 
     python3 bench/tail.py --sluice target/release/sluice --oha ~/.cache/sluice-bench/bin/oha \
-        [--rate 13474] [--seconds 5] [--rounds 3] [--keep]
+        [--rate 13474] [--seconds 5] [--rounds 3] [--realtime] [--setups a,b,...] [--keep]
 
 Every run is the harness's open-loop latency run (oha, 32 connections,
 `--latency-correction`, on CPU 0 beside the nginx upstream) at one rate for
@@ -31,7 +31,11 @@ Set-ups (rounds interleaved, A…Z then Z…A):
                     no expiry cycle deleting the decisions' retry records (`PX 5s`, one per decision)
   redis-hz100       `redis` with `hz 100`: the expiry cycle runs ten times as often, each run a tenth as long
 
-Writes bench/results/tail.md and tail.json.
+Writes bench/results/tail-run.md and tail-run.json (`--stem`). With
+`--realtime` every process of the run is SCHED_RR: other work on a shared
+machine then waits for the run instead of the run for it (the processes of
+the run still share their CPUs with each other as they would, each running
+until it blocks).
 """
 
 import argparse
@@ -227,11 +231,17 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--setups", default=",".join(SETUPS))
-    ap.add_argument("--stem", default="tail")
+    ap.add_argument("--stem", default="tail-run")
+    ap.add_argument("--realtime", action="store_true",
+                    help="run this script and every process it starts under SCHED_RR (priority 10): on a "
+                         "machine shared with other work, only this run's processes then compete for the CPUs")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--wait-quiet", type=float, default=0,
                     help="first wait up to this many seconds for 5 s in which the machine is ≥ 85%% idle")
     args = ap.parse_args()
+    if args.realtime:
+        # Inherited by every process started from here on.
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(10))
     deadline = time.monotonic() + args.wait_quiet
     while time.monotonic() < deadline:
         before = cpu_times()
@@ -247,6 +257,7 @@ def main():
         signal.signal(sig, on_signal)
     # This script's own threads (the pinger) run beside the load generator.
     os.sched_setaffinity(0, {CPU_REST})
+    loadavg = os.getloadavg()
     procs = Processes()
     workdir = tempfile.mkdtemp(prefix="sluice-tail-")
     runs = []
@@ -289,7 +300,8 @@ def main():
         "generated_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True).stdout.strip(),
-        "rate": args.rate, "seconds": args.seconds, "rounds": args.rounds, "loadavg": os.getloadavg(),
+        "rate": args.rate, "seconds": args.seconds, "rounds": args.rounds, "loadavg": loadavg,
+        "realtime": args.realtime,
         "runs": runs,
     }
     with open(os.path.join(BENCH, "results", args.stem + ".json"), "w") as f:
@@ -317,6 +329,7 @@ def render(result, setups):
 
     lines = [
         f"# Tail latency on the Redis path, set-ups side by side — {result['generated_at']}", "",
+        ("Every process of the run under SCHED_RR (`--realtime`). " if result.get("realtime") else ""),
         f"Commit {result['commit']}; open loop {result['rate']} req/s (`redis-half`: half), "
         f"{result['seconds']} s, {result['rounds']} rounds interleaved, oha 32 connections with latency "
         f"correction on CPU 0; load average at start {', '.join(f'{x:.2f}' for x in result['loadavg'])}. "

@@ -28,10 +28,19 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let upstream: Uri = args.next().ok_or("usage: hyper-floor UPSTREAM_URL [LISTEN_ADDR]")?.parse()?;
+    let upstream: Uri = args
+        .next()
+        .ok_or("usage: hyper-floor UPSTREAM_URL [LISTEN_ADDR]")?
+        .parse()?;
     let listen = args.next().unwrap_or_else(|| "127.0.0.1:0".to_owned());
-    let authority = upstream.authority().ok_or("the upstream URL has no host")?.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let authority = upstream
+        .authority()
+        .ok_or("the upstream URL has no host")?
+        .clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     runtime.block_on(serve(listen, authority))
 }
 
@@ -64,7 +73,9 @@ async fn serve(listen: String, authority: Authority) -> Result<(), Box<dyn std::
         let (builder, client, authority) = (builder.clone(), client.clone(), authority.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req| forward(client.clone(), authority.clone(), req));
-            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }
@@ -72,7 +83,11 @@ async fn serve(listen: String, authority: Authority) -> Result<(), Box<dyn std::
 /// The request as it came, its target made absolute for the client. An
 /// error (no upstream, a target that is not a path) ends the connection:
 /// the floor has no error answers to pay for.
-async fn forward(client: Upstream, authority: Authority, mut req: Request<Incoming>) -> Result<Response<Incoming>, Error> {
+async fn forward(
+    client: Upstream,
+    authority: Authority,
+    mut req: Request<Incoming>,
+) -> Result<Response<Incoming>, Error> {
     let mut parts = std::mem::take(req.uri_mut()).into_parts();
     parts.scheme = Some(Scheme::HTTP);
     parts.authority = Some(authority);

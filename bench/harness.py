@@ -119,6 +119,9 @@ def start_redis(procs, workdir):
     argv = [
         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
         "--appendonly", "no", "--daemonize", "no", "--dir", workdir,
+        # Its own stalls of 1 ms or more are recorded (LATENCY LATEST),
+        # and reported beside sluice-redis's tail.
+        "--latency-monitor-threshold", "1",
     ]
     proc = procs.start("redis", argv, CPU_REST, logf)
     if not tools.wait_tcp(port, proc):
@@ -217,6 +220,27 @@ def listening_line(path):
 
 def port_of(addr):
     return int(str(addr).rsplit(":", 1)[1])
+
+
+def start_floor(procs, workdir, floor, upstream_port):
+    """The hyper floor (`bench/floor/`): a bare hyper proxy with sluice's
+    runtime settings, on the proxy's CPU like sluice."""
+    if not os.access(floor, os.X_OK):
+        return Server("hyper-floor", reason=f"no hyper-floor binary at {floor} (bench/run.sh builds it)")
+    logf = os.path.join(workdir, "hyper-floor.log")
+    proc = procs.start("hyper-floor", [floor, f"http://127.0.0.1:{upstream_port}"], CPU_PROXY, logf)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(logf, errors="replace") as f:
+            for line in f:
+                if line.startswith("listening "):
+                    server = Server("hyper-floor", proc, port_of(line.split()[1]))
+                    server.idle_rss_kb = tools.rss_kb(proc.pid)
+                    return server
+        time.sleep(0.05)
+    reason = f"hyper-floor did not start: {tools.tail(logf) or 'no output'}"
+    procs.stop(proc)
+    return Server("hyper-floor", reason=reason)
 
 
 def start_sluice(procs, workdir, sluice, name, template, **values):
@@ -336,8 +360,27 @@ def run_scenario(procs, workdir, scn, settings, redis, rate, tag, measured):
         return None
     if measured:
         scn.closed.append(closed)
+        # sluice's own decision time over the same run, to set beside the
+        # end-to-end percentiles (its tail is inside the decision or not).
+        admin = scn.server.admin_port if not scn.blocked else None
+        stalls = redis if (scn.redis and redis) else None
         try:
-            scn.open.append(tools.run_oha(settings["oha"], scn.url, rate, settings["open_s"], CONNS, CPU_REST))
+            before = tools.decision_buckets(admin) if admin else None
+            if stalls:
+                stalls.cmd("LATENCY", "RESET")
+            if stalls:
+                # Redis's round trip for anyone on the load generator's
+                # CPU, over the same run: the floor of the decision's.
+                with tools.Pinger(stalls.sock.getpeername()[1], CPU_REST) as pinger:
+                    run = tools.run_oha(settings["oha"], scn.url, rate, settings["open_s"], CONNS, CPU_REST)
+                run["redis_ping_p99_ms"] = tools.percentile(pinger.rtts, 0.99)
+            else:
+                run = tools.run_oha(settings["oha"], scn.url, rate, settings["open_s"], CONNS, CPU_REST)
+            if before is not None:
+                run["decision"] = tools.decision_summary(before, tools.decision_buckets(admin))
+            if stalls:
+                run["redis_stalls_max_ms"] = {e[0]: e[3] for e in (stalls.cmd("LATENCY", "LATEST") or [])}
+            scn.open.append(run)
         except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
             scn.reason = f"open-loop run failed in {tag}: {e}"
             return None
@@ -494,6 +537,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="1 round of short runs (also BENCH_QUICK=1)")
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
     ap.add_argument("--oha", default=shutil.which("oha") or "oha")
+    ap.add_argument("--floor", default=os.path.join(ROOT, "target", "release", "hyper-floor"),
+                    help="the hyper floor binary (bench/floor/)")
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     ap.add_argument("--keep", action="store_true", help="keep the work directory (configs, logs)")
     args = ap.parse_args()
@@ -544,6 +589,7 @@ def session(procs, workdir, args, settings):
     if upstream.reason:
         raise SystemExit(f"bench: cannot run anything: {upstream.reason}")
     nginx = start_nginx(procs, workdir, "proxy", "proxy.nginx.conf", CPU_PROXY, UPSTREAM_PORT=upstream.port)
+    floor = start_floor(procs, workdir, args.floor, upstream.port)
     redis_srv = start_redis(procs, workdir)
     cluster_srv = start_redis_cluster(procs, workdir)
     if not os.access(args.sluice, os.X_OK):
@@ -568,7 +614,7 @@ def session(procs, workdir, args, settings):
             clu = start_sluice(procs, workdir, args.sluice, "sluice-redis-cluster",
                                "sluice-redis-cluster.yaml",
                                UPSTREAM_PORT=upstream.port, REDIS_PORT=cluster_srv.port)
-    for s in (nginx, mem, red, clu, routes):
+    for s in (nginx, floor, mem, red, clu, routes):
         if s.reason:
             log(f"{s.name}: {s.reason}")
 
@@ -577,6 +623,9 @@ def session(procs, workdir, args, settings):
         Scenario("nginx-proxy", nginx, "/", proxy=True),
         Scenario("nginx-limit-allowed", nginx, "/allowed", proxy=True),
         Scenario("nginx-limit-blocked", nginx, "/blocked", proxy=True, blocked=True),
+        # The same stack as sluice with nothing of sluice's own: what
+        # sluice-none is measured against.
+        Scenario("hyper-floor", floor, "/none", proxy=True),
         Scenario("sluice-none", mem, "/none", proxy=True),
         Scenario("sluice-memory", mem, "/allowed", proxy=True),
         Scenario("sluice-blocked-memory", mem, "/blocked", proxy=True, blocked=True),
@@ -697,6 +746,17 @@ def summarize(scenarios):
                 if direct.open and len(direct.open) == len(s.open):
                     entry["added_" + p] = med_range([o[p] - d[p] for o, d in zip(s.open, direct.open)
                                                       if o[p] is not None and d[p] is not None])
+            decided = [o["decision"] for o in s.open if (o.get("decision") or {}).get("count")]
+            if decided:
+                entry["decision_ms"] = {p: med_range([d[p] for d in decided])
+                                        for p in ("p50_ms", "p99_ms", "p999_ms")}
+            pings = [o["redis_ping_p99_ms"] for o in s.open if o.get("redis_ping_p99_ms") is not None]
+            if pings:
+                entry["redis_ping_p99_ms"] = med_range(pings)
+            if any("redis_stalls_max_ms" in o for o in s.open):
+                names = sorted({k for o in s.open for k in o.get("redis_stalls_max_ms", {})})
+                entry["redis_stalls_max_ms"] = {k: [o.get("redis_stalls_max_ms", {}).get(k, 0) for o in s.open]
+                                                for k in names}
             statuses = {}
             for o in s.open:
                 for k, v in o["statuses"].items():
@@ -712,17 +772,19 @@ def summarize(scenarios):
     # Ratios within each round: both figures come from the same round.
     for key, entry in out.items():
         entry["ratio"] = {}
-        for ref in ("direct", "nginx-proxy", "nginx-limit-blocked", "sluice-none", "sluice-memory",
+        for ref in ("direct", "nginx-proxy", "hyper-floor", "nginx-limit-blocked", "sluice-none", "sluice-memory",
                     "sluice-redis"):
             a, b = by_key[key], by_key[ref]
             if a.closed and b.closed and len(a.closed) == len(b.closed):
                 entry["ratio"][ref] = med_range([x["rps"] / y["rps"] for x, y in zip(a.closed, b.closed) if y["rps"]])
-        entry["cpu_ratio_sluice_none"] = None
-        a, b = by_key[key], by_key["sluice-none"]
-        if a.closed and b.closed and len(a.closed) == len(b.closed):
-            entry["cpu_ratio_sluice_none"] = med_range([
-                x["cpu_us_per_req"] / y["cpu_us_per_req"] for x, y in zip(a.closed, b.closed)
-                if x["cpu_us_per_req"] and y["cpu_us_per_req"]])
+        for ref in ("sluice-none", "hyper-floor"):
+            field = "cpu_ratio_" + ref.replace("-", "_")
+            entry[field] = None
+            a, b = by_key[key], by_key[ref]
+            if a.closed and b.closed and len(a.closed) == len(b.closed):
+                entry[field] = med_range([
+                    x["cpu_us_per_req"] / y["cpu_us_per_req"] for x, y in zip(a.closed, b.closed)
+                    if x["cpu_us_per_req"] and y["cpu_us_per_req"]])
     return out
 
 

@@ -80,6 +80,8 @@ CRATE_STAGES = {
     "futures-core": "futures, bytes",
     "futures-channel": "futures, bytes",
     "bytes": "futures, bytes",
+    # The hyper floor's own code (bench/floor/): its service function.
+    "hyper-floor": "service (sluice side)",
 }
 STAGE_ORDER = [
     "hyper (HTTP/1 server and client)",
@@ -227,6 +229,48 @@ def stage_costs(dump):
     return total, stages
 
 
+def profile_floor(procs, workdir, floor, upstream_port, seconds, conns):
+    """The hyper floor (`bench/floor/`) under callgrind, the same load as
+    `/none`: what the stack costs with nothing of sluice's own."""
+    out = os.path.join(workdir, "floor.callgrind")
+    logf = os.path.join(workdir, "floor.log")
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+            floor, f"http://127.0.0.1:{upstream_port}"]
+    proc = procs.start("floor-callgrind", argv, 1, logf)
+    deadline = time.monotonic() + 60
+    port = None
+    while time.monotonic() < deadline and proc.poll() is None and not port:
+        with open(logf, errors="replace") as f:
+            for line in f:
+                m = re.match(r"listening \S+:(\d+)$", line.strip())
+                if m:
+                    port = int(m.group(1))
+        time.sleep(0.2)
+    if not port:
+        raise RuntimeError(f"hyper-floor did not start: {tools.tail(logf)}")
+    url = f"http://127.0.0.1:{port}/none"
+    tools.run_wrk(url, conns, 1, 0, timeout_s=10)  # warm-up, uncounted
+    callgrind(["-z", str(proc.pid)])
+    callgrind(["-i", "on", str(proc.pid)])
+    run = tools.run_wrk(url, conns, seconds, 0, timeout_s=10)
+    callgrind(["-i", "off", str(proc.pid)])
+    callgrind(["-d", "floor", str(proc.pid)])
+    time.sleep(0.5)
+    dump = sorted((os.path.join(workdir, f) for f in os.listdir(workdir)
+                   if f.startswith("floor.callgrind.")), key=os.path.getmtime)[-1]
+    total, stages = stage_costs(dump)
+    requests = run["requests"]
+    print(f"hyper floor: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
+    procs.stop(proc, grace=20)
+    return {
+        "requests": requests,
+        "non_2xx": run["non_2xx"],
+        "instructions_per_request": round(total / requests),
+        "stages": {k: round(v / requests) for k, v in stages.items()},
+        "dump": dump,
+    }
+
+
 def profile_nginx(procs, workdir, upstream_port, seconds, conns):
     """nginx `proxy_pass` (and `limit_req` refusing) under callgrind, the
     same way: instructions per request, the reference for `/none` and
@@ -269,6 +313,9 @@ def profile_nginx(procs, workdir, upstream_port, seconds, conns):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
+    ap.add_argument("--floor", default=os.path.join(ROOT, "target", "release", "hyper-floor"),
+                    help="the hyper floor (bench/floor/); profiled against /none unless --no-floor")
+    ap.add_argument("--no-floor", action="store_true")
     ap.add_argument("--seconds", type=float, default=6)
     ap.add_argument("--conns", type=int, default=8)
     ap.add_argument("--keep", action="store_true")
@@ -318,12 +365,38 @@ def main():
                 }
                 print(f"{path}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
             procs.stop(proc, grace=20)
+        if not args.no_floor:
+            results["paths"]["hyper floor"] = profile_floor(
+                procs, workdir, args.floor, upstream.port, args.seconds, args.conns)
         results["nginx"] = profile_nginx(procs, workdir, upstream.port, args.seconds, args.conns)
     finally:
         procs.stop_all()
     write(results, args.stem)
     if not args.keep:
         subprocess.run(["rm", "-rf", workdir])
+
+
+def ratios(results):
+    """The comparisons the paths are judged by: `/none` against the hyper
+    floor (the same stack, nothing of sluice's own; target ≤ 1.05), and
+    each side against nginx."""
+    paths = results["paths"]
+    nginx = results.get("nginx") or {}
+
+    def ipr(fig):
+        return fig["instructions_per_request"] if fig else None
+
+    pairs = [
+        ("sluice `/none` ÷ hyper floor (target ≤ 1.05)", ipr(paths.get("/none")), ipr(paths.get("hyper floor"))),
+        ("sluice `/none` ÷ nginx `proxy_pass`", ipr(paths.get("/none")), ipr(nginx.get("nginx /"))),
+        ("hyper floor ÷ nginx `proxy_pass`", ipr(paths.get("hyper floor")), ipr(nginx.get("nginx /"))),
+        ("sluice `/blocked` ÷ nginx `/blocked` (`limit_req` refusing)", ipr(paths.get("/blocked")),
+         ipr(nginx.get("nginx /blocked"))),
+    ]
+    rows = [f"| {label} | {a:,} | {b:,} | {a / b:.2f} |" for label, a, b in pairs if a and b]
+    if not rows:
+        return []
+    return ["", "| comparison | instructions | against | ratio |", "|---|---:|---:|---:|"] + rows
 
 
 def write(results, stem="profile"):
@@ -346,6 +419,7 @@ def write(results, stem="profile"):
         lines.append("|---|---:|")
         for label, fig in results["nginx"].items():
             lines.append(f"| {label} | {fig['instructions_per_request']:,} |")
+    lines += ratios(results)
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)

@@ -5,6 +5,7 @@ SCENARIO_LABELS = {
     "nginx-proxy": "nginx-proxy",
     "nginx-limit-allowed": "nginx-limit, allowed",
     "nginx-limit-blocked": "nginx-limit, blocked",
+    "hyper-floor": "hyper-floor (bare hyper proxy)",
     "sluice-none": "sluice-none",
     "sluice-memory": "sluice-memory, allowed",
     "sluice-blocked-memory": "sluice-blocked, memory",
@@ -111,6 +112,20 @@ def targets(result):
         f"{none_cpu / nginx_cpu:.2f} ({none_cpu:.1f} vs {nginx_cpu:.1f} µs)" if none_cpu and nginx_cpu
         else why("sluice-none", "nginx-proxy"),
         None if not (none_cpu and nginx_cpu) else none_cpu / nginx_cpu <= 1.0)
+
+    v = ratio("sluice-none", "hyper-floor")
+    row("sluice-none throughput ÷ hyper-floor", "≥ 0.95",
+        _mr(sc["sluice-none"]["ratio"]["hyper-floor"]) if v is not None else why("sluice-none", "hyper-floor"),
+        None if v is None else v >= 0.95)
+
+    # The throughput target's counterpart: 1 ÷ 0.95 ≈ 1.05.
+    m = (sc.get("sluice-none") or {}).get("cpu_ratio_hyper_floor")
+    v = _med(m)
+    row("proxy CPU per request, sluice-none ÷ hyper-floor", "≤ 1.05",
+        (_mr(m) + f" ({_f(_med(sc['sluice-none']['cpu_us_per_req']), 1)} vs "
+         f"{_f(_med(sc['hyper-floor']['cpu_us_per_req']), 1)} µs)") if v is not None
+        else why("sluice-none", "hyper-floor"),
+        None if v is None else v <= 1.05)
 
     v = ratio("sluice-memory", "sluice-none")
     row("sluice-memory ÷ sluice-none (allowed path)", "≥ 0.95",
@@ -248,7 +263,7 @@ def markdown(result):
         f"**Method:** {'QUICK MODE, ' if s['quick'] else ''}{rounds} round(s) interleaved ({order}) after a "
         f"discarded warm-up; closed loop {s['closed_s']} s at {s['connections']} connections (wrk); "
         f"open loop {s['open_s']} s at {s.get('open_rate')} req/s = 50% of {s.get('open_rate_basis')}'s warm-up (the slowest proxy's) "
-        f"throughput (oha, latency-corrected). sluice (`server.workers: 1`) and the nginx proxy (1 worker) "
+        f"throughput (oha, latency-corrected). sluice (`server.workers: 1`), the hyper floor (1 worker) and the nginx proxy (1 worker) "
         f"run alone on CPU {result['pinning']['proxy_cpu']}; the load generator, the upstream (nginx `return 200`, "
         f"1 worker) and Redis on CPU {result['pinning']['load_upstream_redis_cpu']}. Store budget "
         f"{s['budget_ms']} ms. Whole session {result.get('elapsed_s', '?')} s.\n")
@@ -258,21 +273,40 @@ def markdown(result):
                "CPU and syscalls are the proxy process's own, per request, in closed loop (syscalls in a "
                "separate run with perf attached, so perf costs the other figures nothing). "
                "Added latency is the scenario's percentile minus direct's in the same round.\n")
-    out.append("| scenario | req/s | ÷ nginx-proxy | ÷ sluice-none | proxy CPU µs/req | syscalls/req "
+    out.append("| scenario | req/s | ÷ nginx-proxy | ÷ hyper-floor | ÷ sluice-none | proxy CPU µs/req | syscalls/req "
                "| added p50 / p99 / p99.9 (ms) | Redis cmds/req | Redis CPU µs/req | answers (open loop) |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---|---:|---|")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
     for key, label in SCENARIO_LABELS.items():
         e = sc.get(key) or {}
         if not e.get("rounds"):
-            out.append(f"| {label} | not run: {e.get('reason') or 'unknown'} |  |  |  |  |  |  |  |  |")
+            out.append(f"| {label} | not run: {e.get('reason') or 'unknown'} |  |  |  |  |  |  |  |  |  |")
             continue
         note = f" (stopped: {e['reason']})" if e.get("reason") else ""
         rps = _med(e.get("rps"))
         out.append(
             f"| {label}{note} | {rps:,.0f} | {_mr(e['ratio'].get('nginx-proxy'))} | "
-            f"{_mr(e['ratio'].get('sluice-none'))} | {_f(_med(e.get('cpu_us_per_req')), 1)} | "
+            f"{_mr(e['ratio'].get('hyper-floor'))} | {_mr(e['ratio'].get('sluice-none'))} | {_f(_med(e.get('cpu_us_per_req')), 1)} | "
             f"{_f(_med(e.get('syscalls_per_req')), 2)} | {_added(key, e)} | {_redis_cmds(e)} | "
             f"{_f(_med(e.get('redis_cpu_us_per_req')), 1)} | {_statuses(e)} |")
+    decided = [(SCENARIO_LABELS[k], sc[k]["decision_ms"]) for k in SCENARIO_LABELS
+               if (sc.get(k) or {}).get("decision_ms")]
+    if decided:
+        out.append("\nDecision time inside sluice over the same open-loop runs "
+                   "(`sluice_decision_duration_seconds{source=\"store\"}`, from the buckets), p50 / p99 / p99.9: "
+                   + "; ".join(f"{label} {' / '.join(_f(_med(d[p]), 3) for p in ('p50_ms', 'p99_ms', 'p999_ms'))} ms"
+                               for label, d in decided) + ".")
+    pings = [(SCENARIO_LABELS[k], sc[k]["redis_ping_p99_ms"]) for k in SCENARIO_LABELS
+             if (sc.get(k) or {}).get("redis_ping_p99_ms")]
+    if pings:
+        out.append("\nRedis's round trip for a `PING` every 2 ms from CPU 0 during those runs, p99 (the floor "
+                   "of a decision's on this layout): " + "; ".join(f"{label} {_mr(m, 3)} ms" for label, m in pings) + ".")
+    stalls = [(SCENARIO_LABELS[k], sc[k]["redis_stalls_max_ms"]) for k in SCENARIO_LABELS
+              if (sc.get(k) or {}).get("redis_stalls_max_ms")]
+    if stalls:
+        out.append("\nRedis's own stalls of 1 ms or more during those runs (latency monitor, worst per round): "
+                   + "; ".join(label + ": " + ", ".join(f"{name} {'/'.join(str(v) for v in per_round)} ms"
+                                                          for name, per_round in d.items())
+                               for label, d in stalls) + ".")
     if result.get("syscalls_not_counted"):
         out.append(f"\nSyscalls not counted: {result['syscalls_not_counted']}.")
     out.append("")

@@ -54,11 +54,15 @@ fi
 
 echo "== building sluice (release)"
 cargo build --release --quiet
+# The hyper floor (bench/floor/): sluice's stack with nothing of its own,
+# built into the same target directory so the crates are shared.
+echo "== building the hyper floor (release)"
+CARGO_TARGET_DIR="$PWD/target" cargo build --release --quiet --manifest-path bench/floor/Cargo.toml
 
 # Up to 1,000 connections in, as many to the upstream, per process.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
-python3 bench/harness.py --sluice target/release/sluice --oha "$OHA" "$@"
+python3 bench/harness.py --sluice target/release/sluice --floor target/release/hyper-floor --oha "$OHA" "$@"
 
 # What one decision costs Redis beside the baseline INCR + EXPIRE script (Redis alone on a
 # CPU, redis-benchmark at saturation): bench/results/redis-cost.md.

@@ -340,6 +340,99 @@ class Redis:
         return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
 
 
+# --- sluice's own figures ----------------------------------------------------
+
+
+def decision_buckets(admin_port):
+    """{le: count} of sluice_decision_duration_seconds{source="store"} (all
+    routes), from sluice's admin `/metrics`."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith("sluice_decision_duration_seconds_bucket{") or 'source="store"' not in line:
+            continue
+        m = re.search(r'le="([^"]+)"\}\s+(\S+)', line)
+        if m:
+            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+            out[le] = out.get(le, 0) + float(m.group(2))
+    return out
+
+
+def quantile_ms(buckets, q):
+    """The q-quantile from cumulative buckets, linear within a bucket (ms)."""
+    items = sorted(buckets.items())
+    total = items[-1][1] if items else 0
+    if not total:
+        return None
+    want = q * total
+    lo_le, lo_n = 0.0, 0.0
+    for le, n in items:
+        if n >= want:
+            if le == float("inf"):
+                return lo_le * 1000
+            frac = (want - lo_n) / max(1e-9, n - lo_n)
+            return (lo_le + frac * (le - lo_le)) * 1000
+        lo_le, lo_n = le, n
+    return None
+
+
+def share_over(buckets, le):
+    items = sorted(buckets.items())
+    total = items[-1][1] if items else 0
+    return None if not total else 1 - buckets.get(le, 0) / total
+
+
+def decision_summary(before, after):
+    """The decisions between two readings of `decision_buckets`."""
+    diff = {le: after.get(le, 0) - before.get(le, 0) for le in after}
+    return {
+        "count": max(diff.values()) if diff else 0,
+        "p50_ms": quantile_ms(diff, 0.5), "p99_ms": quantile_ms(diff, 0.99), "p999_ms": quantile_ms(diff, 0.999),
+        "over_1ms": share_over(diff, 0.001), "over_2_5ms": share_over(diff, 0.0025),
+    }
+
+
+class Pinger:
+    """PING every 2 ms on a connection of its own, from a thread pinned to
+    `cpu`: Redis's round trip as anyone on that CPU sees it, in ms."""
+
+    def __init__(self, port, cpu):
+        self.port = port
+        self.cpu = cpu
+        self.rtts = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        os.sched_setaffinity(0, {self.cpu})  # this thread only
+        r = Redis(self.port)
+        try:
+            while not self._stop.wait(0.002):
+                t0 = time.perf_counter()
+                r.cmd("PING")
+                self.rtts.append((time.perf_counter() - t0) * 1000)
+        finally:
+            r.close()
+
+
+def percentile(values, q):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
 # --- load generators ---------------------------------------------------------
 
 

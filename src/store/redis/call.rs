@@ -15,6 +15,7 @@ use crate::store::breaker::{Cause, Health};
 use crate::store::lag;
 use crate::store::Outcomes;
 
+use super::coalesce;
 use super::connect::Conn;
 use super::mode::Mode;
 use super::pool::{Checkout, Stage};
@@ -36,6 +37,9 @@ pub(super) struct Request<'a> {
     /// script, several for the script of several limits.
     pub limits: SmallVec<[Shape; 2]>,
     pub deadline: Instant,
+    /// Several evaluations of one policy, each decided as its own call
+    /// (`coalesce`): one reply, or error, per evaluation.
+    pub batch: bool,
 }
 
 impl Request<'_> {
@@ -83,6 +87,18 @@ impl Inner {
                 self.stats.retries.count();
                 match self.attempt(request).await {
                     Attempt::Answered(outcomes) if outcomes.list.iter().all(decided) => {
+                        (outcomes, Health::Answered)
+                    }
+                    // A batch's evaluations stand each alone: those the
+                    // retry decided are decided.
+                    Attempt::Answered(mut outcomes)
+                        if request.batch && outcomes.list.len() == request.limits.len() =>
+                    {
+                        for outcome in &mut outcomes.list {
+                            if !decided(outcome) {
+                                *outcome = Outcome::Indeterminate;
+                            }
+                        }
                         (outcomes, Health::Answered)
                     }
                     // Whatever the retry says, the first attempt may have
@@ -218,6 +234,11 @@ impl Inner {
         let mut loaded = Ok(());
         for _ in 0..2 {
             if mode == Mode::Functions && self.modes.current() == Mode::Eval {
+                if request.batch {
+                    // Cached scripts have no batch function: nothing ran,
+                    // and the members' next calls go one by one.
+                    return Attempt::NotApplied(Unavailable::BeforeSend, Health::Unknown);
+                }
                 mode = Mode::Eval;
                 evalsha = Some(scripts::as_evalsha(request.script, &request.cmd));
             }
@@ -301,6 +322,9 @@ impl Inner {
     }
 
     fn answer(&self, request: &Request<'_>, answer: &Answer) -> Attempt {
+        if request.batch {
+            return self.answer_batch(request, answer);
+        }
         let replies: SmallVec<[Reply; 2]> = match reply::decode_answer(answer, &request.limits) {
             Ok(replies) => replies,
             Err(malformed) => {
@@ -319,6 +343,37 @@ impl Inner {
         let list = replies.iter().map(|reply| self.outcome(reply)).collect();
         let mut outcomes = Outcomes::empty();
         outcomes.list = list;
+        Attempt::Answered(outcomes)
+    }
+
+    /// A batch's reply: each evaluation's outcome, as its own call's
+    /// reply would have made it.
+    fn answer_batch(&self, request: &Request<'_>, answer: &Answer) -> Attempt {
+        let each = match coalesce::decode_batch(answer, &request.limits) {
+            Ok(each) => each,
+            Err(malformed) => {
+                self.stats.malformed.count();
+                if self.stats.may_warn() {
+                    tracing::warn!(reason = malformed.0, "redis: malformed batch reply");
+                }
+                let outcome = Outcome::Incompatible(Incompatible::MalformedReply);
+                return Attempt::Answered(Outcomes::at(0, outcome));
+            }
+        };
+        let mut outcomes = Outcomes::empty();
+        outcomes.list = each
+            .iter()
+            .map(|one: &coalesce::Each| match one {
+                Ok(reply) => self.outcome(reply),
+                Err(error) => {
+                    self.stats.script_errors.count();
+                    if self.stats.may_warn() {
+                        tracing::warn!(error = %error, "redis: script failed");
+                    }
+                    Outcome::Incompatible(Incompatible::MalformedReply)
+                }
+            })
+            .collect();
         Attempt::Answered(outcomes)
     }
 

@@ -44,6 +44,7 @@ fn redis_config(url: String) -> config::RedisStore {
         breaker_failure_rate: 50,
         breaker_cooldown: Duration::from_secs(1),
         deny_cache_entries: 0,
+        coalesce: true,
     }
 }
 
@@ -355,18 +356,11 @@ fn random_steps(seed: u64, bands: &Bands, longest: Micros, n: usize) -> Steps {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_table_matches_the_memory_store() {
-    let server = RedisServer::start();
-    let mut config = redis_config(server.url());
-    // Room for pinning Redis' decision time ahead of its clock.
-    config.max_clock_regression = Duration::from_secs(24 * 3600);
-    let store = connect_with(config, BUDGET).await;
-
-    // Hand-written sequences: fill a band, deny, cross window boundaries,
-    // multi-unit costs, long idle gaps.
+/// Hand-written sequences: fill a band, deny, cross window boundaries,
+/// multi-unit costs, long idle gaps.
+fn designed_table() -> Vec<(&'static str, Bands, Steps)> {
     let ms = 1000;
-    let designed: Vec<(&str, Bands, Steps)> = vec![
+    vec![
         (
             "fixed-designed",
             Bands::FixedWindow(vec![window(3, 1000), window(5, 2000)]),
@@ -426,7 +420,73 @@ async fn conformance_table_matches_the_memory_store() {
                 (ms, 1),
             ],
         ),
-    ];
+    ]
+}
+
+/// Random sequences' algorithms: every pinned one, two bands each.
+fn random_table() -> Vec<(&'static str, Bands, Micros)> {
+    vec![
+        (
+            "fixed-random",
+            Bands::FixedWindow(vec![window(5, 700), window(12, 3000)]),
+            3_000_000,
+        ),
+        (
+            "counter-random",
+            Bands::SlidingCounter(vec![window(5, 700), window(12, 3000)]),
+            3_000_000,
+        ),
+        (
+            "bucket-random",
+            Bands::TokenBucket(vec![bucket(5, 2, 300), bucket(12, 3, 1100)]),
+            4_000_000,
+        ),
+        (
+            "gcra-random",
+            Bands::Gcra(vec![gcra(7, 1000, 3), gcra(30, 9000, 8)]),
+            9_000_000,
+        ),
+        (
+            "bucket-delay-random",
+            Bands::TokenBucket(vec![
+                BucketBand {
+                    max_wait_us: 700_000,
+                    ..bucket(5, 2, 300)
+                },
+                BucketBand {
+                    max_wait_us: 700_000,
+                    ..bucket(12, 3, 1100)
+                },
+            ]),
+            4_000_000,
+        ),
+        (
+            "gcra-delay-random",
+            Bands::Gcra(vec![
+                GcraBand {
+                    max_wait_us: 400_000,
+                    ..gcra(7, 1000, 3)
+                },
+                GcraBand {
+                    max_wait_us: 400_000,
+                    ..gcra(30, 9000, 8)
+                },
+            ]),
+            9_000_000,
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_table_matches_the_memory_store() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    // Room for pinning Redis' decision time ahead of its clock.
+    config.max_clock_regression = Duration::from_secs(24 * 3600);
+    let store = connect_with(config, BUDGET).await;
+
+    let ms = 1000;
+    let designed = designed_table();
     for (name, bands, steps) in designed {
         conform_pinned(&server, &store, name, bands, &steps).await;
     }
@@ -498,60 +558,72 @@ async fn conformance_table_matches_the_memory_store() {
     .await;
 
     // Random sequences, every pinned algorithm, two bands each.
-    let random: Vec<(&str, Bands, Micros)> = vec![
-        (
-            "fixed-random",
-            Bands::FixedWindow(vec![window(5, 700), window(12, 3000)]),
-            3_000_000,
-        ),
-        (
-            "counter-random",
-            Bands::SlidingCounter(vec![window(5, 700), window(12, 3000)]),
-            3_000_000,
-        ),
-        (
-            "bucket-random",
-            Bands::TokenBucket(vec![bucket(5, 2, 300), bucket(12, 3, 1100)]),
-            4_000_000,
-        ),
-        (
-            "gcra-random",
-            Bands::Gcra(vec![gcra(7, 1000, 3), gcra(30, 9000, 8)]),
-            9_000_000,
-        ),
-        (
-            "bucket-delay-random",
-            Bands::TokenBucket(vec![
-                BucketBand {
-                    max_wait_us: 700_000,
-                    ..bucket(5, 2, 300)
-                },
-                BucketBand {
-                    max_wait_us: 700_000,
-                    ..bucket(12, 3, 1100)
-                },
-            ]),
-            4_000_000,
-        ),
-        (
-            "gcra-delay-random",
-            Bands::Gcra(vec![
-                GcraBand {
-                    max_wait_us: 400_000,
-                    ..gcra(7, 1000, 3)
-                },
-                GcraBand {
-                    max_wait_us: 400_000,
-                    ..gcra(30, 9000, 8)
-                },
-            ]),
-            9_000_000,
-        ),
-    ];
+    let random = random_table();
     for (seed, (name, bands, longest)) in random.into_iter().enumerate() {
         let steps = random_steps(seed as u64, &bands, longest, 300);
         conform_pinned(&server, &store, name, bands, &steps).await;
     }
+}
+
+/// [`conform_pinned`] for `subjects` subjects of one policy at once: at
+/// every step each subject's key is pinned, then all are evaluated
+/// together. On one lane, the first is sent alone and the others queue
+/// behind it and go out as one batch: every subject must still decide as
+/// the memory store does, to the microsecond.
+async fn conform_batched(
+    server: &RedisServer,
+    store: &RedisStore,
+    name: &str,
+    bands: Bands,
+    steps: &[(Micros, u32)],
+    subjects: usize,
+) {
+    let memory = MemoryStore::new(1000, Duration::from_secs(1));
+    let policy = policy(name, bands);
+    let who: Vec<Pseudonym> = (0..subjects)
+        .map(|i| subject(&format!("{name}#{i}")))
+        .collect();
+    let keys: Vec<String> = who.iter().map(|s| state_key(&policy, s)).collect();
+    let mut conn = server.connection();
+    let mut now = redis_time(&mut conn) + 60_000_000;
+    for (i, &(advance, cost)) in steps.iter().enumerate() {
+        now += advance;
+        for key in &keys {
+            pin_t(&mut conn, key, now);
+        }
+        let evaluations: Vec<Evaluation<'_>> =
+            who.iter().map(|s| evaluation(&policy, s, cost)).collect();
+        let from_redis =
+            futures_util::future::join_all(evaluations.iter().map(|ev| store.evaluate(ev))).await;
+        for (j, (ev, from_redis)) in evaluations.iter().zip(from_redis).enumerate() {
+            let from_memory = memory.evaluate_at(ev, now);
+            assert_eq!(
+                from_redis, from_memory,
+                "{name}: subject {j}, step {i} (advance {advance} us, cost {cost}) differs"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_table_matches_the_memory_store_through_batches() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    config.max_clock_regression = Duration::from_secs(24 * 3600);
+    // One lane: one call in flight, the others queue behind it.
+    config.pool_size = 1;
+    let store = connect_with(config, BUDGET).await;
+    for (name, bands, steps) in designed_table() {
+        conform_batched(&server, &store, name, bands, &steps, 4).await;
+    }
+    for (seed, (name, bands, longest)) in random_table().into_iter().enumerate() {
+        let steps = random_steps(seed as u64, &bands, longest, 60);
+        conform_batched(&server, &store, name, bands, &steps, 4).await;
+    }
+    let batches = store.stats().batches.load(Ordering::Relaxed);
+    let batched = store.stats().batched.load(Ordering::Relaxed);
+    assert!(batches > 0, "nothing went through the batch path");
+    assert!(batched >= 2 * batches, "{batched} decisions in {batches} batches");
 }
 
 /// More numbers than one Lua pattern captures (32): the state is read by

@@ -157,7 +157,7 @@ pub const ALL: &[Metric] = &[
     ),
     Metric::counter(
         REDIS_BATCHES,
-        "Calls to Redis that decided several evaluations at once (store.coalesce: on): decisions that arrived while a call was in flight.",
+        "Batches sent to Redis: one call deciding several evaluations at once (store.coalesce: on), made of decisions that arrived while a call was in flight; its retry is not counted again.",
     ),
     Metric::counter(
         REDIS_BATCHED,

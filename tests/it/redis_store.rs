@@ -1039,6 +1039,11 @@ struct Relay {
 }
 
 async fn relay(target: u16) -> Relay {
+    relay_on(target, b"FCALL").await
+}
+
+/// [`relay`], armed by the next command that holds `pattern`.
+async fn relay_on(target: u16, pattern: &'static [u8]) -> Relay {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind relay");
@@ -1051,7 +1056,7 @@ async fn relay(target: u16) -> Relay {
             let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
                 continue;
             };
-            tokio::spawn(pipe(client, server, a.clone(), d.clone()));
+            tokio::spawn(pipe(client, server, pattern, a.clone(), d.clone()));
         }
     });
     Relay {
@@ -1064,6 +1069,7 @@ async fn relay(target: u16) -> Relay {
 async fn pipe(
     client: tokio::net::TcpStream,
     server: tokio::net::TcpStream,
+    pattern: &'static [u8],
     armed: Arc<AtomicBool>,
     dropped: Arc<AtomicUsize>,
 ) {
@@ -1076,7 +1082,7 @@ async fn pipe(
             if n == 0 {
                 break;
             }
-            let fcall = buf[..n].windows(5).any(|w| w == b"FCALL");
+            let fcall = buf[..n].windows(pattern.len()).any(|w| w == pattern);
             if fcall && armed.swap(false, Ordering::SeqCst) {
                 doomed.store(true, Ordering::SeqCst);
             }
@@ -1164,6 +1170,92 @@ async fn a_lost_reply_is_retried_once_and_charged_once() {
     let outcome = eval(&store, &policy, &subject, 1).await;
     assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 3);
+}
+
+/// The count a fixed window's state `t:s1:c1` holds.
+fn fixed_count(conn: &mut redis::Connection, key: &str) -> Option<u64> {
+    let text = state_text(conn, key)?;
+    text.split(':').nth(2)?.parse().ok()
+}
+
+/// Evaluates `who` together, cost 1 each: on one lane the first is sent
+/// alone and the rest queue behind it, one batch.
+async fn together(store: &RedisStore, policy: &Policy, who: &[Pseudonym]) -> Vec<Outcome> {
+    let evaluations: Vec<Evaluation<'_>> = who.iter().map(|s| evaluation(policy, s, 1)).collect();
+    futures_util::future::join_all(evaluations.iter().map(|ev| store.evaluate(ev))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
+    let server = RedisServer::start();
+    let relay = relay_on(server.port(), b"_batch").await;
+    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
+    config.pool_size = 1;
+    let store = connect_with(config, Duration::from_secs(2)).await;
+    let mut conn = server.connection();
+    let policy = policy("lost-batch", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let warm = eval(&store, &policy, &subject("lost-batch-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+
+    relay.armed.store(true, Ordering::SeqCst);
+    let who: Vec<Pseudonym> = (0..4).map(|i| subject(&format!("lost-batch-{i}"))).collect();
+    let outcomes = together(&store, &policy, &who).await;
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 1, "no batch reply was lost");
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let d = decision(outcome);
+        assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
+        let key = state_key(&policy, &who[i]);
+        assert_eq!(fixed_count(&mut conn, &key), Some(1), "{i}: charged twice or not at all");
+    }
+    // One batch, sent, its reply lost, and sent again (a retry counts no
+    // new batch): each of its three members replayed its recorded decision.
+    assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evaluation_failing_in_a_batch_fails_alone() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    config.pool_size = 1;
+    let store = connect_with(config, BUDGET).await;
+    let mut conn = server.connection();
+    let policy = policy("batch-fail", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let warm = eval(&store, &policy, &subject("batch-fail-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+    let who: Vec<Pseudonym> = (0..6).map(|i| subject(&format!("batch-fail-{i}"))).collect();
+    let keys: Vec<String> = who.iter().map(|s| state_key(&policy, s)).collect();
+    // Member 2's state is corrupt (the script's own check fails); member
+    // 4's key is a hash (Redis refuses the script's GET): both raise an
+    // error inside the batch, each before its own write.
+    let _: () = conn.set(&keys[2], "not a number").expect("SET");
+    let _: () = conn.hset(&keys[4], "c1", "1").expect("HSET");
+
+    let outcomes = together(&store, &policy, &who).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 || i == 4 {
+            assert_eq!(
+                *outcome,
+                Outcome::Incompatible(Incompatible::MalformedReply),
+                "{i}"
+            );
+            let records: Vec<String> = conn.keys(format!("{}:e:*", keys[i])).expect("KEYS");
+            assert!(records.is_empty(), "{i}: {records:?}");
+        } else {
+            let d = decision(outcome);
+            assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
+            assert_eq!(fixed_count(&mut conn, &keys[i]), Some(1), "{i}");
+        }
+    }
+    assert_eq!(state_text(&mut conn, &keys[2]).as_deref(), Some("not a number"));
+    // Members 1 to 5 went in one batch (0 was sent alone).
+    assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 5);
+    assert_eq!(store.stats().script_errors.load(Ordering::Relaxed), 2);
+    // Decided again, the members that succeeded count on.
+    let again = together(&store, &policy, &who).await;
+    assert_eq!(decision(&again[5]).remaining, 3, "{again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1178,9 +1178,22 @@ fn fixed_count(conn: &mut redis::Connection, key: &str) -> Option<u64> {
     text.split(':').nth(2)?.parse().ok()
 }
 
-/// Evaluates `who` together, cost 1 each: on one lane the first is sent
-/// alone and the rest queue behind it, one batch.
-async fn together(store: &RedisStore, policy: &Policy, who: &[Pseudonym]) -> Vec<Outcome> {
+/// Evaluates `who` together, cost 1 each, while Redis holds writes for
+/// 150 ms (`CLIENT PAUSE … WRITE`): on one lane the first is sent alone
+/// and waits there, and the rest queue behind it, one batch, however the
+/// threads of a busy machine are scheduled.
+async fn together(
+    conn: &mut redis::Connection,
+    store: &RedisStore,
+    policy: &Policy,
+    who: &[Pseudonym],
+) -> Vec<Outcome> {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(150)
+        .arg("WRITE")
+        .query(conn)
+        .expect("CLIENT PAUSE");
     let evaluations: Vec<Evaluation<'_>> = who.iter().map(|s| evaluation(policy, s, 1)).collect();
     futures_util::future::join_all(evaluations.iter().map(|ev| store.evaluate(ev))).await
 }
@@ -1199,8 +1212,13 @@ async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
 
     relay.armed.store(true, Ordering::SeqCst);
     let who: Vec<Pseudonym> = (0..4).map(|i| subject(&format!("lost-batch-{i}"))).collect();
-    let outcomes = together(&store, &policy, &who).await;
-    assert_eq!(relay.dropped.load(Ordering::SeqCst), 1, "no batch reply was lost");
+    let outcomes = together(&mut conn, &store, &policy, &who).await;
+    assert_eq!(
+        relay.dropped.load(Ordering::SeqCst),
+        1,
+        "no batch reply was lost: {outcomes:?}, {} batches",
+        store.stats().batches.load(Ordering::Relaxed)
+    );
     for (i, outcome) in outcomes.iter().enumerate() {
         let d = decision(outcome);
         assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
@@ -1232,7 +1250,7 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
     let _: () = conn.set(&keys[2], "not a number").expect("SET");
     let _: () = conn.hset(&keys[4], "c1", "1").expect("HSET");
 
-    let outcomes = together(&store, &policy, &who).await;
+    let outcomes = together(&mut conn, &store, &policy, &who).await;
     for (i, outcome) in outcomes.iter().enumerate() {
         if i == 2 || i == 4 {
             assert_eq!(
@@ -1254,7 +1272,7 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
     assert_eq!(store.stats().batched.load(Ordering::Relaxed), 5);
     assert_eq!(store.stats().script_errors.load(Ordering::Relaxed), 2);
     // Decided again, the members that succeeded count on.
-    let again = together(&store, &policy, &who).await;
+    let again = together(&mut conn, &store, &policy, &who).await;
     assert_eq!(decision(&again[5]).remaining, 3, "{again:?}");
 }
 

@@ -623,7 +623,10 @@ async fn conformance_table_matches_the_memory_store_through_batches() {
     let batches = store.stats().batches.load(Ordering::Relaxed);
     let batched = store.stats().batched.load(Ordering::Relaxed);
     assert!(batches > 0, "nothing went through the batch path");
-    assert!(batched >= 2 * batches, "{batched} decisions in {batches} batches");
+    assert!(
+        batched >= 2 * batches,
+        "{batched} decisions in {batches} batches"
+    );
 }
 
 /// More numbers than one Lua pattern captures (32): the state is read by
@@ -1211,7 +1214,9 @@ async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
     assert!(allowed(&warm), "{warm:?}");
 
     relay.armed.store(true, Ordering::SeqCst);
-    let who: Vec<Pseudonym> = (0..4).map(|i| subject(&format!("lost-batch-{i}"))).collect();
+    let who: Vec<Pseudonym> = (0..4)
+        .map(|i| subject(&format!("lost-batch-{i}")))
+        .collect();
     let outcomes = together(&mut conn, &store, &policy, &who).await;
     assert_eq!(
         relay.dropped.load(Ordering::SeqCst),
@@ -1223,7 +1228,11 @@ async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
         let d = decision(outcome);
         assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
         let key = state_key(&policy, &who[i]);
-        assert_eq!(fixed_count(&mut conn, &key), Some(1), "{i}: charged twice or not at all");
+        assert_eq!(
+            fixed_count(&mut conn, &key),
+            Some(1),
+            "{i}: charged twice or not at all"
+        );
     }
     // One batch, sent, its reply lost, and sent again (a retry counts no
     // new batch): each of its three members replayed its recorded decision.
@@ -1242,7 +1251,9 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
     let policy = policy("batch-fail", Bands::FixedWindow(vec![window(5, 3_600_000)]));
     let warm = eval(&store, &policy, &subject("batch-fail-warm"), 1).await;
     assert!(allowed(&warm), "{warm:?}");
-    let who: Vec<Pseudonym> = (0..6).map(|i| subject(&format!("batch-fail-{i}"))).collect();
+    let who: Vec<Pseudonym> = (0..6)
+        .map(|i| subject(&format!("batch-fail-{i}")))
+        .collect();
     let keys: Vec<String> = who.iter().map(|s| state_key(&policy, s)).collect();
     // Member 2's state is corrupt (the script's own check fails); member
     // 4's key is a hash (Redis refuses the script's GET): both raise an
@@ -1266,7 +1277,10 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
             assert_eq!(fixed_count(&mut conn, &keys[i]), Some(1), "{i}");
         }
     }
-    assert_eq!(state_text(&mut conn, &keys[2]).as_deref(), Some("not a number"));
+    assert_eq!(
+        state_text(&mut conn, &keys[2]).as_deref(),
+        Some("not a number")
+    );
     // Members 1 to 5 went in one batch (0 was sent alone).
     assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
     assert_eq!(store.stats().batched.load(Ordering::Relaxed), 5);

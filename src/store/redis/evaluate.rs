@@ -60,8 +60,9 @@ impl Inner {
                 Turn::Queued(answer) => {
                     // No answer: the task sending it went away with the
                     // runtime; whether it was sent is not known.
-                    let (outcome, health) =
-                        answer.await.unwrap_or((Outcome::Indeterminate, Health::Unknown));
+                    let (outcome, health) = answer
+                        .await
+                        .unwrap_or((Outcome::Indeterminate, Health::Unknown));
                     permit.report(health, Instant::now());
                     return outcome;
                 }

@@ -177,7 +177,13 @@ mod tests {
         let answer = Answer::Frame(frame.into());
         let each = decode_batch(&answer, &[shape(), shape(), shape()]).expect("well formed");
         assert_eq!(each.len(), 3);
-        assert!(matches!(each[0], Ok(Reply::Decided { replayed: false, .. })));
+        assert!(matches!(
+            each[0],
+            Ok(Reply::Decided {
+                replayed: false,
+                ..
+            })
+        ));
         assert_eq!(each[1], Err("ERR sluice: corrupt state".to_owned()));
         assert!(matches!(each[2], Ok(Reply::Decided { replayed: true, .. })));
         // One reply too few, or trailing bytes: the whole batch is malformed.

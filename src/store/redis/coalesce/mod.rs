@@ -47,8 +47,8 @@ use super::reply::Shape;
 use super::scripts::Script;
 use super::Inner;
 
-pub(super) use command::{decode_batch, Each};
 use command::Part;
+pub(super) use command::{decode_batch, Each};
 
 /// The most evaluations one call decides. Redis runs a call to its end
 /// before any other command: 64 decisions keep one call under a few

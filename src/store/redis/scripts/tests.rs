@@ -158,7 +158,9 @@ fn a_policy_library_registers_its_batch_function_after_its_own() {
         )));
         assert_eq!(script.source.matches(BATCH).count(), 1);
         assert!(!script.eval.contains(BATCH), "cached scripts have no batch");
-        assert!(Script::refund_for_policy(&policy, &common()).batch.is_none());
+        assert!(Script::refund_for_policy(&policy, &common())
+            .batch
+            .is_none());
     }
     let policies = policies();
     let several = Script::for_limits(&[&policies[0], &policies[1]], &common());
@@ -191,7 +193,10 @@ fn the_read_only_library_is_the_same_function_writing_nothing() {
                 1,
             );
         assert_eq!(back, without_batch(&script), "{name}");
-        assert!(peek.batch.is_none() && !peek.source.contains(BATCH), "{name}");
+        assert!(
+            peek.batch.is_none() && !peek.source.contains(BATCH),
+            "{name}"
+        );
     }
     let scripts = Scripts::new(common());
     let policy = &policies()[0];

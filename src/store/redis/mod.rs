@@ -21,6 +21,9 @@
 //!   with its round trip's time (`counted`), as Redis counts what it
 //!   receives.
 //!
+//! Decisions that arrive while a call is in flight go out together, as one
+//! call of the policy's batch function ([`coalesce`], `store.coalesce`).
+//!
 //! Libraries are loaded with `FUNCTION LOAD REPLACE` (on every primary by a
 //! background task at start, and again on the node that answered function
 //! not found). Where the store has no Functions (`store.scripts`, see

@@ -72,6 +72,27 @@ routes:
 """
 
 
+def start_upstream(procs, workdir):
+    """nginx answering 200, on CPU 1, with room for every connection."""
+    port = tools.free_port()
+    conf = os.path.join(workdir, "up.conf")
+    os.makedirs(os.path.join(workdir, "up-tmp"), exist_ok=True)
+    with open(conf, "w") as f:
+        f.write(f"""worker_processes 1; daemon off; pid {workdir}/up.pid;
+error_log {workdir}/up.error.log; events {{ worker_connections 4096; }}
+http {{ access_log off; client_body_temp_path {workdir}/up-tmp;
+proxy_temp_path {workdir}/up-tmp; fastcgi_temp_path {workdir}/up-tmp;
+uwsgi_temp_path {workdir}/up-tmp; scgi_temp_path {workdir}/up-tmp;
+server {{ listen 127.0.0.1:{port}; keepalive_requests 1000000;
+location / {{ return 200 "ok"; }} }} }}
+""")
+    proc = procs.start("upstream", ["nginx", "-p", workdir, "-c", conf], CPU_REST,
+                       os.path.join(workdir, "up.log"))
+    if not tools.wait_tcp(port, proc):
+        raise SystemExit("the upstream did not start")
+    return port
+
+
 def log(msg):
     print(f"[coalesce] {msg}", flush=True)
 
@@ -117,6 +138,12 @@ def wrk(port, conns, seconds):
             "errors": sum(int(x) for x in errors.groups()) if errors else 0}
 
 
+def median(runs):
+    """The run whose Redis CPU per decision is the median of `runs`."""
+    ordered = sorted(runs, key=lambda row: row["redis_cpu_us"])
+    return dict(ordered[len(ordered) // 2])
+
+
 def measure(r, sidecar, conns, seconds):
     proc, port, admin = sidecar
     r.cmd("CONFIG", "RESETSTAT")
@@ -151,6 +178,8 @@ def main():
     ap.add_argument("--sluice", default="target/release/sluice")
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--baseline-calls", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of each (connections, coalesce), alternating; the median is kept")
     args = ap.parse_args()
     procs = Processes()
     rows = []
@@ -160,7 +189,7 @@ def main():
             redis_cost.CPU_CLIENT = CPU_REST
             redis_proc, redis_port = redis_cost.start_redis(procs, workdir)
             r = Redis(redis_port)
-            upstream = redis_cost.start_upstream(procs, workdir)
+            upstream = start_upstream(procs, workdir)
             sidecars = {}
             for mode in ("off", "on"):
                 text = CONFIG.format(upstream=upstream, redis=redis_port, coalesce=mode)
@@ -169,16 +198,23 @@ def main():
                 sidecars[mode] = (proc, port, admin)
                 # Scripts loaded, connections open.
                 wrk(port, 8, 1)
+            runs = {}
+            for _ in range(args.rounds):
+                for conns in CONNECTIONS:
+                    for mode in ("off", "on"):
+                        row = measure(r, sidecars[mode], conns, args.seconds)
+                        row["coalesce"] = mode
+                        runs.setdefault((conns, mode), []).append(row)
+                        log(f"{conns:4} conns coalesce {mode:3}: Redis {row['redis_cpu_us']:5.1f} µs/decision "
+                            f"(FCALL {row['fcall_us']:5.1f}), sidecar {row['sidecar_cpu_us']:5.1f} µs, "
+                            f"{row['decisions_per_call'] or 0:5.1f} decisions/call, {row['rps']:7.0f}/s, "
+                            f"p50 {row['p50_ms']} p99 {row['p99_ms']} ms")
+                        r.cmd("FLUSHALL")
             for conns in CONNECTIONS:
                 for mode in ("off", "on"):
-                    row = measure(r, sidecars[mode], conns, args.seconds)
-                    row["coalesce"] = mode
+                    row = median(runs[(conns, mode)])
+                    row["runs"] = runs[(conns, mode)]
                     rows.append(row)
-                    log(f"{conns:4} conns coalesce {mode:3}: Redis {row['redis_cpu_us']:5.1f} µs/decision "
-                        f"(FCALL {row['fcall_us']:5.1f}), sidecar {row['sidecar_cpu_us']:5.1f} µs, "
-                        f"{row['decisions_per_call'] or 0:5.1f} decisions/call, {row['rps']:7.0f}/s, "
-                        f"p50 {row['p50_ms']} p99 {row['p99_ms']} ms")
-                    r.cmd("FLUSHALL")
             r.cmd("FLUSHALL")
             sha = r.cmd("SCRIPT", "LOAD", redis_cost.BASELINE)
             redis_cost.CPU_CLIENT = CPU_SIDECAR
@@ -193,7 +229,7 @@ def main():
     for row in rows:
         row["ratio"] = row["redis_cpu_us"] / base
     result = {"generated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "seconds": args.seconds, "baseline_cpu_us_per_call": base, "rows": rows}
+              "seconds": args.seconds, "rounds": args.rounds, "baseline_cpu_us_per_call": base, "rows": rows}
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "coalesce.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -204,7 +240,8 @@ def main():
     lines = [
         "# Coalesced decisions: Redis and sidecar CPU per decision, coalesce off → on",
         "",
-        f"{result['generated_at']}; `bench/coalesce.py`, {args.seconds} s of closed-loop wrk per row, a "
+        f"{result['generated_at']}; `bench/coalesce.py`, {args.seconds} s of closed-loop wrk per run, "
+        f"{args.rounds} rounds alternating off and on, the run of median Redis CPU shown; a "
         "subject never sent before on every request (fixed-window, no over-limit cache); one sidecar "
         "at a time on CPU 0 (`server.workers: 1`), Redis, wrk and the upstream on CPU 1. Redis CPU: "
         "used_cpu_sys + used_cpu_user per decision, networking included; FCALL: commandstats usec per "

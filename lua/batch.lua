@@ -9,6 +9,10 @@
 -- and the others are decided as they would have been alone. Redis never
 -- rolls back, so nothing of an evaluation decided before it is undone,
 -- exactly as for separate calls.
+-- The one evaluation's KEYS and ARGV, refilled for each: `decide` only
+-- reads them, and a table made per evaluation costs Redis more than the
+-- call it spares.
+local one_keys, one_args = {}, {}
 local function batch(KEYS, ARGV)
   local n = #KEYS / 2
   if n < 1 or #KEYS ~= 2 * n or #ARGV ~= 3 * n then
@@ -16,12 +20,15 @@ local function batch(KEYS, ARGV)
   end
   local replies = {}
   for i = 1, n do
-    local args = {ARGV[3 * i - 2], ARGV[3 * i - 1]}
+    one_keys[1], one_keys[2] = KEYS[2 * i - 1], KEYS[2 * i]
+    one_args[1], one_args[2] = ARGV[3 * i - 2], ARGV[3 * i - 1]
     local life = ARGV[3 * i]
-    if life ~= '' then
-      args[3] = life
+    if life == '' then
+      one_args[3] = nil
+    else
+      one_args[3] = life
     end
-    local ok, reply = pcall(decide, redis, {KEYS[2 * i - 1], KEYS[2 * i]}, args)
+    local ok, reply = pcall(decide, redis, one_keys, one_args)
     if ok then
       replies[i] = reply
     elseif type(reply) == 'table' and reply.err then

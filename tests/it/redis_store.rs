@@ -1234,11 +1234,14 @@ async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
             "{i}: charged twice or not at all"
         );
     }
-    // One batch, sent, its reply lost, and sent again (a retry counts no
-    // new batch): each of its three members replayed its recorded decision.
+    // One batch, sent beside the first (held by the pause) once it waited
+    // its longest; the connection carrying both lost both replies. Each
+    // call went again (a retry counts no new batch), and every decision
+    // replayed its record: the first's and the batch's three members'.
     assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
-    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 1);
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 2);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

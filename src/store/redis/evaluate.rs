@@ -7,7 +7,6 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::limit::{Incompatible, Outcome, Policy, Unavailable};
-use crate::store::breaker::Health;
 use crate::store::{Evaluation, Outcomes};
 
 use super::call::Request;
@@ -57,12 +56,8 @@ impl Inner {
                 .join(inner, &script, shape(policy), evaluation)
             {
                 Turn::Lead(turn) => lead = Some(turn),
-                Turn::Queued(answer) => {
-                    // No answer: the task sending it went away with the
-                    // runtime; whether it was sent is not known.
-                    let (outcome, health) = answer
-                        .await
-                        .unwrap_or((Outcome::Indeterminate, Health::Unknown));
+                Turn::Queued(queued) => {
+                    let (outcome, health) = inner.coalescer.wait(queued).await;
                     permit.report(health, Instant::now());
                     return outcome;
                 }

@@ -9,7 +9,9 @@
 //! flight queue up; when that call ends, a task takes up to
 //! [`MAX_BATCH`] of them and sends them together, one call per policy
 //! (and, on Redis Cluster, per slot: never CROSSSLOT), and so on while
-//! any wait. A decision waits at most for the call in flight before it.
+//! any wait. A decision waits for the call in flight before it, and at
+//! most [`MAX_WAIT`]: past it, what waits is sent at once, beside that
+//! call.
 //!
 //! Each member keeps its own deadline: one whose deadline passed while it
 //! waited is `AdmissionRejected` and not sent; one whose request went away
@@ -55,9 +57,19 @@ pub(super) use command::{decode_batch, Each};
 /// hundred microseconds of Redis's time.
 pub const MAX_BATCH: usize = 64;
 
+/// The longest a queued decision waits for the call in flight before it:
+/// a call of a healthy Redis ends well within it (a round trip and the
+/// scripts' time), so batches form on the call's end; a slower one lets
+/// the queue go out anyway, with the rest of its budget.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// What a queued member gets back: its outcome and what its call said of
 /// Redis, for its own breaker permit.
 type Answer = (Outcome, Health);
+
+/// No answer came: the task sending it went away with the runtime;
+/// whether it was sent is not known.
+const NO_ANSWER: Answer = (Outcome::Indeterminate, Health::Unknown);
 
 pub(super) struct Coalescer {
     on: bool,
@@ -94,7 +106,13 @@ struct Member {
 /// wait for the batch it was queued into.
 pub(super) enum Turn<'a> {
     Lead(Lead<'a>),
-    Queued(oneshot::Receiver<Answer>),
+    Queued(Queued),
+}
+
+/// A queued decision's wait for its answer.
+pub(super) struct Queued {
+    queue: usize,
+    answer: oneshot::Receiver<Answer>,
 }
 
 /// The queue's one call in flight, a leader's; when it ends (or the
@@ -161,7 +179,38 @@ impl Coalescer {
             deadline: evaluation.deadline,
             tx,
         });
-        Turn::Queued(rx)
+        Turn::Queued(Queued { queue, answer: rx })
+    }
+
+    /// The answer of a queued decision. Its queue is sent when the call in
+    /// flight ends, or after [`MAX_WAIT`] if that call takes longer (a
+    /// slow Redis must not eat the queued decisions' budgets): then what
+    /// waits goes out at once, a second call in flight.
+    pub async fn wait(&self, queued: Queued) -> Answer {
+        let Queued { queue, answer } = queued;
+        let mut answer = std::pin::pin!(answer);
+        if let Ok(answered) = tokio::time::timeout(MAX_WAIT, answer.as_mut()).await {
+            return answered.unwrap_or(NO_ANSWER);
+        }
+        self.flush(queue);
+        answer.await.unwrap_or(NO_ANSWER)
+    }
+
+    /// Sends what `queue` holds now, beside the call in flight.
+    fn flush(&self, queue: usize) {
+        let members: Vec<Member> = {
+            let mut waiting = self.queues[queue].lock();
+            let n = waiting.members.len().min(MAX_BATCH);
+            waiting.members.drain(..n).collect()
+        };
+        if members.is_empty() {
+            // Taken already: its call is on its way.
+            return;
+        }
+        let home = self.home.get().and_then(Weak::upgrade);
+        if let (Some(inner), Ok(runtime)) = (home, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move { inner.send_members(members).await });
+        }
     }
 
     /// The queue's call ended: idle again, or a task sends what waits.

@@ -21,12 +21,19 @@ replayed on the same Redis with redis-benchmark (32 connections, many
 subjects): the ratio is Redis's whole CPU per decision over the
 baseline's per call.
 
-    python3 bench/coalesce.py --sluice target/release/sluice [--seconds 4]
+    python3 bench/coalesce.py --sluice target/release/sluice [--seconds 4] [--rounds 3]
+
+With `--instructions`, it also replays the fixed-window call as sluice
+sends it (captured, a fresh subject and evaluation id per decision) alone
+and in batches of 4, 16 and 64 against a redis-server under callgrind,
+and counts redis-server's instructions per decision beside the baseline
+script's per call: the noise-free figure of what batching spares Redis.
 
 Writes bench/results/coalesce.md and coalesce.json, and prints the table.
 """
 
 import argparse
+import glob
 import json
 import os
 import random
@@ -143,6 +150,80 @@ def wrk(port, conns, seconds):
             "errors": sum(int(x) for x in errors.groups()) if errors else 0}
 
 
+BATCH_SIZES = [1, 4, 16, 64]
+
+
+def batch_call(single, n):
+    """`single` (an FCALL captured and made fresh) as one call of the
+    library's batch function deciding `n` evaluations; `single` itself
+    for 1."""
+    if n == 1:
+        return single
+    keys, rest = single[3:5], single[5:]
+    call = ["FCALL", single[1] + "_batch", str(2 * n)]
+    for _ in range(n):
+        call += keys
+    for _ in range(n):
+        call += [rest[0], rest[1], ""]
+    return call
+
+
+def instructions(sluice, calls):
+    """redis-server instructions per decision under callgrind: the baseline
+    script per call, and sluice's fixed-window decision alone and batched."""
+    procs = Processes()
+    out_rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="sluice-coalesce-instr-") as workdir:
+            port = tools.free_port()
+            out = os.path.join(workdir, "callgrind.out")
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                    f"--callgrind-out-file={out}.%p", "redis-server", "--port", str(port),
+                    "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--daemonize", "no", "--dir", workdir]
+            redis = procs.start("redis", argv, None, os.path.join(workdir, "redis.log"))
+            if not tools.wait_tcp(port, redis, timeout=60):
+                raise SystemExit("redis-server did not start under valgrind")
+            r = Redis(port)
+            sha = r.cmd("SCRIPT", "LOAD", redis_cost.BASELINE)
+            captured = redis_cost.capture(procs, workdir, sluice, port)
+
+            def control(*what):
+                subprocess.run(["callgrind_control", *what, str(redis.pid)],
+                               capture_output=True, check=True)
+
+            def count(call, n):
+                r.cmd("FLUSHALL")
+                control("-z")
+                control("-i", "on")
+                subprocess.run(["redis-benchmark", "-p", str(port), "-c", "4", "-n", str(n),
+                                "-r", str(redis_cost.KEYSPACE), "-q", *call],
+                               capture_output=True, check=True, timeout=1800)
+                control("-i", "off")
+                before = set(glob.glob(out + ".*"))
+                control("-d")
+                time.sleep(0.3)
+                dumps = sorted(set(glob.glob(out + ".*")) - before, key=os.path.getmtime)
+                with open(dumps[-1]) as f:
+                    total = int(re.search(r"^totals: (\d+)", f.read(), re.M).group(1))
+                for d in dumps:
+                    os.unlink(d)
+                return total / n
+
+            base = count(["EVALSHA", sha, "1", "seed:__rand_int__", "3600", "1000000000"], calls)
+            single = redis_cost.fresh(captured["fixed-window"], True)
+            for n in BATCH_SIZES:
+                per = count(batch_call(single, n), max(calls // n, 20)) / n
+                out_rows.append({"batch": n, "instructions": per, "baseline": base,
+                                 "ratio": per / base})
+                log(f"batch of {n:2}: {per:,.0f} instructions per decision, "
+                    f"{per / base:.2f}× the baseline's {base:,.0f}")
+            r.close()
+    finally:
+        procs.stop_all()
+    return out_rows
+
+
 def median(runs):
     """The run whose Redis CPU per decision is the median of `runs`."""
     ordered = sorted(runs, key=lambda row: row["redis_cpu_us"])
@@ -185,6 +266,9 @@ def main():
     ap.add_argument("--baseline-calls", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of each (connections, coalesce), alternating; the median is kept")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count redis-server instructions per decision by batch size (callgrind)")
+    ap.add_argument("--instr-calls", type=int, default=2000)
     args = ap.parse_args()
     procs = Processes()
     rows = []
@@ -230,11 +314,12 @@ def main():
             r.close()
     finally:
         procs.stop_all()
+    instr = instructions(args.sluice, args.instr_calls) if args.instructions else []
     base = baseline["cpu_us_per_call"]
     for row in rows:
         row["ratio"] = row["redis_cpu_us"] / base
     result = {"generated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "seconds": args.seconds, "rounds": args.rounds, "baseline_cpu_us_per_call": base, "rows": rows}
+              "seconds": args.seconds, "rounds": args.rounds, "instructions": instr, "baseline_cpu_us_per_call": base, "rows": rows}
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "coalesce.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -262,6 +347,19 @@ def main():
             f"{row['fcall_us']:.1f} | {row['sidecar_cpu_us']:.1f} | {num(row['decisions_per_call'], '.1f')} | "
             f"{num(row['mean_batch'], '.1f')} | {num(row['p50_ms'], '.2f')} | {num(row['p99_ms'], '.2f')} | "
             f"{row['ratio']:.2f} |")
+    if instr:
+        lines += [
+            "",
+            "redis-server instructions per decision (callgrind, redis-benchmark with 4 connections, the "
+            "fixed-window call as sluice sends it, a fresh subject and evaluation id per decision), alone "
+            "and in batches, beside the one-line INCR + EXPIRE script's per call:",
+            "",
+            "| decisions per call | instructions per decision | baseline per call | ratio |",
+            "|---|---|---|---|",
+        ]
+        for row in instr:
+            lines.append(f"| {row['batch']} | {row['instructions']:,.0f} | {row['baseline']:,.0f} | "
+                         f"{row['ratio']:.2f} |")
     with open(os.path.join(RESULTS, "coalesce.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

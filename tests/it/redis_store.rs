@@ -567,9 +567,10 @@ async fn conformance_table_matches_the_memory_store() {
 
 /// [`conform_pinned`] for `subjects` subjects of one policy at once: at
 /// every step each subject's key is pinned, then all are evaluated
-/// together. On one lane, the first is sent alone and the others queue
-/// behind it and go out as one batch: every subject must still decide as
-/// the memory store does, to the microsecond.
+/// together. On one lane, the first two are sent alone (its two calls in
+/// flight) and the others queue behind them and go out as one batch:
+/// every subject must still decide as the memory store does, to the
+/// microsecond.
 async fn conform_batched(
     server: &RedisServer,
     store: &RedisStore,
@@ -614,11 +615,11 @@ async fn conformance_table_matches_the_memory_store_through_batches() {
     config.pool_size = 1;
     let store = connect_with(config, BUDGET).await;
     for (name, bands, steps) in designed_table() {
-        conform_batched(&server, &store, name, bands, &steps, 4).await;
+        conform_batched(&server, &store, name, bands, &steps, 5).await;
     }
     for (seed, (name, bands, longest)) in random_table().into_iter().enumerate() {
         let steps = random_steps(seed as u64, &bands, longest, 60);
-        conform_batched(&server, &store, name, bands, &steps, 4).await;
+        conform_batched(&server, &store, name, bands, &steps, 5).await;
     }
     let batches = store.stats().batches.load(Ordering::Relaxed);
     let batched = store.stats().batched.load(Ordering::Relaxed);
@@ -1182,9 +1183,10 @@ fn fixed_count(conn: &mut redis::Connection, key: &str) -> Option<u64> {
 }
 
 /// Evaluates `who` together, cost 1 each, while Redis holds writes for
-/// 150 ms (`CLIENT PAUSE … WRITE`): on one lane the first is sent alone
-/// and waits there, and the rest queue behind it, one batch, however the
-/// threads of a busy machine are scheduled.
+/// 150 ms (`CLIENT PAUSE … WRITE`): on one lane the first two are sent
+/// alone (its two calls in flight) and wait there, and the rest queue
+/// behind them, one batch, however the threads of a busy machine are
+/// scheduled.
 async fn together(
     conn: &mut redis::Connection,
     store: &RedisStore,
@@ -1214,7 +1216,7 @@ async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
     assert!(allowed(&warm), "{warm:?}");
 
     relay.armed.store(true, Ordering::SeqCst);
-    let who: Vec<Pseudonym> = (0..4)
+    let who: Vec<Pseudonym> = (0..6)
         .map(|i| subject(&format!("lost-batch-{i}")))
         .collect();
     let outcomes = together(&mut conn, &store, &policy, &who).await;
@@ -1234,14 +1236,15 @@ async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
             "{i}: charged twice or not at all"
         );
     }
-    // One batch, sent beside the first (held by the pause) once it waited
-    // its longest; the connection carrying both lost both replies. Each
-    // call went again (a retry counts no new batch), and every decision
-    // replayed its record: the first's and the batch's three members'.
+    // The first two went alone (the lane's two calls in flight, held by
+    // the pause); the other four queued and went as one batch once they
+    // had waited their longest. The connection carrying all three calls
+    // lost their replies: each call went again (a retry counts no new
+    // batch), and every decision replayed its record.
     assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
-    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 3);
-    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 2);
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 4);
+    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 4);
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1284,9 +1287,10 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
         state_text(&mut conn, &keys[2]).as_deref(),
         Some("not a number")
     );
-    // Members 1 to 5 went in one batch (0 was sent alone).
+    // Members 2 to 5 went in one batch (0 and 1 were sent alone: the
+    // lane's two calls in flight).
     assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
-    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 5);
+    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 4);
     assert_eq!(store.stats().script_errors.load(Ordering::Relaxed), 2);
     // Decided again, the members that succeeded count on.
     let again = together(&mut conn, &store, &policy, &who).await;

@@ -213,6 +213,9 @@ pub struct RedisStore {
     /// Subjects remembered as denied-until-T on this sidecar, answered
     /// without a store call until T; 0 turns the cache off.
     pub deny_cache_entries: usize,
+    /// `store.coalesce`: decisions that arrive while a call is in flight
+    /// go together in the next one.
+    pub coalesce: bool,
 }
 
 impl Boot {
@@ -377,7 +380,9 @@ impl RedisStore {
             breaker_failure_rate,
             breaker_cooldown,
             deny_cache_entries,
+            coalesce,
         } = self;
+        differ(coalesce, &next.coalesce, "store.coalesce", changes);
         topology.changes(&next.topology, changes);
         differ(pool_size, &next.pool_size, "store.pool_size", changes);
         differ(ca_file, &next.ca_file, "store.ca_file", changes);

@@ -203,6 +203,8 @@ keys! { ALL:
         "Redis: prefix of every key";
     STORE_SCRIPTS: "store.scripts", "`auto`, `functions`, `eval`", Value("auto"), Restart,
         "Redis: run the scripts as Functions (`FCALL`) or cached scripts (`EVALSHA`); `auto` finds which the store has at start";
+    STORE_COALESCE: "store.coalesce", "`on`, `off`", Value("off"), Restart,
+        "Redis Functions: decisions that arrive while calls are in flight go together in the next, one call deciding each in order (measured: Redis's CPU per decision moves little, a sidecar at 8-32 connections decides fewer)";
     STORE_MAX_CLOCK_REGRESSION: "store.max_clock_regression", "duration", Value("1s"), Restart,
         "Redis: a clock going back by less counts as no time passing; beyond, no decision";
     STORE_DEDUPE_WINDOW: "store.dedupe_window", "duration", Derived("`1s`, or `budget` when longer"), Restart,

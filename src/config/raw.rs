@@ -384,6 +384,7 @@ pub struct Store {
     pub ca_file: Option<Scalar>,
     pub key_prefix: Option<Scalar>,
     pub scripts: Option<Scalar>,
+    pub coalesce: Option<Scalar>,
     pub max_clock_regression: Option<Scalar>,
     pub dedupe_window: Option<Scalar>,
     pub dedupe_max: Option<Scalar>,

@@ -79,6 +79,8 @@ pub const BREAKER_OPEN: &str = "sluice_store_breaker_open";
 pub const BREAKER_OPENED: &str = "sluice_store_breaker_opened_total";
 pub const REDIS_CALLS: &str = "sluice_redis_calls_total";
 pub const REDIS_CALL_DURATION: &str = "sluice_redis_call_duration_seconds";
+pub const REDIS_BATCHES: &str = "sluice_redis_batches_total";
+pub const REDIS_BATCHED: &str = "sluice_redis_batched_decisions_total";
 pub const SCRIPT_LOADS: &str = "sluice_store_script_loads_total";
 pub const DEDUPE_HITS: &str = "sluice_store_dedupe_hits_total";
 pub const REFUNDS: &str = "sluice_refunds_total";
@@ -152,6 +154,14 @@ pub const ALL: &[Metric] = &[
     Metric::seconds(
         REDIS_CALL_DURATION,
         "Time from sending a command to Redis to its reply (or to giving up on it), by command; a pipeline of TOUCHes is one round trip.",
+    ),
+    Metric::counter(
+        REDIS_BATCHES,
+        "Batches sent to Redis: one call deciding several evaluations at once (store.coalesce: on), made of decisions that arrived while a call was in flight; its retry is not counted again.",
+    ),
+    Metric::counter(
+        REDIS_BATCHED,
+        "Evaluations decided in those calls; divided by sluice_redis_batches_total, the mean decisions per batched call.",
     ),
     Metric::counter(
         DEDUPE_HITS,

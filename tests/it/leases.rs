@@ -501,8 +501,9 @@ async fn several_limits_are_admitted_from_leases_only_when_every_one_has_one() {
       - { policy: wide, subject: global }
       - { policy: plain, subject: client_ip }
 ";
+    // Calls counted one per decision: none batched together.
     let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
-        .replace("  budget: 50ms\n", "  budget: 1s\n");
+        .replace("  budget: 50ms\n", "  budget: 1s\n  coalesce: off\n");
     let sluice = start_ready(&yaml).await;
     let mut conn = redis.connection();
     reset_stats(&mut conn);

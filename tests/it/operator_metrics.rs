@@ -18,7 +18,7 @@ use crate::support::{eventually, get, Sidecar, Upstream};
 /// Metrics only the Redis store has: a sidecar on the memory store has
 /// no connection, breaker, script, refund, over-limit cache or lease.
 /// Every other metric has its series on either store.
-const REDIS_ONLY: [&str; 16] = [
+const REDIS_ONLY: [&str; 18] = [
     "sluice_store_errors_total",
     "sluice_store_retries_total",
     "sluice_store_events_total",
@@ -35,6 +35,8 @@ const REDIS_ONLY: [&str; 16] = [
     "sluice_lease_units_held",
     "sluice_redis_calls_total",
     "sluice_redis_call_duration_seconds",
+    "sluice_redis_batches_total",
+    "sluice_redis_batched_decisions_total",
 ];
 
 const SECRET: &str = "an HS256 secret, 32 bytes or more";

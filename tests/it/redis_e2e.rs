@@ -347,12 +347,16 @@ async fn each_allowed_request_costs_exactly_one_fcall() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let upstream = Upstream::start().await;
-    let sluice = start_ready(&yaml(
-        &upstream,
-        &redis.url(),
-        "  wide: { algorithm: gcra, limit: 100000, window: 1h, burst: 100000, lease: off }\n",
-        "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: wide }\n",
-    ))
+    let sluice = start_ready(
+        &yaml(
+            &upstream,
+            &redis.url(),
+            "  wide: { algorithm: gcra, limit: 100000, window: 1h, burst: 100000, lease: off }\n",
+            "  - { name: api, match: { path_prefix: /api }, subject: client_ip, policy: wide }\n",
+        )
+        // One call per decision: batching them is `coalesced_decisions`'.
+        .replace("  budget: 1s\n", "  budget: 1s\n  coalesce: off\n"),
+    )
     .await;
     // Opens every connection the sidecar keeps, so what follows is the
     // steady state (connecting sends CLIENT SETINFO and the like).

@@ -51,6 +51,7 @@ async fn connect_to(topology: Topology) -> RedisStore {
         breaker_failure_rate: 50,
         breaker_cooldown: Duration::from_secs(1),
         deny_cache_entries: 0,
+        coalesce: true,
     };
     let store = RedisStore::connect(&redis, Duration::from_secs(1), BUDGET, &[]).expect("connect");
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -44,6 +44,7 @@ fn redis_config(url: String) -> config::RedisStore {
         breaker_failure_rate: 50,
         breaker_cooldown: Duration::from_secs(1),
         deny_cache_entries: 0,
+        coalesce: true,
     }
 }
 
@@ -355,18 +356,11 @@ fn random_steps(seed: u64, bands: &Bands, longest: Micros, n: usize) -> Steps {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_table_matches_the_memory_store() {
-    let server = RedisServer::start();
-    let mut config = redis_config(server.url());
-    // Room for pinning Redis' decision time ahead of its clock.
-    config.max_clock_regression = Duration::from_secs(24 * 3600);
-    let store = connect_with(config, BUDGET).await;
-
-    // Hand-written sequences: fill a band, deny, cross window boundaries,
-    // multi-unit costs, long idle gaps.
+/// Hand-written sequences: fill a band, deny, cross window boundaries,
+/// multi-unit costs, long idle gaps.
+fn designed_table() -> Vec<(&'static str, Bands, Steps)> {
     let ms = 1000;
-    let designed: Vec<(&str, Bands, Steps)> = vec![
+    vec![
         (
             "fixed-designed",
             Bands::FixedWindow(vec![window(3, 1000), window(5, 2000)]),
@@ -426,7 +420,73 @@ async fn conformance_table_matches_the_memory_store() {
                 (ms, 1),
             ],
         ),
-    ];
+    ]
+}
+
+/// Random sequences' algorithms: every pinned one, two bands each.
+fn random_table() -> Vec<(&'static str, Bands, Micros)> {
+    vec![
+        (
+            "fixed-random",
+            Bands::FixedWindow(vec![window(5, 700), window(12, 3000)]),
+            3_000_000,
+        ),
+        (
+            "counter-random",
+            Bands::SlidingCounter(vec![window(5, 700), window(12, 3000)]),
+            3_000_000,
+        ),
+        (
+            "bucket-random",
+            Bands::TokenBucket(vec![bucket(5, 2, 300), bucket(12, 3, 1100)]),
+            4_000_000,
+        ),
+        (
+            "gcra-random",
+            Bands::Gcra(vec![gcra(7, 1000, 3), gcra(30, 9000, 8)]),
+            9_000_000,
+        ),
+        (
+            "bucket-delay-random",
+            Bands::TokenBucket(vec![
+                BucketBand {
+                    max_wait_us: 700_000,
+                    ..bucket(5, 2, 300)
+                },
+                BucketBand {
+                    max_wait_us: 700_000,
+                    ..bucket(12, 3, 1100)
+                },
+            ]),
+            4_000_000,
+        ),
+        (
+            "gcra-delay-random",
+            Bands::Gcra(vec![
+                GcraBand {
+                    max_wait_us: 400_000,
+                    ..gcra(7, 1000, 3)
+                },
+                GcraBand {
+                    max_wait_us: 400_000,
+                    ..gcra(30, 9000, 8)
+                },
+            ]),
+            9_000_000,
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_table_matches_the_memory_store() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    // Room for pinning Redis' decision time ahead of its clock.
+    config.max_clock_regression = Duration::from_secs(24 * 3600);
+    let store = connect_with(config, BUDGET).await;
+
+    let ms = 1000;
+    let designed = designed_table();
     for (name, bands, steps) in designed {
         conform_pinned(&server, &store, name, bands, &steps).await;
     }
@@ -498,60 +558,76 @@ async fn conformance_table_matches_the_memory_store() {
     .await;
 
     // Random sequences, every pinned algorithm, two bands each.
-    let random: Vec<(&str, Bands, Micros)> = vec![
-        (
-            "fixed-random",
-            Bands::FixedWindow(vec![window(5, 700), window(12, 3000)]),
-            3_000_000,
-        ),
-        (
-            "counter-random",
-            Bands::SlidingCounter(vec![window(5, 700), window(12, 3000)]),
-            3_000_000,
-        ),
-        (
-            "bucket-random",
-            Bands::TokenBucket(vec![bucket(5, 2, 300), bucket(12, 3, 1100)]),
-            4_000_000,
-        ),
-        (
-            "gcra-random",
-            Bands::Gcra(vec![gcra(7, 1000, 3), gcra(30, 9000, 8)]),
-            9_000_000,
-        ),
-        (
-            "bucket-delay-random",
-            Bands::TokenBucket(vec![
-                BucketBand {
-                    max_wait_us: 700_000,
-                    ..bucket(5, 2, 300)
-                },
-                BucketBand {
-                    max_wait_us: 700_000,
-                    ..bucket(12, 3, 1100)
-                },
-            ]),
-            4_000_000,
-        ),
-        (
-            "gcra-delay-random",
-            Bands::Gcra(vec![
-                GcraBand {
-                    max_wait_us: 400_000,
-                    ..gcra(7, 1000, 3)
-                },
-                GcraBand {
-                    max_wait_us: 400_000,
-                    ..gcra(30, 9000, 8)
-                },
-            ]),
-            9_000_000,
-        ),
-    ];
+    let random = random_table();
     for (seed, (name, bands, longest)) in random.into_iter().enumerate() {
         let steps = random_steps(seed as u64, &bands, longest, 300);
         conform_pinned(&server, &store, name, bands, &steps).await;
     }
+}
+
+/// [`conform_pinned`] for `subjects` subjects of one policy at once: at
+/// every step each subject's key is pinned, then all are evaluated
+/// together. On one lane, the first two are sent alone (its two calls in
+/// flight) and the others queue behind them and go out as one batch:
+/// every subject must still decide as the memory store does, to the
+/// microsecond.
+async fn conform_batched(
+    server: &RedisServer,
+    store: &RedisStore,
+    name: &str,
+    bands: Bands,
+    steps: &[(Micros, u32)],
+    subjects: usize,
+) {
+    let memory = MemoryStore::new(1000, Duration::from_secs(1));
+    let policy = policy(name, bands);
+    let who: Vec<Pseudonym> = (0..subjects)
+        .map(|i| subject(&format!("{name}#{i}")))
+        .collect();
+    let keys: Vec<String> = who.iter().map(|s| state_key(&policy, s)).collect();
+    let mut conn = server.connection();
+    let mut now = redis_time(&mut conn) + 60_000_000;
+    for (i, &(advance, cost)) in steps.iter().enumerate() {
+        now += advance;
+        for key in &keys {
+            pin_t(&mut conn, key, now);
+        }
+        let evaluations: Vec<Evaluation<'_>> =
+            who.iter().map(|s| evaluation(&policy, s, cost)).collect();
+        let from_redis =
+            futures_util::future::join_all(evaluations.iter().map(|ev| store.evaluate(ev))).await;
+        for (j, (ev, from_redis)) in evaluations.iter().zip(from_redis).enumerate() {
+            let from_memory = memory.evaluate_at(ev, now);
+            assert_eq!(
+                from_redis, from_memory,
+                "{name}: subject {j}, step {i} (advance {advance} us, cost {cost}) differs"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_table_matches_the_memory_store_through_batches() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    config.max_clock_regression = Duration::from_secs(24 * 3600);
+    // One lane: one call in flight, the others queue behind it.
+    config.pool_size = 1;
+    let store = connect_with(config, BUDGET).await;
+    for (name, bands, steps) in designed_table() {
+        conform_batched(&server, &store, name, bands, &steps, 5).await;
+    }
+    for (seed, (name, bands, longest)) in random_table().into_iter().enumerate() {
+        let steps = random_steps(seed as u64, &bands, longest, 60);
+        conform_batched(&server, &store, name, bands, &steps, 5).await;
+    }
+    let batches = store.stats().batches.load(Ordering::Relaxed);
+    let batched = store.stats().batched.load(Ordering::Relaxed);
+    assert!(batches > 0, "nothing went through the batch path");
+    assert!(
+        batched >= 2 * batches,
+        "{batched} decisions in {batches} batches"
+    );
 }
 
 /// More numbers than one Lua pattern captures (32): the state is read by
@@ -967,6 +1043,11 @@ struct Relay {
 }
 
 async fn relay(target: u16) -> Relay {
+    relay_on(target, b"FCALL").await
+}
+
+/// [`relay`], armed by the next command that holds `pattern`.
+async fn relay_on(target: u16, pattern: &'static [u8]) -> Relay {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind relay");
@@ -979,7 +1060,7 @@ async fn relay(target: u16) -> Relay {
             let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
                 continue;
             };
-            tokio::spawn(pipe(client, server, a.clone(), d.clone()));
+            tokio::spawn(pipe(client, server, pattern, a.clone(), d.clone()));
         }
     });
     Relay {
@@ -992,6 +1073,7 @@ async fn relay(target: u16) -> Relay {
 async fn pipe(
     client: tokio::net::TcpStream,
     server: tokio::net::TcpStream,
+    pattern: &'static [u8],
     armed: Arc<AtomicBool>,
     dropped: Arc<AtomicUsize>,
 ) {
@@ -1004,7 +1086,7 @@ async fn pipe(
             if n == 0 {
                 break;
             }
-            let fcall = buf[..n].windows(5).any(|w| w == b"FCALL");
+            let fcall = buf[..n].windows(pattern.len()).any(|w| w == pattern);
             if fcall && armed.swap(false, Ordering::SeqCst) {
                 doomed.store(true, Ordering::SeqCst);
             }
@@ -1092,6 +1174,127 @@ async fn a_lost_reply_is_retried_once_and_charged_once() {
     let outcome = eval(&store, &policy, &subject, 1).await;
     assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 3);
+}
+
+/// The count a fixed window's state `t:s1:c1` holds.
+fn fixed_count(conn: &mut redis::Connection, key: &str) -> Option<u64> {
+    let text = state_text(conn, key)?;
+    text.split(':').nth(2)?.parse().ok()
+}
+
+/// Evaluates `who` together, cost 1 each, while Redis holds writes for
+/// 150 ms (`CLIENT PAUSE … WRITE`): on one lane the first two are sent
+/// alone (its two calls in flight) and wait there, and the rest queue
+/// behind them, one batch, however the threads of a busy machine are
+/// scheduled.
+async fn together(
+    conn: &mut redis::Connection,
+    store: &RedisStore,
+    policy: &Policy,
+    who: &[Pseudonym],
+) -> Vec<Outcome> {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(150)
+        .arg("WRITE")
+        .query(conn)
+        .expect("CLIENT PAUSE");
+    let evaluations: Vec<Evaluation<'_>> = who.iter().map(|s| evaluation(policy, s, 1)).collect();
+    futures_util::future::join_all(evaluations.iter().map(|ev| store.evaluate(ev))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
+    let server = RedisServer::start();
+    let relay = relay_on(server.port(), b"_batch").await;
+    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
+    config.pool_size = 1;
+    let store = connect_with(config, Duration::from_secs(2)).await;
+    let mut conn = server.connection();
+    let policy = policy("lost-batch", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let warm = eval(&store, &policy, &subject("lost-batch-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+
+    relay.armed.store(true, Ordering::SeqCst);
+    let who: Vec<Pseudonym> = (0..6)
+        .map(|i| subject(&format!("lost-batch-{i}")))
+        .collect();
+    let outcomes = together(&mut conn, &store, &policy, &who).await;
+    assert_eq!(
+        relay.dropped.load(Ordering::SeqCst),
+        1,
+        "no batch reply was lost: {outcomes:?}, {} batches",
+        store.stats().batches.load(Ordering::Relaxed)
+    );
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let d = decision(outcome);
+        assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
+        let key = state_key(&policy, &who[i]);
+        assert_eq!(
+            fixed_count(&mut conn, &key),
+            Some(1),
+            "{i}: charged twice or not at all"
+        );
+    }
+    // The first two went alone (the lane's two calls in flight, held by
+    // the pause); the other four queued and went as one batch once they
+    // had waited their longest. The connection carrying all three calls
+    // lost their replies: each call went again (a retry counts no new
+    // batch), and every decision replayed its record.
+    assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 4);
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evaluation_failing_in_a_batch_fails_alone() {
+    let server = RedisServer::start();
+    let mut config = redis_config(server.url());
+    config.pool_size = 1;
+    let store = connect_with(config, BUDGET).await;
+    let mut conn = server.connection();
+    let policy = policy("batch-fail", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let warm = eval(&store, &policy, &subject("batch-fail-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+    let who: Vec<Pseudonym> = (0..6)
+        .map(|i| subject(&format!("batch-fail-{i}")))
+        .collect();
+    let keys: Vec<String> = who.iter().map(|s| state_key(&policy, s)).collect();
+    // Member 2's state is corrupt (the script's own check fails); member
+    // 4's key is a hash (Redis refuses the script's GET): both raise an
+    // error inside the batch, each before its own write.
+    let _: () = conn.set(&keys[2], "not a number").expect("SET");
+    let _: () = conn.hset(&keys[4], "c1", "1").expect("HSET");
+
+    let outcomes = together(&mut conn, &store, &policy, &who).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 2 || i == 4 {
+            assert_eq!(
+                *outcome,
+                Outcome::Incompatible(Incompatible::MalformedReply),
+                "{i}"
+            );
+            let records: Vec<String> = conn.keys(format!("{}:e:*", keys[i])).expect("KEYS");
+            assert!(records.is_empty(), "{i}: {records:?}");
+        } else {
+            let d = decision(outcome);
+            assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
+            assert_eq!(fixed_count(&mut conn, &keys[i]), Some(1), "{i}");
+        }
+    }
+    assert_eq!(
+        state_text(&mut conn, &keys[2]).as_deref(),
+        Some("not a number")
+    );
+    // Members 2 to 5 went in one batch (0 and 1 were sent alone: the
+    // lane's two calls in flight).
+    assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 4);
+    assert_eq!(store.stats().script_errors.load(Ordering::Relaxed), 2);
+    // Decided again, the members that succeeded count on.
+    let again = together(&mut conn, &store, &policy, &who).await;
+    assert_eq!(decision(&again[5]).remaining, 3, "{again:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

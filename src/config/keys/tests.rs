@@ -16,6 +16,7 @@ const REDIS_ONLY: &[&str] = &[
     "store.pool_size",
     "store.key_prefix",
     "store.scripts",
+    "store.coalesce",
     "store.max_clock_regression",
     "store.dedupe_max",
     "store.breaker_failures",

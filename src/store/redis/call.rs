@@ -15,6 +15,7 @@ use crate::store::breaker::{Cause, Health};
 use crate::store::lag;
 use crate::store::Outcomes;
 
+use super::coalesce;
 use super::connect::Conn;
 use super::mode::Mode;
 use super::pool::{Checkout, Stage};
@@ -36,9 +37,22 @@ pub(super) struct Request<'a> {
     /// script, several for the script of several limits.
     pub limits: SmallVec<[Shape; 2]>,
     pub deadline: Instant,
+    /// Several evaluations of one policy, each decided as its own call
+    /// (`coalesce`): one reply, or error, per evaluation.
+    pub batch: bool,
 }
 
 impl Request<'_> {
+    /// The decisions the command carries, as failures are counted (each
+    /// member of a batch failed as a call of its own would have).
+    pub fn members(&self) -> u64 {
+        if self.batch {
+            self.limits.len() as u64
+        } else {
+            1
+        }
+    }
+
     /// The state key (`FCALL name numkeys KEY ...`, `EVALSHA` alike): where
     /// the script runs.
     fn key(&self) -> &[u8] {
@@ -83,6 +97,18 @@ impl Inner {
                 self.stats.retries.count();
                 match self.attempt(request).await {
                     Attempt::Answered(outcomes) if outcomes.list.iter().all(decided) => {
+                        (outcomes, Health::Answered)
+                    }
+                    // A batch's evaluations stand each alone: those the
+                    // retry decided are decided.
+                    Attempt::Answered(mut outcomes)
+                        if request.batch && outcomes.list.len() == request.limits.len() =>
+                    {
+                        for outcome in &mut outcomes.list {
+                            if !decided(outcome) {
+                                *outcome = Outcome::Indeterminate;
+                            }
+                        }
                         (outcomes, Health::Answered)
                     }
                     // Whatever the retry says, the first attempt may have
@@ -135,7 +161,7 @@ impl Inner {
         let starved = !self.deadline(request.deadline).1;
         let blame = |cause| {
             if starved {
-                self.stats.starved.count();
+                self.stats.starved.count_n(request.members());
                 Health::Unknown
             } else {
                 Health::Failed(cause)
@@ -144,7 +170,7 @@ impl Inner {
         // Dropping the future does not take back a command already written:
         // classify by how far it got.
         if let Some(checkout) = &progress.sent {
-            self.stats.timeouts.count();
+            self.stats.timeouts.count_n(request.members());
             // A connection that stopped answering may be dead without an
             // error (a partition): the lane reconnects on next use. Not
             // when this sidecar did not read it: reconnecting would only
@@ -155,10 +181,10 @@ impl Inner {
             return Attempt::Ambiguous(blame(Cause::Timeout));
         }
         if progress.loading || progress.stage == Stage::Connecting {
-            self.stats.unreachable.count();
+            self.stats.unreachable.count_n(request.members());
             return Attempt::NotApplied(Unavailable::BeforeSend, blame(Cause::Unreachable));
         }
-        self.stats.budget_spent.count();
+        self.stats.budget_spent.count_n(request.members());
         Attempt::NotApplied(Unavailable::AdmissionRejected, Health::Unknown)
     }
 
@@ -166,7 +192,7 @@ impl Inner {
         let checkout = match self.lanes.acquire(&mut progress.stage).await {
             Ok(checkout) => checkout,
             Err(e) => {
-                self.stats.unreachable.count();
+                self.stats.unreachable.count_n(request.members());
                 tracing::debug!(error = %e, "redis: connecting failed");
                 return Attempt::NotApplied(
                     Unavailable::BeforeSend,
@@ -186,7 +212,7 @@ impl Inner {
             // `FCALL` unknown or not permitted under `auto`: it did not
             // run either; the script goes in as a cached one.
             Err(e) if request.mode == Mode::Functions && self.modes.fall_back(&e) => e,
-            Err(e) => return self.failed_after_send(e, progress),
+            Err(e) => return self.failed_after_send(request, e, progress),
         };
 
         // Function not found (NOSCRIPT for a cached script): it did not
@@ -218,6 +244,11 @@ impl Inner {
         let mut loaded = Ok(());
         for _ in 0..2 {
             if mode == Mode::Functions && self.modes.current() == Mode::Eval {
+                if request.batch {
+                    // Cached scripts have no batch function: nothing ran,
+                    // and the members' next calls go one by one.
+                    return Attempt::NotApplied(Unavailable::BeforeSend, Health::Unknown);
+                }
                 mode = Mode::Eval;
                 evalsha = Some(scripts::as_evalsha(request.script, &request.cmd));
             }
@@ -238,10 +269,10 @@ impl Inner {
             // `FUNCTION LOAD` may write too: a full Redis refuses it, and
             // answered doing so (see `failed_after_send`).
             if e.code() == Some("OOM") {
-                self.stats.out_of_memory.count();
+                self.stats.out_of_memory.count_n(request.members());
                 return Attempt::NotApplied(Unavailable::Refused, Health::Answered);
             }
-            self.stats.unreachable.count();
+            self.stats.unreachable.count_n(request.members());
             return Attempt::NotApplied(
                 Unavailable::BeforeSend,
                 Health::Failed(Cause::Unreachable),
@@ -262,7 +293,7 @@ impl Inner {
                 self.stats.noscript.count();
                 Attempt::NotApplied(Unavailable::BeforeSend, Health::Failed(Cause::Unreachable))
             }
-            Err(e) => self.failed_after_send(e, progress),
+            Err(e) => self.failed_after_send(request, e, progress),
         }
     }
 
@@ -293,7 +324,7 @@ impl Inner {
         if !self.passed(request.deadline) {
             return None;
         }
-        self.stats.budget_spent.count();
+        self.stats.budget_spent.count_n(request.members());
         Some(Attempt::NotApplied(
             Unavailable::AdmissionRejected,
             Health::Unknown,
@@ -301,10 +332,13 @@ impl Inner {
     }
 
     fn answer(&self, request: &Request<'_>, answer: &Answer) -> Attempt {
+        if request.batch {
+            return self.answer_batch(request, answer);
+        }
         let replies: SmallVec<[Reply; 2]> = match reply::decode_answer(answer, &request.limits) {
             Ok(replies) => replies,
             Err(malformed) => {
-                self.stats.malformed.count();
+                self.stats.malformed.count_n(request.members());
                 if self.stats.may_warn() {
                     tracing::warn!(
                         reason = malformed.0,
@@ -319,6 +353,37 @@ impl Inner {
         let list = replies.iter().map(|reply| self.outcome(reply)).collect();
         let mut outcomes = Outcomes::empty();
         outcomes.list = list;
+        Attempt::Answered(outcomes)
+    }
+
+    /// A batch's reply: each evaluation's outcome, as its own call's
+    /// reply would have made it.
+    fn answer_batch(&self, request: &Request<'_>, answer: &Answer) -> Attempt {
+        let each = match coalesce::decode_batch(answer, &request.limits) {
+            Ok(each) => each,
+            Err(malformed) => {
+                self.stats.malformed.count_n(request.members());
+                if self.stats.may_warn() {
+                    tracing::warn!(reason = malformed.0, "redis: malformed batch reply");
+                }
+                let outcome = Outcome::Incompatible(Incompatible::MalformedReply);
+                return Attempt::Answered(Outcomes::at(0, outcome));
+            }
+        };
+        let mut outcomes = Outcomes::empty();
+        outcomes.list = each
+            .iter()
+            .map(|one: &coalesce::Each| match one {
+                Ok(reply) => self.outcome(reply),
+                Err(error) => {
+                    self.stats.script_errors.count();
+                    if self.stats.may_warn() {
+                        tracing::warn!(error = %error, "redis: script failed");
+                    }
+                    Outcome::Incompatible(Incompatible::MalformedReply)
+                }
+            })
+            .collect();
         Attempt::Answered(outcomes)
     }
 
@@ -357,13 +422,18 @@ impl Inner {
     /// same evaluation id or to refund), or the script failing
     /// (Incompatible). Only a call without a reply is Indeterminate: it
     /// may have run.
-    fn failed_after_send(&self, error: RedisError, progress: &Progress) -> Attempt {
+    fn failed_after_send(
+        &self,
+        request: &Request<'_>,
+        error: RedisError,
+        progress: &Progress,
+    ) -> Attempt {
         match error.code() {
             // This node cannot take writes now: a demoted primary keeps its
             // connections (and its address, behind a stable endpoint), so
             // only a new connection finds the new primary. Nothing ran.
             Some("READONLY" | "MASTERDOWN" | "LOADING") => {
-                self.stats.refused.count();
+                self.stats.refused.count_n(request.members());
                 self.stats.reconnects.count();
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: node cannot take writes, reconnecting");
@@ -388,7 +458,7 @@ impl Inner {
             // breaker and refuse every subject for a cool-down, the ones
             // whose writes Redis can still take (as keys expire) included.
             Some("OOM") => {
-                self.stats.out_of_memory.count();
+                self.stats.out_of_memory.count_n(request.members());
                 if self.stats.may_warn() {
                     tracing::warn!(
                         error = %error,
@@ -402,7 +472,7 @@ impl Inner {
                 "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK" | "MISCONF" | "NOREPLICAS"
                 | "NOAUTH",
             ) => {
-                self.stats.refused.count();
+                self.stats.refused.count_n(request.members());
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: refused the evaluation");
                 }
@@ -412,7 +482,7 @@ impl Inner {
             // write), or Redis refused a command inside it (NOPERM): sluice
             // and this Redis disagree; retrying cannot help.
             Some(_) => {
-                self.stats.script_errors.count();
+                self.stats.script_errors.count_n(request.members());
                 if self.stats.may_warn() {
                     tracing::warn!(error = %error, "redis: script failed");
                 }
@@ -420,7 +490,7 @@ impl Inner {
                 Attempt::Answered(Outcomes::at(0, outcome))
             }
             None => {
-                self.stats.connection_lost.count();
+                self.stats.connection_lost.count_n(request.members());
                 tracing::debug!(error = %error, "redis: no reply to a sent evaluation");
                 if let Some(checkout) = &progress.sent {
                     if broken_connection(&error) {

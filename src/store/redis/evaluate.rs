@@ -10,6 +10,7 @@ use crate::limit::{Incompatible, Outcome, Policy, Unavailable};
 use crate::store::{Evaluation, Outcomes};
 
 use super::call::Request;
+use super::coalesce::Turn;
 use super::mode::Mode;
 use super::reply::Shape;
 use super::{scripts, Inner, PREPARE_TIMEOUT};
@@ -48,6 +49,20 @@ impl Inner {
             return Outcome::Unavailable(Unavailable::AdmissionRejected);
         };
         let script = inner.scripts.get(policy);
+        let mut lead = None;
+        if inner.coalescer.applies(inner.modes.settled()) {
+            match inner
+                .coalescer
+                .join(inner, &script, shape(policy), evaluation)
+            {
+                Turn::Lead(turn) => lead = Some(turn),
+                Turn::Queued(queued) => {
+                    let (outcome, health) = inner.coalescer.wait(queued).await;
+                    permit.report(health, Instant::now());
+                    return outcome;
+                }
+            }
+        }
         let mode = inner.modes.current();
         let request = Request {
             script: &script,
@@ -55,8 +70,11 @@ impl Inner {
             cmd: scripts::call(&script, mode, inner.scripts.common(), evaluation),
             limits: smallvec::smallvec![shape(policy)],
             deadline: evaluation.deadline,
+            batch: false,
         };
         let (outcomes, health) = inner.decide(&request).await;
+        // What queued meanwhile goes out now.
+        drop(lead);
         permit.report(health, Instant::now());
         outcomes
             .list
@@ -96,6 +114,7 @@ impl Inner {
             cmd: scripts::call_several(&script, mode, self.scripts.common(), evaluations),
             limits: policies.iter().map(|p| shape(p)).collect(),
             deadline,
+            batch: false,
         };
         let (outcomes, health) = self.decide(&request).await;
         permit.report(health, Instant::now());
@@ -104,7 +123,7 @@ impl Inner {
 }
 
 /// How to read `policy`'s part of a reply.
-fn shape(policy: &Policy) -> Shape {
+pub(super) fn shape(policy: &Policy) -> Shape {
     Shape {
         bands: policy.bands().len(),
         approximate: !policy.algorithm().is_exact(),
@@ -147,6 +166,7 @@ impl Inner {
             cmd: scripts::call(&script, mode, self.scripts.common(), evaluation),
             limits: smallvec::smallvec![shape(policy)],
             deadline,
+            batch: false,
         };
         let (outcomes, _) = self.decide(&request).await;
         outcomes

@@ -21,6 +21,9 @@
 //!   with its round trip's time (`counted`), as Redis counts what it
 //!   receives.
 //!
+//! Decisions that arrive while a call is in flight go out together, as one
+//! call of the policy's batch function ([`coalesce`], `store.coalesce`).
+//!
 //! Libraries are loaded with `FUNCTION LOAD REPLACE` (on every primary by a
 //! background task at start, and again on the node that answered function
 //! not found). Where the store has no Functions (`store.scripts`, see
@@ -29,6 +32,7 @@
 //! sluice never sends `EVAL`.
 
 mod call;
+mod coalesce;
 mod connect;
 mod counted;
 mod evaluate;
@@ -121,6 +125,9 @@ struct Inner {
     lag: Arc<Lag>,
     /// Denied subjects' keys waiting for a `TOUCH`.
     touches: touch::Touches,
+    /// Decisions waiting for the call in flight, sent together after it
+    /// (`store.coalesce`).
+    coalescer: coalesce::Coalescer,
 }
 
 impl Inner {
@@ -131,10 +138,12 @@ impl Inner {
         ttl_grace: Duration,
         budget: Duration,
     ) -> Result<Inner, RedisSetupError> {
+        let lanes = Lanes::new(redis, budget)?;
         Ok(Inner {
             probe: Probe::new(),
             budget,
-            lanes: Lanes::new(redis, budget)?,
+            coalescer: coalesce::Coalescer::new(redis.coalesce, lanes.len()),
+            lanes,
             scripts: Scripts::new(Common {
                 key_prefix: redis.key_prefix.clone(),
                 ttl_grace,
@@ -192,6 +201,7 @@ impl RedisStore {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
         let inner = Arc::new(Inner::new(redis, scripts, ttl_grace, budget)?);
+        inner.coalescer.set_home(Arc::downgrade(&inner));
         for policy in policies {
             inner.scripts.get(policy);
             if policy.lease.is_some() {

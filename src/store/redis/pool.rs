@@ -115,6 +115,11 @@ impl Lanes {
         }
     }
 
+    /// How many lanes there are.
+    pub fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
     /// Connections currently held by lanes (a cluster lane's counts once,
     /// whatever the number of nodes behind it).
     pub fn connected(&self) -> usize {

@@ -54,6 +54,10 @@ pub struct Script {
     /// The SHA-1 of [`Script::eval`]: what `SCRIPT LOAD` answers and
     /// `EVALSHA` names.
     pub sha: String,
+    /// A policy's library only: its second function,
+    /// `sluice_<SHA-1>_batch`, which decides several evaluations in one
+    /// call (`lua/batch.lua`). Functions only: cached scripts have none.
+    pub batch: Option<String>,
 }
 
 /// Every library's name starts so; nothing else sluice loads does.
@@ -73,6 +77,12 @@ const LIMITS_AT: &str =
 const REFUND: &str = include_str!("../../../lua/refund.lua");
 const UNDO_AT: &str =
     "  -- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)\n";
+
+/// Several evaluations of one policy in one call (`lua/batch.lua`): in
+/// every policy's library, after its `decide`.
+const BATCH: &str = include_str!("../../../lua/batch.lua");
+/// What the batch function's name adds to its library's.
+pub const BATCH_SUFFIX: &str = "_batch";
 
 /// The stand-in for `redis` of the read-only libraries (`lua/peek.lua`).
 const PEEK: &str = include_str!("../../../lua/peek.lua");
@@ -110,12 +120,24 @@ impl Script {
         } else {
             ("redis", "")
         };
-        let register = format!(
+        let mut register = format!(
             "redis.register_function{{function_name = '{NAME_AT}', \
              callback = function(keys, args) return decide({server}, keys, args) end{flags}}}\n"
         );
+        if !peek {
+            register.push_str(BATCH);
+            // Writing into a String cannot fail.
+            let _ = writeln!(
+                register,
+                "redis.register_function{{function_name = '{NAME_AT}{BATCH_SUFFIX}', callback = batch}}"
+            );
+        }
         let call = format!("return decide({server}, KEYS, ARGV)\n");
-        Script::named(Some(policy.algorithm()), code, &register, &call)
+        let mut script = Script::named(Some(policy.algorithm()), code, &register, &call);
+        if !peek {
+            script.batch = Some(format!("{}{BATCH_SUFFIX}", script.name));
+        }
+        script
     }
 
     /// The library that evaluates `policies` together (`lua/several.lua`):
@@ -177,6 +199,7 @@ impl Script {
             name,
             sha: redis::Script::new(&eval).get_hash().to_owned(),
             eval,
+            batch: None,
         }
     }
 
@@ -210,7 +233,7 @@ impl Script {
 
     /// The command's first two words in `mode`: `FCALL <library>` or
     /// `EVALSHA <sha>` (the function and the library share the name).
-    fn call_words(&self, mode: Mode, cmd: &mut Cmd) {
+    pub(super) fn call_words(&self, mode: Mode, cmd: &mut Cmd) {
         match mode {
             Mode::Functions => cmd.arg("FCALL").arg(self.name.as_str()),
             Mode::Eval => cmd.arg("EVALSHA").arg(self.sha.as_str()),
@@ -494,7 +517,7 @@ pub fn call(script: &Script, mode: Mode, common: &Common, evaluation: &Evaluatio
 
 /// The third argument of a reserved evaluation: how long its record lives
 /// (`lua/README.md`, "ARGV"), in whole milliseconds, at most a day.
-fn record_life(within: Duration) -> u64 {
+pub(super) fn record_life(within: Duration) -> u64 {
     ceil_ms(within).clamp(1, 86_400_000)
 }
 
@@ -558,7 +581,7 @@ pub fn as_evalsha(script: &Script, cmd: &Cmd) -> Cmd {
 
 /// The evaluation id as 32 lowercase hex digits, zero-padded: what
 /// `EvaluationId`'s `Display` gives, without the formatting machinery.
-fn hex_id(id: u128) -> [u8; 32] {
+pub(super) fn hex_id(id: u128) -> [u8; 32] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 32];
     for (i, digit) in out.iter_mut().enumerate() {

@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use metrics::{Counter, Gauge};
 
 use crate::telemetry::{
-    BREAKER_OPEN, BREAKER_OPENED, DEDUPE_HITS, LEASES_RETURNED, LEASE_UNITS_RETURNED, REFUNDS,
-    SCRIPT_LOADS, STORE_ERRORS, STORE_EVENTS, STORE_RETRIES,
+    BREAKER_OPEN, BREAKER_OPENED, DEDUPE_HITS, LEASES_RETURNED, LEASE_UNITS_RETURNED,
+    REDIS_BATCHED, REDIS_BATCHES, REFUNDS, SCRIPT_LOADS, STORE_ERRORS, STORE_EVENTS, STORE_RETRIES,
 };
 
 #[derive(Debug)]
@@ -25,6 +25,10 @@ pub struct RedisStats {
     pub dedupe_hits: Stat,
     /// Indeterminate attempts retried with the same evaluation id.
     pub retries: Stat,
+    /// Calls that decided several evaluations (`store.coalesce`).
+    pub batches: Stat,
+    /// The evaluations those calls decided.
+    pub batched: Stat,
 
     // Refunds (`sluice_refunds_total`), on Redis Cluster: what an admitted
     // limit charged, given back because a later limit of the request
@@ -111,6 +115,8 @@ impl RedisStats {
             script_loads: Stat::new(metrics::counter!(SCRIPT_LOADS)),
             dedupe_hits: Stat::new(metrics::counter!(DEDUPE_HITS)),
             retries: Stat::new(metrics::counter!(STORE_RETRIES)),
+            batches: Stat::new(metrics::counter!(REDIS_BATCHES)),
+            batched: Stat::new(metrics::counter!(REDIS_BATCHED)),
             refunded: refund("refunded"),
             refund_unneeded: refund("unneeded"),
             refund_failed: refund("failed"),
@@ -169,8 +175,12 @@ impl Stat {
     }
 
     pub(super) fn count(&self) {
-        self.tally.fetch_add(1, Ordering::Relaxed);
-        self.counter.increment(1);
+        self.count_n(1);
+    }
+
+    pub(super) fn count_n(&self, n: u64) {
+        self.tally.fetch_add(n, Ordering::Relaxed);
+        self.counter.increment(n);
     }
 
     /// How many times this store counted it.

@@ -20,13 +20,14 @@ pub enum Kind {
 }
 
 const MEMORY_ONLY: [&str; 1] = ["max_entries"];
-const REDIS_ONLY: [&str; 15] = [
+const REDIS_ONLY: [&str; 16] = [
     "url",
     "topology",
     "pool_size",
     "ca_file",
     "key_prefix",
     "scripts",
+    "coalesce",
     "max_clock_regression",
     "dedupe_window",
     "dedupe_max",
@@ -153,6 +154,7 @@ fn store_key<'r>(raw: &'r raw::Store, key: &str) -> Option<&'r Scalar> {
         "ca_file" => raw.ca_file.as_ref(),
         "key_prefix" => raw.key_prefix.as_ref(),
         "scripts" => raw.scripts.as_ref(),
+        "coalesce" => raw.coalesce.as_ref(),
         "max_clock_regression" => raw.max_clock_regression.as_ref(),
         "dedupe_window" => raw.dedupe_window.as_ref(),
         "dedupe_max" => raw.dedupe_max.as_ref(),
@@ -304,6 +306,12 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         raw.breaker_cooldown.as_ref(),
         check::positive_duration,
     );
+    let coalesce = cx.defaulted(
+        path,
+        &keys::STORE_COALESCE,
+        raw.coalesce.as_ref(),
+        check::on_off,
+    );
     let deny_cache_entries = cx.defaulted(
         path,
         &keys::STORE_DENY_CACHE_ENTRIES,
@@ -324,6 +332,7 @@ fn redis(cx: &mut Checker<'_>, path: &KeyPath, raw: &raw::Store) -> Option<Redis
         breaker_min_calls: breaker_min_calls?,
         breaker_failure_rate: breaker_failure_rate?,
         breaker_cooldown: breaker_cooldown?,
+        coalesce: coalesce?,
     })
 }
 

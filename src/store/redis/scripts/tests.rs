@@ -134,6 +134,39 @@ fn every_refund_library_carries_the_policy_and_its_algorithm_part() {
     }
 }
 
+/// A policy's library without its batch function: the library of its
+/// single calls as it was before it had one.
+fn without_batch(script: &Script) -> String {
+    let register = format!(
+        "redis.register_function{{function_name = '{}{BATCH_SUFFIX}', callback = batch}}\n",
+        script.name
+    );
+    script
+        .source
+        .replacen(BATCH, "", 1)
+        .replacen(&register, "", 1)
+}
+
+#[test]
+fn a_policy_library_registers_its_batch_function_after_its_own() {
+    for policy in policies() {
+        let script = Script::for_policy(&policy, &common());
+        let batch = script.batch.clone().expect("a batch function");
+        assert_eq!(batch, format!("{}_batch", script.name));
+        assert!(script.source.ends_with(&format!(
+            "redis.register_function{{function_name = '{batch}', callback = batch}}\n"
+        )));
+        assert_eq!(script.source.matches(BATCH).count(), 1);
+        assert!(!script.eval.contains(BATCH), "cached scripts have no batch");
+        assert!(Script::refund_for_policy(&policy, &common())
+            .batch
+            .is_none());
+    }
+    let policies = policies();
+    let several = Script::for_limits(&[&policies[0], &policies[1]], &common());
+    assert!(several.batch.is_none() && !several.source.contains(BATCH));
+}
+
 #[test]
 fn the_read_only_library_is_the_same_function_writing_nothing() {
     for policy in policies() {
@@ -159,7 +192,11 @@ fn the_read_only_library_is_the_same_function_writing_nothing() {
                 "decide(redis, keys, args) end}",
                 1,
             );
-        assert_eq!(back, script.source, "{name}");
+        assert_eq!(back, without_batch(&script), "{name}");
+        assert!(
+            peek.batch.is_none() && !peek.source.contains(BATCH),
+            "{name}"
+        );
     }
     let scripts = Scripts::new(common());
     let policy = &policies()[0];
@@ -327,7 +364,9 @@ fn every_cached_script_is_its_library_calling_its_function() {
     ));
     for (script, call) in &all {
         let body = &script.source[script.source.find('\n').expect("a first line") + 1..];
-        let register = body.rfind("redis.register_function").expect("registered");
+        // The first registration: a policy's library registers its batch
+        // function after it, which the cached script has no use for.
+        let register = body.find("redis.register_function").expect("registered");
         assert_eq!(script.eval, format!("{}{call}", &body[..register]));
         assert!(!script.eval.starts_with("#!") && !script.eval.contains(NAME_AT));
         assert_eq!(script.sha, redis::Script::new(&script.eval).get_hash());

@@ -1,0 +1,207 @@
+//! A queued evaluation's command, alone or in a batch, and the batch's
+//! reply (`lua/batch.lua`; the contract in `lua/README.md`, "Several
+//! evaluations in one call").
+
+use redis::{Cmd, Value};
+use smallvec::SmallVec;
+
+use crate::store::Evaluation;
+
+use super::super::mode::Mode;
+use super::super::reply::{self, Answer, Malformed, Reply, Shape};
+use super::super::scripts::{self, Common, Script, StateKey};
+use super::super::wire::{frame_len, parse_int};
+
+/// What one evaluation puts in a command, rendered when it is queued: the
+/// request's own borrowed evaluation does not outlive its wait.
+pub struct Part {
+    state: StateKey,
+    id: [u8; 32],
+    cost: u32,
+    /// A reservation's record life, ms.
+    life: Option<u64>,
+}
+
+impl Part {
+    pub fn of(common: &Common, evaluation: &Evaluation<'_>) -> Part {
+        Part {
+            state: scripts::state_key(common, evaluation),
+            id: scripts::hex_id(evaluation.id.0),
+            cost: evaluation.cost,
+            life: evaluation.settle_within.map(scripts::record_life),
+        }
+    }
+
+    /// The state key: where the call runs (its slot on a cluster).
+    pub fn key(&self) -> &[u8] {
+        &self.state
+    }
+
+    /// Its two keys: the state, then the record `<state>:e:<id>`.
+    fn push_keys(&self, cmd: &mut Cmd) {
+        cmd.arg(&self.state[..]);
+        let mut record = StateKey::new();
+        record.extend_from_slice(&self.state);
+        record.extend_from_slice(b":e:");
+        record.extend_from_slice(&self.id);
+        cmd.arg(&record[..]);
+    }
+}
+
+/// The evaluation's own call, byte for byte what [`scripts::call`] makes:
+/// `FCALL name 2 state record id cost [life]`.
+pub fn single(script: &Script, mode: Mode, part: &Part) -> Cmd {
+    let mut cmd = Cmd::with_capacity(7, 256);
+    script.call_words(mode, &mut cmd);
+    cmd.arg(2u8);
+    part.push_keys(&mut cmd);
+    cmd.arg(&part.id[..]).arg(part.cost);
+    if let Some(life) = part.life {
+        cmd.arg(life);
+    }
+    cmd
+}
+
+/// `FCALL <name>_batch 2n state_1 record_1 … state_n record_n id_1 cost_1
+/// life_1 … id_n cost_n life_n`, a life being `''` for none. `None` for a
+/// script without a batch function.
+pub fn batch(script: &Script, parts: &[&Part]) -> Option<Cmd> {
+    let name = script.batch.as_deref()?;
+    let mut cmd = Cmd::with_capacity(3 + 5 * parts.len(), 256 * parts.len());
+    cmd.arg("FCALL").arg(name).arg(2 * parts.len());
+    for part in parts {
+        part.push_keys(&mut cmd);
+    }
+    for part in parts {
+        cmd.arg(&part.id[..]).arg(part.cost);
+        match part.life {
+            Some(life) => cmd.arg(life),
+            None => cmd.arg(""),
+        };
+    }
+    Some(cmd)
+}
+
+/// One evaluation's part of a batch's reply: its decision, or the error
+/// its evaluation raised (the script failing, as a call of its own would
+/// have: `ERR sluice: …`).
+pub type Each = Result<Reply, String>;
+
+/// The batch's reply: one element per evaluation, in order, each a
+/// policy's own reply or an error reply.
+pub fn decode_batch(answer: &Answer, shapes: &[Shape]) -> Result<SmallVec<[Each; 8]>, Malformed> {
+    let out: SmallVec<[Each; 8]> = match answer {
+        Answer::Frame(frame) => {
+            let elements = frame_elements(frame)?;
+            if elements.len() != shapes.len() {
+                return Err(Malformed("wrong number of replies in a batch"));
+            }
+            elements
+                .iter()
+                .zip(shapes)
+                .map(|(element, shape)| match element.split_first() {
+                    Some((b'-', message)) => Ok(Err(text(message))),
+                    _ => reply::decode_frame(element, shape.bands, shape.approximate).map(Ok),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Answer::Value(Value::Array(items)) => {
+            if items.len() != shapes.len() {
+                return Err(Malformed("wrong number of replies in a batch"));
+            }
+            items
+                .iter()
+                .zip(shapes)
+                .map(|(item, shape)| match item {
+                    Value::ServerError(e) => Ok(Err(format!("{e:?}"))),
+                    value => reply::decode(value, shape.bands, shape.approximate).map(Ok),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Answer::Value(_) => return Err(Malformed("not an array")),
+    };
+    Ok(out)
+}
+
+/// An error reply's text, without its `\r\n`.
+fn text(message: &[u8]) -> String {
+    let end = message.len().saturating_sub(2);
+    String::from_utf8_lossy(&message[..end]).into_owned()
+}
+
+/// The elements of a RESP2 array, each a whole reply of its own.
+fn frame_elements(frame: &[u8]) -> Result<SmallVec<[&[u8]; 8]>, Malformed> {
+    let broken = Malformed("not a whole reply");
+    let Some((b'*', rest)) = frame.split_first() else {
+        return Err(Malformed("not an array"));
+    };
+    let cr = rest
+        .iter()
+        .position(|&b| b == b'\r')
+        .ok_or(broken.clone())?;
+    let count = parse_int(&rest[..cr])
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or(Malformed("not an array"))?;
+    let mut rest = rest.get(cr + 2..).ok_or(broken.clone())?;
+    let mut out = SmallVec::new();
+    for _ in 0..count {
+        let len = match frame_len(rest) {
+            Ok(Some(len)) => len,
+            _ => return Err(broken),
+        };
+        out.push(&rest[..len]);
+        rest = &rest[len..];
+    }
+    if !rest.is_empty() {
+        return Err(broken);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> Shape {
+        Shape {
+            bands: 1,
+            approximate: false,
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn a_batch_reply_is_read_per_evaluation_errors_included() {
+        let frame: &[u8] = b"*3\r\n*8\r\n:1\r\n:1\r\n:9\r\n:1000\r\n:0\r\n:0\r\n:0\r\n:0\r\n\
+-ERR sluice: corrupt state\r\n*8\r\n:1\r\n:0\r\n:0\r\n:1000\r\n:1000\r\n:0\r\n:1\r\n:0\r\n";
+        let answer = Answer::Frame(frame.into());
+        let each = decode_batch(&answer, &[shape(), shape(), shape()]).expect("well formed");
+        assert_eq!(each.len(), 3);
+        assert!(matches!(
+            each[0],
+            Ok(Reply::Decided {
+                replayed: false,
+                ..
+            })
+        ));
+        assert_eq!(each[1], Err("ERR sluice: corrupt state".to_owned()));
+        assert!(matches!(each[2], Ok(Reply::Decided { replayed: true, .. })));
+        // One reply too few, or trailing bytes: the whole batch is malformed.
+        assert!(decode_batch(&answer, &[shape(), shape()]).is_err());
+        let mut longer = frame.to_vec();
+        longer.extend_from_slice(b":1\r\n");
+        assert!(decode_batch(&Answer::Frame(longer.as_slice().into()), &[shape(); 3]).is_err());
+    }
+
+    #[test]
+    fn a_batch_reply_from_redis_rs_is_read_alike() {
+        let ints = |v: [i64; 8]| Value::Array(v.iter().map(|n| Value::Int(*n)).collect());
+        let value = Value::Array(vec![
+            ints([1, 1, 9, 1000, 0, 0, 0, 0]),
+            ints([1, 0, 0, 1000, 1000, 0, 0, 0]),
+        ]);
+        let each = decode_batch(&Answer::Value(value), &[shape(), shape()]).expect("read");
+        assert!(matches!(each[1], Ok(Reply::Decided { .. })));
+        assert!(decode_batch(&Answer::Value(Value::Nil), &[shape()]).is_err());
+    }
+}

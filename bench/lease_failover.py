@@ -227,7 +227,7 @@ def start_sentinel(procs, workdir, name, primary):
     conf = os.path.join(sdir, "sentinel.conf")
     with open(conf, "w") as f:
         f.write(SENTINEL_CONF.format(port=port, dir=sdir, master=MASTER, primary=primary))
-    proc = procs.start(name, ["redis-sentinel", conf], CPU_REST, os.path.join(sdir, "stdout.log"))
+    proc = procs.start(name, ["redis-server", conf, "--sentinel"], CPU_REST, os.path.join(sdir, "stdout.log"))
     if not tools.wait_tcp(port, proc):
         raise SystemExit(f"{name} did not start: {tools.tail(os.path.join(sdir, 'sentinel.log'))}")
     return port

@@ -231,7 +231,8 @@ def stage_costs(dump):
 
 def profile_floor(procs, workdir, floor, upstream_port, seconds, conns):
     """The hyper floor (`bench/floor/`) under callgrind, the same load as
-    `/none`: what the stack costs with nothing of sluice's own."""
+    `/none` and `/blocked`: what the stack costs with nothing of sluice's
+    own, forwarding (`/none`) and refusing (`/blocked`, a fixed 429)."""
     out = os.path.join(workdir, "floor.callgrind")
     logf = os.path.join(workdir, "floor.log")
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
@@ -248,27 +249,32 @@ def profile_floor(procs, workdir, floor, upstream_port, seconds, conns):
         time.sleep(0.2)
     if not port:
         raise RuntimeError(f"hyper-floor did not start: {tools.tail(logf)}")
-    url = f"http://127.0.0.1:{port}/none"
-    tools.run_wrk(url, conns, 1, 0, timeout_s=10)  # warm-up, uncounted
-    callgrind(["-z", str(proc.pid)])
-    callgrind(["-i", "on", str(proc.pid)])
-    run = tools.run_wrk(url, conns, seconds, 0, timeout_s=10)
-    callgrind(["-i", "off", str(proc.pid)])
-    callgrind(["-d", "floor", str(proc.pid)])
-    time.sleep(0.5)
-    dump = sorted((os.path.join(workdir, f) for f in os.listdir(workdir)
-                   if f.startswith("floor.callgrind.")), key=os.path.getmtime)[-1]
-    total, stages = stage_costs(dump)
-    requests = run["requests"]
-    print(f"hyper floor: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
+    figures = {}
+    for path, label in (("/none", "hyper floor"), ("/blocked", "hyper floor /blocked")):
+        url = f"http://127.0.0.1:{port}{path}"
+        tools.run_wrk(url, conns, 1, 0, timeout_s=10)  # warm-up, uncounted
+        callgrind(["-z", str(proc.pid)])
+        callgrind(["-i", "on", str(proc.pid)])
+        run = tools.run_wrk(url, conns, seconds, 0, timeout_s=10)
+        callgrind(["-i", "off", str(proc.pid)])
+        callgrind(["-d", path.strip("/"), str(proc.pid)])
+        time.sleep(0.5)
+        used = {f["dump"] for f in figures.values()}
+        dump = [d for d in sorted((os.path.join(workdir, f) for f in os.listdir(workdir)
+                                   if f.startswith("floor.callgrind.")), key=os.path.getmtime)
+                if d not in used][-1]
+        total, stages = stage_costs(dump)
+        requests = run["requests"]
+        print(f"{label}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
+        figures[label] = {
+            "requests": requests,
+            "non_2xx": run["non_2xx"],
+            "instructions_per_request": round(total / requests),
+            "stages": {k: round(v / requests) for k, v in stages.items()},
+            "dump": dump,
+        }
     procs.stop(proc, grace=20)
-    return {
-        "requests": requests,
-        "non_2xx": run["non_2xx"],
-        "instructions_per_request": round(total / requests),
-        "stages": {k: round(v / requests) for k, v in stages.items()},
-        "dump": dump,
-    }
+    return figures
 
 
 def profile_nginx(procs, workdir, upstream_port, seconds, conns):
@@ -366,8 +372,8 @@ def main():
                 print(f"{path}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
             procs.stop(proc, grace=20)
         if not args.no_floor:
-            results["paths"]["hyper floor"] = profile_floor(
-                procs, workdir, args.floor, upstream.port, args.seconds, args.conns)
+            results["paths"].update(profile_floor(
+                procs, workdir, args.floor, upstream.port, args.seconds, args.conns))
         results["nginx"] = profile_nginx(procs, workdir, upstream.port, args.seconds, args.conns)
     finally:
         procs.stop_all()
@@ -391,6 +397,10 @@ def ratios(results):
         ("sluice `/none` ÷ nginx `proxy_pass`", ipr(paths.get("/none")), ipr(nginx.get("nginx /"))),
         ("hyper floor ÷ nginx `proxy_pass`", ipr(paths.get("hyper floor")), ipr(nginx.get("nginx /"))),
         ("sluice `/blocked` ÷ nginx `/blocked` (`limit_req` refusing)", ipr(paths.get("/blocked")),
+         ipr(nginx.get("nginx /blocked"))),
+        ("sluice `/blocked` ÷ hyper floor `/blocked` (a fixed 429)", ipr(paths.get("/blocked")),
+         ipr(paths.get("hyper floor /blocked"))),
+        ("hyper floor `/blocked` ÷ nginx `/blocked`", ipr(paths.get("hyper floor /blocked")),
          ipr(nginx.get("nginx /blocked"))),
     ]
     rows = [f"| {label} | {a:,} | {b:,} | {a / b:.2f} |" for label, a, b in pairs if a and b]

@@ -10,13 +10,20 @@
 //! connection (hyper-util's auto builder), `header_read_timeout` 10 s with
 //! tokio's timer, keep-alive, TCP_NODELAY both ways, the upstream client
 //! pooled (90 s idle, at most 64 idle connections, 1 s connect timeout).
+//!
+//! `/blocked` is the refusal floor: a fixed 429 (`Retry-After`, a short
+//! body, as nginx `limit_req_status 429` sends), answered without the
+//! upstream. What sluice's `/blocked` costs over it is sluice's own refusal:
+//! the route, the subject, the decision, the header set, the metrics.
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::http::uri::{Authority, Scheme, Uri};
 use hyper::service::service_fn;
-use hyper::{Request, Response};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -25,6 +32,11 @@ use tokio::net::TcpListener;
 
 type Upstream = Client<HttpConnector, Incoming>;
 type Error = Box<dyn std::error::Error + Send + Sync>;
+/// Either body, unboxed: the forwarding path allocates nothing for it.
+type Body = Either<Incoming, Full<Bytes>>;
+
+/// nginx's own 429 page is 162 bytes of HTML; this is as long.
+const REFUSED: &[u8] = b"{\"status\":429,\"title\":\"Too Many Requests\",\"detail\":\"this client is over its limit; try again after the time in Retry-After\",\"route\":\"blocked\",\"policy\":\"closed\"}";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -87,10 +99,23 @@ async fn forward(
     client: Upstream,
     authority: Authority,
     mut req: Request<Incoming>,
-) -> Result<Response<Incoming>, Error> {
+) -> Result<Response<Body>, Error> {
+    if req.uri().path() == "/blocked" {
+        return Ok(refused());
+    }
     let mut parts = std::mem::take(req.uri_mut()).into_parts();
     parts.scheme = Some(Scheme::HTTP);
     parts.authority = Some(authority);
     *req.uri_mut() = Uri::from_parts(parts)?;
-    Ok(client.request(req).await?)
+    Ok(client.request(req).await?.map(Either::Left))
+}
+
+/// The refusal: a status, three fields and a fixed body.
+fn refused() -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::TOO_MANY_REQUESTS)
+        .header("content-type", "application/problem+json")
+        .header("retry-after", "60")
+        .body(Either::Right(Full::new(Bytes::from_static(REFUSED))))
+        .expect("a fixed response is well formed")
 }

@@ -8,12 +8,13 @@
 //! it. So locks are taken through these functions, never with `unwrap`.
 //!
 //! [`Memo`] is the map of things made once on first use and shared after
-//! (the Redis store's scripts).
+//! (the Redis store's scripts); [`Latest`] keeps only the last thing made,
+//! for the next caller that asks for the same (a refusal's rendered parts).
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// `mutex`, locked, poisoned or not.
 #[allow(clippy::disallowed_methods)] // the one place a lock is taken
@@ -90,6 +91,53 @@ impl<K: Eq + Hash, V: Clone> Default for Memo<K, V> {
     }
 }
 
+/// The value last made, with its key: the next caller with the same key
+/// gets it again instead of making its own. A caller that finds the slot
+/// busy makes its value and leaves the slot alone, so nobody ever waits
+/// for it; what is kept is a saving, never something to depend on.
+pub struct Latest<K, V> {
+    last: Mutex<Option<(K, V)>>,
+}
+
+impl<K: PartialEq, V: Clone> Latest<K, V> {
+    pub fn new() -> Latest<K, V> {
+        Latest {
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The value for `key`: the one kept when it was made for `key`,
+    /// else `make()`'s, kept in its place.
+    pub fn get_or_make(&self, key: K, make: impl FnOnce() -> V) -> V {
+        let mut last = match self.last.try_lock() {
+            Ok(last) => last,
+            // Whole between any two statements, as every lock here.
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return make(),
+        };
+        if let Some((kept, value)) = &*last {
+            if *kept == key {
+                return value.clone();
+            }
+        }
+        let value = make();
+        *last = Some((key, value.clone()));
+        value
+    }
+}
+
+impl<K: PartialEq, V: Clone> Default for Latest<K, V> {
+    fn default() -> Latest<K, V> {
+        Latest::new()
+    }
+}
+
+impl<K, V> std::fmt::Debug for Latest<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Latest")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -111,6 +159,31 @@ mod tests {
         assert_eq!(made, 1);
         assert!(memo.contains("a") && !memo.contains("b"));
         assert_eq!(memo.values().len(), 1);
+    }
+
+    #[test]
+    fn the_latest_value_is_given_again_for_its_key_only() {
+        let latest: Latest<u64, Arc<u64>> = Latest::new();
+        let first = latest.get_or_make(1, || Arc::new(10));
+        let again = latest.get_or_make(1, || unreachable!("made twice for one key"));
+        assert!(Arc::ptr_eq(&first, &again));
+        let other = latest.get_or_make(2, || Arc::new(20));
+        assert_eq!(*other, 20);
+        // Only the last is kept: the first key is made again.
+        let remade = latest.get_or_make(1, || Arc::new(11));
+        assert_eq!(*remade, 11);
+    }
+
+    #[test]
+    fn a_busy_latest_makes_without_waiting_or_keeping() {
+        let latest: Latest<u64, u64> = Latest::new();
+        latest.get_or_make(1, || 10);
+        let held = lock(&latest.last);
+        // The slot is held: the caller makes its own, and nothing changes.
+        assert_eq!(latest.get_or_make(1, || 99), 99);
+        assert_eq!(latest.get_or_make(2, || 20), 20);
+        drop(held);
+        assert_eq!(latest.get_or_make(1, || unreachable!("kept")), 10);
     }
 
     #[test]

@@ -118,25 +118,30 @@ impl Answer {
     /// rate-limit fields, which the caller adds.
     pub fn respond(&self, retry_after: u64, announce: bool) -> Response<Body> {
         let told = announce.then_some(retry_after);
-        let mut response = match &self.body {
-            AnswerBody::Problem(template) => {
-                let json = match told {
-                    Some(secs) => template.render(secs),
-                    None => template.untold.clone(),
-                };
-                problem_response(self.status, json, told)
-            }
-            AnswerBody::File {
-                content_type,
-                bytes,
-            } => {
-                let mut response = problem_response(self.status, bytes.clone(), told);
-                response
-                    .headers_mut()
-                    .insert(CONTENT_TYPE, content_type.clone());
-                response
-            }
-        };
+        self.respond_with(self.body(told), told.map(HeaderValue::from))
+    }
+
+    /// The body telling `told` seconds (none when the limit is not
+    /// announced).
+    pub fn body(&self, told: Option<u64>) -> Bytes {
+        match &self.body {
+            AnswerBody::Problem(template) => match told {
+                Some(secs) => template.render(secs),
+                None => template.untold.clone(),
+            },
+            AnswerBody::File { bytes, .. } => bytes.clone(),
+        }
+    }
+
+    /// The response with `body` (from [`Answer::body`]) and `Retry-After`
+    /// when given; without the rate-limit fields, which the caller adds.
+    pub fn respond_with(&self, body: Bytes, retry_after: Option<HeaderValue>) -> Response<Body> {
+        let mut response = problem_response(self.status, body, retry_after);
+        if let AnswerBody::File { content_type, .. } = &self.body {
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, content_type.clone());
+        }
         // Set, not appended: a route's `Cache-Control` replaces `no-store`.
         let headers = response.headers_mut();
         for (name, value) in &*self.headers {

@@ -141,3 +141,51 @@ async fn a_concurrency_refusal_takes_the_routes_refused_body_and_keeps_its_503()
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&bytes[..], b"busy");
 }
+
+/// The last 429 rendered is kept for the next of the same seconds,
+/// remaining and band; any other is rendered anew, and a kept one is never
+/// told for another.
+#[tokio::test]
+async fn a_kept_refusal_is_only_given_for_the_same_seconds_remaining_and_band() {
+    let export = policy(
+        "export",
+        Bands::FixedWindow(vec![
+            window(10, Duration::from_secs(1)),
+            window(1000, Duration::from_secs(3600)),
+        ]),
+    );
+    let r = route_of("export", vec![LimitPolicy::Rate(Arc::new(export))]);
+    let prepared = Prepared::new(&r, 0);
+    let told = |band, remaining, secs| {
+        let decision = denied(
+            band,
+            remaining,
+            Duration::from_secs(secs),
+            Duration::from_secs(secs),
+        );
+        let response = too_many_requests(&prepared, &decision);
+        let headers = response.headers().clone();
+        (headers, response)
+    };
+    for (band, remaining, secs) in [
+        (0, 0, 5),
+        (0, 0, 5),
+        (0, 0, 7),
+        (0, 2, 7),
+        (1, 2, 7),
+        (0, 0, 5),
+    ] {
+        let (headers, response) = told(band, remaining, secs);
+        assert_eq!(headers["retry-after"], secs.to_string().as_str());
+        assert_eq!(
+            headers["ratelimit"],
+            format!("\"export-{band}\";r={remaining};t={secs}").as_str()
+        );
+        let body = json(response).await;
+        assert_eq!(body["retry_after"], secs, "{body}");
+        assert_eq!(
+            body["detail"],
+            format!("route \"export\" is limited by policy \"export\"; retry after {secs} s")
+        );
+    }
+}

@@ -256,7 +256,13 @@ impl Proxy {
                 permits: admitted.permits,
                 reservations: admitted.reservations,
             };
-            exchange::run(proxy, runtime, request, *conn, primary.at, &checks, held).await
+            // Boxed, as every branch most requests never reach: a request's
+            // future is as large as its largest branch, and is moved whole
+            // into hyper's slot for each request, refusals included.
+            Box::pin(exchange::run(
+                proxy, runtime, request, *conn, primary.at, &checks, held,
+            ))
+            .await
         } else {
             // Nothing held or owed: the exchange may go with the client.
             let (response, _) = self.forward(request, conn, live, primary).await;
@@ -325,7 +331,7 @@ impl Proxy {
                 if let (Some(turn), Some(queued)) = (turn, queued) {
                     // No place is held through the wait.
                     drop(std::mem::take(&mut permits));
-                    permits = self.wait_for(turn, queued, checks, live, arrival).await?;
+                    permits = Box::pin(self.wait_for(turn, queued, checks, live, arrival)).await?;
                 }
                 Ok(Admitted {
                     ratelimit: passed.ratelimit,

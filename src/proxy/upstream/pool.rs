@@ -146,7 +146,10 @@ impl Pool {
             };
             let (mut sender, reused) = match idle {
                 Some(sender) => (sender, true),
-                None => (self.connect(base).await?, false),
+                // Boxed: connecting (the connector's and the handshake's
+                // futures) is most of this future's size, and most
+                // requests find an idle connection.
+                None => (Box::pin(self.connect(base)).await?, false),
             };
             let copy = (reused && replayable(&request)).then(|| head_copy(&request));
             match sender.try_send_request(request).await {

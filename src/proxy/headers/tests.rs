@@ -6,6 +6,7 @@ use http::{Method, Uri, Version};
 use crate::route::SubjectSource;
 use crate::subject::resolve::X_FORWARDED_FOR;
 
+use super::checks::REG_NAME;
 use super::rewrite::{ip_text, IP_TEXT_MAX};
 use super::*;
 
@@ -531,6 +532,18 @@ fn peer_addresses_are_written_as_display_writes_them() {
         let ip: IpAddr = ip.parse().unwrap();
         let mut buf = [0u8; IP_TEXT_MAX];
         assert_eq!(ip_text(ip, &mut buf), ip.to_string().as_bytes(), "{ip}");
+    }
+}
+
+#[test]
+fn the_reg_name_table_holds_unreserved_and_sub_delimiters_only() {
+    let allowed: Vec<u8> = (b'a'..=b'z')
+        .chain(b'A'..=b'Z')
+        .chain(b'0'..=b'9')
+        .chain(*b"-._~!$&'()*+,;=")
+        .collect();
+    for b in 0..=255u8 {
+        assert_eq!(REG_NAME[usize::from(b)], allowed.contains(&b), "byte {b}");
     }
 }
 

@@ -626,6 +626,9 @@ def session(procs, workdir, args, settings):
         # The same stack as sluice with nothing of sluice's own: what
         # sluice-none is measured against.
         Scenario("hyper-floor", floor, "/none", proxy=True),
+        # The stack refusing with a fixed 429 and nothing else: what a
+        # refusal on hyper cannot go below.
+        Scenario("hyper-floor-blocked", floor, "/blocked", proxy=True, blocked=True),
         Scenario("sluice-none", mem, "/none", proxy=True),
         Scenario("sluice-memory", mem, "/allowed", proxy=True),
         Scenario("sluice-blocked-memory", mem, "/blocked", proxy=True, blocked=True),
@@ -772,8 +775,8 @@ def summarize(scenarios):
     # Ratios within each round: both figures come from the same round.
     for key, entry in out.items():
         entry["ratio"] = {}
-        for ref in ("direct", "nginx-proxy", "hyper-floor", "nginx-limit-blocked", "sluice-none", "sluice-memory",
-                    "sluice-redis"):
+        for ref in ("direct", "nginx-proxy", "hyper-floor", "hyper-floor-blocked", "nginx-limit-blocked",
+                    "sluice-none", "sluice-memory", "sluice-redis"):
             a, b = by_key[key], by_key[ref]
             if a.closed and b.closed and len(a.closed) == len(b.closed):
                 entry["ratio"][ref] = med_range([x["rps"] / y["rps"] for x, y in zip(a.closed, b.closed) if y["rps"]])

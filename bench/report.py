@@ -6,6 +6,7 @@ SCENARIO_LABELS = {
     "nginx-limit-allowed": "nginx-limit, allowed",
     "nginx-limit-blocked": "nginx-limit, blocked",
     "hyper-floor": "hyper-floor (bare hyper proxy)",
+    "hyper-floor-blocked": "hyper-floor, blocked (a fixed 429)",
     "sluice-none": "sluice-none",
     "sluice-memory": "sluice-memory, allowed",
     "sluice-blocked-memory": "sluice-blocked, memory",
@@ -228,6 +229,17 @@ def targets(result):
     row("blocked path throughput ÷ nginx-limit blocked", "≥ 1.1, 0 Redis commands per denied request once cached",
         "; ".join(parts) if parts else why("sluice-blocked-memory", "sluice-blocked-redis", "nginx-limit-blocked"),
         all(met) if met else None)
+
+    # What the stack itself allows a refusal: a bare hyper server's fixed 429.
+    parts = []
+    for k in ("hyper-floor-blocked", "sluice-blocked-memory", "sluice-blocked-redis"):
+        ref = "nginx-limit-blocked" if k == "hyper-floor-blocked" else "hyper-floor-blocked"
+        m = (sc.get(k) or {}).get("ratio", {}).get(ref)
+        if m:
+            parts.append(f"{k} ÷ {ref} {_mr(m)}")
+    row("blocked path against the hyper floor's fixed 429", "reported",
+        "; ".join(parts) if parts else why("hyper-floor-blocked", "nginx-limit-blocked"),
+        "reported" if parts else None)
 
     mem = result.get("memory") or {}
     idle = [(k, _mb(v.get("idle_kb"))) for k, v in mem.items() if v.get("idle_kb")]

@@ -7,7 +7,7 @@ use crate::route::SubjectSource;
 use crate::subject::resolve::X_FORWARDED_FOR;
 
 use super::checks::REG_NAME;
-use super::rewrite::{ip_text, IP_TEXT_MAX};
+use super::rewrite::{hop_by_hop_index, ip_text, IP_TEXT_MAX};
 use super::*;
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -173,6 +173,62 @@ fn connection_naming_an_identity_header_is_refused() {
         check_connection(&headers(&[("connection", "keep-alive, x-other")]), &subject),
         Ok(())
     );
+}
+
+#[test]
+fn every_claim_is_a_claim_and_common_fields_are_not() {
+    let claims = REMOVED_CLAIMS
+        .iter()
+        .chain([&X_REAL_IP, &http::header::FORWARDED]);
+    for name in claims {
+        assert!(is_claim(name), "{name}");
+    }
+    for other in [
+        "host",
+        "user-agent",
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "cookie",
+        "authorization",
+        "content-length",
+        "x-forwarded-for",
+        "x-real-ip2",
+        "x-forwarded-portx",
+        "true-client-iq",
+        "cf-connecting-iq",
+        "x-original-forwarded-fox",
+    ] {
+        assert!(!is_claim(&HeaderName::from_static(other)), "{other}");
+    }
+}
+
+#[test]
+fn every_hop_by_hop_name_is_found_by_its_length_and_no_other_name_is() {
+    for (i, name) in hop_by_hop().into_iter().enumerate() {
+        assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+    }
+    for other in [
+        "date",
+        "server",
+        "content-type",
+        "content-length",
+        "connectiox",
+        "keep-alivf",
+        "tee",
+        "trailers",
+        "upgrade-insecure-requests",
+        "x-forwarded-for",
+        "http2-settingz",
+        "host",
+        "proxy-connectiom",
+        "transfer-encodinf",
+        "proxy-authenticatf",
+        "proxy-authorizatiom",
+    ] {
+        let name = HeaderName::from_static(other);
+        assert_eq!(hop_by_hop_index(&name), None, "{other}");
+    }
 }
 
 #[test]

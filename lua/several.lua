@@ -30,15 +30,19 @@ local function several(KEYS, ARGV)
   if #KEYS ~= 2 * n then
     fail('expects ' .. 2 * n .. ' keys')
   end
-  -- Then, optionally, one record life for every limit (lua/common.lua).
-  if #ARGV ~= 1 + n and #ARGV ~= 2 + n then
-    fail('expects the evaluation id, ' .. n .. ' costs and perhaps a record life')
+  -- First attempt or not and the evaluation id, for every limit; each
+  -- limit's cost; then, optionally, one record life for every limit
+  -- (lua/common.lua).
+  if #ARGV ~= 2 + n and #ARGV ~= 3 + n then
+    fail('expects first attempt or not, the evaluation id, ' .. n
+      .. ' costs and perhaps a record life')
   end
-  local life = ARGV[2 + n]
+  local life = ARGV[3 + n]
   local replies, queues = {}, {}
   for i = 1, n do
     queue = {}
-    local reply = LIMITS[i](DEFERRING, {KEYS[2 * i - 1], KEYS[2 * i]}, {ARGV[1], ARGV[1 + i], life})
+    local reply = LIMITS[i](DEFERRING, {KEYS[2 * i - 1], KEYS[2 * i]},
+      {ARGV[1], ARGV[2], ARGV[2 + i], life})
     for f = 1, 8 do
       replies[#replies + 1] = reply[f]
     end

@@ -7,7 +7,7 @@
 -- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
 -- (lua/several.lua) stand-in for it.
 local function decide(redis, KEYS, ARGV)
-  local id, cost, record_key, record_life = arguments(KEYS, ARGV)
+  local id, cost, record_key, record_life, first = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
   -- Two keys: the log, a sorted set for every band, and this evaluation's
@@ -22,9 +22,12 @@ local function decide(redis, KEYS, ARGV)
     end
   end
 
-  local replayed = replay(record_key)
-  if replayed then
-    return replayed
+  -- A first attempt has no record to find (lua/common.lua, "De-duplication").
+  if not first then
+    local replayed = replay(record_key)
+    if replayed then
+      return replayed
+    end
   end
 
   -- State: one member per admitted unit of cost, scored by its time (us).
@@ -92,7 +95,9 @@ local function decide(redis, KEYS, ARGV)
       redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', format('%d', now - widest))
     end
     redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
+    -- Only an admission leaves a record: a denial charged nothing, so
+    -- its retry may be decided afresh.
+    remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   end
-  remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   return reply(decision, skew)
 end

@@ -496,22 +496,86 @@ fn write_state_key(out: &mut StateKey, prefix: &str, policy: &Policy, subject: &
 /// as arguments arrive cost more than formatting them.
 const CMD_BYTES: usize = 192;
 
-/// `FCALL name 2 state record id cost` (or `EVALSHA sha 2 …`), the record
-/// being `<state>:e:<id>`: both keys declared, under one hash tag.
-pub fn call(script: &Script, mode: Mode, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
+/// `FCALL name 2 state record first id cost [life]` (or `EVALSHA sha 2
+/// …`), the record being `<state>:e:<id>`: both keys declared, under one
+/// hash tag. `first`: this is the call's first send, so the script need
+/// not look for the record (`lua/README.md`, "ARGV"); every re-send goes
+/// as [`resent`] makes it.
+pub fn call(
+    script: &Script,
+    mode: Mode,
+    common: &Common,
+    evaluation: &Evaluation<'_>,
+    first: bool,
+) -> Cmd {
     let policy = evaluation.policy;
     // The key's length without the subject, which displays in under 64,
     // and its mark.
     let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
-    let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
+    let mut cmd = Cmd::with_capacity(8, CMD_BYTES + 2 * key_bytes);
+    script.call_words(mode, &mut cmd);
+    cmd.arg(2u8);
+    let id = hex_id(evaluation.id.0);
+    push_keys(&mut cmd, common, evaluation, &id);
+    cmd.arg(attempt(first)).arg(&id[..]).arg(evaluation.cost);
+    if let Some(within) = evaluation.settle_within {
+        cmd.arg(record_life(within));
+    }
+    cmd
+}
+
+/// A decision's first argument: `1` on its first send, `0` on a re-send
+/// (`lua/README.md`, "ARGV").
+pub(super) fn attempt(first: bool) -> &'static [u8] {
+    if first {
+        b"1"
+    } else {
+        b"0"
+    }
+}
+
+/// `cmd` (a decision: one evaluation, several limits or a batch, `FCALL` or
+/// `EVALSHA`) as it goes again: the same keys and arguments, evaluation ids
+/// included, its first argument saying `0`, so the script looks for the
+/// records of what the earlier send may have applied.
+pub fn resent(cmd: &Cmd) -> Cmd {
+    let mut out = Cmd::new();
+    // `FCALL name numkeys keys… ARGV[1] …`: ARGV[1] follows the keys.
+    let mut flag = None;
+    for (i, arg) in cmd.args_iter().enumerate() {
+        let redis::Arg::Simple(bytes) = arg else {
+            continue;
+        };
+        if i == 2 {
+            flag = std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|n| n.parse::<usize>().ok())
+                .map(|keys| 3 + keys);
+        }
+        if Some(i) == flag {
+            out.arg(attempt(false));
+        } else {
+            out.arg(bytes);
+        }
+    }
+    out
+}
+
+/// `FCALL name 2 state record id units` (or `EVALSHA`): a refund of what
+/// `evaluation` (its id) charged, `evaluation.cost` being the units to
+/// give back (`lua/README.md`, "Refunds").
+pub fn refund_call(
+    script: &Script,
+    mode: Mode,
+    common: &Common,
+    evaluation: &Evaluation<'_>,
+) -> Cmd {
+    let mut cmd = Cmd::with_capacity(7, CMD_BYTES + 320);
     script.call_words(mode, &mut cmd);
     cmd.arg(2u8);
     let id = hex_id(evaluation.id.0);
     push_keys(&mut cmd, common, evaluation, &id);
     cmd.arg(&id[..]).arg(evaluation.cost);
-    if let Some(within) = evaluation.settle_within {
-        cmd.arg(record_life(within));
-    }
     cmd
 }
 
@@ -540,22 +604,24 @@ fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[
     let _ = arg.write_all(id);
 }
 
-/// `FCALL name 2n state_1 record_1 … state_n record_n id cost_1 … cost_n`:
-/// every limit's two keys, as [`call`] sends them, one id for all.
+/// `FCALL name 2n state_1 record_1 … state_n record_n first id cost_1 …
+/// cost_n [life]`: every limit's two keys, as [`call`] sends them, one id
+/// for all.
 pub fn call_several(
     script: &Script,
     mode: Mode,
     common: &Common,
     evaluations: &[Evaluation<'_>],
+    first: bool,
 ) -> Cmd {
     let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
-    let mut cmd = Cmd::with_capacity(4 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
+    let mut cmd = Cmd::with_capacity(5 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
     script.call_words(mode, &mut cmd);
     cmd.arg(2 * evaluations.len());
     for evaluation in evaluations {
         push_keys(&mut cmd, common, evaluation, &id);
     }
-    cmd.arg(&id[..]);
+    cmd.arg(attempt(first)).arg(&id[..]);
     for evaluation in evaluations {
         cmd.arg(evaluation.cost);
     }

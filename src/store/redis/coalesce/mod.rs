@@ -311,7 +311,7 @@ impl Inner {
             (1, _) | (_, Mode::Eval) => None,
             (_, Mode::Functions) => {
                 let parts: SmallVec<[&Part; 8]> = group.members.iter().map(|m| &m.part).collect();
-                command::batch(&group.script, &parts)
+                command::batch(&group.script, &parts, self.first_sends())
             }
         };
         let Some(cmd) = batch else {
@@ -321,7 +321,7 @@ impl Inner {
                 let request = Request {
                     script,
                     mode,
-                    cmd: command::single(script, mode, &member.part),
+                    cmd: command::single(script, mode, &member.part, self.first_sends()),
                     limits: smallvec::smallvec![member.shape],
                     deadline: member.deadline,
                     batch: false,

@@ -613,3 +613,96 @@ async fn an_admitted_requests_t_is_its_effective_window_for_every_algorithm() {
     let failures = support::effective_window_failures(sluice.addr()).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Through the binary: only an admitted request leaves a de-duplication
+/// record (`<state>:e:<id>`), on every algorithm and on a route of several
+/// limits, and a decision's first send reads no record: a compact-state
+/// decision `GET`s its state and nothing else, the sliding log nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_admissions_leave_records_and_a_first_send_reads_none() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  fw: { algorithm: fixed-window, limit: 3, window: 1h, lease: off }
+  sc: { algorithm: sliding-counter, limit: 3, window: 1h, lease: off }
+  sl: { algorithm: sliding-log, limit: 3, window: 1h }
+  tb: { algorithm: token-bucket, capacity: 3, refill_tokens: 1, refill_every: 1h, lease: off }
+  gc: { algorithm: gcra, limit: 3, window: 1h, burst: 3, lease: off }
+  wide: { algorithm: fixed-window, limit: 1000, window: 1h, lease: off }
+";
+    let mut routes: String = ["fw", "sc", "sl", "tb", "gc"]
+        .iter()
+        .map(|a| {
+            format!(
+                "  - {{ name: {a}, match: {{ path_prefix: /{a} }}, subject: client_ip, policy: {a} }}\n"
+            )
+        })
+        .collect();
+    routes.push_str(
+        "  - name: both
+    match: { path_prefix: /both }
+    limits:
+      - { policy: fw, subject: client_ip }
+      - { policy: wide, subject: global }
+",
+    );
+    // Every denial goes to Redis: no over-limit cache answering for it.
+    let yaml = yaml(&upstream, &redis.url(), policies, &routes).replace(
+        "  deny_cache_entries: 100000\n",
+        "  deny_cache_entries: 0\n",
+    );
+    let sluice = start_ready(&yaml).await;
+    let mut conn = redis.connection();
+    let records = |conn: &mut redis::Connection| -> usize {
+        conn.keys::<_, Vec<String>>("sluice:*:e:*")
+            .expect("KEYS")
+            .len()
+    };
+    let calls = |conn: &mut redis::Connection, command: &str| -> u64 {
+        commandstats(conn)
+            .into_iter()
+            .find(|(name, _)| name == command)
+            .map_or(0, |(_, calls)| calls)
+    };
+    clear_of_window_edge(HOUR, EDGE_MARGIN).await;
+
+    // (path, the GETs of its six decisions, its records): a compact state
+    // is one GET a decision; the sliding log reads a sorted set; of the
+    // two limits, a request refused by the first reads the first's state
+    // only (the script stops there), an admitted one both.
+    let cases = [
+        ("/fw", 6, 3),
+        ("/sc", 6, 3),
+        ("/sl", 0, 3),
+        ("/tb", 6, 3),
+        ("/gc", 6, 3),
+        ("/both", 3 * 2 + 3, 3 * 2),
+    ];
+    let mut total = 0;
+    for (path, gets, kept) in cases {
+        reset_stats(&mut conn);
+        let statuses = sequential(sluice.addr(), path, &[], 6).await;
+        assert_eq!(
+            statuses[..],
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS
+            ],
+            "{path}"
+        );
+        assert_eq!(calls(&mut conn, "fcall"), 6, "{path}");
+        assert_eq!(
+            calls(&mut conn, "get"),
+            gets,
+            "{path}: {:?}",
+            commandstats(&mut conn)
+        );
+        total += kept;
+        assert_eq!(records(&mut conn), total, "{path}: a denial left a record");
+    }
+    assert_eq!(upstream.count(), 18);
+}

@@ -5,15 +5,15 @@
 
 use crate::support;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use redis::Commands;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::support::lost_reply::{relay, relay_on};
 use crate::support::redis::RedisServer;
 use sluice::config::{self, Secret, Topology};
 use sluice::limit::{
@@ -1033,90 +1033,6 @@ async fn client_pause_longer_than_the_budget_answers_within_it() {
     }
 }
 
-/// A relay between the store and Redis that, once armed, forwards the next
-/// `FCALL` and then drops its reply and the connection: the script ran
-/// but the store never hears of it.
-struct Relay {
-    port: u16,
-    armed: Arc<AtomicBool>,
-    dropped: Arc<AtomicUsize>,
-}
-
-async fn relay(target: u16) -> Relay {
-    relay_on(target, b"FCALL").await
-}
-
-/// [`relay`], armed by the next command that holds `pattern`.
-async fn relay_on(target: u16, pattern: &'static [u8]) -> Relay {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind relay");
-    let port = listener.local_addr().expect("addr").port();
-    let armed = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let (a, d) = (armed.clone(), dropped.clone());
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
-                continue;
-            };
-            tokio::spawn(pipe(client, server, pattern, a.clone(), d.clone()));
-        }
-    });
-    Relay {
-        port,
-        armed,
-        dropped,
-    }
-}
-
-async fn pipe(
-    client: tokio::net::TcpStream,
-    server: tokio::net::TcpStream,
-    pattern: &'static [u8],
-    armed: Arc<AtomicBool>,
-    dropped: Arc<AtomicUsize>,
-) {
-    let (mut client_rx, mut client_tx) = client.into_split();
-    let (mut server_rx, mut server_tx) = server.into_split();
-    let doomed = AtomicBool::new(false);
-    let up = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = client_rx.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            let fcall = buf[..n].windows(pattern.len()).any(|w| w == pattern);
-            if fcall && armed.swap(false, Ordering::SeqCst) {
-                doomed.store(true, Ordering::SeqCst);
-            }
-            if server_tx.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    };
-    let down = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = server_rx.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            if doomed.load(Ordering::SeqCst) {
-                dropped.fetch_add(1, Ordering::SeqCst);
-                return;
-            }
-            if client_tx.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    };
-    // Either side ending drops both sockets.
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_is_retried_once_and_charged_once() {
     let server = RedisServer::start();
@@ -1166,14 +1082,122 @@ async fn a_lost_reply_is_retried_once_and_charged_once() {
         );
     }
 
-    // A recorded denial replays as that denial.
+    // A denial leaves no record: its retry is decided afresh, denied
+    // again, and charges nothing.
     let policy = policy("deny", Bands::FixedWindow(vec![window(1, 3_600_000)]));
     let subject = subject("deny");
+    let key = state_key(&policy, &subject);
     assert!(allowed(&eval(&store, &policy, &subject, 1).await));
     relay.armed.store(true, Ordering::SeqCst);
-    let outcome = eval(&store, &policy, &subject, 1).await;
+    let denied = evaluation(&policy, &subject, 1);
+    let outcome = store.evaluate(&denied).await;
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 3);
     assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 2);
+    assert_eq!(fixed_count(&mut conn, &key), Some(1));
+    let record: Option<String> = conn
+        .get(format!("{key}:e:{}", denied.id))
+        .expect("GET record");
+    assert_eq!(record, None, "a denial left a record");
+}
+
+/// Redis's `calls` of `command` in `INFO commandstats` since the last
+/// `CONFIG RESETSTAT`.
+fn calls_of(conn: &mut redis::Connection, command: &str) -> u64 {
+    commandstats(conn)
+        .iter()
+        .find(|(name, _)| name == command)
+        .map_or(0, |(_, calls)| *calls)
+}
+
+fn reset_stats(conn: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(conn)
+        .expect("RESETSTAT");
+}
+
+/// A first send does not look for its record (a fresh id has none): a
+/// record planted under its id is not even read. A re-send (the retry after
+/// a lost reply) looks, and replays what the first send admitted; a
+/// denial's re-send finds nothing and is decided afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
+    let server = RedisServer::start();
+    let relay = relay(server.port()).await;
+    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
+    config.pool_size = 1;
+    config.coalesce = false;
+    let store = connect_with(config, Duration::from_secs(2)).await;
+    let mut conn = server.connection();
+    let policy = policy("first", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let warm = eval(&store, &policy, &subject("first-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+
+    // A record under the id, saying admitted with 42 left: a first send
+    // neither reads nor replays it. One GET per decision: the state's.
+    let planted = subject("planted");
+    let key = state_key(&policy, &planted);
+    let ev = evaluation(&policy, &planted, 1);
+    let now = redis_time(&mut conn);
+    let _: () = conn
+        .set(format!("{key}:e:{}", ev.id), format!("1:42:1000:0:0:{now}"))
+        .expect("SET record");
+    reset_stats(&mut conn);
+    let outcome = store.evaluate(&ev).await;
+    // (Counted before this test's own GETs below.)
+    assert_eq!(
+        calls_of(&mut conn, "get"),
+        1,
+        "{:?}",
+        commandstats(&mut conn)
+    );
+    assert_eq!(decision(&outcome).remaining, 4, "{outcome:?}");
+    assert_eq!(fixed_count(&mut conn, &key), Some(1));
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 0);
+
+    // Its reply lost, the call goes again saying so: it reads the record
+    // the first send left (a second GET) and replays it.
+    let lost = subject("lost");
+    let key = state_key(&policy, &lost);
+    reset_stats(&mut conn);
+    relay.armed.store(true, Ordering::SeqCst);
+    let outcome = eval(&store, &policy, &lost, 2).await;
+    assert_eq!(calls_of(&mut conn, "fcall"), 2);
+    assert_eq!(
+        calls_of(&mut conn, "get"),
+        2,
+        "{:?}",
+        commandstats(&mut conn)
+    );
+    // The first send's two SETs, none by the replay.
+    assert_eq!(calls_of(&mut conn, "set"), 2);
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 1);
+    assert_eq!(decision(&outcome).remaining, 3, "{outcome:?}");
+    assert_eq!(fixed_count(&mut conn, &key), Some(2), "charged once");
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
+
+    // A denial's re-send finds no record, reads the state again and
+    // denies again, writing nothing.
+    for _ in 0..3 {
+        assert!(allowed(&eval(&store, &policy, &lost, 1).await));
+    }
+    reset_stats(&mut conn);
+    relay.armed.store(true, Ordering::SeqCst);
+    let outcome = eval(&store, &policy, &lost, 1).await;
+    assert_eq!(
+        calls_of(&mut conn, "get"),
+        3,
+        "{:?}",
+        commandstats(&mut conn)
+    );
+    assert_eq!(calls_of(&mut conn, "set"), 0);
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 2);
+    assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
+    assert_eq!(fixed_count(&mut conn, &key), Some(5));
 }
 
 /// The count a fixed window's state `t:s1:c1` holds.
@@ -1297,34 +1321,14 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
     assert_eq!(decision(&again[5]).remaining, 3, "{again:?}");
 }
 
+/// Each admitted evaluation leaves one record, a key of its own next to the
+/// state, that lives `dedupe_window` and no longer: the state holds state
+/// only, however hot the subject. A denial leaves none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_evaluation_id_is_applied_once() {
-    let server = RedisServer::start();
-    let store = connect(&server).await;
-    let policy = policy("dedupe", Bands::TokenBucket(vec![bucket(5, 1, 3_600_000)]));
-    let subject = subject("dedupe");
-    let ev = evaluation(&policy, &subject, 2);
-    let first = store.evaluate(&ev).await;
-    let again = store
-        .evaluate(&Evaluation {
-            deadline: Instant::now() + BUDGET,
-            ..ev
-        })
-        .await;
-    assert_eq!(first, again);
-    assert_eq!(decision(&first).remaining, 3);
-    let next = eval(&store, &policy, &subject, 1).await;
-    assert_eq!(decision(&next).remaining, 2, "the repeat charged");
-}
-
-/// Each evaluation leaves one record, a key of its own next to the state,
-/// that lives `dedupe_window` and no longer: the state hash holds state
-/// only, however hot the subject, and a retry within the window replays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_evaluation_leaves_one_record_that_expires_with_the_window() {
+async fn each_admission_leaves_one_record_that_expires_with_the_window_and_a_denial_none() {
     let server = RedisServer::start();
     let mut conn = server.connection();
-    let policy = policy("bounded", Bands::Gcra(vec![gcra(1000, 3_600_000, 1000)]));
+    let policy = policy("bounded", Bands::Gcra(vec![gcra(100, 3_600_000, 100)]));
     let records = |conn: &mut redis::Connection, key: &str| -> Vec<String> {
         conn.keys(format!("{key}:e:*")).expect("KEYS")
     };
@@ -1334,47 +1338,38 @@ async fn each_evaluation_leaves_one_record_that_expires_with_the_window() {
     let store = connect_with(config, BUDGET).await;
     let busy = subject("bounded");
     let key = state_key(&policy, &busy);
-    let mut last = None;
-    for _ in 0..100 {
+    let mut admitted = Vec::new();
+    for _ in 0..150 {
         let ev = evaluation(&policy, &busy, 1);
-        let outcome = store.evaluate(&ev).await;
-        assert!(allowed(&outcome), "{outcome:?}");
-        last = Some((ev.id, outcome));
+        if allowed(&store.evaluate(&ev).await) {
+            admitted.push(ev.id);
+        }
     }
+    assert_eq!(admitted.len(), 100);
     // The state: t and a1 only, whatever the traffic, with its TTL.
     let state = state_text(&mut conn, &key).expect("state");
     assert_eq!(state.split(':').count(), 2, "{state}");
     let ttl: i64 = conn.pttl(&key).expect("PTTL");
     assert!(ttl > 0, "{key}: {ttl} ms");
-    let recorded = records(&mut conn, &key);
-    assert_eq!(recorded.len(), 100);
+    // One record per admission, under its id, none for the 50 denials.
+    let mut recorded = records(&mut conn, &key);
+    recorded.sort();
+    let mut want: Vec<String> = admitted.iter().map(|id| format!("{key}:e:{id}")).collect();
+    want.sort();
+    assert_eq!(recorded, want);
     for record in &recorded {
         let ttl: i64 = conn.pttl(record).expect("PTTL");
         assert!(ttl > 0 && ttl <= 800, "{record}: {ttl} ms");
+        let text: String = conn.get(record).expect("GET");
+        assert!(text.starts_with("1:"), "{record}: {text}");
     }
-    let (id, first) = last.expect("evaluated");
-    let again = || Evaluation {
-        id,
-        ..evaluation(&policy, &busy, 1)
-    };
-    assert_eq!(
-        store.evaluate(&again()).await,
-        first,
-        "the latest id replays"
-    );
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
 
     // After the window every record is gone: nothing accumulates.
-    tokio::time::sleep(ms(1000)).await;
-    assert!(records(&mut conn, &key).is_empty());
-    // An id older than the window is a new evaluation (the documented
-    // bound: retries come within one budget, far inside the window).
-    let late = store.evaluate(&again()).await;
-    assert_eq!(
-        store.stats().dedupe_hits.load(Ordering::Relaxed),
-        1,
-        "{late:?}"
-    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !records(&mut conn, &key).is_empty() {
+        assert!(Instant::now() < deadline, "records outlived the window");
+        tokio::time::sleep(ms(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1638,6 +1633,7 @@ async fn keys_hold_no_identity_and_all_expire() {
     let store = connect(&server).await;
     let mut conn = server.connection();
     let identities = ["alice-api-key-7f3a9", "203.0.113.77", "2001:db8::42"];
+    let mut admitted = 0;
     for (name, bands) in all_bands() {
         let policy = policy(name, bands);
         for identity in identities {
@@ -1647,7 +1643,9 @@ async fn keys_hold_no_identity_and_all_expire() {
                 "api",
             );
             for _ in 0..6 {
-                eval(&store, &policy, &subject, 1).await;
+                if allowed(&eval(&store, &policy, &subject, 1).await) {
+                    admitted += 1;
+                }
             }
         }
     }
@@ -1663,12 +1661,13 @@ async fn keys_hold_no_identity_and_all_expire() {
         assert!(ttl > 0, "{lease} has no TTL");
         assert!(identities.iter().all(|i| !lease.contains(i)), "{lease}");
     }
-    // One state key per subject (a hash, or the sliding log's sorted set),
-    // and one record per evaluation beside it.
+    // One state key per subject (a string, or the sliding log's sorted
+    // set), and one record per admission beside it (a denial leaves none).
     let records = keys.iter().filter(|k| k.contains("}:e:")).count();
     let policies = all_bands().len();
     assert_eq!(keys.len() - records, policies * 3, "{keys:?}");
-    assert_eq!(records, policies * 3 * 6, "{keys:?}");
+    assert!(admitted < policies * 3 * 6, "no denial: {admitted}");
+    assert_eq!(records, admitted, "{keys:?}");
     for key in keys {
         // A subject's keys share one Redis Cluster hash slot.
         let tag = &key[key.find('{').expect("hash tag")..=key.find('}').expect("hash tag")];

@@ -8,6 +8,7 @@
 //! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
 //! - [`tls`]: a self-signed certificate and a client that trusts it.
 //! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
+//! - [`lost_reply`]: a relay that forwards a command and loses its reply.
 //! - [`tokens`]: `Issuer`, JWTs signed by PyJWT with generated keys, and their JWKS and PEM files.
 //! - [`werkzeug`]: `Werkzeug`, a real Python app server reading `Basic` credentials.
 //!
@@ -16,6 +17,7 @@
 pub mod cgroup;
 pub mod client;
 pub mod faults;
+pub mod lost_reply;
 pub mod ops;
 pub mod redis;
 pub mod redis_sidecar;

@@ -1,6 +1,6 @@
 //! The Lua scripts (one per algorithm, `lua/`), compiled once per policy
 //! into a Redis Functions library, and the one command that runs them:
-//! `FCALL` with the keys and the two arguments `lua/README.md` states. A
+//! `FCALL` with the keys and the arguments `lua/README.md` states. A
 //! request with several rate limits runs one library made of theirs
 //! (`lua/several.lua`), compiled once per list of policies, over all their
 //! keys.

@@ -19,7 +19,8 @@
 //! decision ([`Inner::decide`]): its deadline is its earliest member's, a
 //! failure is classified for every member as a single call's would be
 //! (not sent: Unavailable; sent without a confirmed reply: Indeterminate,
-//! retried once with the same evaluation ids, each replaying its record),
+//! retried once with the same evaluation ids as a re-send, each the first
+//! send admitted replaying its record),
 //! and each member reports the call's health to the breaker through its
 //! own permit.
 //!

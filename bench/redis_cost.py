@@ -126,15 +126,16 @@ server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok"; }} }} }}
     return port
 
 
-def capture(procs, workdir, sluice, redis_port, upstream=None):
+def capture(procs, workdir, sluice, redis_port, upstream=None, config=None):
     """Each algorithm's call as sluice sends it (FCALL; EVALSHA from versions
     before Redis Functions), read off MONITOR. `upstream`: the capture
-    upstream's port, started here when not given."""
+    upstream's port, started here when not given; `config`: CONFIG unless
+    given (the same routes, other limits)."""
     if upstream is None:
         upstream = start_upstream(procs, workdir)
     conf = os.path.join(workdir, "sluice.yaml")
     with open(conf, "w") as f:
-        f.write(CONFIG.format(upstream=upstream, redis=redis_port))
+        f.write((config or CONFIG).format(upstream=upstream, redis=redis_port))
     logf = os.path.join(workdir, "sluice.log")
     proc = procs.start("sluice", [sluice, "run", "--config", conf], CPU_CLIENT, logf)
     addr = None
@@ -151,12 +152,18 @@ def capture(procs, workdir, sluice, redis_port, upstream=None):
     monitor = subprocess.Popen(["redis-cli", "-p", str(redis_port), "monitor"],
                                stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)
+    import urllib.error
     import urllib.request
     for a in ALGORITHMS:
         # The first call may find the scripts still loading: ask twice.
         for _ in range(2):
-            with urllib.request.urlopen(f"http://{addr}/{a}", timeout=5) as r:
-                r.read()
+            try:
+                with urllib.request.urlopen(f"http://{addr}/{a}", timeout=5) as r:
+                    r.read()
+            except urllib.error.HTTPError as e:
+                # A 429 is a decision too (a capture of denials).
+                if e.code != 429:
+                    raise
     time.sleep(0.3)
     monitor.terminate()
     out, _ = monitor.communicate(timeout=5)

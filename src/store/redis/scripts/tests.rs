@@ -2,8 +2,8 @@ use std::num::NonZeroU32;
 
 use super::*;
 use crate::limit::{BucketBand, GcraBand, WindowBand};
-use crate::store::EvaluationId;
-use crate::subject::PseudonymKey;
+use crate::store::{Evaluation, EvaluationId};
+use crate::subject::{Pseudonym, PseudonymKey};
 
 fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("non-zero")

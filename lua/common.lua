@@ -179,15 +179,37 @@ local function replay(record_key)
     tonumber(band), 1, 0}
 end
 
+-- Leaves the record of `decision`, before any other write: nil, or, when
+-- a first send finds its record already there, the decision to replay.
+--
+-- A first send (`first`) records an admission only, with `SET … NX`: its
+-- id is fresh, so the record can only be there if its own retry, sent
+-- on another connection after this one failed, reached Redis first (a
+-- packet delayed, a proxy's queue) and was decided. Then this send
+-- replays that decision and writes nothing: charging it would charge the
+-- request twice. A re-send (`0`) records its denial as well as an
+-- admission, so that a first send it overtook, arriving later, replays the
+-- denial instead of charging a request that was refused.
+--
 -- `now` is the time the decision was made at: a refund (lua/refund.lua)
 -- needs it to find the window that was charged. `server` is the policy
 -- function's `redis` (a read-only or deferring one, lua/peek.lua and
--- lua/several.lua): the record is a write.
-local function remember(server, record_key, decision, now, window_text)
-  server.call('SET', record_key,
-    format('%d:%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4], decision[5],
-      now),
-    'PX', window_text)
+-- lua/several.lua: they drop or queue the SET, which answers false; the
+-- GET behind it then finds nothing, and the decision stands).
+local function record(server, first, record_key, decision, now, window_text)
+  if first and decision[1] ~= 1 then
+    return nil
+  end
+  local text = format('%d:%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4],
+    decision[5], now)
+  if not first then
+    server.call('SET', record_key, text, 'PX', window_text)
+    return nil
+  end
+  if server.call('SET', record_key, text, 'PX', window_text, 'NX') then
+    return nil
+  end
+  return replay(record_key)
 end
 
 local function reply(decision, skew)

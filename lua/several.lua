@@ -30,12 +30,17 @@ local function several(KEYS, ARGV)
   if #KEYS ~= 2 * n then
     fail('expects ' .. 2 * n .. ' keys')
   end
-  -- First attempt or not and the evaluation id, for every limit; each
+  -- `0` (perhaps a re-send) and the evaluation id, for every limit; each
   -- limit's cost; then, optionally, one record life for every limit
-  -- (lua/common.lua).
+  -- (lua/common.lua). Never a first send's `1`: a first send claims its
+  -- record before it charges (common.lua, `record`), which writes queued
+  -- until every limit has decided cannot do. So each limit looks for its
+  -- record first, and records its denial too.
   if #ARGV ~= 2 + n and #ARGV ~= 3 + n then
-    fail('expects first attempt or not, the evaluation id, ' .. n
-      .. ' costs and perhaps a record life')
+    fail('expects 0, the evaluation id, ' .. n .. ' costs and perhaps a record life')
+  end
+  if ARGV[1] ~= '0' then
+    fail('ARGV[1] is not 0: several limits are always sent as a re-send could be')
   end
   local life = ARGV[3 + n]
   local replies, queues = {}, {}

@@ -99,13 +99,17 @@ local function decide(redis, KEYS, ARGV)
   end
 
   local decision = bind(verdicts)
-  -- A denied request writes nothing: to no band, and no record.
+  -- The record first (a first send's denial leaves none; common.lua): a
+  -- first send its own retry overtook replays that one's decision here.
+  local replayed = record(redis, first, record_key, decision, now,
+    record_life or P_DEDUPE_WINDOW_TEXT)
+  if replayed then
+    return replayed
+  end
+  -- A denied request writes nothing to any band.
   if decision[1] == 1 then
     redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
       'PX', P_TTL_TEXT)
-    -- Only an admission leaves a record: a denial charged nothing, so
-    -- its retry may be decided afresh.
-    remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   end
   return reply(decision, skew)
 end

@@ -78,6 +78,13 @@ local function decide(redis, KEYS, ARGV)
   end
 
   local decision = bind(verdicts)
+  -- The record first (a first send's denial leaves none; common.lua): a
+  -- first send its own retry overtook replays that one's decision here.
+  local replayed = record(redis, first, record_key, decision, now,
+    record_life or P_DEDUPE_WINDOW_TEXT)
+  if replayed then
+    return replayed
+  end
   local now_text = format('%d', now)
   if decision[1] == 1 then
     local entries = {}
@@ -95,9 +102,6 @@ local function decide(redis, KEYS, ARGV)
       redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', format('%d', now - widest))
     end
     redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
-    -- Only an admission leaves a record: a denial charged nothing, so
-    -- its retry may be decided afresh.
-    remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   end
   return reply(decision, skew)
 end

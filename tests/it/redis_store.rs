@@ -1082,8 +1082,9 @@ async fn a_lost_reply_is_retried_once_and_charged_once() {
         );
     }
 
-    // A denial leaves no record: its retry is decided afresh, denied
-    // again, and charges nothing.
+    // A first send's denial leaves no record: its retry is decided afresh,
+    // denied again, charges nothing, and records that denial (a first send
+    // it overtook, arriving later, would replay it).
     let policy = policy("deny", Bands::FixedWindow(vec![window(1, 3_600_000)]));
     let subject = subject("deny");
     let key = state_key(&policy, &subject);
@@ -1099,7 +1100,10 @@ async fn a_lost_reply_is_retried_once_and_charged_once() {
     let record: Option<String> = conn
         .get(format!("{key}:e:{}", denied.id))
         .expect("GET record");
-    assert_eq!(record, None, "a denial left a record");
+    assert!(
+        record.as_deref().is_some_and(|r| r.starts_with("0:")),
+        "{record:?}"
+    );
 }
 
 /// Redis's `calls` of `command` in `INFO commandstats` since the last
@@ -1118,10 +1122,10 @@ fn reset_stats(conn: &mut redis::Connection) {
         .expect("RESETSTAT");
 }
 
-/// A first send does not look for its record (a fresh id has none): a
-/// record planted under its id is not even read. A re-send (the retry after
-/// a lost reply) looks, and replays what the first send admitted; a
-/// denial's re-send finds nothing and is decided afresh.
+/// A first send does not look for its record (a fresh id has none): one
+/// GET, its state's. A re-send (the retry after a lost reply) looks, and
+/// replays what the first send admitted; a denial's re-send finds nothing
+/// and is decided afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
     let server = RedisServer::start();
@@ -1135,17 +1139,12 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
     let warm = eval(&store, &policy, &subject("first-warm"), 1).await;
     assert!(allowed(&warm), "{warm:?}");
 
-    // A record under the id, saying admitted with 42 left: a first send
-    // neither reads nor replays it. One GET per decision: the state's.
-    let planted = subject("planted");
-    let key = state_key(&policy, &planted);
-    let ev = evaluation(&policy, &planted, 1);
-    let now = redis_time(&mut conn);
-    let _: () = conn
-        .set(format!("{key}:e:{}", ev.id), format!("1:42:1000:0:0:{now}"))
-        .expect("SET record");
+    // A first send reads its state and no record (its id is fresh), and
+    // writes both: the record claimed first (`SET … NX`), then the state.
+    let fresh = subject("fresh");
+    let key = state_key(&policy, &fresh);
     reset_stats(&mut conn);
-    let outcome = store.evaluate(&ev).await;
+    let outcome = eval(&store, &policy, &fresh, 1).await;
     // (Counted before this test's own GETs below.)
     assert_eq!(
         calls_of(&mut conn, "get"),
@@ -1153,6 +1152,7 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
         "{:?}",
         commandstats(&mut conn)
     );
+    assert_eq!(calls_of(&mut conn, "set"), 2);
     assert_eq!(decision(&outcome).remaining, 4, "{outcome:?}");
     assert_eq!(fixed_count(&mut conn, &key), Some(1));
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 0);
@@ -1179,8 +1179,8 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
     assert_eq!(store.stats().retries.load(Ordering::Relaxed), 1);
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
 
-    // A denial's re-send finds no record, reads the state again and
-    // denies again, writing nothing.
+    // A denial's re-send finds no record, reads the state again, denies
+    // again and records the denial: one SET, none of the state.
     for _ in 0..3 {
         assert!(allowed(&eval(&store, &policy, &lost, 1).await));
     }
@@ -1193,7 +1193,7 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
         "{:?}",
         commandstats(&mut conn)
     );
-    assert_eq!(calls_of(&mut conn, "set"), 0);
+    assert_eq!(calls_of(&mut conn, "set"), 1);
     assert_eq!(relay.dropped.load(Ordering::SeqCst), 2);
     assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
@@ -1319,6 +1319,100 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
     // Decided again, the members that succeeded count on.
     let again = together(&mut conn, &store, &policy, &who).await;
     assert_eq!(decision(&again[5]).remaining, 3, "{again:?}");
+}
+
+/// The library (its one function) whose code holds `marker`.
+fn library_of(conn: &mut redis::Connection, marker: &str) -> String {
+    let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("WITHCODE")
+        .query(conn)
+        .expect("FUNCTION LIST");
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        _ => String::new(),
+    };
+    let found: Vec<String> = listed
+        .iter()
+        .filter(|fields| fields.iter().any(|f| text(f).contains(marker)))
+        .filter_map(|fields| fields.get(1).map(text))
+        .collect();
+    assert_eq!(found.len(), 1, "{marker}: {found:?}");
+    found[0].clone()
+}
+
+/// A first send its own retry overtook (the retry went on another
+/// connection after the first one failed; the first was held on its way: a
+/// packet delayed, a proxy's queue) replays what the retry decided,
+/// admitted or denied, and charges nothing: a first send claims its record
+/// (`SET … NX`) before it writes the state. The policy's function called
+/// directly, the retry (`0`) before the first send (`1`), as Redis would
+/// see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_send_its_retry_overtook_replays_the_retry() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    // Numbers no other policy here has: they find its library.
+    let policy = policy("overtaken", Bands::FixedWindow(vec![window(3, 7_200_000)]));
+    let warm = eval(&store, &policy, &subject("overtaken-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+    let name = library_of(&mut conn, "local P_BAND_ARGS = {3, 7200000000}");
+    let who = subject("overtaken");
+    let key = state_key(&policy, &who);
+    let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
+        let id = format!("{id:032x}");
+        redis::cmd("FCALL")
+            .arg(&name)
+            .arg(2)
+            .arg(&key)
+            .arg(format!("{key}:e:{id}"))
+            .arg(first)
+            .arg(&id)
+            .arg(1)
+            .query::<Vec<i64>>(conn)
+    };
+    // {version, outcome, remaining, reset, retry, band, replayed, skew}
+    let retry = fcall(&mut conn, "0", 0xa).expect("the retry");
+    assert_eq!((retry[1], retry[2], retry[6]), (1, 2, 0), "{retry:?}");
+    let late = fcall(&mut conn, "1", 0xa).expect("the first send");
+    assert_eq!((late[1], late[2], late[6]), (1, 2, 1), "{late:?}");
+    assert_eq!(fixed_count(&mut conn, &key), Some(1), "charged twice");
+
+    // A retry that denied records its denial; the first send arriving
+    // after it replays that denial, though it would now be admitted (the
+    // window ended meanwhile: the state is gone).
+    for _ in 0..2 {
+        assert!(allowed(&eval(&store, &policy, &who, 1).await));
+    }
+    let retry = fcall(&mut conn, "0", 0xb).expect("the retry");
+    assert_eq!((retry[1], retry[6]), (0, 0), "{retry:?}");
+    let _: () = conn.del(&key).expect("DEL");
+    let late = fcall(&mut conn, "1", 0xb).expect("the first send");
+    assert_eq!((late[1], late[6]), (0, 1), "{late:?}");
+    assert_eq!(
+        state_text(&mut conn, &key),
+        None,
+        "a refused request charged"
+    );
+
+    // Not overtaken, a first send's denial leaves no record.
+    for id in 0xc..0xf {
+        let first = fcall(&mut conn, "1", id).expect("a first send");
+        assert_eq!(first[1], 1, "{first:?}");
+    }
+    let denied = fcall(&mut conn, "1", 0xf).expect("a first send");
+    assert_eq!((denied[1], denied[6]), (0, 0), "{denied:?}");
+    let record: Option<String> = conn.get(format!("{key}:e:{:032x}", 0xf)).expect("GET");
+    assert_eq!(record, None);
+
+    // Anything but 1 or 0 first is refused before any write.
+    let refused = fcall(&mut conn, "2", 0x10).expect_err("refused");
+    assert!(
+        refused.to_string().contains("ARGV[1] is not 1"),
+        "{refused}"
+    );
+    assert_eq!(fixed_count(&mut conn, &key), Some(3));
 }
 
 /// Each admitted evaluation leaves one record, a key of its own next to the

@@ -131,13 +131,7 @@ impl Inner {
         let request = Request {
             script: &script,
             mode,
-            cmd: scripts::call_several(
-                &script,
-                mode,
-                self.scripts.common(),
-                evaluations,
-                self.first_sends(),
-            ),
+            cmd: scripts::call_several(&script, mode, self.scripts.common(), evaluations),
             limits: policies.iter().map(|p| shape(p)).collect(),
             deadline,
             batch: false,

@@ -174,15 +174,16 @@ fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[
     let _ = arg.write_all(id);
 }
 
-/// `FCALL name 2n state_1 record_1 … state_n record_n first id cost_1 …
+/// `FCALL name 2n state_1 record_1 … state_n record_n 0 id cost_1 …
 /// cost_n [life]`: every limit's two keys, as [`call`] sends them, one id
-/// for all.
+/// for all. Never sent as a first send (`0`, `lua/several.lua`): its writes
+/// wait until every limit has decided, so a first send could not claim its
+/// record before charging.
 pub fn call_several(
     script: &Script,
     mode: Mode,
     common: &Common,
     evaluations: &[Evaluation<'_>],
-    first: bool,
 ) -> Cmd {
     let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
     let mut cmd = Cmd::with_capacity(5 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
@@ -191,7 +192,7 @@ pub fn call_several(
     for evaluation in evaluations {
         push_keys(&mut cmd, common, evaluation, &id);
     }
-    cmd.arg(attempt(first)).arg(&id[..]);
+    cmd.arg(attempt(false)).arg(&id[..]);
     for evaluation in evaluations {
         cmd.arg(evaluation.cost);
     }

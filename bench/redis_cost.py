@@ -19,6 +19,9 @@ and the script does not look for a record (a re-send, `0`, adds one GET).
 With --before, a second binary's calls (an earlier version) are captured
 too and replayed beside these, algorithm by algorithm on the same Redis,
 each against the same baseline: the table then shows both, side by side.
+With --denied, every limit is 1 and only the hot subject is replayed:
+every call after the first is a denial (the baseline's too), and the
+results go to redis-cost-denied.md and .json.
 
 Writes bench/results/redis-cost.md and redis-cost.json, and prints the table.
 """
@@ -83,6 +86,11 @@ routes:
 """
 
 ALGORITHMS = ["fixed-window", "sliding-counter", "sliding-log", "token-bucket", "gcra"]
+
+# CONFIG's routes, every limit 1 and every window an hour (--denied): on
+# one hot subject, every call after the first is a denial.
+DENIED_CONFIG = re.sub(r"(window|refill_every): [0-9]+[a-z]+", r"\1: 1h",
+                       re.sub(r"(limit|capacity|refill_tokens|burst): [0-9]+", r"\1: 1", CONFIG))
 
 
 def log(msg):
@@ -260,7 +268,12 @@ def main():
                     help="another sluice binary (an earlier version), measured beside --sluice")
     ap.add_argument("--calls", type=int, default=200_000)
     ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--denied", action="store_true",
+                    help="limits of 1, the hot subject only: what a denial costs")
     args = ap.parse_args()
+    config = DENIED_CONFIG if args.denied else None
+    limit = "1" if args.denied else "1000000000"
+    stem = "redis-cost-denied" if args.denied else "redis-cost"
     procs = Processes()
     try:
         with tempfile.TemporaryDirectory(prefix="sluice-redis-cost-") as workdir:
@@ -269,7 +282,7 @@ def main():
             baseline_sha = r.cmd("SCRIPT", "LOAD", BASELINE)
             upstream = start_upstream(procs, workdir)
             log("capturing each algorithm's call from a running sluice")
-            captured = capture(procs, workdir, args.sluice, port, upstream)
+            captured = capture(procs, workdir, args.sluice, port, upstream, config)
             for a in ALGORITHMS:
                 at = id_at(captured[a])
                 flag = captured[a][at - 1] if at > 3 + int(captured[a][2]) else "none"
@@ -277,10 +290,12 @@ def main():
             before = None
             if args.before:
                 log(f"capturing each algorithm's call from {args.before}")
-                before = capture(procs, workdir, args.before, port, upstream)
+                before = capture(procs, workdir, args.before, port, upstream, config)
             rows = []
-            for many in (False, True):
+            for many in (False,) if args.denied else (False, True):
                 label = "many subjects" if many else "one hot subject"
+                if args.denied:
+                    label = "one hot subject, denied"
                 r.cmd("FLUSHALL")
                 for a in ALGORITHMS:
                     row = {"algorithm": a, "subjects": label}
@@ -292,7 +307,7 @@ def main():
                                    args.clients, a)
                     key = "seed:__rand_int__" if many else "seed:hot"
                     seed = replay(redis_proc.pid, r, port,
-                                  ["EVALSHA", baseline_sha, "1", key, "3600", "1000000000"],
+                                  ["EVALSHA", baseline_sha, "1", key, "3600", limit],
                                   args.calls, args.clients)
                     ratio = call["script_us_per_call"] / seed["script_us_per_call"]
                     cpu_ratio = call["cpu_us_per_call"] / seed["cpu_us_per_call"]
@@ -318,7 +333,7 @@ def main():
               "captured": {a: captured[a] for a in ALGORITHMS}}
     if before:
         result["captured_before"] = {a: before[a] for a in ALGORITHMS}
-    with open(os.path.join(RESULTS, "redis-cost.json"), "w") as f:
+    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
         json.dump(result, f, indent=2)
     lines = [
         "# Redis CPU per decision, beside the baseline INCR + EXPIRE fixed-window script",
@@ -329,7 +344,9 @@ def main():
         "commandstats `usec_per_call` of FCALL (the function and the commands inside it; EVALSHA "
         "for the baseline script and versions before Redis Functions), the "
         "ratio's basis. Whole CPU: redis-server's utime + stime per call from /proc, networking "
-        "included (the same for both, so it narrows the ratio).",
+        "included (the same for both, so it narrows the ratio)."
+        + (" Every limit 1 (the baseline's too): each call after the first is a denial."
+           if args.denied else ""),
         "",
     ]
     if before:
@@ -360,7 +377,7 @@ def main():
                      f"{row['baseline']['script_us_per_call']:.2f} | {row['ratio']:.2f} | {target} | "
                      f"{row['sluice']['cpu_us_per_call']:.1f} / {row['baseline']['cpu_us_per_call']:.1f} | "
                      f"{row['cpu_ratio']:.2f} |")
-    with open(os.path.join(RESULTS, "redis-cost.md"), "w") as f:
+    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -37,11 +37,6 @@ from tools import Processes, Redis  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
-# redis_cost.CONFIG's routes, every limit 1 (--denied).
-DENIED_CONFIG = re.sub(r"(window|refill_every): [0-9]+[a-z]+", r"\1: 1h",
-                       re.sub(r"(limit|capacity|refill_tokens|burst): [0-9]+", r"\1: 1",
-                              redis_cost.CONFIG))
-
 
 def main():
     ap = argparse.ArgumentParser()
@@ -53,7 +48,7 @@ def main():
     args = ap.parse_args()
     config = None
     if args.denied:
-        config = DENIED_CONFIG
+        config = redis_cost.DENIED_CONFIG
     labels = [s.split("=", 1)[0] if "=" in s else s for s in args.sluice]
     binaries = [s.split("=", 1)[1] if "=" in s else s for s in args.sluice]
     procs = Processes()

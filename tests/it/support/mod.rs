@@ -5,6 +5,7 @@
 //! - [`sidecar`]: `Sidecar`, the `sluice` binary on a temporary config.
 //! - [`client`]: requests, bursts, raw bytes.
 //! - [`redis`]: `RedisServer`, a real redis-server on a free port (TLS, ACL).
+//! - [`store_api`]: the Redis store through its library API: settings, policies, keys.
 //! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
 //! - [`tls`]: a self-signed certificate and a client that trusts it.
 //! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
@@ -23,6 +24,7 @@ pub mod redis;
 pub mod redis_sidecar;
 pub mod scripted;
 pub mod sidecar;
+pub mod store_api;
 pub mod tls;
 pub mod tokens;
 pub mod topology;

@@ -3,6 +3,7 @@
 //! charged once (alone, in a batch); a first send reads no record and
 //! leaves one only when it admits, claimed before it charges, so one its
 //! own retry overtook replays it; every record expires with the window.
+//! And end to end, through the binary: only admissions leave records.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,7 +13,10 @@ use tokio::time::Instant;
 
 use crate::support::lost_reply::{relay, relay_on};
 use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{redis_yaml, start_ready};
 use crate::support::store_api::*;
+use crate::support::{clear_of_window_edge, get, Upstream};
+use http::StatusCode;
 use sluice::limit::{Bands, Outcome};
 use sluice::subject::Pseudonym;
 
@@ -354,4 +358,105 @@ async fn each_admission_leaves_one_record_that_expires_with_the_window_and_a_den
         assert!(Instant::now() < deadline, "records outlived the window");
         tokio::time::sleep(ms(50)).await;
     }
+}
+
+/// Through the binary: only an admitted request leaves a de-duplication
+/// record (`<state>:e:<id>`), on every algorithm and on a route of several
+/// limits, and a decision's first send reads no record: a compact-state
+/// decision `GET`s its state and nothing else, the sliding log nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_admissions_leave_records_and_a_first_send_reads_none() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  fw: { algorithm: fixed-window, limit: 3, window: 1h, lease: off }
+  sc: { algorithm: sliding-counter, limit: 3, window: 1h, lease: off }
+  sl: { algorithm: sliding-log, limit: 3, window: 1h }
+  tb: { algorithm: token-bucket, capacity: 3, refill_tokens: 1, refill_every: 1h, lease: off }
+  gc: { algorithm: gcra, limit: 3, window: 1h, burst: 3, lease: off }
+  wide: { algorithm: fixed-window, limit: 1000, window: 1h, lease: off }
+";
+    let mut routes: String = ["fw", "sc", "sl", "tb", "gc"]
+        .iter()
+        .map(|a| {
+            format!(
+                "  - {{ name: {a}, match: {{ path_prefix: /{a} }}, subject: client_ip, policy: {a} }}\n"
+            )
+        })
+        .collect();
+    routes.push_str(
+        "  - name: both
+    match: { path_prefix: /both }
+    limits:
+      - { policy: fw, subject: client_ip }
+      - { policy: wide, subject: global }
+",
+    );
+    // A budget of 1s: this counts decisions, and on a busy two-core machine
+    // a 50ms one may fail closed. Every denial goes to Redis: no over-limit
+    // cache answering for it.
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, &routes)
+        .replace("  budget: 50ms\n", "  budget: 1s\n")
+        .replace(
+            "  deny_cache_entries: 100000\n",
+            "  deny_cache_entries: 0\n",
+        );
+    let sluice = start_ready(&yaml).await;
+    let mut conn = redis.connection();
+    let records = |conn: &mut redis::Connection| -> usize {
+        conn.keys::<_, Vec<String>>("sluice:*:e:*")
+            .expect("KEYS")
+            .len()
+    };
+    let calls = |conn: &mut redis::Connection, command: &str| -> u64 {
+        commandstats(conn)
+            .into_iter()
+            .find(|(name, _)| name == command)
+            .map_or(0, |(_, calls)| calls)
+    };
+    clear_of_window_edge(Duration::from_secs(3600), Duration::from_secs(20)).await;
+
+    // (path, the GETs of its six decisions, its records): a compact state
+    // is one GET a decision; the sliding log reads a sorted set. Several
+    // limits are always sent as a re-send could be (`lua/several.lua`):
+    // each limit GETs its record, then its state; a request refused by the
+    // first limit reads the first's only (the script stops there, writing
+    // nothing), an admitted one both.
+    let cases = [
+        ("/fw", 6, 3),
+        ("/sc", 6, 3),
+        ("/sl", 0, 3),
+        ("/tb", 6, 3),
+        ("/gc", 6, 3),
+        ("/both", 3 * 4 + 3 * 2, 3 * 2),
+    ];
+    let mut total = 0;
+    for (path, gets, kept) in cases {
+        reset_stats(&mut conn);
+        let mut statuses = Vec::new();
+        for _ in 0..6 {
+            statuses.push(get(sluice.addr(), path, &[]).await.0);
+        }
+        assert_eq!(
+            statuses[..],
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS
+            ],
+            "{path}"
+        );
+        assert_eq!(calls(&mut conn, "fcall"), 6, "{path}");
+        assert_eq!(
+            calls(&mut conn, "get"),
+            gets,
+            "{path}: {:?}",
+            commandstats(&mut conn)
+        );
+        total += kept;
+        assert_eq!(records(&mut conn), total, "{path}: a denial left a record");
+    }
+    assert_eq!(upstream.count(), 18);
 }

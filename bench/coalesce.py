@@ -163,6 +163,11 @@ def batch_call(single, n):
     call = ["FCALL", single[1] + "_batch", str(2 * n)]
     for _ in range(n):
         call += keys
+    # Versions whose calls say whether they are a first attempt (ARGV[1],
+    # `1` or `0`) say it once for a whole batch.
+    if rest[0] in ("0", "1"):
+        call.append(rest[0])
+        rest = rest[1:]
     for _ in range(n):
         call += [rest[0], rest[1], ""]
     return call

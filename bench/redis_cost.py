@@ -11,6 +11,17 @@ stime of redis-server over the run), so the ratio compares what Redis
 spent, not what the client saw.
 
     python3 bench/redis_cost.py --sluice target/release/sluice [--calls N]
+        [--before OTHER/sluice]
+
+The call is replayed as sluice sends it on a first send: since decisions
+say whether they are a first attempt (ARGV[1], lua/README.md), that is `1`,
+and the script does not look for a record (a re-send, `0`, adds one GET).
+With --before, a second binary's calls (an earlier version) are captured
+too and replayed beside these, algorithm by algorithm on the same Redis,
+each against the same baseline: the table then shows both, side by side.
+With --denied, every limit is 1 and only the hot subject is replayed:
+every call after the first is a denial (the baseline's too), and the
+results go to redis-cost-denied.md and .json.
 
 Writes bench/results/redis-cost.md and redis-cost.json, and prints the table.
 """
@@ -76,6 +87,11 @@ routes:
 
 ALGORITHMS = ["fixed-window", "sliding-counter", "sliding-log", "token-bucket", "gcra"]
 
+# CONFIG's routes, every limit 1 and every window an hour (--denied): on
+# one hot subject, every call after the first is a denial.
+DENIED_CONFIG = re.sub(r"(window|refill_every): [0-9]+[a-z]+", r"\1: 1h",
+                       re.sub(r"(limit|capacity|refill_tokens|burst): [0-9]+", r"\1: 1", CONFIG))
+
 
 def log(msg):
     print(f"[redis-cost] {msg}", flush=True)
@@ -118,13 +134,16 @@ server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok"; }} }} }}
     return port
 
 
-def capture(procs, workdir, sluice, redis_port):
+def capture(procs, workdir, sluice, redis_port, upstream=None, config=None):
     """Each algorithm's call as sluice sends it (FCALL; EVALSHA from versions
-    before Redis Functions), read off MONITOR."""
-    upstream = start_upstream(procs, workdir)
+    before Redis Functions), read off MONITOR. `upstream`: the capture
+    upstream's port, started here when not given; `config`: CONFIG unless
+    given (the same routes, other limits)."""
+    if upstream is None:
+        upstream = start_upstream(procs, workdir)
     conf = os.path.join(workdir, "sluice.yaml")
     with open(conf, "w") as f:
-        f.write(CONFIG.format(upstream=upstream, redis=redis_port))
+        f.write((config or CONFIG).format(upstream=upstream, redis=redis_port))
     logf = os.path.join(workdir, "sluice.log")
     proc = procs.start("sluice", [sluice, "run", "--config", conf], CPU_CLIENT, logf)
     addr = None
@@ -141,12 +160,18 @@ def capture(procs, workdir, sluice, redis_port):
     monitor = subprocess.Popen(["redis-cli", "-p", str(redis_port), "monitor"],
                                stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)
+    import urllib.error
     import urllib.request
     for a in ALGORITHMS:
         # The first call may find the scripts still loading: ask twice.
         for _ in range(2):
-            with urllib.request.urlopen(f"http://{addr}/{a}", timeout=5) as r:
-                r.read()
+            try:
+                with urllib.request.urlopen(f"http://{addr}/{a}", timeout=5) as r:
+                    r.read()
+            except urllib.error.HTTPError as e:
+                # A 429 is a decision too (a capture of denials).
+                if e.code != 429:
+                    raise
     time.sleep(0.3)
     monitor.terminate()
     out, _ = monitor.communicate(timeout=5)
@@ -168,6 +193,14 @@ def capture(procs, workdir, sluice, redis_port):
     return calls
 
 
+def id_at(args):
+    """Where the evaluation id is: ARGV[1], or ARGV[2] after the first-attempt
+    flag (`1` or `0`) of versions that send one."""
+    numkeys = int(args[2])
+    first = 3 + numkeys
+    return first + 1 if args[first] in ("0", "1") else first
+
+
 def fresh(args, many):
     """The captured call with a fresh evaluation id per call (20 zeros and
     redis-benchmark's 12-digit __rand_int__: 32 hex digits) and, for many
@@ -181,7 +214,7 @@ def fresh(args, many):
         # The record's key names the id too: a captured one would be found
         # on every call after the first, and replayed.
         out[k] = re.sub(r":e:[0-9a-f]{32}$", ":e:" + fresh_id, out[k])
-    out[3 + numkeys] = fresh_id
+    out[id_at(out)] = fresh_id
     return out
 
 
@@ -220,38 +253,73 @@ def replay(redis_pid, r, port, args, calls, clients):
             "calls_per_s": calls / wall, "decided": (int(m.group(1)) if m else 0) / calls}
 
 
+def measure(redis_pid, r, port, call_args, many, calls, clients, name):
+    call = replay(redis_pid, r, port, fresh(call_args, many), calls, clients)
+    if call["decided"] < 0.99:
+        raise SystemExit(f"{name}: only {call['decided']:.1%} of the calls decided "
+                         "afresh (the rest replayed a record)")
+    return call
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", default="target/release/sluice")
+    ap.add_argument("--before", default=None,
+                    help="another sluice binary (an earlier version), measured beside --sluice")
     ap.add_argument("--calls", type=int, default=200_000)
     ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--denied", action="store_true",
+                    help="limits of 1, the hot subject only: what a denial costs")
     args = ap.parse_args()
+    config = DENIED_CONFIG if args.denied else None
+    limit = "1" if args.denied else "1000000000"
+    stem = "redis-cost-denied" if args.denied else "redis-cost"
     procs = Processes()
     try:
         with tempfile.TemporaryDirectory(prefix="sluice-redis-cost-") as workdir:
             redis_proc, port = start_redis(procs, workdir)
             r = Redis(port)
             baseline_sha = r.cmd("SCRIPT", "LOAD", BASELINE)
+            upstream = start_upstream(procs, workdir)
             log("capturing each algorithm's call from a running sluice")
-            captured = capture(procs, workdir, args.sluice, port)
+            captured = capture(procs, workdir, args.sluice, port, upstream, config)
+            for a in ALGORITHMS:
+                at = id_at(captured[a])
+                flag = captured[a][at - 1] if at > 3 + int(captured[a][2]) else "none"
+                log(f"{a}: first-attempt argument {flag}")
+            before = None
+            if args.before:
+                log(f"capturing each algorithm's call from {args.before}")
+                before = capture(procs, workdir, args.before, port, upstream, config)
             rows = []
-            for many in (False, True):
+            for many in (False,) if args.denied else (False, True):
                 label = "many subjects" if many else "one hot subject"
+                if args.denied:
+                    label = "one hot subject, denied"
                 r.cmd("FLUSHALL")
                 for a in ALGORITHMS:
-                    call = replay(redis_proc.pid, r, port, fresh(captured[a], many), args.calls,
-                                  args.clients)
-                    if call["decided"] < 0.99:
-                        raise SystemExit(f"{a}: only {call['decided']:.1%} of the calls decided "
-                                         "afresh (the rest replayed a record)")
+                    row = {"algorithm": a, "subjects": label}
+                    if before:
+                        old = measure(redis_proc.pid, r, port, before[a], many, args.calls,
+                                      args.clients, f"{a} (before)")
+                        r.cmd("FLUSHALL")
+                    call = measure(redis_proc.pid, r, port, captured[a], many, args.calls,
+                                   args.clients, a)
                     key = "seed:__rand_int__" if many else "seed:hot"
                     seed = replay(redis_proc.pid, r, port,
-                                  ["EVALSHA", baseline_sha, "1", key, "3600", "1000000000"],
+                                  ["EVALSHA", baseline_sha, "1", key, "3600", limit],
                                   args.calls, args.clients)
                     ratio = call["script_us_per_call"] / seed["script_us_per_call"]
                     cpu_ratio = call["cpu_us_per_call"] / seed["cpu_us_per_call"]
-                    rows.append({"algorithm": a, "subjects": label, "sluice": call, "baseline": seed,
-                                 "ratio": ratio, "cpu_ratio": cpu_ratio})
+                    row.update({"sluice": call, "baseline": seed, "ratio": ratio,
+                                "cpu_ratio": cpu_ratio})
+                    if before:
+                        row["before"] = old
+                        row["before_ratio"] = old["script_us_per_call"] / seed["script_us_per_call"]
+                        row["before_cpu_ratio"] = old["cpu_us_per_call"] / seed["cpu_us_per_call"]
+                        log(f"{a:16} {label:16} before: script {old['script_us_per_call']:6.2f} µs, "
+                            f"whole CPU {old['cpu_us_per_call']:.1f} µs ({row['before_cpu_ratio']:.2f}×)")
+                    rows.append(row)
                     log(f"{a:16} {label:16} script {call['script_us_per_call']:6.2f} µs vs baseline "
                         f"{seed['script_us_per_call']:5.2f} µs: {ratio:.2f}×; whole Redis CPU "
                         f"{call['cpu_us_per_call']:.1f} vs {seed['cpu_us_per_call']:.1f} µs: {cpu_ratio:.2f}×")
@@ -263,18 +331,43 @@ def main():
     result = {"generated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "calls": args.calls, "clients": args.clients, "rows": rows,
               "captured": {a: captured[a] for a in ALGORITHMS}}
-    with open(os.path.join(RESULTS, "redis-cost.json"), "w") as f:
+    if before:
+        result["captured_before"] = {a: before[a] for a in ALGORITHMS}
+    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
         json.dump(result, f, indent=2)
     lines = [
         "# Redis CPU per decision, beside the baseline INCR + EXPIRE fixed-window script",
         "",
         f"{result['generated_at']}; redis-benchmark, {args.clients} connections, {args.calls} calls "
-        "each, a fresh evaluation id per call; Redis alone on one CPU. Script µs: INFO "
+        "each, a fresh evaluation id per call, sent as a first attempt where the version says so; "
+        "Redis alone on one CPU. Script µs: INFO "
         "commandstats `usec_per_call` of FCALL (the function and the commands inside it; EVALSHA "
         "for the baseline script and versions before Redis Functions), the "
         "ratio's basis. Whole CPU: redis-server's utime + stime per call from /proc, networking "
-        "included (the same for both, so it narrows the ratio).",
+        "included (the same for both, so it narrows the ratio)."
+        + (" Every limit 1 (the baseline's too): each call after the first is a denial."
+           if args.denied else ""),
         "",
+    ]
+    if before:
+        lines += [
+            "Before: the calls of the version given with `--before`, replayed in the same run, "
+            "on the same Redis, just before this version's and the baseline's.",
+            "",
+            "| algorithm | subjects | script µs, before → now | baseline script µs | ratio, before → now | "
+            "whole CPU µs, before → now | baseline whole CPU µs | ratio, before → now |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in rows:
+            b, n, s = row["before"], row["sluice"], row["baseline"]
+            lines.append(
+                f"| {row['algorithm']} | {row['subjects']} | {b['script_us_per_call']:.2f} → "
+                f"{n['script_us_per_call']:.2f} | {s['script_us_per_call']:.2f} | "
+                f"{row['before_ratio']:.2f} → {row['ratio']:.2f} | {b['cpu_us_per_call']:.1f} → "
+                f"{n['cpu_us_per_call']:.1f} | {s['cpu_us_per_call']:.1f} | "
+                f"{row['before_cpu_ratio']:.2f} → {row['cpu_ratio']:.2f} |")
+        lines.append("")
+    lines += [
         "| algorithm | subjects | sluice script µs | baseline script µs | ratio | target | whole CPU µs, sluice / baseline | ratio |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -284,7 +377,7 @@ def main():
                      f"{row['baseline']['script_us_per_call']:.2f} | {row['ratio']:.2f} | {target} | "
                      f"{row['sluice']['cpu_us_per_call']:.1f} / {row['baseline']['cpu_us_per_call']:.1f} | "
                      f"{row['cpu_ratio']:.2f} |")
-    with open(os.path.join(RESULTS, "redis-cost.md"), "w") as f:
+    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

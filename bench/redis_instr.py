@@ -11,8 +11,12 @@ versions by: give one sluice binary per version; all run against the one
 Redis, their scripts and libraries loaded side by side.
 
     python3 bench/redis_instr.py [LABEL=]SLUICE [[LABEL=]OTHER_SLUICE ...] [--calls N]
+        [--denied]
 
-Writes bench/results/redis-instr.md and prints the table. Needs valgrind
+Writes bench/results/redis-instr.md and prints the table. With --denied,
+every limit is 1 and only the hot subject is replayed: after its first
+call, every call is a denial, and the table (bench/results/
+redis-instr-denied.md) is what a denial costs. Needs valgrind
 (callgrind_control), redis-server and redis-benchmark, and nginx for the
 capture.
 """
@@ -39,7 +43,12 @@ def main():
     ap.add_argument("sluice", nargs="+")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--denied", action="store_true",
+                    help="limits of 1, the hot subject only: what a denial costs")
     args = ap.parse_args()
+    config = None
+    if args.denied:
+        config = redis_cost.DENIED_CONFIG
     labels = [s.split("=", 1)[0] if "=" in s else s for s in args.sluice]
     binaries = [s.split("=", 1)[1] if "=" in s else s for s in args.sluice]
     procs = Processes()
@@ -57,7 +66,8 @@ def main():
                 raise SystemExit("redis-server did not start under valgrind")
             r = Redis(port)
             baseline_sha = r.cmd("SCRIPT", "LOAD", redis_cost.BASELINE)
-            captured = [redis_cost.capture(procs, workdir, s, port) for s in binaries]
+            captured = [redis_cost.capture(procs, workdir, s, port, config=config)
+                        for s in binaries]
 
             def control(*what):
                 subprocess.run(["callgrind_control", *what, str(redis.pid)],
@@ -80,8 +90,10 @@ def main():
                     os.unlink(d)
                 return total / args.calls
 
-            for many in (False, True):
+            for many in (False,) if args.denied else (False, True):
                 label = "many subjects" if many else "one hot subject"
+                if args.denied:
+                    label = "one hot subject, denied"
                 for a in redis_cost.ALGORITHMS:
                     per = []
                     for calls in captured:
@@ -89,7 +101,8 @@ def main():
                         per.append(instructions(redis_cost.fresh(calls[a], many)))
                     r.cmd("FLUSHALL")
                     key = "seed:__rand_int__" if many else "seed:hot"
-                    seed = instructions(["EVALSHA", baseline_sha, "1", key, "3600", "1000000000"])
+                    limit = "1" if args.denied else "1000000000"
+                    seed = instructions(["EVALSHA", baseline_sha, "1", key, "3600", limit])
                     rows.append((a, label, per, seed))
                     print(f"[redis-instr] {a:16} {label:16} seed {seed:8.0f} " +
                           " ".join(f"{p:8.0f} ({p / seed:.2f}x)" for p in per), flush=True)
@@ -103,7 +116,9 @@ def main():
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; callgrind, instrumentation on "
         f"only during each replay; redis-benchmark, {args.clients} connections, {args.calls} "
         "calls each, a fresh evaluation id per call. Everything redis-server ran per call: "
-        "networking, the script and the commands inside it.",
+        "networking, the script and the commands inside it."
+        + (" Every limit 1 (the baseline's too): each call after the first is a denial."
+           if args.denied else ""),
         "",
         f"| algorithm | subjects | baseline | {heads} |",
         "|---|---|---|" + "---|---|" * len(labels),
@@ -112,7 +127,8 @@ def main():
         cells = " | ".join(f"{p:,.0f} | {p / seed:.2f}" for p in per)
         lines.append(f"| {a} | {label} | {seed:,.0f} | {cells} |")
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "redis-instr.md"), "w") as f:
+    name = "redis-instr-denied.md" if args.denied else "redis-instr.md"
+    with open(os.path.join(RESULTS, name), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

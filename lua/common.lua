@@ -54,11 +54,16 @@ end
 -- them into each policy's library as literals (the `P_` locals), from a
 -- configuration already validated. Converting a dozen arguments from text
 -- on every call cost more than the rest of the prologue (measured: about
--- 2.5 us of 9.5). Only the evaluation id and the cost change from call to
--- call: checked here, first thing in every call, with the record's key
--- (de-duplication, below).
+-- 2.5 us of 9.5). Only whether the call is a first attempt, the evaluation
+-- id and the cost change from call to call: checked here, first thing in
+-- every call, with the record's key (de-duplication, below).
 --
--- A third argument, when present, is how long the record lives (ms, at
+-- ARGV[1] is `1` on a call's first send, when this id cannot have been
+-- applied yet (ids are random, one per evaluation), and `0` on a re-send
+-- (or wherever sluice cannot rule one out: Redis Cluster, whose client
+-- re-sends by itself): only then is the record looked for.
+--
+-- A fourth argument, when present, is how long the record lives (ms, at
 -- most a day) instead of dedupe_window: a charge reserved before a request
 -- is forwarded is settled when the app's answer comes, by a refund that
 -- needs the record (lua/refund.lua).
@@ -66,23 +71,28 @@ local function arguments(KEYS, ARGV)
   if not format then
     format, match, tonumber, unpack = standard()
   end
-  if #ARGV ~= 2 and #ARGV ~= 3 then
-    fail('expects 2 or 3 arguments: the evaluation id, the cost and the record life')
+  if #ARGV ~= 3 and #ARGV ~= 4 then
+    fail('expects 3 or 4 arguments: first attempt or not, the evaluation id, the cost '
+      .. 'and the record life')
   end
-  local id = ARGV[1]
+  local first = ARGV[1]
+  if first ~= '1' and first ~= '0' then
+    fail('ARGV[1] is not 1 (a first attempt) or 0 (perhaps a re-send)')
+  end
+  local id = ARGV[2]
   if #id ~= 32 or not match(id, '^%x+$') then
-    fail('ARGV[1] is not an evaluation id')
+    fail('ARGV[2] is not an evaluation id')
   end
   -- nil: the policy's P_DEDUPE_WINDOW_TEXT (declared after this file).
   local record_life = nil
-  if #ARGV == 3 then
-    local life = int_arg(ARGV, 3, 1)
+  if #ARGV == 4 then
+    local life = int_arg(ARGV, 4, 1)
     if life > 86400000 then
-      fail('ARGV[3] is not a record life in range')
+      fail('ARGV[4] is not a record life in range')
     end
     record_life = format('%d', life)
   end
-  return id, int_arg(ARGV, 2, 1), KEYS[#KEYS], record_life
+  return id, int_arg(ARGV, 3, 1), KEYS[#KEYS], record_life, first == '1'
 end
 
 -- Checks the number of keys and of band parameters (`args`, the policy's
@@ -142,11 +152,18 @@ local function bind(verdicts)
   return {1, v[2], v[3], wait, least - 1}
 end
 
--- De-duplication. Each evaluation applied leaves one record of its own:
--- the last key, `<state key>:e:<id>` under the subject's hash tag, holding
--- the decision for dedupe_window. A retry can only come within the budget
--- of the first attempt, so records live that long and no longer; finding
--- one is a GET, leaving one a SET, however hot the subject.
+-- De-duplication. An evaluation leaves one record of its own: the last
+-- key, `<state key>:e:<id>` under the subject's hash tag, holding the
+-- decision for dedupe_window. A retry can only come within the budget of
+-- the first attempt, so records live that long and no longer; finding one
+-- is a GET, leaving one a SET, however hot the subject.
+--
+-- A first send (ARGV[1] = 1) does not look: its id is new. Its denial
+-- leaves no record: it charged nothing, so a retry decided afresh charges
+-- the request at most once (if it admits), and nothing else reads a
+-- denial's record (a refund gives back only what a record says was
+-- admitted). Its admission claims the record before charging (`record`,
+-- below). A re-send (0) looks first, and records whatever it decides.
 
 -- The decision this id already got, if it was applied before: a retry
 -- after an ambiguous failure must not charge twice.
@@ -163,15 +180,37 @@ local function replay(record_key)
     tonumber(band), 1, 0}
 end
 
+-- Leaves the record of `decision`, before any other write: nil, or, when
+-- a first send finds its record already there, the decision to replay.
+--
+-- A first send (`first`) records an admission only, with `SET … NX`: its
+-- id is fresh, so the record can only be there if its own retry, sent
+-- on another connection after this one failed, reached Redis first (a
+-- packet delayed, a proxy's queue) and was decided. Then this send
+-- replays that decision and writes nothing: charging it would charge the
+-- request twice. A re-send (`0`) records its denial as well as an
+-- admission, so that a first send it overtook, arriving later, replays the
+-- denial instead of charging a request that was refused.
+--
 -- `now` is the time the decision was made at: a refund (lua/refund.lua)
 -- needs it to find the window that was charged. `server` is the policy
 -- function's `redis` (a read-only or deferring one, lua/peek.lua and
--- lua/several.lua): the record is a write.
-local function remember(server, record_key, decision, now, window_text)
-  server.call('SET', record_key,
-    format('%d:%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4], decision[5],
-      now),
-    'PX', window_text)
+-- lua/several.lua: they drop or queue the SET, which answers false; the
+-- GET behind it then finds nothing, and the decision stands).
+local function record(server, first, record_key, decision, now, window_text)
+  if first and decision[1] ~= 1 then
+    return nil
+  end
+  local text = format('%d:%d:%d:%d:%d:%d', decision[1], decision[2], decision[3], decision[4],
+    decision[5], now)
+  if not first then
+    server.call('SET', record_key, text, 'PX', window_text)
+    return nil
+  end
+  if server.call('SET', record_key, text, 'PX', window_text, 'NX') then
+    return nil
+  end
+  return replay(record_key)
 end
 
 local function reply(decision, skew)

@@ -9,7 +9,7 @@
 -- (or whose record has expired) changes nothing.
 --
 -- sluice puts this file after lua/common.lua and the policy's numbers (the
--- `P_` locals): the same argument checks as a decision.
+-- `P_` locals).
 
 -- A stored integer, or nil when absent or not one (a refund never refuses:
 -- it gives back what it can read and leaves the rest, unlike common.lua's
@@ -42,8 +42,26 @@ local function write_numbers(key, numbers)
   redis.call('SET', key, table.concat(numbers, ':'), 'KEEPTTL')
 end
 
+-- Two arguments: the evaluation id and the units to give back. Unlike a
+-- decision's (lua/common.lua), no first-attempt flag (a refund always reads
+-- the record: it is what decides) and no record life (the record keeps its
+-- TTL).
+local function refund_arguments(KEYS, ARGV)
+  if not format then
+    format, match, tonumber, unpack = standard()
+  end
+  if #ARGV ~= 2 then
+    fail('expects 2 arguments: the evaluation id and the units to give back')
+  end
+  local id = ARGV[1]
+  if #id ~= 32 or not match(id, '^%x+$') then
+    fail('ARGV[1] is not an evaluation id')
+  end
+  return id, int_arg(ARGV, 2, 1), KEYS[#KEYS]
+end
+
 local function refund(KEYS, ARGV)
-  local id, cost, record_key = arguments(KEYS, ARGV)
+  local id, cost, record_key = refund_arguments(KEYS, ARGV)
   if #KEYS ~= 2 then
     fail('expects 2 keys')
   end

@@ -30,15 +30,24 @@ local function several(KEYS, ARGV)
   if #KEYS ~= 2 * n then
     fail('expects ' .. 2 * n .. ' keys')
   end
-  -- Then, optionally, one record life for every limit (lua/common.lua).
-  if #ARGV ~= 1 + n and #ARGV ~= 2 + n then
-    fail('expects the evaluation id, ' .. n .. ' costs and perhaps a record life')
+  -- `0` (perhaps a re-send) and the evaluation id, for every limit; each
+  -- limit's cost; then, optionally, one record life for every limit
+  -- (lua/common.lua). Never a first send's `1`: a first send claims its
+  -- record before it charges (common.lua, `record`), which writes queued
+  -- until every limit has decided cannot do. So each limit looks for its
+  -- record first, and records its denial too.
+  if #ARGV ~= 2 + n and #ARGV ~= 3 + n then
+    fail('expects 0, the evaluation id, ' .. n .. ' costs and perhaps a record life')
   end
-  local life = ARGV[2 + n]
+  if ARGV[1] ~= '0' then
+    fail('ARGV[1] is not 0: several limits are always sent as a re-send could be')
+  end
+  local life = ARGV[3 + n]
   local replies, queues = {}, {}
   for i = 1, n do
     queue = {}
-    local reply = LIMITS[i](DEFERRING, {KEYS[2 * i - 1], KEYS[2 * i]}, {ARGV[1], ARGV[1 + i], life})
+    local reply = LIMITS[i](DEFERRING, {KEYS[2 * i - 1], KEYS[2 * i]},
+      {ARGV[1], ARGV[2], ARGV[2 + i], life})
     for f = 1, 8 do
       replies[#replies + 1] = reply[f]
     end

@@ -7,7 +7,7 @@
 -- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
 -- (lua/several.lua) stand-in for it.
 local function decide(redis, KEYS, ARGV)
-  local id, cost, record_key, record_life = arguments(KEYS, ARGV)
+  local id, cost, record_key, record_life, first = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
   -- Two keys: the log, a sorted set for every band, and this evaluation's
@@ -22,9 +22,12 @@ local function decide(redis, KEYS, ARGV)
     end
   end
 
-  local replayed = replay(record_key)
-  if replayed then
-    return replayed
+  -- A first attempt has no record to find (lua/common.lua, "De-duplication").
+  if not first then
+    local replayed = replay(record_key)
+    if replayed then
+      return replayed
+    end
   end
 
   -- State: one member per admitted unit of cost, scored by its time (us).
@@ -75,6 +78,13 @@ local function decide(redis, KEYS, ARGV)
   end
 
   local decision = bind(verdicts)
+  -- The record first (a first send's denial leaves none; common.lua): a
+  -- first send its own retry overtook replays that one's decision here.
+  local replayed = record(redis, first, record_key, decision, now,
+    record_life or P_DEDUPE_WINDOW_TEXT)
+  if replayed then
+    return replayed
+  end
   local now_text = format('%d', now)
   if decision[1] == 1 then
     local entries = {}
@@ -93,6 +103,5 @@ local function decide(redis, KEYS, ARGV)
     end
     redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
   end
-  remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   return reply(decision, skew)
 end

@@ -11,7 +11,7 @@ end
 -- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
 -- (lua/several.lua) stand-in for it.
 local function decide(redis, KEYS, ARGV)
-  local id, cost, record_key, record_life = arguments(KEYS, ARGV)
+  local id, cost, record_key, record_life, first = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
   -- Per band: capacity, refill_tokens, refill_every_us, max_wait_us (the
@@ -31,9 +31,12 @@ local function decide(redis, KEYS, ARGV)
   -- State, one string: `t:k1:l1:k2:l2...`; t = last write (us), k<b> =
   -- tokens, l<b> = time of the last whole refill period.
   local per_band = 2
-  local replayed = replay(record_key)
-  if replayed then
-    return replayed
+  -- A first attempt has no record to find (lua/common.lua, "De-duplication").
+  if not first then
+    local replayed = replay(record_key)
+    if replayed then
+      return replayed
+    end
   end
 
   local n = 1 + bands * per_band
@@ -98,11 +101,17 @@ local function decide(redis, KEYS, ARGV)
   end
 
   local decision = bind(verdicts)
+  -- The record first (a first send's denial leaves none; common.lua): a
+  -- first send its own retry overtook replays that one's decision here.
+  local replayed = record(redis, first, record_key, decision, now,
+    record_life or P_DEDUPE_WINDOW_TEXT)
+  if replayed then
+    return replayed
+  end
   -- A denied request writes nothing to any band.
   if decision[1] == 1 then
     redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
       'PX', P_TTL_TEXT)
   end
-  remember(redis, record_key, decision, now, record_life or P_DEDUPE_WINDOW_TEXT)
   return reply(decision, skew)
 end

@@ -208,7 +208,7 @@ keys! { ALL:
     STORE_MAX_CLOCK_REGRESSION: "store.max_clock_regression", "duration", Value("1s"), Restart,
         "Redis: a clock going back by less counts as no time passing; beyond, no decision";
     STORE_DEDUPE_WINDOW: "store.dedupe_window", "duration", Derived("`1s`, or `budget` when longer"), Restart,
-        "Redis: how long each evaluation's record lives, so a retry is not charged twice";
+        "Redis: how long each admitted evaluation's record lives, so a retry is not charged twice";
     STORE_DEDUPE_MAX: "store.dedupe_max", "number", Value("256"), Restart,
         "no longer used; accepted so older files load";
     STORE_BREAKER_FAILURES: "store.breaker_failures", "number", Value("5"), Restart,

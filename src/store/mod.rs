@@ -21,9 +21,11 @@ use tokio::time::Instant;
 use crate::limit::{Micros, Outcome, Policy};
 use crate::subject::Pseudonym;
 
-/// A server-generated id per request. An ambiguous store call may be retried
-/// with the same id; the Redis scripts return the recorded decision instead
-/// of charging twice.
+/// A server-generated id per evaluation (128 random bits), never reused: the
+/// Redis store's first send of an evaluation says so, and its script does
+/// not look for a record a fresh id cannot have. An ambiguous store call is
+/// retried with the same id, as a re-send; the Redis scripts then return the
+/// recorded admission instead of charging twice.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EvaluationId(pub u128);
 

@@ -40,6 +40,7 @@ mod quickstart;
 mod redis_e2e;
 mod redis_eviction;
 mod redis_failures;
+mod redis_records;
 mod redis_scripts;
 mod redis_several;
 mod redis_store;

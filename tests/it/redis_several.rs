@@ -13,6 +13,7 @@ use http::StatusCode;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::support::lost_reply::relay;
 use crate::support::ops::{metric, scrape};
 use crate::support::redis::RedisServer;
 use crate::support::redis_sidecar::{
@@ -179,24 +180,106 @@ async fn one_call_admits_all_or_charges_none_for_every_algorithm() {
     }
 }
 
+/// The state key of `policy` (a fixed window) for `subject`, and the
+/// record key of evaluation `id` beside it.
+fn fixed_keys(policy: &Policy, subject: &Pseudonym, id: u128) -> (String, String) {
+    let state = format!(
+        "sluice:{{{}:{}:fw1:{subject}}}",
+        policy.name, policy.revision
+    );
+    let record = format!("{state}:e:{}", EvaluationId(id));
+    (state, record)
+}
+
+/// A call of several limits whose reply is lost goes again: what its first
+/// send admitted replays, charged once, and so does a shadow limit's
+/// denial (several limits are always sent as a re-send could be: every
+/// limit looks for its record and records its denial), blocking nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_call_replays_and_a_shadow_denial_blocks_nothing() {
     let server = RedisServer::start();
-    let store = connect(&server).await;
+    let relay = relay(server.port()).await;
+    let store = connect_to(Topology::Standalone {
+        url: Secret(format!("redis://127.0.0.1:{}", relay.port)),
+    })
+    .await;
+    let mut conn = server.connection();
     let real = Policy::new("real", "r1", Bands::FixedWindow(vec![window(5)]), false);
     let shadow = Policy::new("shadow", "r1", Bands::FixedWindow(vec![window(1)]), true);
     let s = subject("s");
-    // The same evaluation id twice: the second call returns the first's
-    // decisions and charges nothing.
+    let (real_key, _) = fixed_keys(&real, &s, 7);
+    let (shadow_key, _) = fixed_keys(&shadow, &s, 7);
+    // The script of the two, in either order, is loaded by a first call
+    // (another subject's), so the reply lost next is a decision's.
+    let warm = subject("warm");
+    let loaded = together(&store, &[(&real, &warm), (&shadow, &warm)], 5).await;
+    assert_eq!(loaded.list.len(), 2, "{loaded:?}");
+    let loaded = together(&store, &[(&shadow, &warm), (&real, &warm)], 6).await;
+    assert_eq!(loaded.list.len(), 2, "{loaded:?}");
+
+    relay.armed.store(true, Ordering::SeqCst);
     let first = together(&store, &[(&real, &s), (&shadow, &s)], 7).await;
-    let again = together(&store, &[(&real, &s), (&shadow, &s)], 7).await;
-    assert_eq!(first, again);
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 1);
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 1);
+    // Both admitted the first time: both replay.
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 2);
     assert_eq!(remaining(&first.list[0]), (true, 4));
-    // The shadow limit is spent; it denies, and the real one is charged.
+    assert_eq!(remaining(&first.list[1]), (true, 0));
+    assert_eq!(window_count(&mut conn, &real_key), Some(1));
+    assert_eq!(window_count(&mut conn, &shadow_key), Some(1));
+
+    // The shadow limit is spent; it denies, and the real one is charged,
+    // once, though the reply is lost again.
+    relay.armed.store(true, Ordering::SeqCst);
     let outcomes = together(&store, &[(&shadow, &s), (&real, &s)], 8).await;
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 2);
     assert_eq!(outcomes.list.len(), 2);
     assert!(!remaining(&outcomes.list[0]).0);
     assert_eq!(remaining(&outcomes.list[1]), (true, 3));
+    // Both replayed: the real limit's admission and the shadow's denial.
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        store.stats().dedupe_hits.load(Ordering::Relaxed),
+        4,
+        "{outcomes:?}"
+    );
+    assert_eq!(window_count(&mut conn, &real_key), Some(2));
+    assert_eq!(window_count(&mut conn, &shadow_key), Some(1));
+    let (_, shadow_record) = fixed_keys(&shadow, &s, 8);
+    let (_, real_record) = fixed_keys(&real, &s, 8);
+    let exists: (bool, bool) = redis::pipe()
+        .exists(&shadow_record)
+        .exists(&real_record)
+        .query(&mut conn)
+        .expect("EXISTS");
+    assert_eq!(exists, (true, true));
+}
+
+/// redis-rs's cluster client re-sends a command by itself (a redirect, a
+/// reconnect), so on Cluster no call says it is a first send: each looks
+/// for its record. A record planted under an id is found and replayed by
+/// the very first call with that id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_every_call_looks_for_its_record() {
+    let cluster = RedisCluster::start();
+    let nodes = cluster.urls().into_iter().map(Secret).collect();
+    let store = connect_to(Topology::Cluster { nodes }).await;
+    let policy = Policy::new("planted", "r1", Bands::FixedWindow(vec![window(5)]), false);
+    let s = subject("planted");
+    let (state, record) = fixed_keys(&policy, &s, 9);
+    let mut conn = cluster.connection(cluster.primary_for(&state));
+    let _: () = redis::cmd("SET")
+        .arg(&record)
+        .arg("1:42:1000:0:0:1")
+        .query(&mut conn)
+        .expect("SET record");
+    let outcome = store.evaluate(&evaluation(&policy, &s, 9)).await;
+    assert_eq!(remaining(&outcome), (true, 42), "{outcome:?}");
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
+    assert_eq!(window_count(&mut conn, &state), None, "charged");
+    // A fresh id is decided.
+    let outcome = store.evaluate(&evaluation(&policy, &s, 10)).await;
+    assert_eq!(remaining(&outcome), (true, 4), "{outcome:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

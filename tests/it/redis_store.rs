@@ -4,200 +4,26 @@
 //! CLIENT PAUSE, a lost reply, ACL, TLS).
 
 use crate::support;
-use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use redis::Commands;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::support::redis::RedisServer;
-use sluice::config::{self, Secret, Topology};
+use crate::support::store_api::*;
 use sluice::limit::{
-    Algorithm, Bands, BucketBand, Decision, GcraBand, Incompatible, Micros, Outcome, Policy,
-    Unavailable, WindowBand,
+    Bands, BucketBand, GcraBand, Incompatible, Micros, Outcome, Policy, Unavailable, WindowBand,
 };
 use sluice::store::memory::MemoryStore;
 use sluice::store::redis::RedisStore;
 use sluice::store::{Evaluation, EvaluationId};
 use sluice::subject::{Pseudonym, PseudonymKey};
 
-const BUDGET: Duration = Duration::from_millis(500);
 /// Scheduling slack on a loaded two-core machine.
 const MARGIN: Duration = Duration::from_millis(150);
-
-fn redis_config(url: String) -> config::RedisStore {
-    config::RedisStore {
-        topology: Topology::Standalone { url: Secret(url) },
-        pool_size: 2,
-        ca_file: None,
-        key_prefix: "sluice".to_owned(),
-        max_clock_regression: Duration::from_secs(1),
-        dedupe_window: Duration::from_secs(5),
-        dedupe_max: 256,
-        breaker_failures: 5,
-        breaker_window: Duration::from_secs(10),
-        breaker_min_calls: 10,
-        breaker_failure_rate: 50,
-        breaker_cooldown: Duration::from_secs(1),
-        deny_cache_entries: 0,
-        coalesce: true,
-    }
-}
-
-/// Keys outlive their policy horizon by this much.
-const TTL_GRACE: Duration = Duration::from_secs(1);
-
-async fn connect_with(redis: config::RedisStore, budget: Duration) -> RedisStore {
-    let store = RedisStore::connect(&redis, TTL_GRACE, budget, &[]).expect("connect");
-    wait_ready(&store).await;
-    store
-}
-
-async fn connect(server: &RedisServer) -> RedisStore {
-    connect_with(redis_config(server.url()), BUDGET).await
-}
-
-async fn wait_ready(store: &RedisStore) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !store.ready() {
-        assert!(Instant::now() < deadline, "store never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn nz(n: u32) -> NonZeroU32 {
-    NonZeroU32::new(n).expect("non-zero")
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn window(limit: u32, window_ms: u64) -> WindowBand {
-    WindowBand {
-        limit: nz(limit),
-        window: ms(window_ms),
-    }
-}
-
-fn bucket(capacity: u32, refill: u32, every_ms: u64) -> BucketBand {
-    BucketBand {
-        capacity: nz(capacity),
-        refill_tokens: nz(refill),
-        refill_every: ms(every_ms),
-        max_wait_us: 0,
-    }
-}
-
-fn gcra(limit: u32, window_ms: u64, burst: u32) -> GcraBand {
-    GcraBand {
-        limit: nz(limit),
-        window: ms(window_ms),
-        burst: nz(burst),
-        max_wait_us: 0,
-    }
-}
-
-fn policy(name: &str, bands: Bands) -> Policy {
-    Policy::new(name, "r1", bands, false)
-}
-
-fn subject(identity: &str) -> Pseudonym {
-    PseudonymKey::new(b"redis store test key", 1).pseudonym(
-        "header:x-api-key",
-        identity.as_bytes(),
-        "api",
-    )
-}
-
-/// The documented key layout, written out independently of the store: the
-/// mark names the state's format (none for the sliding log).
-fn state_key(policy: &Policy, subject: &Pseudonym) -> String {
-    let mark = match policy.algorithm() {
-        Algorithm::FixedWindow => "fw1:",
-        Algorithm::SlidingCounter => "sc1:",
-        Algorithm::TokenBucket => "tb1:",
-        Algorithm::Gcra => "gc1:",
-        Algorithm::SlidingLog => "",
-    };
-    format!(
-        "sluice:{{{}:{}:{mark}{subject}}}",
-        policy.name, policy.revision
-    )
-}
-
-/// The state string at `key` (`t:…`, `lua/README.md`), if any.
-fn state_text(conn: &mut redis::Connection, key: &str) -> Option<String> {
-    conn.get(key).expect("GET state")
-}
-
-/// Sets the state's last write time `t` (its first number), keeping the
-/// rest and the TTL; a subject with no state gets `t` alone, which the
-/// scripts read as every band fresh.
-fn pin_t(conn: &mut redis::Connection, key: &str, t: Micros) {
-    let text = match state_text(conn, key) {
-        Some(old) => match old.split_once(':') {
-            Some((_, rest)) => format!("{t}:{rest}"),
-            None => t.to_string(),
-        },
-        None => t.to_string(),
-    };
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(text)
-        .arg("KEEPTTL")
-        .query(conn)
-        .expect("pin t");
-}
-
-fn evaluation<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32) -> Evaluation<'a> {
-    Evaluation {
-        policy,
-        subject,
-        cost,
-        deadline: Instant::now() + BUDGET,
-        id: EvaluationId::random(),
-        settle_within: None,
-    }
-}
-
-async fn eval(store: &RedisStore, policy: &Policy, subject: &Pseudonym, cost: u32) -> Outcome {
-    store.evaluate(&evaluation(policy, subject, cost)).await
-}
-
-fn allowed(outcome: &Outcome) -> bool {
-    matches!(outcome, Outcome::Allowed(_))
-}
-
-fn decision(outcome: &Outcome) -> Decision {
-    match outcome {
-        Outcome::Allowed(d) | Outcome::Denied(d) => *d,
-        other => panic!("expected a decision, got {other:?}"),
-    }
-}
-
-fn redis_time(conn: &mut redis::Connection) -> Micros {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query(conn).expect("TIME");
-    s * 1_000_000 + us
-}
-
-fn commandstats(conn: &mut redis::Connection) -> Vec<(String, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(conn)
-        .expect("INFO");
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
 
 fn all_bands() -> Vec<(&'static str, Bands)> {
     vec![
@@ -1033,220 +859,6 @@ async fn client_pause_longer_than_the_budget_answers_within_it() {
     }
 }
 
-/// A relay between the store and Redis that, once armed, forwards the next
-/// `FCALL` and then drops its reply and the connection: the script ran
-/// but the store never hears of it.
-struct Relay {
-    port: u16,
-    armed: Arc<AtomicBool>,
-    dropped: Arc<AtomicUsize>,
-}
-
-async fn relay(target: u16) -> Relay {
-    relay_on(target, b"FCALL").await
-}
-
-/// [`relay`], armed by the next command that holds `pattern`.
-async fn relay_on(target: u16, pattern: &'static [u8]) -> Relay {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind relay");
-    let port = listener.local_addr().expect("addr").port();
-    let armed = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let (a, d) = (armed.clone(), dropped.clone());
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
-                continue;
-            };
-            tokio::spawn(pipe(client, server, pattern, a.clone(), d.clone()));
-        }
-    });
-    Relay {
-        port,
-        armed,
-        dropped,
-    }
-}
-
-async fn pipe(
-    client: tokio::net::TcpStream,
-    server: tokio::net::TcpStream,
-    pattern: &'static [u8],
-    armed: Arc<AtomicBool>,
-    dropped: Arc<AtomicUsize>,
-) {
-    let (mut client_rx, mut client_tx) = client.into_split();
-    let (mut server_rx, mut server_tx) = server.into_split();
-    let doomed = AtomicBool::new(false);
-    let up = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = client_rx.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            let fcall = buf[..n].windows(pattern.len()).any(|w| w == pattern);
-            if fcall && armed.swap(false, Ordering::SeqCst) {
-                doomed.store(true, Ordering::SeqCst);
-            }
-            if server_tx.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    };
-    let down = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = server_rx.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            if doomed.load(Ordering::SeqCst) {
-                dropped.fetch_add(1, Ordering::SeqCst);
-                return;
-            }
-            if client_tx.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    };
-    // Either side ending drops both sockets.
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_reply_is_retried_once_and_charged_once() {
-    let server = RedisServer::start();
-    let relay = relay(server.port()).await;
-    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
-    config.pool_size = 1;
-    let store = connect_with(config, Duration::from_secs(2)).await;
-    let mut conn = server.connection();
-
-    let cases = [
-        ("fixed", Bands::FixedWindow(vec![window(5, 3_600_000)])),
-        ("log", Bands::SlidingLog(vec![window(5, 3_600_000)])),
-    ];
-    for (round, (name, bands)) in cases.into_iter().enumerate() {
-        let policy = policy(name, bands);
-        let subject = subject(name);
-        let key = state_key(&policy, &subject);
-        // The policy's script is loaded by its first evaluation (another
-        // subject's), so the reply dropped next is a decision's.
-        let warm = eval(&store, &policy, &self::subject(&format!("warm-{name}")), 1).await;
-        assert!(allowed(&warm), "{name}: {warm:?}");
-        relay.armed.store(true, Ordering::SeqCst);
-        let outcome = eval(&store, &policy, &subject, 2).await;
-        assert_eq!(relay.dropped.load(Ordering::SeqCst), round + 1, "{name}");
-        // The recorded decision: the first (and only) charge of 2 out of 5.
-        let d = decision(&outcome);
-        assert!(d.allowed && d.remaining == 3, "{name}: {outcome:?}");
-        let charged: u64 = if name == "log" {
-            conn.zcard(&key).expect("ZCARD")
-        } else {
-            // t:s1:c1
-            let text = state_text(&mut conn, &key).expect("state");
-            text.split(':')
-                .nth(2)
-                .expect("c1")
-                .parse()
-                .expect("a count")
-        };
-        assert_eq!(charged, 2, "{name}: charged twice or not at all");
-        assert_eq!(
-            store.stats().retries.load(Ordering::Relaxed),
-            round as u64 + 1
-        );
-        assert_eq!(
-            store.stats().dedupe_hits.load(Ordering::Relaxed),
-            round as u64 + 1
-        );
-    }
-
-    // A recorded denial replays as that denial.
-    let policy = policy("deny", Bands::FixedWindow(vec![window(1, 3_600_000)]));
-    let subject = subject("deny");
-    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
-    relay.armed.store(true, Ordering::SeqCst);
-    let outcome = eval(&store, &policy, &subject, 1).await;
-    assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 3);
-}
-
-/// The count a fixed window's state `t:s1:c1` holds.
-fn fixed_count(conn: &mut redis::Connection, key: &str) -> Option<u64> {
-    let text = state_text(conn, key)?;
-    text.split(':').nth(2)?.parse().ok()
-}
-
-/// Evaluates `who` together, cost 1 each, while Redis holds writes for
-/// 150 ms (`CLIENT PAUSE … WRITE`): on one lane the first two are sent
-/// alone (its two calls in flight) and wait there, and the rest queue
-/// behind them, one batch, however the threads of a busy machine are
-/// scheduled.
-async fn together(
-    conn: &mut redis::Connection,
-    store: &RedisStore,
-    policy: &Policy,
-    who: &[Pseudonym],
-) -> Vec<Outcome> {
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(150)
-        .arg("WRITE")
-        .query(conn)
-        .expect("CLIENT PAUSE");
-    let evaluations: Vec<Evaluation<'_>> = who.iter().map(|s| evaluation(policy, s, 1)).collect();
-    futures_util::future::join_all(evaluations.iter().map(|ev| store.evaluate(ev))).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
-    let server = RedisServer::start();
-    let relay = relay_on(server.port(), b"_batch").await;
-    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
-    config.pool_size = 1;
-    let store = connect_with(config, Duration::from_secs(2)).await;
-    let mut conn = server.connection();
-    let policy = policy("lost-batch", Bands::FixedWindow(vec![window(5, 3_600_000)]));
-    let warm = eval(&store, &policy, &subject("lost-batch-warm"), 1).await;
-    assert!(allowed(&warm), "{warm:?}");
-
-    relay.armed.store(true, Ordering::SeqCst);
-    let who: Vec<Pseudonym> = (0..6)
-        .map(|i| subject(&format!("lost-batch-{i}")))
-        .collect();
-    let outcomes = together(&mut conn, &store, &policy, &who).await;
-    assert_eq!(
-        relay.dropped.load(Ordering::SeqCst),
-        1,
-        "no batch reply was lost: {outcomes:?}, {} batches",
-        store.stats().batches.load(Ordering::Relaxed)
-    );
-    for (i, outcome) in outcomes.iter().enumerate() {
-        let d = decision(outcome);
-        assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
-        let key = state_key(&policy, &who[i]);
-        assert_eq!(
-            fixed_count(&mut conn, &key),
-            Some(1),
-            "{i}: charged twice or not at all"
-        );
-    }
-    // The first two went alone (the lane's two calls in flight, held by
-    // the pause); the other four queued and went as one batch once they
-    // had waited their longest. The connection carrying all three calls
-    // lost their replies: each call went again (a retry counts no new
-    // batch), and every decision replayed its record.
-    assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
-    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 4);
-    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 3);
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 6);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evaluation_failing_in_a_batch_fails_alone() {
     let server = RedisServer::start();
@@ -1295,86 +907,6 @@ async fn an_evaluation_failing_in_a_batch_fails_alone() {
     // Decided again, the members that succeeded count on.
     let again = together(&mut conn, &store, &policy, &who).await;
     assert_eq!(decision(&again[5]).remaining, 3, "{again:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_evaluation_id_is_applied_once() {
-    let server = RedisServer::start();
-    let store = connect(&server).await;
-    let policy = policy("dedupe", Bands::TokenBucket(vec![bucket(5, 1, 3_600_000)]));
-    let subject = subject("dedupe");
-    let ev = evaluation(&policy, &subject, 2);
-    let first = store.evaluate(&ev).await;
-    let again = store
-        .evaluate(&Evaluation {
-            deadline: Instant::now() + BUDGET,
-            ..ev
-        })
-        .await;
-    assert_eq!(first, again);
-    assert_eq!(decision(&first).remaining, 3);
-    let next = eval(&store, &policy, &subject, 1).await;
-    assert_eq!(decision(&next).remaining, 2, "the repeat charged");
-}
-
-/// Each evaluation leaves one record, a key of its own next to the state,
-/// that lives `dedupe_window` and no longer: the state hash holds state
-/// only, however hot the subject, and a retry within the window replays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_evaluation_leaves_one_record_that_expires_with_the_window() {
-    let server = RedisServer::start();
-    let mut conn = server.connection();
-    let policy = policy("bounded", Bands::Gcra(vec![gcra(1000, 3_600_000, 1000)]));
-    let records = |conn: &mut redis::Connection, key: &str| -> Vec<String> {
-        conn.keys(format!("{key}:e:*")).expect("KEYS")
-    };
-
-    let mut config = redis_config(server.url());
-    config.dedupe_window = ms(800);
-    let store = connect_with(config, BUDGET).await;
-    let busy = subject("bounded");
-    let key = state_key(&policy, &busy);
-    let mut last = None;
-    for _ in 0..100 {
-        let ev = evaluation(&policy, &busy, 1);
-        let outcome = store.evaluate(&ev).await;
-        assert!(allowed(&outcome), "{outcome:?}");
-        last = Some((ev.id, outcome));
-    }
-    // The state: t and a1 only, whatever the traffic, with its TTL.
-    let state = state_text(&mut conn, &key).expect("state");
-    assert_eq!(state.split(':').count(), 2, "{state}");
-    let ttl: i64 = conn.pttl(&key).expect("PTTL");
-    assert!(ttl > 0, "{key}: {ttl} ms");
-    let recorded = records(&mut conn, &key);
-    assert_eq!(recorded.len(), 100);
-    for record in &recorded {
-        let ttl: i64 = conn.pttl(record).expect("PTTL");
-        assert!(ttl > 0 && ttl <= 800, "{record}: {ttl} ms");
-    }
-    let (id, first) = last.expect("evaluated");
-    let again = || Evaluation {
-        id,
-        ..evaluation(&policy, &busy, 1)
-    };
-    assert_eq!(
-        store.evaluate(&again()).await,
-        first,
-        "the latest id replays"
-    );
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
-
-    // After the window every record is gone: nothing accumulates.
-    tokio::time::sleep(ms(1000)).await;
-    assert!(records(&mut conn, &key).is_empty());
-    // An id older than the window is a new evaluation (the documented
-    // bound: retries come within one budget, far inside the window).
-    let late = store.evaluate(&again()).await;
-    assert_eq!(
-        store.stats().dedupe_hits.load(Ordering::Relaxed),
-        1,
-        "{late:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1638,6 +1170,7 @@ async fn keys_hold_no_identity_and_all_expire() {
     let store = connect(&server).await;
     let mut conn = server.connection();
     let identities = ["alice-api-key-7f3a9", "203.0.113.77", "2001:db8::42"];
+    let mut admitted = 0;
     for (name, bands) in all_bands() {
         let policy = policy(name, bands);
         for identity in identities {
@@ -1647,7 +1180,9 @@ async fn keys_hold_no_identity_and_all_expire() {
                 "api",
             );
             for _ in 0..6 {
-                eval(&store, &policy, &subject, 1).await;
+                if allowed(&eval(&store, &policy, &subject, 1).await) {
+                    admitted += 1;
+                }
             }
         }
     }
@@ -1663,12 +1198,13 @@ async fn keys_hold_no_identity_and_all_expire() {
         assert!(ttl > 0, "{lease} has no TTL");
         assert!(identities.iter().all(|i| !lease.contains(i)), "{lease}");
     }
-    // One state key per subject (a hash, or the sliding log's sorted set),
-    // and one record per evaluation beside it.
+    // One state key per subject (a string, or the sliding log's sorted
+    // set), and one record per admission beside it (a denial leaves none).
     let records = keys.iter().filter(|k| k.contains("}:e:")).count();
     let policies = all_bands().len();
     assert_eq!(keys.len() - records, policies * 3, "{keys:?}");
-    assert_eq!(records, policies * 3 * 6, "{keys:?}");
+    assert!(admitted < policies * 3 * 6, "no denial: {admitted}");
+    assert_eq!(records, admitted, "{keys:?}");
     for key in keys {
         // A subject's keys share one Redis Cluster hash slot.
         let tag = &key[key.find('{').expect("hash tag")..=key.find('}').expect("hash tag")];

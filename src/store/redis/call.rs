@@ -42,7 +42,7 @@ pub(super) struct Request<'a> {
     pub batch: bool,
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
     /// The decisions the command carries, as failures are counted (each
     /// member of a batch failed as a call of its own would have).
     pub fn members(&self) -> u64 {
@@ -50,6 +50,19 @@ impl Request<'_> {
             self.limits.len() as u64
         } else {
             1
+        }
+    }
+
+    /// The same request going again: its command as [`scripts::resent`]
+    /// makes it, which looks for what the earlier send may have applied.
+    fn resent(&self) -> Request<'a> {
+        Request {
+            script: self.script,
+            mode: self.mode,
+            cmd: scripts::resent(&self.cmd),
+            limits: self.limits.clone(),
+            deadline: self.deadline,
+            batch: self.batch,
         }
     }
 
@@ -93,9 +106,11 @@ impl Inner {
             }
             Attempt::Ambiguous(_) if !self.passed(request.deadline) => {
                 // Safe to repeat: the same evaluation id makes the script
-                // return what it decided the first time, if it ran.
+                // return what it admitted the first time, if it ran (a
+                // denial charged nothing, and is decided again). Sent as a
+                // re-send, so the script looks for that record.
                 self.stats.retries.count();
-                match self.attempt(request).await {
+                match self.attempt(&request.resent()).await {
                     Attempt::Answered(outcomes) if outcomes.list.iter().all(decided) => {
                         (outcomes, Health::Answered)
                     }
@@ -219,7 +234,9 @@ impl Inner {
         // run, nothing was charged. The node does not have the script (a
         // new, restarted or emptied node, FUNCTION FLUSH or DELETE, SCRIPT
         // FLUSH, a library another sidecar's start removed as unused):
-        // load it there and try once more, with the same evaluation id.
+        // load it there and try once more, with the same evaluation id, as
+        // a re-send (like every one: rare, and not worth a proof that
+        // nothing before it ran).
         // Boxed: rare, and its futures would otherwise make every
         // decision's as large.
         Box::pin(self.reload_and_retry(request, progress, conn, error)).await
@@ -240,6 +257,7 @@ impl Inner {
         // built (this call's own `FCALL` or `FUNCTION LOAD` found no
         // Functions, or another call did).
         let mut mode = request.mode;
+        let again = scripts::resent(&request.cmd);
         let mut evalsha = None;
         let mut loaded = Ok(());
         for _ in 0..2 {
@@ -250,7 +268,7 @@ impl Inner {
                     return Attempt::NotApplied(Unavailable::BeforeSend, Health::Unknown);
                 }
                 mode = Mode::Eval;
-                evalsha = Some(scripts::as_evalsha(request.script, &request.cmd));
+                evalsha = Some(scripts::as_evalsha(request.script, &again));
             }
             loaded = self
                 .load(request.script, mode, &mut conn, request.key())
@@ -283,10 +301,7 @@ impl Inner {
             return not_sent;
         }
         progress.sent = checkout;
-        match conn
-            .evaluate(evalsha.as_ref().unwrap_or(&request.cmd))
-            .await
-        {
+        match conn.evaluate(evalsha.as_ref().unwrap_or(&again)).await {
             Ok(value) => self.answer(request, &value),
             // Removed again between the load and the call: still nothing ran.
             Err(e) if function_missing(&e) => {

@@ -49,8 +49,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How many times the cluster client may re-send one command (a `MOVED`
 /// or `ASK` redirect, `TRYAGAIN`, a reconnect), all inside the deadline.
-/// Each re-send carries the same evaluation id, so a script that already
-/// ran replays its decision instead of charging twice.
+/// Each re-send carries the same evaluation id and arguments, so a script
+/// that already ran replays its admission instead of charging twice; and
+/// so no call on Cluster says it is a first send (`Inner::first_sends`),
+/// which would skip that look.
 const CLUSTER_RETRIES: u32 = 3;
 
 /// A connection of any topology; clones share it.

@@ -30,6 +30,23 @@ impl Inner {
     pub(super) fn may_call_once(&self) -> bool {
         !self.cluster && self.modes.settled() != Some(Mode::Eval)
     }
+
+    /// Whether a decision's first send may say so (`lua/README.md`,
+    /// "ARGV"), sparing the script the look for a record a fresh id
+    /// cannot have (a first send claims its record with `SET … NX`
+    /// before charging, so one its own retry overtook still replays it):
+    /// only where nothing but sluice re-sends a command, and each of its
+    /// re-sends says `0` ([`scripts::resent`]). sluice's own connection
+    /// and redis-rs's multiplexed one (standalone, and the primary the
+    /// Sentinels name: the Sentinel client only finds it) send a command
+    /// once, `FCALL` and `EVALSHA` alike. redis-rs's cluster client
+    /// re-sends one by itself, with the same arguments, after `MOVED`,
+    /// `ASK`, `TRYAGAIN` or an I/O error (a reply lost, the script perhaps
+    /// run): there no send is marked first. Several limits in one call are
+    /// never marked first either ([`scripts::call_several`]).
+    pub(super) fn first_sends(&self) -> bool {
+        !self.cluster
+    }
 }
 
 impl Inner {
@@ -67,7 +84,13 @@ impl Inner {
         let request = Request {
             script: &script,
             mode,
-            cmd: scripts::call(&script, mode, inner.scripts.common(), evaluation),
+            cmd: scripts::call(
+                &script,
+                mode,
+                inner.scripts.common(),
+                evaluation,
+                inner.first_sends(),
+            ),
             limits: smallvec::smallvec![shape(policy)],
             deadline: evaluation.deadline,
             batch: false,
@@ -163,7 +186,13 @@ impl Inner {
         let request = Request {
             script: &script,
             mode,
-            cmd: scripts::call(&script, mode, self.scripts.common(), evaluation),
+            cmd: scripts::call(
+                &script,
+                mode,
+                self.scripts.common(),
+                evaluation,
+                self.first_sends(),
+            ),
             limits: smallvec::smallvec![shape(policy)],
             deadline,
             batch: false,

@@ -232,8 +232,8 @@ impl RedisStore {
         let mut extras = extras;
         if blocked(&takes, &outcomes) && extras.iter().any(|&x| x > 0) {
             // All or nothing: nothing was charged. The request alone may
-            // fit where it and its leases did not (under new ids: the
-            // first ones' records say denied).
+            // fit where it and its leases did not (under new ids: fresh
+            // evaluations, each sent as a first attempt).
             for (e, extra) in takes.iter().zip(&extras) {
                 if *extra > 0 {
                     leases.asked(e);

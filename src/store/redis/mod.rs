@@ -14,8 +14,12 @@
 //! - failures are classified by how far the command got: not sent
 //!   (Unavailable), sent without a confirmed reply (Indeterminate);
 //! - an Indeterminate attempt is retried once, with the same evaluation id,
-//!   while the deadline allows: the script returns the decision it recorded
-//!   for that id instead of charging twice;
+//!   while the deadline allows: the script returns the admission it
+//!   recorded for that id instead of charging twice (a denial leaves no
+//!   record: it charged nothing, and its retry is decided afresh). A
+//!   call's first send says so, and the script skips the look for a record
+//!   a fresh id cannot have; every re-send looks (`Inner::first_sends`:
+//!   never on Cluster, whose client re-sends by itself);
 //! - a [`Breaker`] answers at once while Redis keeps failing;
 //! - every command a connection sends is counted by command and result,
 //!   with its round trip's time (`counted`), as Redis counts what it

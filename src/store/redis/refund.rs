@@ -65,7 +65,7 @@ impl Inner {
         }
         let (script, _) = self.scripts.refund(evaluation.policy);
         let mode = self.modes.current();
-        let cmd = scripts::call(&script, mode, self.scripts.common(), evaluation);
+        let cmd = scripts::refund_call(&script, mode, self.scripts.common(), evaluation);
         // A refund is safe to send twice: a second try after an ambiguous
         // first gives back nothing the first already did.
         for _ in 0..2 {

@@ -1,6 +1,6 @@
 //! The Lua scripts (one per algorithm, `lua/`), compiled once per policy
 //! into a Redis Functions library, and the one command that runs them:
-//! `FCALL` with the keys and the two arguments `lua/README.md` states. A
+//! `FCALL` with the keys and the arguments `lua/README.md` states. A
 //! request with several rate limits runs one library made of theirs
 //! (`lua/several.lua`), compiled once per list of policies, over all their
 //! keys.
@@ -21,18 +21,14 @@
 //! decision; the keys and arguments are the same.
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, RedisWrite};
-use smallvec::SmallVec;
+use redis::Cmd;
 
 use crate::limit::{micros, Algorithm, Bands, Policy};
-use crate::subject::{Pseudonym, DISPLAY_MAX};
 
 use super::mode::Mode;
-use crate::store::Evaluation;
 use crate::sync::Memo;
 
 /// One policy's library, and the name of it and of its one function.
@@ -445,151 +441,9 @@ pub struct Common {
     pub dedupe_window: Duration,
 }
 
-/// The state key of `evaluation`, as its command carries it.
-pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> StateKey {
-    let mut key = StateKey::new();
-    write_state_key(
-        &mut key,
-        &common.key_prefix,
-        evaluation.policy,
-        evaluation.subject,
-    );
-    key
-}
-
-/// A state key, on the stack unless the prefix and policy name are long:
-/// one is rendered for every evaluation, and a heap buffer's allocation
-/// and free cost more than writing it.
-pub type StateKey = SmallVec<[u8; 160]>;
-
-/// The state key of one (policy, revision, subject):
-/// `{prefix}:{<policy>:<revision>:<mark>:<pseudonym>}`, the mark naming
-/// the format of the state kept there (a string of numbers; none for the
-/// sliding log's sorted set, whose key has no mark). The braces are a
-/// Redis Cluster hash tag around the per-subject part, so the state and
-/// every evaluation's record (`<state>:e:<id>`, see `lua/common.lua`)
-/// share one slot.
-fn write_state_key(out: &mut StateKey, prefix: &str, policy: &Policy, subject: &Pseudonym) {
-    let mut pseudonym = [0u8; DISPLAY_MAX];
-    let len = subject.encode(&mut pseudonym);
-    let mark = policy.algorithm().state_mark();
-    for part in [
-        prefix.as_bytes(),
-        b":{",
-        policy.name.as_bytes(),
-        b":",
-        policy.revision.as_bytes(),
-        b":",
-    ] {
-        out.extend_from_slice(part);
-    }
-    if !mark.is_empty() {
-        out.extend_from_slice(mark.as_bytes());
-        out.push(b':');
-    }
-    out.extend_from_slice(&pseudonym[..len]);
-    out.push(b'}');
-}
-
-/// Bytes reserved up front for one command: the fixed words, the SHA-1, the
-/// id and the integers fit; the keys are added on top. Growing the buffer
-/// as arguments arrive cost more than formatting them.
-const CMD_BYTES: usize = 192;
-
-/// `FCALL name 2 state record id cost` (or `EVALSHA sha 2 …`), the record
-/// being `<state>:e:<id>`: both keys declared, under one hash tag.
-pub fn call(script: &Script, mode: Mode, common: &Common, evaluation: &Evaluation<'_>) -> Cmd {
-    let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64,
-    // and its mark.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
-    let mut cmd = Cmd::with_capacity(6, CMD_BYTES + 2 * key_bytes);
-    script.call_words(mode, &mut cmd);
-    cmd.arg(2u8);
-    let id = hex_id(evaluation.id.0);
-    push_keys(&mut cmd, common, evaluation, &id);
-    cmd.arg(&id[..]).arg(evaluation.cost);
-    if let Some(within) = evaluation.settle_within {
-        cmd.arg(record_life(within));
-    }
-    cmd
-}
-
-/// The third argument of a reserved evaluation: how long its record lives
-/// (`lua/README.md`, "ARGV"), in whole milliseconds, at most a day.
-pub(super) fn record_life(within: Duration) -> u64 {
-    ceil_ms(within).clamp(1, 86_400_000)
-}
-
-/// An evaluation's two keys: its state, then its record,
-/// `<state>:e:<id>`. The state key is rendered once; the record's name
-/// repeats it.
-fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
-    let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64,
-    // and its mark.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
-    let mut state = StateKey::new();
-    state.reserve(key_bytes);
-    write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
-    cmd.arg(&state[..]);
-    let mut arg = cmd.writer_for_next_arg();
-    // Writing into the command's own buffer cannot fail.
-    let _ = arg.write_all(&state);
-    let _ = arg.write_all(b":e:");
-    let _ = arg.write_all(id);
-}
-
-/// `FCALL name 2n state_1 record_1 … state_n record_n id cost_1 … cost_n`:
-/// every limit's two keys, as [`call`] sends them, one id for all.
-pub fn call_several(
-    script: &Script,
-    mode: Mode,
-    common: &Common,
-    evaluations: &[Evaluation<'_>],
-) -> Cmd {
-    let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
-    let mut cmd = Cmd::with_capacity(4 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
-    script.call_words(mode, &mut cmd);
-    cmd.arg(2 * evaluations.len());
-    for evaluation in evaluations {
-        push_keys(&mut cmd, common, evaluation, &id);
-    }
-    cmd.arg(&id[..]);
-    for evaluation in evaluations {
-        cmd.arg(evaluation.cost);
-    }
-    // One record life for the call: the longest any limit asks.
-    if let Some(within) = evaluations.iter().filter_map(|e| e.settle_within).max() {
-        cmd.arg(record_life(within));
-    }
-    cmd
-}
-
-/// `cmd` (an `FCALL`) as the same call of the cached script: its keys and
-/// arguments, evaluation id included, unchanged.
-pub fn as_evalsha(script: &Script, cmd: &Cmd) -> Cmd {
-    let mut out = Cmd::new();
-    script.call_words(Mode::Eval, &mut out);
-    for arg in cmd.args_iter().skip(2) {
-        if let redis::Arg::Simple(bytes) = arg {
-            out.arg(bytes);
-        }
-    }
-    out
-}
-
-/// The evaluation id as 32 lowercase hex digits, zero-padded: what
-/// `EvaluationId`'s `Display` gives, without the formatting machinery.
-pub(super) fn hex_id(id: u128) -> [u8; 32] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 32];
-    for (i, digit) in out.iter_mut().enumerate() {
-        let nibble = (id >> (124 - 4 * i)) & 0xf;
-        *digit = DIGITS[nibble as usize];
-    }
-    out
-}
+mod command;
+pub use command::{as_evalsha, call, call_several, refund_call, resent, state_key, StateKey};
+pub(super) use command::{attempt, hex_id, record_life};
 
 /// Whole milliseconds, rounded up and at least one: a TTL or window cut
 /// short would forget state that still matters.

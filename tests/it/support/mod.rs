@@ -5,9 +5,11 @@
 //! - [`sidecar`]: `Sidecar`, the `sluice` binary on a temporary config.
 //! - [`client`]: requests, bursts, raw bytes.
 //! - [`redis`]: `RedisServer`, a real redis-server on a free port (TLS, ACL).
+//! - [`store_api`]: the Redis store through its library API: settings, policies, keys.
 //! - [`scripted`]: `Scripted`, a raw upstream answering bytes a test wrote.
 //! - [`tls`]: a self-signed certificate and a client that trusts it.
 //! - [`faults`]: a blackhole in a network namespace, a relay that delays replies.
+//! - [`lost_reply`]: a relay that forwards a command and loses its reply.
 //! - [`tokens`]: `Issuer`, JWTs signed by PyJWT with generated keys, and their JWKS and PEM files.
 //! - [`werkzeug`]: `Werkzeug`, a real Python app server reading `Basic` credentials.
 //!
@@ -16,11 +18,13 @@
 pub mod cgroup;
 pub mod client;
 pub mod faults;
+pub mod lost_reply;
 pub mod ops;
 pub mod redis;
 pub mod redis_sidecar;
 pub mod scripted;
 pub mod sidecar;
+pub mod store_api;
 pub mod tls;
 pub mod tokens;
 pub mod topology;

@@ -49,29 +49,33 @@ impl Part {
 }
 
 /// The evaluation's own call, byte for byte what [`scripts::call`] makes:
-/// `FCALL name 2 state record id cost [life]`.
-pub fn single(script: &Script, mode: Mode, part: &Part) -> Cmd {
-    let mut cmd = Cmd::with_capacity(7, 256);
+/// `FCALL name 2 state record first id cost [life]`.
+pub fn single(script: &Script, mode: Mode, part: &Part, first: bool) -> Cmd {
+    let mut cmd = Cmd::with_capacity(8, 256);
     script.call_words(mode, &mut cmd);
     cmd.arg(2u8);
     part.push_keys(&mut cmd);
-    cmd.arg(&part.id[..]).arg(part.cost);
+    cmd.arg(scripts::attempt(first))
+        .arg(&part.id[..])
+        .arg(part.cost);
     if let Some(life) = part.life {
         cmd.arg(life);
     }
     cmd
 }
 
-/// `FCALL <name>_batch 2n state_1 record_1 … state_n record_n id_1 cost_1
-/// life_1 … id_n cost_n life_n`, a life being `''` for none. `None` for a
+/// `FCALL <name>_batch 2n state_1 record_1 … state_n record_n first id_1
+/// cost_1 life_1 … id_n cost_n life_n`, a life being `''` for none, `first`
+/// every member's (a batch is sent, and re-sent, whole). `None` for a
 /// script without a batch function.
-pub fn batch(script: &Script, parts: &[&Part]) -> Option<Cmd> {
+pub fn batch(script: &Script, parts: &[&Part], first: bool) -> Option<Cmd> {
     let name = script.batch.as_deref()?;
-    let mut cmd = Cmd::with_capacity(3 + 5 * parts.len(), 256 * parts.len());
+    let mut cmd = Cmd::with_capacity(4 + 5 * parts.len(), 256 * parts.len());
     cmd.arg("FCALL").arg(name).arg(2 * parts.len());
     for part in parts {
         part.push_keys(&mut cmd);
     }
+    cmd.arg(scripts::attempt(first));
     for part in parts {
         cmd.arg(&part.id[..]).arg(part.cost);
         match part.life {
@@ -191,6 +195,85 @@ mod tests {
         let mut longer = frame.to_vec();
         longer.extend_from_slice(b":1\r\n");
         assert!(decode_batch(&Answer::Frame(longer.as_slice().into()), &[shape(); 3]).is_err());
+    }
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    /// One attempt for the whole batch, after the keys; a re-send says 0
+    /// there and changes nothing else. A member alone is its own call.
+    #[test]
+    fn a_batch_says_once_whether_it_is_a_first_attempt() {
+        use crate::limit::{Bands, Policy, WindowBand};
+        use crate::store::EvaluationId;
+        use crate::subject::PseudonymKey;
+        use std::num::NonZeroU32;
+        use std::time::Duration;
+
+        let common = Common {
+            key_prefix: "sl".to_owned(),
+            ttl_grace: Duration::from_secs(1),
+            max_clock_regression: Duration::from_secs(1),
+            dedupe_window: Duration::from_secs(1),
+        };
+        let band = WindowBand {
+            limit: NonZeroU32::new(5).expect("non-zero"),
+            window: Duration::from_secs(1),
+        };
+        let policy = Policy::new("p", "r", Bands::FixedWindow(vec![band]), false);
+        let script = Script::for_policy(&policy, &common);
+        let subjects: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|s| PseudonymKey::new(b"k", 1).pseudonym("ip", s.as_bytes(), "api"))
+            .collect();
+        let parts: Vec<Part> = subjects
+            .iter()
+            .enumerate()
+            .map(|(i, subject)| {
+                Part::of(
+                    &common,
+                    &Evaluation {
+                        policy: &policy,
+                        subject,
+                        cost: 1,
+                        deadline: tokio::time::Instant::now(),
+                        id: EvaluationId(i as u128 + 1),
+                        settle_within: (i == 1).then_some(Duration::from_millis(2500)),
+                    },
+                )
+            })
+            .collect();
+        let refs: Vec<&Part> = parts.iter().collect();
+        let cmd = batch(&script, &refs, true).expect("a batch function");
+        let first = args(&cmd);
+        assert_eq!(first.len(), 3 + 4 + 1 + 6, "{first:?}");
+        assert_eq!(first[7], "1");
+        assert_eq!(
+            first[8..],
+            [
+                format!("{:032x}", 1),
+                "1".to_owned(),
+                String::new(),
+                format!("{:032x}", 2),
+                "1".to_owned(),
+                "2500".to_owned(),
+            ]
+        );
+        let again = args(&scripts::resent(&cmd));
+        let differ: Vec<usize> = (0..first.len()).filter(|&i| first[i] != again[i]).collect();
+        assert_eq!((differ, again[7].as_str()), (vec![7], "0"));
+        assert_eq!(args(&batch(&script, &refs, false).expect("batch"))[7], "0");
+        let alone = args(&single(&script, Mode::Functions, &parts[0], true));
+        assert_eq!(
+            alone[5..],
+            ["1".to_owned(), format!("{:032x}", 1), "1".to_owned()]
+        );
     }
 
     #[test]

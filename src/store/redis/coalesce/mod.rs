@@ -19,7 +19,8 @@
 //! decision ([`Inner::decide`]): its deadline is its earliest member's, a
 //! failure is classified for every member as a single call's would be
 //! (not sent: Unavailable; sent without a confirmed reply: Indeterminate,
-//! retried once with the same evaluation ids, each replaying its record),
+//! retried once with the same evaluation ids as a re-send, each the first
+//! send admitted replaying its record),
 //! and each member reports the call's health to the breaker through its
 //! own permit.
 //!
@@ -311,7 +312,7 @@ impl Inner {
             (1, _) | (_, Mode::Eval) => None,
             (_, Mode::Functions) => {
                 let parts: SmallVec<[&Part; 8]> = group.members.iter().map(|m| &m.part).collect();
-                command::batch(&group.script, &parts)
+                command::batch(&group.script, &parts, self.first_sends())
             }
         };
         let Some(cmd) = batch else {
@@ -321,7 +322,7 @@ impl Inner {
                 let request = Request {
                     script,
                     mode,
-                    cmd: command::single(script, mode, &member.part),
+                    cmd: command::single(script, mode, &member.part, self.first_sends()),
                     limits: smallvec::smallvec![member.shape],
                     deadline: member.deadline,
                     batch: false,

@@ -2,8 +2,8 @@ use std::num::NonZeroU32;
 
 use super::*;
 use crate::limit::{BucketBand, GcraBand, WindowBand};
-use crate::store::EvaluationId;
-use crate::subject::PseudonymKey;
+use crate::store::{Evaluation, EvaluationId};
+use crate::subject::{Pseudonym, PseudonymKey};
 
 fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("non-zero")
@@ -304,7 +304,7 @@ fn args(cmd: &Cmd) -> Vec<String> {
 }
 
 #[test]
-fn every_call_sends_its_state_its_record_the_id_and_the_cost() {
+fn every_call_sends_its_state_its_record_the_attempt_the_id_and_the_cost() {
     let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
     for policy in policies() {
         let script = Script::for_policy(&policy, &common());
@@ -316,7 +316,8 @@ fn every_call_sends_its_state_its_record_the_id_and_the_cost() {
             id: EvaluationId(0xab),
             settle_within: None,
         };
-        let sent = args(&call(&script, Mode::Functions, &common(), &evaluation));
+        let cmd = call(&script, Mode::Functions, &common(), &evaluation, true);
+        let sent = args(&cmd);
         let state = format!(
             "sl:{{{}:{}:{}{subject}}}",
             policy.name,
@@ -324,18 +325,79 @@ fn every_call_sends_its_state_its_record_the_id_and_the_cost() {
             mark(&policy)
         );
         let id = format!("{:032x}", 0xab);
+        let mut expected = vec![
+            "FCALL".to_owned(),
+            script.name.clone(),
+            "2".to_owned(),
+            state.clone(),
+            format!("{state}:e:{id}"),
+            "1".to_owned(),
+            id,
+            "2".to_owned(),
+        ];
+        assert_eq!(sent, expected);
+        // Sent again, or never known to be first: the same call saying 0.
+        expected[5] = "0".to_owned();
+        assert_eq!(args(&resent(&cmd)), expected);
         assert_eq!(
-            sent,
-            [
-                "FCALL".to_owned(),
-                script.name.clone(),
-                "2".to_owned(),
-                state.clone(),
-                format!("{state}:e:{id}"),
-                id,
-                "2".to_owned(),
-            ]
+            args(&call(
+                &script,
+                Mode::Functions,
+                &common(),
+                &evaluation,
+                false
+            )),
+            expected
         );
+        // A refund: the id and the units, no attempt.
+        let refund = Script::refund_for_policy(&policy, &common());
+        let mut refunded = expected.clone();
+        refunded[1] = refund.name.clone();
+        refunded.remove(5);
+        assert_eq!(
+            args(&refund_call(
+                &refund,
+                Mode::Functions,
+                &common(),
+                &evaluation
+            )),
+            refunded
+        );
+    }
+}
+
+/// A re-send changes the first argument after the keys and nothing else,
+/// with or without a record life, in either mode. Several limits always
+/// say 0.
+#[test]
+fn a_re_send_is_the_same_call_saying_0() {
+    let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
+    let policies = policies();
+    let evaluations: Vec<Evaluation<'_>> = policies[..3]
+        .iter()
+        .map(|policy| Evaluation {
+            policy,
+            subject: &subject,
+            cost: 1,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0x1),
+            settle_within: Some(Duration::from_secs(3)),
+        })
+        .collect();
+    let script = Script::for_policy(&policies[0], &common());
+    let several = Script::for_limits(&[&policies[0], &policies[1], &policies[2]], &common());
+    for mode in [Mode::Functions, Mode::Eval] {
+        let cmd = call(&script, mode, &common(), &evaluations[0], true);
+        let (first, again) = (args(&cmd), args(&resent(&cmd)));
+        // Two keys, then the attempt.
+        assert_eq!((first[5].as_str(), again[5].as_str()), ("1", "0"));
+        let differ: Vec<usize> = (0..first.len()).filter(|&i| first[i] != again[i]).collect();
+        assert_eq!(differ, [5], "{first:?} {again:?}");
+        assert_eq!(first.last(), Some(&"3000".to_owned()));
+        // Six keys, then the attempt: 0 from the start.
+        let cmd = call_several(&several, mode, &common(), &evaluations);
+        assert_eq!(args(&cmd)[9], "0");
+        assert_eq!(args(&resent(&cmd)), args(&cmd));
     }
 }
 
@@ -392,8 +454,8 @@ fn a_cached_script_is_called_with_the_same_keys_and_arguments() {
         })
         .collect();
     let script = Script::for_policy(&policies[0], &common());
-    let fcall = call(&script, Mode::Functions, &common(), &evaluations[0]);
-    let evalsha = call(&script, Mode::Eval, &common(), &evaluations[0]);
+    let fcall = call(&script, Mode::Functions, &common(), &evaluations[0], true);
+    let evalsha = call(&script, Mode::Eval, &common(), &evaluations[0], true);
     let (f, e) = (args(&fcall), args(&evalsha));
     assert_eq!(e[..2], ["EVALSHA".to_owned(), script.sha.clone()]);
     assert_eq!(f[2..], e[2..]);
@@ -479,6 +541,7 @@ fn several_limits_run_each_policy_s_own_script_in_one_call() {
             format!("{ka}:e:{id}"),
             kb.clone(),
             format!("{kb}:e:{id}"),
+            "0".to_owned(),
             id,
             "1".to_owned(),
             "3".to_owned(),

@@ -1,0 +1,229 @@
+//! The commands that run a script: a decision's (one evaluation, several
+//! limits), a refund's, and the same decision sent again; and the keys
+//! they name (`lua/README.md`, "KEYS" and "ARGV").
+
+use std::io::Write;
+use std::time::Duration;
+
+use redis::{Cmd, RedisWrite};
+use smallvec::SmallVec;
+
+use crate::limit::Policy;
+use crate::store::Evaluation;
+use crate::subject::{Pseudonym, DISPLAY_MAX};
+
+use super::super::mode::Mode;
+use super::{ceil_ms, Common, Script};
+
+/// The state key of `evaluation`, as its command carries it.
+pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> StateKey {
+    let mut key = StateKey::new();
+    write_state_key(
+        &mut key,
+        &common.key_prefix,
+        evaluation.policy,
+        evaluation.subject,
+    );
+    key
+}
+
+/// A state key, on the stack unless the prefix and policy name are long:
+/// one is rendered for every evaluation, and a heap buffer's allocation
+/// and free cost more than writing it.
+pub type StateKey = SmallVec<[u8; 160]>;
+
+/// The state key of one (policy, revision, subject):
+/// `{prefix}:{<policy>:<revision>:<mark>:<pseudonym>}`, the mark naming
+/// the format of the state kept there (a string of numbers; none for the
+/// sliding log's sorted set, whose key has no mark). The braces are a
+/// Redis Cluster hash tag around the per-subject part, so the state and
+/// every evaluation's record (`<state>:e:<id>`, see `lua/common.lua`)
+/// share one slot.
+fn write_state_key(out: &mut StateKey, prefix: &str, policy: &Policy, subject: &Pseudonym) {
+    let mut pseudonym = [0u8; DISPLAY_MAX];
+    let len = subject.encode(&mut pseudonym);
+    let mark = policy.algorithm().state_mark();
+    for part in [
+        prefix.as_bytes(),
+        b":{",
+        policy.name.as_bytes(),
+        b":",
+        policy.revision.as_bytes(),
+        b":",
+    ] {
+        out.extend_from_slice(part);
+    }
+    if !mark.is_empty() {
+        out.extend_from_slice(mark.as_bytes());
+        out.push(b':');
+    }
+    out.extend_from_slice(&pseudonym[..len]);
+    out.push(b'}');
+}
+
+/// Bytes reserved up front for one command: the fixed words, the SHA-1, the
+/// id and the integers fit; the keys are added on top. Growing the buffer
+/// as arguments arrive cost more than formatting them.
+const CMD_BYTES: usize = 192;
+
+/// `FCALL name 2 state record first id cost [life]` (or `EVALSHA sha 2
+/// …`), the record being `<state>:e:<id>`: both keys declared, under one
+/// hash tag. `first`: this is the call's first send, so the script need
+/// not look for the record (`lua/README.md`, "ARGV"); every re-send goes
+/// as [`resent`] makes it.
+pub fn call(
+    script: &Script,
+    mode: Mode,
+    common: &Common,
+    evaluation: &Evaluation<'_>,
+    first: bool,
+) -> Cmd {
+    let policy = evaluation.policy;
+    // The key's length without the subject, which displays in under 64,
+    // and its mark.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
+    let mut cmd = Cmd::with_capacity(8, CMD_BYTES + 2 * key_bytes);
+    script.call_words(mode, &mut cmd);
+    cmd.arg(2u8);
+    let id = hex_id(evaluation.id.0);
+    push_keys(&mut cmd, common, evaluation, &id);
+    cmd.arg(attempt(first)).arg(&id[..]).arg(evaluation.cost);
+    if let Some(within) = evaluation.settle_within {
+        cmd.arg(record_life(within));
+    }
+    cmd
+}
+
+/// A decision's first argument: `1` on its first send, `0` on a re-send
+/// (`lua/README.md`, "ARGV").
+pub(in crate::store::redis) fn attempt(first: bool) -> &'static [u8] {
+    if first {
+        b"1"
+    } else {
+        b"0"
+    }
+}
+
+/// `cmd` (a decision: one evaluation, several limits or a batch, `FCALL` or
+/// `EVALSHA`) as it goes again: the same keys and arguments, evaluation ids
+/// included, its first argument saying `0`, so the script looks for the
+/// records of what the earlier send may have applied.
+pub fn resent(cmd: &Cmd) -> Cmd {
+    let mut out = Cmd::new();
+    // `FCALL name numkeys keys… ARGV[1] …`: ARGV[1] follows the keys.
+    let mut flag = None;
+    for (i, arg) in cmd.args_iter().enumerate() {
+        let redis::Arg::Simple(bytes) = arg else {
+            continue;
+        };
+        if i == 2 {
+            flag = std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|n| n.parse::<usize>().ok())
+                .map(|keys| 3 + keys);
+        }
+        if Some(i) == flag {
+            out.arg(attempt(false));
+        } else {
+            out.arg(bytes);
+        }
+    }
+    out
+}
+
+/// `FCALL name 2 state record id units` (or `EVALSHA`): a refund of what
+/// `evaluation` (its id) charged, `evaluation.cost` being the units to
+/// give back (`lua/README.md`, "Refunds").
+pub fn refund_call(
+    script: &Script,
+    mode: Mode,
+    common: &Common,
+    evaluation: &Evaluation<'_>,
+) -> Cmd {
+    let mut cmd = Cmd::with_capacity(7, CMD_BYTES + 320);
+    script.call_words(mode, &mut cmd);
+    cmd.arg(2u8);
+    let id = hex_id(evaluation.id.0);
+    push_keys(&mut cmd, common, evaluation, &id);
+    cmd.arg(&id[..]).arg(evaluation.cost);
+    cmd
+}
+
+/// The third argument of a reserved evaluation: how long its record lives
+/// (`lua/README.md`, "ARGV"), in whole milliseconds, at most a day.
+pub(in crate::store::redis) fn record_life(within: Duration) -> u64 {
+    ceil_ms(within).clamp(1, 86_400_000)
+}
+
+/// An evaluation's two keys: its state, then its record,
+/// `<state>:e:<id>`. The state key is rendered once; the record's name
+/// repeats it.
+fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
+    let policy = evaluation.policy;
+    // The key's length without the subject, which displays in under 64,
+    // and its mark.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
+    let mut state = StateKey::new();
+    state.reserve(key_bytes);
+    write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
+    cmd.arg(&state[..]);
+    let mut arg = cmd.writer_for_next_arg();
+    // Writing into the command's own buffer cannot fail.
+    let _ = arg.write_all(&state);
+    let _ = arg.write_all(b":e:");
+    let _ = arg.write_all(id);
+}
+
+/// `FCALL name 2n state_1 record_1 … state_n record_n 0 id cost_1 …
+/// cost_n [life]`: every limit's two keys, as [`call`] sends them, one id
+/// for all. Never sent as a first send (`0`, `lua/several.lua`): its writes
+/// wait until every limit has decided, so a first send could not claim its
+/// record before charging.
+pub fn call_several(
+    script: &Script,
+    mode: Mode,
+    common: &Common,
+    evaluations: &[Evaluation<'_>],
+) -> Cmd {
+    let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
+    let mut cmd = Cmd::with_capacity(5 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
+    script.call_words(mode, &mut cmd);
+    cmd.arg(2 * evaluations.len());
+    for evaluation in evaluations {
+        push_keys(&mut cmd, common, evaluation, &id);
+    }
+    cmd.arg(attempt(false)).arg(&id[..]);
+    for evaluation in evaluations {
+        cmd.arg(evaluation.cost);
+    }
+    // One record life for the call: the longest any limit asks.
+    if let Some(within) = evaluations.iter().filter_map(|e| e.settle_within).max() {
+        cmd.arg(record_life(within));
+    }
+    cmd
+}
+
+/// `cmd` (an `FCALL`) as the same call of the cached script: its keys and
+/// arguments, evaluation id included, unchanged.
+pub fn as_evalsha(script: &Script, cmd: &Cmd) -> Cmd {
+    let mut out = Cmd::new();
+    script.call_words(Mode::Eval, &mut out);
+    for arg in cmd.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = arg {
+            out.arg(bytes);
+        }
+    }
+    out
+}
+
+/// The evaluation id as 32 lowercase hex digits, zero-padded: what
+/// `EvaluationId`'s `Display` gives, without the formatting machinery.
+pub(in crate::store::redis) fn hex_id(id: u128) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, digit) in out.iter_mut().enumerate() {
+        let nibble = (id >> (124 - 4 * i)) & 0xf;
+        *digit = DIGITS[nibble as usize];
+    }
+    out
+}

@@ -1,0 +1,462 @@
+//! De-duplication records against a real `redis-server`, through the
+//! store's library API: a call whose reply is lost is retried once and
+//! charged once (alone, in a batch); a first send reads no record and
+//! leaves one only when it admits, claimed before it charges, so one its
+//! own retry overtook replays it; every record expires with the window.
+//! And end to end, through the binary: only admissions leave records.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use redis::Commands;
+use tokio::time::Instant;
+
+use crate::support::lost_reply::{relay, relay_on};
+use crate::support::redis::RedisServer;
+use crate::support::redis_sidecar::{redis_yaml, start_ready};
+use crate::support::store_api::*;
+use crate::support::{clear_of_window_edge, get, Upstream};
+use http::StatusCode;
+use sluice::limit::{Bands, Outcome};
+use sluice::subject::Pseudonym;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_retried_once_and_charged_once() {
+    let server = RedisServer::start();
+    let relay = relay(server.port()).await;
+    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
+    config.pool_size = 1;
+    let store = connect_with(config, Duration::from_secs(2)).await;
+    let mut conn = server.connection();
+
+    let cases = [
+        ("fixed", Bands::FixedWindow(vec![window(5, 3_600_000)])),
+        ("log", Bands::SlidingLog(vec![window(5, 3_600_000)])),
+    ];
+    for (round, (name, bands)) in cases.into_iter().enumerate() {
+        let policy = policy(name, bands);
+        let subject = subject(name);
+        let key = state_key(&policy, &subject);
+        // The policy's script is loaded by its first evaluation (another
+        // subject's), so the reply dropped next is a decision's.
+        let warm = eval(&store, &policy, &self::subject(&format!("warm-{name}")), 1).await;
+        assert!(allowed(&warm), "{name}: {warm:?}");
+        relay.armed.store(true, Ordering::SeqCst);
+        let outcome = eval(&store, &policy, &subject, 2).await;
+        assert_eq!(relay.dropped.load(Ordering::SeqCst), round + 1, "{name}");
+        // The recorded decision: the first (and only) charge of 2 out of 5.
+        let d = decision(&outcome);
+        assert!(d.allowed && d.remaining == 3, "{name}: {outcome:?}");
+        let charged: u64 = if name == "log" {
+            conn.zcard(&key).expect("ZCARD")
+        } else {
+            // t:s1:c1
+            let text = state_text(&mut conn, &key).expect("state");
+            text.split(':')
+                .nth(2)
+                .expect("c1")
+                .parse()
+                .expect("a count")
+        };
+        assert_eq!(charged, 2, "{name}: charged twice or not at all");
+        assert_eq!(
+            store.stats().retries.load(Ordering::Relaxed),
+            round as u64 + 1
+        );
+        assert_eq!(
+            store.stats().dedupe_hits.load(Ordering::Relaxed),
+            round as u64 + 1
+        );
+    }
+
+    // A first send's denial leaves no record: its retry is decided afresh,
+    // denied again, charges nothing, and records that denial (a first send
+    // it overtook, arriving later, would replay it).
+    let policy = policy("deny", Bands::FixedWindow(vec![window(1, 3_600_000)]));
+    let subject = subject("deny");
+    let key = state_key(&policy, &subject);
+    assert!(allowed(&eval(&store, &policy, &subject, 1).await));
+    relay.armed.store(true, Ordering::SeqCst);
+    let denied = evaluation(&policy, &subject, 1);
+    let outcome = store.evaluate(&denied).await;
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 3);
+    assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 2);
+    assert_eq!(fixed_count(&mut conn, &key), Some(1));
+    let record: Option<String> = conn
+        .get(format!("{key}:e:{}", denied.id))
+        .expect("GET record");
+    assert!(
+        record.as_deref().is_some_and(|r| r.starts_with("0:")),
+        "{record:?}"
+    );
+}
+
+/// A first send does not look for its record (a fresh id has none): one
+/// GET, its state's. A re-send (the retry after a lost reply) looks, and
+/// replays what the first send admitted; a denial's re-send finds nothing
+/// and is decided afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
+    let server = RedisServer::start();
+    let relay = relay(server.port()).await;
+    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
+    config.pool_size = 1;
+    config.coalesce = false;
+    let store = connect_with(config, Duration::from_secs(2)).await;
+    let mut conn = server.connection();
+    let policy = policy("first", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let warm = eval(&store, &policy, &subject("first-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+
+    // A first send reads its state and no record (its id is fresh), and
+    // writes both: the record claimed first (`SET … NX`), then the state.
+    let fresh = subject("fresh");
+    let key = state_key(&policy, &fresh);
+    reset_stats(&mut conn);
+    let outcome = eval(&store, &policy, &fresh, 1).await;
+    // (Counted before this test's own GETs below.)
+    assert_eq!(
+        calls_of(&mut conn, "get"),
+        1,
+        "{:?}",
+        commandstats(&mut conn)
+    );
+    assert_eq!(calls_of(&mut conn, "set"), 2);
+    assert_eq!(decision(&outcome).remaining, 4, "{outcome:?}");
+    assert_eq!(fixed_count(&mut conn, &key), Some(1));
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 0);
+
+    // Its reply lost, the call goes again saying so: it reads the record
+    // the first send left (a second GET) and replays it.
+    let lost = subject("lost");
+    let key = state_key(&policy, &lost);
+    reset_stats(&mut conn);
+    relay.armed.store(true, Ordering::SeqCst);
+    let outcome = eval(&store, &policy, &lost, 2).await;
+    assert_eq!(calls_of(&mut conn, "fcall"), 2);
+    assert_eq!(
+        calls_of(&mut conn, "get"),
+        2,
+        "{:?}",
+        commandstats(&mut conn)
+    );
+    // The first send's two SETs, none by the replay.
+    assert_eq!(calls_of(&mut conn, "set"), 2);
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 1);
+    assert_eq!(decision(&outcome).remaining, 3, "{outcome:?}");
+    assert_eq!(fixed_count(&mut conn, &key), Some(2), "charged once");
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
+
+    // A denial's re-send finds no record, reads the state again, denies
+    // again and records the denial: one SET, none of the state.
+    for _ in 0..3 {
+        assert!(allowed(&eval(&store, &policy, &lost, 1).await));
+    }
+    reset_stats(&mut conn);
+    relay.armed.store(true, Ordering::SeqCst);
+    let outcome = eval(&store, &policy, &lost, 1).await;
+    assert_eq!(
+        calls_of(&mut conn, "get"),
+        3,
+        "{:?}",
+        commandstats(&mut conn)
+    );
+    assert_eq!(calls_of(&mut conn, "set"), 1);
+    assert_eq!(relay.dropped.load(Ordering::SeqCst), 2);
+    assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
+    assert_eq!(fixed_count(&mut conn, &key), Some(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_batch_reply_is_retried_once_and_charged_once() {
+    let server = RedisServer::start();
+    let relay = relay_on(server.port(), b"_batch").await;
+    let mut config = redis_config(format!("redis://127.0.0.1:{}", relay.port));
+    config.pool_size = 1;
+    let store = connect_with(config, Duration::from_secs(2)).await;
+    let mut conn = server.connection();
+    let policy = policy("lost-batch", Bands::FixedWindow(vec![window(5, 3_600_000)]));
+    let warm = eval(&store, &policy, &subject("lost-batch-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+
+    relay.armed.store(true, Ordering::SeqCst);
+    let who: Vec<Pseudonym> = (0..6)
+        .map(|i| subject(&format!("lost-batch-{i}")))
+        .collect();
+    let outcomes = together(&mut conn, &store, &policy, &who).await;
+    assert_eq!(
+        relay.dropped.load(Ordering::SeqCst),
+        1,
+        "no batch reply was lost: {outcomes:?}, {} batches",
+        store.stats().batches.load(Ordering::Relaxed)
+    );
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let d = decision(outcome);
+        assert!(d.allowed && d.remaining == 4, "{i}: {outcome:?}");
+        let key = state_key(&policy, &who[i]);
+        assert_eq!(
+            fixed_count(&mut conn, &key),
+            Some(1),
+            "{i}: charged twice or not at all"
+        );
+    }
+    // The first two went alone (the lane's two calls in flight, held by
+    // the pause); the other four queued and went as one batch once they
+    // had waited their longest. The connection carrying all three calls
+    // lost their replies: each call went again (a retry counts no new
+    // batch), and every decision replayed its record.
+    assert_eq!(store.stats().batches.load(Ordering::Relaxed), 1);
+    assert_eq!(store.stats().batched.load(Ordering::Relaxed), 4);
+    assert_eq!(store.stats().retries.load(Ordering::Relaxed), 3);
+    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 6);
+}
+
+/// The library (its one function) whose code holds `marker`.
+fn library_of(conn: &mut redis::Connection, marker: &str) -> String {
+    let listed: Vec<Vec<redis::Value>> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("WITHCODE")
+        .query(conn)
+        .expect("FUNCTION LIST");
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        _ => String::new(),
+    };
+    let found: Vec<String> = listed
+        .iter()
+        .filter(|fields| fields.iter().any(|f| text(f).contains(marker)))
+        .filter_map(|fields| fields.get(1).map(text))
+        .collect();
+    assert_eq!(found.len(), 1, "{marker}: {found:?}");
+    found[0].clone()
+}
+
+/// A first send its own retry overtook (the retry went on another
+/// connection after the first one failed; the first was held on its way: a
+/// packet delayed, a proxy's queue) replays what the retry decided,
+/// admitted or denied, and charges nothing: a first send claims its record
+/// (`SET … NX`) before it writes the state. The policy's function called
+/// directly, the retry (`0`) before the first send (`1`), as Redis would
+/// see them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_send_its_retry_overtook_replays_the_retry() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    // Numbers no other policy here has: they find its library.
+    let policy = policy("overtaken", Bands::FixedWindow(vec![window(3, 7_200_000)]));
+    let warm = eval(&store, &policy, &subject("overtaken-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+    let name = library_of(&mut conn, "local P_BAND_ARGS = {3, 7200000000}");
+    let who = subject("overtaken");
+    let key = state_key(&policy, &who);
+    let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
+        let id = format!("{id:032x}");
+        redis::cmd("FCALL")
+            .arg(&name)
+            .arg(2)
+            .arg(&key)
+            .arg(format!("{key}:e:{id}"))
+            .arg(first)
+            .arg(&id)
+            .arg(1)
+            .query::<Vec<i64>>(conn)
+    };
+    // {version, outcome, remaining, reset, retry, band, replayed, skew}
+    let retry = fcall(&mut conn, "0", 0xa).expect("the retry");
+    assert_eq!((retry[1], retry[2], retry[6]), (1, 2, 0), "{retry:?}");
+    let late = fcall(&mut conn, "1", 0xa).expect("the first send");
+    assert_eq!((late[1], late[2], late[6]), (1, 2, 1), "{late:?}");
+    assert_eq!(fixed_count(&mut conn, &key), Some(1), "charged twice");
+
+    // A retry that denied records its denial; the first send arriving
+    // after it replays that denial, though it would now be admitted (the
+    // window ended meanwhile: the state is gone).
+    for _ in 0..2 {
+        assert!(allowed(&eval(&store, &policy, &who, 1).await));
+    }
+    let retry = fcall(&mut conn, "0", 0xb).expect("the retry");
+    assert_eq!((retry[1], retry[6]), (0, 0), "{retry:?}");
+    let _: () = conn.del(&key).expect("DEL");
+    let late = fcall(&mut conn, "1", 0xb).expect("the first send");
+    assert_eq!((late[1], late[6]), (0, 1), "{late:?}");
+    assert_eq!(
+        state_text(&mut conn, &key),
+        None,
+        "a refused request charged"
+    );
+
+    // Not overtaken, a first send's denial leaves no record.
+    for id in 0xc..0xf {
+        let first = fcall(&mut conn, "1", id).expect("a first send");
+        assert_eq!(first[1], 1, "{first:?}");
+    }
+    let denied = fcall(&mut conn, "1", 0xf).expect("a first send");
+    assert_eq!((denied[1], denied[6]), (0, 0), "{denied:?}");
+    let record: Option<String> = conn.get(format!("{key}:e:{:032x}", 0xf)).expect("GET");
+    assert_eq!(record, None);
+
+    // Anything but 1 or 0 first is refused before any write.
+    let refused = fcall(&mut conn, "2", 0x10).expect_err("refused");
+    assert!(
+        refused.to_string().contains("ARGV[1] is not 1"),
+        "{refused}"
+    );
+    assert_eq!(fixed_count(&mut conn, &key), Some(3));
+}
+
+/// Each admitted evaluation leaves one record, a key of its own next to the
+/// state, that lives `dedupe_window` and no longer: the state holds state
+/// only, however hot the subject. A denial leaves none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_admission_leaves_one_record_that_expires_with_the_window_and_a_denial_none() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let policy = policy("bounded", Bands::Gcra(vec![gcra(100, 3_600_000, 100)]));
+    let records = |conn: &mut redis::Connection, key: &str| -> Vec<String> {
+        conn.keys(format!("{key}:e:*")).expect("KEYS")
+    };
+
+    let mut config = redis_config(server.url());
+    config.dedupe_window = ms(800);
+    let store = connect_with(config, BUDGET).await;
+    let busy = subject("bounded");
+    let key = state_key(&policy, &busy);
+    let mut admitted = Vec::new();
+    for _ in 0..150 {
+        let ev = evaluation(&policy, &busy, 1);
+        if allowed(&store.evaluate(&ev).await) {
+            admitted.push(ev.id);
+        }
+    }
+    assert_eq!(admitted.len(), 100);
+    // The state: t and a1 only, whatever the traffic, with its TTL.
+    let state = state_text(&mut conn, &key).expect("state");
+    assert_eq!(state.split(':').count(), 2, "{state}");
+    let ttl: i64 = conn.pttl(&key).expect("PTTL");
+    assert!(ttl > 0, "{key}: {ttl} ms");
+    // One record per admission, under its id, none for the 50 denials.
+    let mut recorded = records(&mut conn, &key);
+    recorded.sort();
+    let mut want: Vec<String> = admitted.iter().map(|id| format!("{key}:e:{id}")).collect();
+    want.sort();
+    assert_eq!(recorded, want);
+    for record in &recorded {
+        let ttl: i64 = conn.pttl(record).expect("PTTL");
+        assert!(ttl > 0 && ttl <= 800, "{record}: {ttl} ms");
+        let text: String = conn.get(record).expect("GET");
+        assert!(text.starts_with("1:"), "{record}: {text}");
+    }
+
+    // After the window every record is gone: nothing accumulates.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !records(&mut conn, &key).is_empty() {
+        assert!(Instant::now() < deadline, "records outlived the window");
+        tokio::time::sleep(ms(50)).await;
+    }
+}
+
+/// Through the binary: only an admitted request leaves a de-duplication
+/// record (`<state>:e:<id>`), on every algorithm and on a route of several
+/// limits, and a decision's first send reads no record: a compact-state
+/// decision `GET`s its state and nothing else, the sliding log nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_admissions_leave_records_and_a_first_send_reads_none() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies = "  fw: { algorithm: fixed-window, limit: 3, window: 1h, lease: off }
+  sc: { algorithm: sliding-counter, limit: 3, window: 1h, lease: off }
+  sl: { algorithm: sliding-log, limit: 3, window: 1h }
+  tb: { algorithm: token-bucket, capacity: 3, refill_tokens: 1, refill_every: 1h, lease: off }
+  gc: { algorithm: gcra, limit: 3, window: 1h, burst: 3, lease: off }
+  wide: { algorithm: fixed-window, limit: 1000, window: 1h, lease: off }
+";
+    let mut routes: String = ["fw", "sc", "sl", "tb", "gc"]
+        .iter()
+        .map(|a| {
+            format!(
+                "  - {{ name: {a}, match: {{ path_prefix: /{a} }}, subject: client_ip, policy: {a} }}\n"
+            )
+        })
+        .collect();
+    routes.push_str(
+        "  - name: both
+    match: { path_prefix: /both }
+    limits:
+      - { policy: fw, subject: client_ip }
+      - { policy: wide, subject: global }
+",
+    );
+    // A budget of 1s: this counts decisions, and on a busy two-core machine
+    // a 50ms one may fail closed. Every denial goes to Redis: no over-limit
+    // cache answering for it.
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, &routes)
+        .replace("  budget: 50ms\n", "  budget: 1s\n")
+        .replace(
+            "  deny_cache_entries: 100000\n",
+            "  deny_cache_entries: 0\n",
+        );
+    let sluice = start_ready(&yaml).await;
+    let mut conn = redis.connection();
+    let records = |conn: &mut redis::Connection| -> usize {
+        conn.keys::<_, Vec<String>>("sluice:*:e:*")
+            .expect("KEYS")
+            .len()
+    };
+    let calls = |conn: &mut redis::Connection, command: &str| -> u64 {
+        commandstats(conn)
+            .into_iter()
+            .find(|(name, _)| name == command)
+            .map_or(0, |(_, calls)| calls)
+    };
+    clear_of_window_edge(Duration::from_secs(3600), Duration::from_secs(20)).await;
+
+    // (path, the GETs of its six decisions, its records): a compact state
+    // is one GET a decision; the sliding log reads a sorted set. Several
+    // limits are always sent as a re-send could be (`lua/several.lua`):
+    // each limit GETs its record, then its state; a request refused by the
+    // first limit reads the first's only (the script stops there, writing
+    // nothing), an admitted one both.
+    let cases = [
+        ("/fw", 6, 3),
+        ("/sc", 6, 3),
+        ("/sl", 0, 3),
+        ("/tb", 6, 3),
+        ("/gc", 6, 3),
+        ("/both", 3 * 4 + 3 * 2, 3 * 2),
+    ];
+    let mut total = 0;
+    for (path, gets, kept) in cases {
+        reset_stats(&mut conn);
+        let mut statuses = Vec::new();
+        for _ in 0..6 {
+            statuses.push(get(sluice.addr(), path, &[]).await.0);
+        }
+        assert_eq!(
+            statuses[..],
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS
+            ],
+            "{path}"
+        );
+        assert_eq!(calls(&mut conn, "fcall"), 6, "{path}");
+        assert_eq!(
+            calls(&mut conn, "get"),
+            gets,
+            "{path}: {:?}",
+            commandstats(&mut conn)
+        );
+        total += kept;
+        assert_eq!(records(&mut conn), total, "{path}: a denial left a record");
+    }
+    assert_eq!(upstream.count(), 18);
+}

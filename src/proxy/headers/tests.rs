@@ -176,6 +176,25 @@ fn connection_naming_an_identity_header_is_refused() {
 }
 
 #[test]
+fn the_claims_by_length_are_the_claims_exactly() {
+    let mut table: Vec<&str> = (0..64).flat_map(claims_of_length).copied().collect();
+    let mut claims: Vec<&str> = REMOVED_CLAIMS
+        .iter()
+        .chain([&X_REAL_IP, &http::header::FORWARDED])
+        .map(|name| name.as_str())
+        .collect();
+    table.sort_unstable();
+    claims.sort_unstable();
+    assert_eq!(table, claims);
+    for len in 0..64 {
+        assert!(
+            claims_of_length(len).iter().all(|name| name.len() == len),
+            "{len}"
+        );
+    }
+}
+
+#[test]
 fn every_claim_is_a_claim_and_common_fields_are_not() {
     let claims = REMOVED_CLAIMS
         .iter()

@@ -7,8 +7,8 @@ mod checks;
 mod rewrite;
 
 use http::header::{
-    HeaderMap, HeaderName, CONNECTION, FORWARDED, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE,
-    TRAILER, TRANSFER_ENCODING, UPGRADE,
+    HeaderMap, HeaderName, CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
 };
 
 pub use checks::*;

@@ -37,6 +37,26 @@ from tools import Processes  # noqa: E402
 
 PATHS = ["/none", "/memory", "/redis", "/blocked"]
 
+# A browser's request head: twelve fields beside Host, about 500 bytes.
+# wrk sends Host alone, which leaves out everything a proxy does per field
+# (the framing watch, the checks, the rewrite, the resend copy); `/none`
+# and the floor are profiled with these too.
+BROWSER_HEAD = [
+    "User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36",
+    "Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+    "Accept-Language: en-US,en;q=0.9",
+    "Accept-Encoding: gzip, deflate, br",
+    "Cookie: session=abcdef0123456789; theme=dark",
+    "Referer: https://example.com/page",
+    "Sec-Fetch-Dest: document",
+    "Sec-Fetch-Mode: navigate",
+    "Sec-Fetch-Site: same-origin",
+    'Sec-Ch-Ua: "Chromium";v="120"',
+    "Upgrade-Insecure-Requests: 1",
+    "Cache-Control: max-age=0",
+]
+BROWSER = ", browser head"
+
 # Where each instruction's code lives → the stage it is counted under.
 # Self costs (not inclusive) are grouped, so the stages add up to the total;
 # code inlined into a function counts with that function. First match wins.
@@ -250,14 +270,15 @@ def profile_floor(procs, workdir, floor, upstream_port, seconds, conns):
     if not port:
         raise RuntimeError(f"hyper-floor did not start: {tools.tail(logf)}")
     figures = {}
-    for path, label in (("/none", "hyper floor"), ("/blocked", "hyper floor /blocked")):
+    for path, label, head in (("/none", "hyper floor", ()), ("/blocked", "hyper floor /blocked", ()),
+                              ("/none", "hyper floor" + BROWSER, BROWSER_HEAD)):
         url = f"http://127.0.0.1:{port}{path}"
-        tools.run_wrk(url, conns, 1, 0, timeout_s=10)  # warm-up, uncounted
+        tools.run_wrk(url, conns, 1, 0, timeout_s=10, headers=head)  # warm-up, uncounted
         callgrind(["-z", str(proc.pid)])
         callgrind(["-i", "on", str(proc.pid)])
-        run = tools.run_wrk(url, conns, seconds, 0, timeout_s=10)
+        run = tools.run_wrk(url, conns, seconds, 0, timeout_s=10, headers=head)
         callgrind(["-i", "off", str(proc.pid)])
-        callgrind(["-d", path.strip("/"), str(proc.pid)])
+        callgrind(["-d", label.replace(", ", "-").replace(" ", "-").replace("/", ""), str(proc.pid)])
         time.sleep(0.5)
         used = {f["dump"] for f in figures.values()}
         dump = [d for d in sorted((os.path.join(workdir, f) for f in os.listdir(workdir)
@@ -339,18 +360,20 @@ def main():
         redis = start_redis(procs, workdir)
         if redis.reason:
             raise RuntimeError(redis.reason)
-        for store, paths in (("memory", ["/none", "/memory", "/blocked"]), ("redis", ["/redis"])):
+        memory_paths = [(p, p, ()) for p in ("/none", "/memory", "/blocked")]
+        memory_paths.append(("/none", "/none" + BROWSER, BROWSER_HEAD))
+        for store, paths in (("memory", memory_paths), ("redis", [("/redis", "/redis", ())])):
             proc, port, out = start_sluice_under_valgrind(
                 procs, workdir, args.sluice, f"sluice-{store}", store, upstream.port, redis.port
             )
-            for path in paths:
+            for path, label, head in paths:
                 url = f"http://127.0.0.1:{port}{path}"
-                tools.run_wrk(url, args.conns, 1, 0, timeout_s=10)  # warm-up, uncounted
+                tools.run_wrk(url, args.conns, 1, 0, timeout_s=10, headers=head)  # warm-up, uncounted
                 callgrind(["-z", str(proc.pid)])
                 callgrind(["-i", "on", str(proc.pid)])
-                run = tools.run_wrk(url, args.conns, args.seconds, 0, timeout_s=10)
+                run = tools.run_wrk(url, args.conns, args.seconds, 0, timeout_s=10, headers=head)
                 callgrind(["-i", "off", str(proc.pid)])
-                callgrind(["-d", path.strip("/"), str(proc.pid)])
+                callgrind(["-d", label.strip("/").replace(", ", "-").replace(" ", "-"), str(proc.pid)])
                 time.sleep(0.5)
                 used = {r["dump"] for r in results["paths"].values()}
                 dumps = sorted(
@@ -362,14 +385,14 @@ def main():
                 dump = dumps[-1]
                 total, stages = stage_costs(dump)
                 requests = run["requests"]
-                results["paths"][path] = {
+                results["paths"][label] = {
                     "requests": requests,
                     "non_2xx": run["non_2xx"],
                     "instructions_per_request": round(total / requests),
                     "stages": {k: round(v / requests) for k, v in stages.items()},
                     "dump": dump,
                 }
-                print(f"{path}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
+                print(f"{label}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
             procs.stop(proc, grace=20)
         if not args.no_floor:
             results["paths"].update(profile_floor(
@@ -394,6 +417,8 @@ def ratios(results):
 
     pairs = [
         ("sluice `/none` ÷ hyper floor (target ≤ 1.05)", ipr(paths.get("/none")), ipr(paths.get("hyper floor"))),
+        ("sluice `/none` ÷ hyper floor, a browser's head (12 fields)", ipr(paths.get("/none" + BROWSER)),
+         ipr(paths.get("hyper floor" + BROWSER))),
         ("sluice `/none` ÷ nginx `proxy_pass`", ipr(paths.get("/none")), ipr(nginx.get("nginx /"))),
         ("hyper floor ÷ nginx `proxy_pass`", ipr(paths.get("hyper floor")), ipr(nginx.get("nginx /"))),
         ("sluice `/blocked` ÷ nginx `/blocked` (`limit_req` refusing)", ipr(paths.get("/blocked")),

@@ -436,12 +436,16 @@ def percentile(values, q):
 # --- load generators ---------------------------------------------------------
 
 
-def run_wrk(url, conns, seconds, cpu, timeout_s=5):
-    """Closed loop: `conns` connections each sending as fast as answered."""
+def run_wrk(url, conns, seconds, cpu, timeout_s=5, headers=()):
+    """Closed loop: `conns` connections each sending as fast as answered,
+    each request with `headers` (`Name: value` strings) beside wrk's Host."""
     argv = [
         "taskset", "-c", str(cpu),
-        "wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", f"--timeout={timeout_s}s", url,
+        "wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", f"--timeout={timeout_s}s",
     ]
+    for header in headers:
+        argv += ["-H", header]
+    argv.append(url)
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
     text = out.stdout
     m_req = re.search(r"(\d+) requests in", text)

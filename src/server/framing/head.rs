@@ -33,7 +33,9 @@ pub enum Refusal {
     UnframedBody,
 }
 
+const CONTENT_LENGTH: &[u8] = b"content-length";
 const TRANSFER_ENCODING: &[u8] = b"transfer-encoding";
+const UPGRADE: &[u8] = b"upgrade";
 
 /// How far [`until`] looks byte by byte before it hands the rest to
 /// `memchr`: a method, a version, most field names and a `Host` value end
@@ -56,6 +58,19 @@ fn until(
         Some(at) => at,
         None => near.len() + search(far).unwrap_or(far.len()),
     }
+}
+
+/// Whether a field line (its content, without the line ending) is one of
+/// the three fields that decide the framing: its name, up to the first
+/// colon, is one of them, case aside.
+fn matters(line: &[u8]) -> bool {
+    let named = |name: &[u8]| {
+        line.get(name.len()) == Some(&b':')
+            && line
+                .get(..name.len())
+                .is_some_and(|n| n.eq_ignore_ascii_case(name))
+    };
+    named(CONTENT_LENGTH) || named(TRANSFER_ENCODING) || named(UPGRADE)
 }
 
 /// A head being read: everything kept is of fixed size.
@@ -204,6 +219,16 @@ impl HeadReader {
     pub fn read(&mut self, bytes: &[u8]) -> Option<(usize, Head)> {
         let mut i = 0;
         while let Some(&byte) = bytes.get(i) {
+            // Whole field lines that cannot matter (most of a head), a
+            // line at a time, to the blank line if it is among them.
+            let (lines, ended) = self.lines(&bytes[i..]);
+            if ended {
+                return Some((i + lines, self.verdict()));
+            }
+            if lines > 0 {
+                i += lines;
+                continue;
+            }
             // Bytes that cannot change the verdict (most of a head: the
             // target, every field but three) are passed over in a run,
             // minding only whether the last of them is a CR.
@@ -271,6 +296,38 @@ impl HeadReader {
         None
     }
 
+    /// At the start of a field line, the count of `rest`'s first bytes
+    /// that are whole field lines none of the three fields, read a line at
+    /// a time (one `memchr` search for the lot, where a line read by
+    /// [`HeadReader::name`] and [`HeadReader::run`] costs two), and whether
+    /// the blank line that ends the head is the last of them. Stops before
+    /// a line that is one of the three, or that does not end in `rest`:
+    /// those are read byte by byte.
+    fn lines(&mut self, rest: &[u8]) -> (usize, bool) {
+        if self.first_line || self.cr || !matches!(&self.line, Line::Name(name) if name.len == 0) {
+            return (0, false);
+        }
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'\n', rest) {
+            let line = &rest[start..end];
+            let (content, bare) = match line.split_last() {
+                Some((b'\r', content)) => (content, false),
+                _ => (line, true),
+            };
+            if matters(content) {
+                break;
+            }
+            self.bare_lf |= bare;
+            start = end + 1;
+            if content.is_empty() {
+                self.len += start;
+                return (start, true);
+            }
+        }
+        self.len += start;
+        (start, false)
+    }
+
     /// How many of `rest`'s first bytes may be passed over: up to the
     /// line's end in a line that cannot matter, up to the next space in
     /// the request target.
@@ -311,7 +368,7 @@ impl HeadReader {
     /// What the rest of a field line is read as, given its name (`is`
     /// tells whether it is a name, case aside).
     fn after_name(&mut self, is: impl Fn(&[u8]) -> bool) -> Line {
-        if is(b"content-length") {
+        if is(CONTENT_LENGTH) {
             self.content_length = true;
             Line::ContentLength(Number {
                 value: Some(0),
@@ -325,7 +382,7 @@ impl HeadReader {
                 space: false,
             }
         } else {
-            if is(b"upgrade") {
+            if is(UPGRADE) {
                 self.unfollowable = true;
             }
             Line::Skip

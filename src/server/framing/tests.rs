@@ -218,7 +218,7 @@ fn heads() -> Vec<Vec<u8>> {
         b"GET / HTTP/2.0",
         b"GET /x\ry HTTP/1.1",
     ];
-    let fields: [&[u8]; 22] = [
+    let fields: [&[u8]; 29] = [
         b"Host: a",
         b"Content-Length: 5",
         b"content-length:5 ",
@@ -241,6 +241,15 @@ fn heads() -> Vec<Vec<u8>> {
         b"X-Long: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
         b"Contentious: x",
         b"no colon here",
+        // Beside the three names: a line read whole is passed over only
+        // when its name, to the first colon, is none of them.
+        b"CONTENT-LENGTH: 5",
+        b"Content-Lengthy: 5",
+        b"Content-Length : 5",
+        b"UPGRADE:h2c",
+        b"Upgrade-Insecure-Requests: 1",
+        b"upgrade",
+        b"Transfer-Encodings: gzip",
     ];
     let endings: [&[u8]; 3] = [b"\r\n", b"\n", b"\r\r\n"];
     let mut heads = Vec::new();

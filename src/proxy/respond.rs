@@ -85,12 +85,13 @@ pub struct Prepared {
 type Told = (u64, u64, usize);
 
 /// A 429's parts that change with the decision, rendered once for a
-/// [`Told`].
+/// [`Told`]: its body and every field. A kept refusal's fields are
+/// cloned whole (two allocations, a reference count a value), cheaper
+/// than a hash and a probe for each of them again.
 #[derive(Clone)]
 struct Rendered {
     body: Bytes,
-    retry_after: Option<HeaderValue>,
-    ratelimit: Option<HeaderValue>,
+    fields: HeaderMap,
 }
 
 impl Prepared {
@@ -298,10 +299,14 @@ pub fn too_many_requests(prepared: &Prepared, decision: &Decision) -> Response<B
     let announce = prepared.announce;
     let render = || {
         let told = announce.then_some(retry_after);
+        let mut fields = prepared.denied.fields(told.map(HeaderValue::from));
+        add_policy_field(&mut fields, prepared);
+        if let Some(value) = announce.then(|| prepared.limit_value(decision)).flatten() {
+            fields.append(&RATELIMIT, value);
+        }
         Rendered {
             body: prepared.denied.body(told),
-            retry_after: told.map(HeaderValue::from),
-            ratelimit: announce.then(|| prepared.limit_value(decision)).flatten(),
+            fields,
         }
     };
     // A denial's parts depend on nothing else (`limit_value`); an
@@ -312,15 +317,9 @@ pub fn too_many_requests(prepared: &Prepared, decision: &Decision) -> Response<B
         let told = (retry_after, decision.remaining, decision.band);
         prepared.refused.get_or_make(told, render)
     };
-    let mut response = prepared
+    prepared
         .denied
-        .respond_with(rendered.body, rendered.retry_after);
-    let headers = response.headers_mut();
-    add_policy_field(headers, prepared);
-    if let Some(value) = rendered.ratelimit {
-        headers.append(&RATELIMIT, value);
-    }
-    response
+        .respond_with_fields(rendered.body, rendered.fields)
 }
 
 /// 503: the request is over a concurrency limit (`prepared` is that
@@ -565,16 +564,23 @@ fn problem_response(
 ) -> Response<Body> {
     let mut response = Response::new(body::full(json));
     *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
+    *response.headers_mut() = problem_fields(retry_after);
+    response
+}
+
+/// A problem answer's fields: its content type, `no-store`, and
+/// `Retry-After` when given.
+fn problem_fields(retry_after: Option<HeaderValue>) -> HeaderMap {
+    let mut fields = HeaderMap::with_capacity(6);
+    fields.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    fields.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Some(value) = retry_after {
-        headers.insert(RETRY_AFTER, value);
+        fields.insert(RETRY_AFTER, value);
     }
-    response
+    fields
 }
 
 mod answers;

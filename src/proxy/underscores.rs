@@ -20,7 +20,33 @@ use super::overrides::{folds_to, OVERRIDE_HEADERS};
 
 /// Whether `name` contains `_`.
 fn underscored(name: &HeaderName) -> bool {
-    name.as_str().as_bytes().contains(&b'_')
+    has_byte(name.as_str().as_bytes(), b'_')
+}
+
+/// Whether `bytes` holds `byte`, eight bytes at a time: every name of
+/// every request is looked at, a browser sends a dozen of ten to twenty
+/// bytes, and a byte at a time (what `contains` does below sixteen) cost
+/// four instructions a byte.
+fn has_byte(bytes: &[u8], byte: u8) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let pattern = ONES * u64::from(byte);
+    // Exact for "some byte is zero": a borrow can only run past a byte
+    // that is zero itself, so no word without one is taken for one.
+    let any_zero = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS != 0;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0; 8];
+        word.copy_from_slice(chunk);
+        if any_zero(u64::from_ne_bytes(word) ^ pattern) {
+            return true;
+        }
+    }
+    // The last bytes, padded with one that is not `byte`.
+    let rest = chunks.remainder();
+    let mut word = [!byte; 8];
+    word[..rest.len()].copy_from_slice(rest);
+    any_zero(u64::from_ne_bytes(word) ^ pattern)
 }
 
 /// Refuses what `mode` refuses; `Ok(true)` when the request carries a
@@ -83,6 +109,32 @@ mod tests {
 
     fn key() -> Vec<HeaderName> {
         vec![HeaderName::from_static("x-api-key")]
+    }
+
+    #[test]
+    fn a_byte_is_found_wherever_it_is_and_only_where_it_is() {
+        // Every length across two words and their remainder, the byte at
+        // each place and nowhere, beside the bytes a borrow could confuse
+        // with it (one above and one below).
+        for len in 0..=24 {
+            for filler in [b'a', b'^', b'`', 0x00, 0xff, 0x80] {
+                let mut bytes = vec![filler; len];
+                assert!(!has_byte(&bytes, b'_'), "{len} bytes of {filler:#x}");
+                for at in 0..len {
+                    bytes[at] = b'_';
+                    assert!(has_byte(&bytes, b'_'), "{len} bytes, `_` at {at}");
+                    bytes[at] = filler;
+                }
+            }
+        }
+        for (name, underscored_) in [
+            ("x-api-key", false),
+            ("x_api_key", true),
+            ("accept-language_", true),
+        ] {
+            let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert_eq!(underscored(&name), underscored_, "{name}");
+        }
     }
 
     #[test]

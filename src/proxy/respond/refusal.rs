@@ -5,13 +5,13 @@
 //! fields).
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
 use crate::route::CustomAnswer;
 
-use super::body::Body;
-use super::{concat, json_string, problem_response};
+use super::body::{self, Body};
+use super::{concat, json_string, problem_fields};
 
 /// A problem body whose one variable is the retry-after seconds, which
 /// close `detail` and fill `retry_after`: `head`, seconds, `mid`, seconds,
@@ -136,17 +136,28 @@ impl Answer {
     /// The response with `body` (from [`Answer::body`]) and `Retry-After`
     /// when given; without the rate-limit fields, which the caller adds.
     pub fn respond_with(&self, body: Bytes, retry_after: Option<HeaderValue>) -> Response<Body> {
-        let mut response = problem_response(self.status, body, retry_after);
+        self.respond_with_fields(body, self.fields(retry_after))
+    }
+
+    /// The response with `body` and `fields` (from [`Answer::fields`]).
+    pub fn respond_with_fields(&self, body: Bytes, fields: HeaderMap) -> Response<Body> {
+        let mut response = Response::new(body::full(body));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = fields;
+        response
+    }
+
+    /// The response's fields, `Retry-After` when given; without the
+    /// rate-limit fields, which the caller adds.
+    pub fn fields(&self, retry_after: Option<HeaderValue>) -> HeaderMap {
+        let mut fields = problem_fields(retry_after);
         if let AnswerBody::File { content_type, .. } = &self.body {
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, content_type.clone());
+            fields.insert(CONTENT_TYPE, content_type.clone());
         }
         // Set, not appended: a route's `Cache-Control` replaces `no-store`.
-        let headers = response.headers_mut();
         for (name, value) in &*self.headers {
-            headers.insert(name.clone(), value.clone());
+            fields.insert(name.clone(), value.clone());
         }
-        response
+        fields
     }
 }

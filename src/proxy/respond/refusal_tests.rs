@@ -85,15 +85,21 @@ async fn a_custom_answer_keeps_the_fields_and_sends_its_bytes() {
     };
     let prepared = Prepared::new(&r, 0);
     let decision = denied(0, 0, Duration::from_secs(7), Duration::from_secs(7));
-    let response = too_many_requests(&prepared, &decision);
-    assert_eq!(response.status(), StatusCode::FORBIDDEN);
-    let h = response.headers();
-    assert_eq!(h["content-type"], "text/html");
-    assert_eq!(h["cache-control"], "private");
-    assert_eq!(h["retry-after"], "7");
-    assert_eq!(h["ratelimit"], r#""api";r=0;t=7"#);
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(&bytes[..], b"<p>no</p>");
+    // The second answer is the kept one: the same in whole.
+    for _ in 0..2 {
+        let response = too_many_requests(&prepared, &decision);
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        let h = response.headers();
+        assert_eq!(h["content-type"], "text/html");
+        assert_eq!(h.get_all("cache-control").iter().count(), 1);
+        assert_eq!(h["cache-control"], "private");
+        assert_eq!(h["retry-after"], "7");
+        assert_eq!(h["ratelimit-policy"], r#""api";q=5;w=60"#);
+        assert_eq!(h["ratelimit"], r#""api";r=0;t=7"#);
+        assert_eq!(h.len(), 5, "{h:?}");
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"<p>no</p>");
+    }
 
     // `unavailable` not written: sluice's own.
     let response = unavailable(&prepared, Duration::from_secs(1));

@@ -50,6 +50,8 @@ mod verdict;
 
 use std::net::SocketAddr;
 
+use http::HeaderValue;
+
 pub use body::{Body, BodyIdleTimeout, BoxError};
 pub use runtime::{Runtime, SharedRuntime};
 pub use service::{refuse_unframed_body, Proxy};
@@ -57,10 +59,24 @@ pub use upstream::Upstream;
 pub use verdict::{Failure, Verdict};
 
 /// The connection a request arrived on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnInfo {
     pub peer: SocketAddr,
     pub local: SocketAddr,
     /// Whether the client spoke TLS to sluice (`X-Forwarded-Proto`).
     pub tls: bool,
+    /// The peer's address as `X-Forwarded-For` gives it: written once for
+    /// the connection instead of for each of its requests.
+    pub peer_value: HeaderValue,
+}
+
+impl ConnInfo {
+    pub fn new(peer: SocketAddr, local: SocketAddr, tls: bool) -> ConnInfo {
+        ConnInfo {
+            peer,
+            local,
+            tls,
+            peer_value: headers::peer_value(peer.ip()),
+        }
+    }
 }

@@ -260,7 +260,13 @@ impl Proxy {
             // future is as large as its largest branch, and is moved whole
             // into hyper's slot for each request, refusals included.
             Box::pin(exchange::run(
-                proxy, runtime, request, *conn, primary.at, &checks, held,
+                proxy,
+                runtime,
+                request,
+                conn.clone(),
+                primary.at,
+                &checks,
+                held,
             ))
             .await
         } else {

@@ -348,11 +348,7 @@ impl Connection {
             };
         }
         let heads = self.heads.connection(held);
-        let info = ConnInfo {
-            peer: self.peer,
-            local,
-            tls: self.tls.is_some(),
-        };
+        let info = ConnInfo::new(self.peer, local, self.tls.is_some());
         // Under TLS too: a client that stops reading blocks the TCP writes.
         let stream = SendTimeout::new(Prefixed::new(stream, rest), self.send_timeout);
         match self.tls.clone() {
@@ -439,6 +435,8 @@ impl Connection {
             let proxy = self.proxy;
             let winding_down = self.winding_down;
             let http1_requests = AtomicU64::new(0);
+            // Shared by the connection's requests: a reference each.
+            let info = Arc::new(info.clone());
             service_fn(move |request| {
                 if !started.swap(true, Ordering::Relaxed) {
                     // Stored as a permit if nobody waits yet.
@@ -468,6 +466,7 @@ impl Connection {
                     Err(over) => Err(over),
                 };
                 let proxy = proxy.clone();
+                let info = info.clone();
                 // Read as the request begins: one that began before the
                 // delay ends with the connection still kept alive, and
                 // the next one is told to close.

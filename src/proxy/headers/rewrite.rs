@@ -32,13 +32,29 @@ pub fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
+/// The host the client addressed, and whether the request's `Host`
+/// field is where it said so.
+#[derive(Debug, Clone)]
+pub struct Addressed {
+    pub host: HeaderValue,
+    pub in_host_field: bool,
+}
+
 /// The host the client addressed: the URI authority (HTTP/2 `:authority`,
 /// or an HTTP/1.1 absolute-form target, which RFC 9112 §3.2.2 says
 /// overrides `Host`), else the `Host` header.
-pub fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<HeaderValue> {
+pub fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<Addressed> {
     match uri.authority() {
-        Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
-        None => headers.get(HOST).cloned(),
+        Some(authority) => HeaderValue::from_str(authority.as_str())
+            .ok()
+            .map(|host| Addressed {
+                host,
+                in_host_field: false,
+            }),
+        None => headers.get(HOST).map(|host| Addressed {
+            host: host.clone(),
+            in_host_field: true,
+        }),
     }
 }
 
@@ -93,12 +109,23 @@ pub fn upgrade_allowed(protocol: &[u8], allowed: &[Box<str>]) -> bool {
 }
 
 /// What the client's connection looked like, for the `X-Forwarded-*` fields.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Forwarded {
     pub peer: IpAddr,
+    /// `peer` as the fields give it ([`peer_value`]).
+    pub peer_value: HeaderValue,
     pub tls: bool,
     /// The peer is one of `identity.trusted_proxies`.
     pub trusted: bool,
+}
+
+/// `peer` as `X-Forwarded-For` and `X-Real-IP` give it: an IPv4 address
+/// mapped into IPv6 as the IPv4 address it is.
+pub fn peer_value(peer: IpAddr) -> HeaderValue {
+    let mut text = [0u8; IP_TEXT_MAX];
+    let text = ip_text(peer.to_canonical(), &mut text);
+    // An address's text is valid field text: never the fallback.
+    HeaderValue::from_bytes(text).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Rewrites a request's headers for the upstream: hop-by-hop removed,
@@ -108,7 +135,7 @@ pub struct Forwarded {
 /// [`allowed_upgrade`]); without it no upgrade reaches the upstream.
 pub fn prepare_request(
     headers: &mut HeaderMap,
-    host: Option<HeaderValue>,
+    host: Option<Addressed>,
     forwarded: Forwarded,
     upgrade: Option<HeaderValue>,
 ) {
@@ -127,18 +154,25 @@ pub fn prepare_request(
             claims = true;
         }
     }
-    strip_hop_by_hop(headers);
+    let named_removed = strip_hop_by_hop(headers);
     if rewrite_urls {
         headers.remove(&X_ORIGINAL_URL);
         headers.remove(&X_REWRITE_URL);
     }
 
     // Set after stripping, so a `Connection: host` cannot remove it.
-    // `insert` replaces every earlier value.
+    // `insert` replaces every earlier value. A `Host` that named the host
+    // and is still there is left as it is (an insert is a hash and a
+    // probe).
     match host {
-        Some(host) => {
+        Some(Addressed {
+            host,
+            in_host_field,
+        }) => {
             headers.insert(&X_FORWARDED_HOST, host.clone());
-            headers.insert(HOST, host);
+            if !in_host_field || named_removed {
+                headers.insert(HOST, host);
+            }
         }
         None => {
             headers.remove(HOST);
@@ -146,9 +180,9 @@ pub fn prepare_request(
         }
     }
     if claims {
-        rewrite_claims(headers, forwarded);
+        rewrite_claims(headers, &forwarded);
     }
-    append_forwarded_for(headers, forwarded.peer, forwarded_for);
+    append_forwarded_for(headers, &forwarded.peer_value, forwarded_for);
     let proto = if forwarded.tls { "https" } else { "http" };
     headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
 
@@ -175,8 +209,8 @@ pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
 }
 
 /// Removes the hop-by-hop fields and every field the `Connection` header
-/// names (RFC 9110 §7.6.1).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// names (RFC 9110 §7.6.1); whether it named any but hop-by-hop ones.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // One pass over the names present is cheaper than a removal (a hash
     // and a probe) per hop-by-hop name, and most messages carry one or none.
     let mut present = 0u16;
@@ -186,13 +220,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     if present == 0 {
-        return;
+        return false;
     }
     // `Connection` is the first hop-by-hop name. Most say only
     // `keep-alive` or `close` (every nginx and Node answer): those name no
     // field but `Keep-Alive`, which goes with the others below, so no
     // token needs a removal of its own.
-    if present & 1 != 0 && !names_only_hop_by_hop(headers) {
+    let named = present & 1 != 0 && !names_only_hop_by_hop(headers);
+    if named {
         // Values are reference-counted: holding them costs no copy, and
         // frees the map to change while their tokens are read.
         for value in take_all(headers, &CONNECTION) {
@@ -210,6 +245,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+    named
 }
 
 /// The position of `name` in [`hop_by_hop`], if it is one. Told by its
@@ -251,9 +287,8 @@ fn names_only_hop_by_hop(headers: &HeaderMap) -> bool {
 /// X-Real-IP $remote_addr` sends), and `Forwarded` and every field of
 /// [`REMOVED_CLAIMS`] are removed. Only requests that carry one pay for
 /// this.
-fn rewrite_claims(headers: &mut HeaderMap, forwarded: Forwarded) {
-    let mut text = [0u8; IP_TEXT_MAX];
-    let peer = ip_text(forwarded.peer.to_canonical(), &mut text);
+fn rewrite_claims(headers: &mut HeaderMap, forwarded: &Forwarded) {
+    let peer = forwarded.peer_value.as_bytes();
     if forwarded.trusted {
         if headers.contains_key(FORWARDED) {
             let mut joined = Vec::new();
@@ -277,9 +312,7 @@ fn rewrite_claims(headers: &mut HeaderMap, forwarded: Forwarded) {
         return;
     }
     if headers.contains_key(&X_REAL_IP) {
-        if let Ok(value) = HeaderValue::from_bytes(peer) {
-            headers.insert(&X_REAL_IP, value);
-        }
+        headers.insert(&X_REAL_IP, forwarded.peer_value.clone());
     }
     for name in &REMOVED_CLAIMS {
         headers.remove(name);
@@ -291,15 +324,12 @@ fn rewrite_claims(headers: &mut HeaderMap, forwarded: Forwarded) {
 /// believed (the subject resolver decides whom to believe). The peer is
 /// appended to it as one list so upstreams reading a single field see it.
 /// `present`: the request carried one (false: it has none now; true: it
-/// may, and joining none gives the peer alone).
-fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr, present: bool) {
-    let mut text = [0u8; IP_TEXT_MAX];
-    let peer = ip_text(peer.to_canonical(), &mut text);
+/// may, and joining none gives the peer alone). `peer`: the peer's
+/// [`peer_value`].
+fn append_forwarded_for(headers: &mut HeaderMap, peer: &HeaderValue, present: bool) {
     if !present {
-        // The usual case: the peer alone, one allocation.
-        if let Ok(value) = HeaderValue::from_bytes(peer) {
-            headers.insert(&X_FORWARDED_FOR, value);
-        }
+        // The usual case: the peer alone, the connection's own value.
+        headers.insert(&X_FORWARDED_FOR, peer.clone());
         return;
     }
     let mut joined = Vec::new();
@@ -314,19 +344,11 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr, present: bool) {
             joined.extend_from_slice(b", ");
         }
     }
-    joined.extend_from_slice(peer);
-    match HeaderValue::from_bytes(&joined) {
-        Ok(value) => {
-            headers.insert(&X_FORWARDED_FOR, value);
-        }
-        Err(_) => {
-            // Unreachable in practice (both parts were valid header text);
-            // the peer alone is still the truth.
-            if let Ok(value) = HeaderValue::from_bytes(peer) {
-                headers.insert(&X_FORWARDED_FOR, value);
-            }
-        }
-    }
+    joined.extend_from_slice(peer.as_bytes());
+    // Unreachable in practice (both parts were valid header text); the
+    // peer alone is still the truth.
+    let value = HeaderValue::from_bytes(&joined).unwrap_or_else(|_| peer.clone());
+    headers.insert(&X_FORWARDED_FOR, value);
 }
 
 /// The longest address text: an IPv6 address ending in dotted IPv4

@@ -297,11 +297,21 @@ fn a_connection_of_keep_alive_alone_is_stripped_with_its_keep_alive_and_a_mix_st
 }
 
 fn forwarded(peer: &str, tls: bool) -> Forwarded {
+    let peer = peer.parse().unwrap();
     Forwarded {
-        peer: peer.parse().unwrap(),
+        peer,
+        peer_value: peer_value(peer),
         tls,
         trusted: false,
     }
+}
+
+/// `host`, named by the request's own `Host` field.
+fn in_host_field(host: &'static str) -> Option<Addressed> {
+    Some(Addressed {
+        host: HeaderValue::from_static(host),
+        in_host_field: true,
+    })
 }
 
 #[test]
@@ -417,6 +427,26 @@ fn request_gets_forwarded_fields_and_keeps_host() {
 }
 
 #[test]
+fn a_host_field_that_named_the_host_stays_as_it_is() {
+    let mut h = headers(&[("host", "app.example"), ("connection", "keep-alive")]);
+    let host = original_host(&origin(), &h);
+    assert!(host.as_ref().is_some_and(|a| a.in_host_field));
+    prepare_request(&mut h, host, forwarded("10.1.2.3", false), None);
+    assert_eq!(h.get_all("host").iter().count(), 1);
+    assert_eq!(h["host"], "app.example");
+    assert_eq!(h["x-forwarded-host"], "app.example");
+
+    // An absolute-form target overrides the field (RFC 9112 §3.2.2).
+    let mut h = headers(&[("host", "other.example")]);
+    let uri = Uri::from_static("http://app.example/x");
+    let host = original_host(&uri, &h);
+    assert!(host.as_ref().is_some_and(|a| !a.in_host_field));
+    prepare_request(&mut h, host, forwarded("10.1.2.3", false), None);
+    assert_eq!(h.get_all("host").iter().count(), 1);
+    assert_eq!(h["host"], "app.example");
+}
+
+#[test]
 fn http2_authority_becomes_host() {
     let mut h = headers(&[]);
     let uri = Uri::from_static("https://app.example:8443/x");
@@ -442,7 +472,7 @@ fn upgrade_keeps_connection_and_upgrade_only() {
     assert_eq!(upgrade, Some(HeaderValue::from_static("websocket")));
     prepare_request(
         &mut h,
-        Some(HeaderValue::from_static("a")),
+        in_host_field("a"),
         forwarded("192.0.2.1", false),
         upgrade,
     );
@@ -496,7 +526,7 @@ fn a_refused_upgrade_goes_as_a_plain_request() {
     let upgrade = allowed_upgrade(Version::HTTP_11, &h, &websocket());
     prepare_request(
         &mut h,
-        Some(HeaderValue::from_static("a")),
+        in_host_field("a"),
         forwarded("192.0.2.1", false),
         upgrade,
     );

@@ -157,14 +157,17 @@ pub(crate) async fn forward(
     let host = headers::original_host(&parts.uri, &parts.headers);
     let forwarded = Forwarded {
         peer: conn.peer.ip(),
+        peer_value: conn.peer_value.clone(),
         tls: conn.tls,
         trusted: subject::resolve::trusted_peer(conn.peer.ip(), &live.identity.trusted_proxies),
     };
     if parts.version == Version::HTTP_2 {
         headers::join_cookies(&mut parts.headers);
     }
+    // Without a host of its own, the request has no `Host` once prepared.
+    let addressed = host.is_some();
     headers::prepare_request(&mut parts.headers, host, forwarded, upgrade);
-    if !parts.headers.contains_key(http::header::HOST) {
+    if !addressed {
         if let Some(host) = pool::host_of(&live.upstream.url) {
             parts.headers.insert(http::header::HOST, host);
         }

@@ -98,6 +98,16 @@ impl<'r> Check<'r> {
     }
 }
 
+/// Where routing leaves a request: matched, with a check for each of its
+/// limits, or answered already.
+// Made once a request and matched at once: boxing the larger side would
+// allocate on every request to spare a move.
+#[allow(clippy::large_enum_variant)]
+enum Routing<'r> {
+    Routed(Matched<'r>, SmallVec<[Check<'r>; 2]>),
+    Answered(Response<Body>),
+}
+
 /// A request every limit let through.
 struct Admitted<'r> {
     /// The `RateLimit` fields the response carries: of the rate limit with
@@ -184,56 +194,13 @@ impl Proxy {
             self.untrusted_forwarder
                 .observe(conn.peer.ip(), request.headers());
         }
-        let routed = prepare(
-            &runtime,
-            request.method(),
-            request.version(),
-            request.uri(),
-            request.headers(),
-            conn.peer.ip(),
-        );
-        let Routed {
-            matched,
-            rewritten,
-            checks,
-            drop_underscored,
-            exempted,
-            ..
-        } = match routed {
-            Ok(Destination::Routes(routed)) => routed,
-            Ok(Destination::Sluice) => return respond::server_options(),
-            Ok(Destination::Denied(entry)) => {
-                entry.metrics.denied();
-                // Logged as other refusals are: a few a second per route.
-                if entry.log_budget.take(arrival) {
-                    tracing::info!(
-                        route = %entry.route.name,
-                        outcome = "address_denied",
-                        forwarded = false,
-                        "decision"
-                    );
-                }
-                return respond::forbidden(&entry.route.name);
-            }
-            Err(invalid) => return refuse(&invalid),
+        // Routed in a function of its own: what routing leaves behind (the
+        // rest of `Routed`, the rewritten target) is dropped there, not
+        // kept in this future through every await.
+        let (matched, checks) = match self.routed(&runtime, &mut request, conn, arrival) {
+            Routing::Routed(matched, checks) => (matched, checks),
+            Routing::Answered(response) => return response,
         };
-        for (entry, limit) in exempted {
-            entry.metrics.exempted(limit);
-        }
-        if drop_underscored {
-            underscores::remove(request.headers_mut());
-        }
-        // A tier header from a peer not in `trusted_from` chose nothing,
-        // and the app must not read it either, on whatever route: an app
-        // behind a route without tiers may read the plan all the same.
-        for header in runtime.routes.unbelieved_tier_headers(conn.peer.ip()) {
-            request.headers_mut().remove(header);
-        }
-        // From here on the request carries the path that was matched, and
-        // the app receives exactly that.
-        if let Some(uri) = rewritten {
-            *request.uri_mut() = uri;
-        }
 
         // A body that fits the buffer arrives whole before the request
         // takes a place in flight: a slow upload holds none (`buffered`).
@@ -282,6 +249,70 @@ impl Proxy {
             }
         }
         response
+    }
+
+    /// Routes `request`: the routes it matched and the check of each of
+    /// their limits, with the request made what the app receives (the
+    /// matched path, no underscored or unbelieved tier fields); or the
+    /// answer that ends it.
+    fn routed<'r>(
+        &self,
+        runtime: &'r Runtime,
+        request: &mut Request<Incoming>,
+        conn: &ConnInfo,
+        arrival: Instant,
+    ) -> Routing<'r> {
+        let routed = prepare(
+            runtime,
+            request.method(),
+            request.version(),
+            request.uri(),
+            request.headers(),
+            conn.peer.ip(),
+        );
+        let Routed {
+            matched,
+            rewritten,
+            checks,
+            drop_underscored,
+            exempted,
+            ..
+        } = match routed {
+            Ok(Destination::Routes(routed)) => routed,
+            Ok(Destination::Sluice) => return Routing::Answered(respond::server_options()),
+            Ok(Destination::Denied(entry)) => {
+                entry.metrics.denied();
+                // Logged as other refusals are: a few a second per route.
+                if entry.log_budget.take(arrival) {
+                    tracing::info!(
+                        route = %entry.route.name,
+                        outcome = "address_denied",
+                        forwarded = false,
+                        "decision"
+                    );
+                }
+                return Routing::Answered(respond::forbidden(&entry.route.name));
+            }
+            Err(invalid) => return Routing::Answered(refuse(&invalid)),
+        };
+        for (entry, limit) in exempted {
+            entry.metrics.exempted(limit);
+        }
+        if drop_underscored {
+            underscores::remove(request.headers_mut());
+        }
+        // A tier header from a peer not in `trusted_from` chose nothing,
+        // and the app must not read it either, on whatever route: an app
+        // behind a route without tiers may read the plan all the same.
+        for header in runtime.routes.unbelieved_tier_headers(conn.peer.ip()) {
+            request.headers_mut().remove(header);
+        }
+        // From here on the request carries the path that was matched, and
+        // the app receives exactly that.
+        if let Some(uri) = rewritten {
+            *request.uri_mut() = uri;
+        }
+        Routing::Routed(matched, checks)
     }
 
     /// The answer to a request that ended while its body was received;

@@ -85,6 +85,9 @@ fn claims_of_length(len: usize) -> &'static [&'static str] {
 /// `Proxy-Connection` that clients still send, and `HTTP2-Settings`, which
 /// only means something on an h2c upgrade (RFC 7540 §3.2.1; removed
 /// everywhere, as Envoy does).
+/// Where `Transfer-Encoding` is in [`hop_by_hop`].
+const TRANSFER_ENCODING_AT: usize = 7;
+
 fn hop_by_hop() -> [&'static HeaderName; 10] {
     [
         &CONNECTION,

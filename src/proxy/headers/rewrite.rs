@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use http::header::{
     HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST,
-    TRANSFER_ENCODING, UPGRADE,
+    UPGRADE,
 };
 use http::{Uri, Version};
 
@@ -195,14 +195,15 @@ pub fn prepare_request(
 /// 101 answering an upgrade the client asked for, which keeps its
 /// `Connection: upgrade` and `Upgrade`.
 pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
+    let present = hop_by_hop_present(headers);
     // Framing came from Transfer-Encoding, which wins over Content-Length
     // (RFC 9112 §6.3). Passing the stale length on would let the client
     // misread where this response ends (hyper's client does not drop it).
-    if headers.contains_key(TRANSFER_ENCODING) {
+    if present & 1 << TRANSFER_ENCODING_AT != 0 {
         headers.remove(CONTENT_LENGTH);
     }
     let upgrade_values = upgraded.then(|| take_all(headers, &UPGRADE));
-    strip_hop_by_hop(headers);
+    strip_present(headers, present);
     if let Some(values) = upgrade_values {
         restore_upgrade(headers, values);
     }
@@ -211,14 +212,25 @@ pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
 /// Removes the hop-by-hop fields and every field the `Connection` header
 /// names (RFC 9110 §7.6.1); whether it named any but hop-by-hop ones.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
-    // One pass over the names present is cheaper than a removal (a hash
-    // and a probe) per hop-by-hop name, and most messages carry one or none.
+    strip_present(headers, hop_by_hop_present(headers))
+}
+
+/// The hop-by-hop names `headers` holds: bit `i` for the `i`th of
+/// [`hop_by_hop`]. One pass over the names present is cheaper than a
+/// lookup (a hash and a probe) per hop-by-hop name, and most messages
+/// carry one or none.
+fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
     let mut present = 0u16;
     for name in headers.keys() {
         if let Some(i) = hop_by_hop_index(name) {
             present |= 1 << i;
         }
     }
+    present
+}
+
+/// [`strip_hop_by_hop`], given what [`hop_by_hop_present`] found.
+fn strip_present(headers: &mut HeaderMap, present: u16) -> bool {
     if present == 0 {
         return false;
     }

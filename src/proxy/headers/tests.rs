@@ -227,6 +227,7 @@ fn every_hop_by_hop_name_is_found_by_its_length_and_no_other_name_is() {
     for (i, name) in hop_by_hop().into_iter().enumerate() {
         assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
     }
+    assert_eq!(hop_by_hop()[TRANSFER_ENCODING_AT], TRANSFER_ENCODING);
     for other in [
         "date",
         "server",

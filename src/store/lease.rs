@@ -194,7 +194,10 @@ impl Leases {
         if let Some(held) = &mut entry.held {
             if held.until > now && held.left >= evaluation.cost {
                 held.left -= evaluation.cost;
-                let decision = held.decision(now, entry.in_flight + entry.returning);
+                // Not the units of an ask on its way: it was sent after
+                // this lease's grant, whose answer counts them as the
+                // store's still.
+                let decision = held.decision(now, entry.returning);
                 let top_up = entry.top_up(evaluation, terms, now);
                 drop(shard);
                 self.held.decrement(f64::from(evaluation.cost));
@@ -491,7 +494,7 @@ impl Leases {
                 ..held.clone()
             };
             HeldView {
-                answer: after.decision(now, entry.in_flight + entry.returning),
+                answer: after.decision(now, entry.returning),
                 units: held.left,
                 lasts: held.until.saturating_duration_since(now),
             }

@@ -64,6 +64,15 @@ async fn held(sluice: &Sidecar) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Leases given back (or given up on) by `sluice`, whatever the result.
+async fn leases_returned(sluice: &Sidecar) -> f64 {
+    let text = scrape(admin(sluice)).await;
+    ["returned", "unneeded", "failed"]
+        .iter()
+        .filter_map(|result| metric(&text, "sluice_leases_returned_total", &[("result", result)]))
+        .sum()
+}
+
 async fn admitted_from_leases(sluices: &[Sidecar]) -> f64 {
     let mut total = 0.0;
     for sluice in sluices {
@@ -237,6 +246,13 @@ async fn a_global_limit_is_leased_by_default_and_lease_off_pays_a_call_per_reque
 /// answers are the memory store's, request by request, `RateLimit`
 /// included, for each leased algorithm; to the last unit, the last
 /// requests decided by Redis one call each.
+///
+/// Exact while no lease ends with units left: those go back in a refund
+/// that may reach Redis before or after the next request's call (on
+/// another of the pooled connections), so the `remaining` answered about
+/// then may be off by them (what is admitted is not). A lease here lasts
+/// 10 s, and is spent long before it ends even on a loaded machine (at
+/// 200 ms, a pause between two requests could outlast one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_sidecar_with_leases_answers_as_the_memory_store_to_the_last_unit() {
     let _serial = SERIAL.lock().await;
@@ -246,9 +262,12 @@ async fn one_sidecar_with_leases_answers_as_the_memory_store_to_the_last_unit() 
     clear_of_window_edge(HOUR, EDGE_MARGIN).await;
     for algorithm in ["fw", "tb", "gc", "sc"] {
         let leased = yaml(&upstream, &redis.url(), algorithm, L as u32)
-            .replace("api", &format!("api_{algorithm}"));
+            .replace("api", &format!("api_{algorithm}"))
+            .replace("ttl: 200ms", "ttl: 10s")
+            .replace("  budget: 1s\n", "  budget: 1s\n  dedupe_window: 20s\n");
         let memory = leased
-            .replace(", lease: { ttl: 200ms, max_share: 20% }", "")
+            .replace(", lease: { ttl: 10s, max_share: 20% }", "")
+            .replace("  dedupe_window: 20s\n", "")
             .replace(&format!("  url: {}\n", redis.url()), "")
             .replace("  kind: redis\n", "  kind: memory\n")
             .replace("  breaker_failures: 5\n  breaker_cooldown: 500ms\n", "")
@@ -275,10 +294,13 @@ async fn one_sidecar_with_leases_answers_as_the_memory_store_to_the_last_unit() 
                     }
                     (a, b) => a == b,
                 };
-            assert!(
-                same,
-                "{algorithm}: request {i}: leased {leased:?}, memory {memory:?}"
-            );
+            if !same {
+                let returned = leases_returned(&with_leases).await;
+                panic!(
+                    "{algorithm}: request {i}: leased {leased:?}, memory {memory:?} \
+                     ({returned} leases returned)"
+                );
+            }
             admitted += usize::from(leased.0 == StatusCode::OK);
         }
         assert_eq!(admitted, L, "{algorithm}");

@@ -32,7 +32,9 @@ pub(super) struct Entry {
     pub(super) asking: Option<Instant>,
     /// Units of that ask (a grant's extra, or a top-up), and units of
     /// leases on their way back to the store: the subject's, though Redis
-    /// does not count them so yet. An answer from Redis adds them.
+    /// does not count them so yet. An answer from Redis adds them; the
+    /// answer from a lease adds only those on their way back (its grant's
+    /// answer came before the ask, and counts its units as left there).
     pub(super) in_flight: u32,
     pub(super) returning: u32,
     /// Told when that ask is answered, to the requests that found the

@@ -31,7 +31,10 @@ pub(super) struct Held {
 impl Held {
     /// The answer to a request spent from this lease at `now`, `left`
     /// being what is left of it after the request.
-    /// `more`: units of this subject's on their way to or from the store.
+    /// `more`: units of this subject's that the grant's answer counts as
+    /// charged and no lease here holds (on their way back to the store).
+    /// Never those of an ask sent after the grant: that answer still
+    /// counts them as the store's.
     pub(super) fn decision(&self, now: Instant, more: u32) -> Decision {
         let unspent = self.left.saturating_add(more);
         Decision {

@@ -545,3 +545,51 @@ fn a_request_finding_the_lease_spent_waits_for_the_grant_on_its_way() {
         Before::Ask { .. }
     ));
 }
+
+#[test]
+fn a_lease_spent_while_its_top_up_is_on_its_way_counts_down_by_one() {
+    let book = Leases::new(64).without_door();
+    let p = window(10_000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    // Three requests seen, the third granted a lease of 3: 5_045 left in
+    // Redis, 3 held here.
+    let first = ask(&p, &a, 1, t0);
+    book.before(&first, t0, &mut returns, false);
+    book.after(&first, 0, t0, allowed(5_050, 900), &mut returns);
+    let second = ask(&p, &a, 1, t0);
+    assert_eq!(
+        book.before(&second, t0, &mut returns, false),
+        Before::Ask { extra: 2 }
+    );
+    book.asked(&second);
+    book.after(&second, 0, t0, allowed(5_049, 900), &mut returns);
+    let third = ask(&p, &a, 1, t0);
+    assert_eq!(
+        book.before(&third, t0, &mut returns, false),
+        Before::Ask { extra: 3 }
+    );
+    let answer = book.after(&third, 3, t0, allowed(5_045, 900), &mut returns);
+    assert_eq!(remaining(answer), 5_048);
+    // Each request spent from the lease is answered one less, as if every
+    // one had gone to the store: the top-up asked for at the second is
+    // not yet charged, and the grant's answer counts it as left in Redis.
+    let e = ask(&p, &a, 1, t0);
+    assert_eq!(spend(&book, &e, t0 + MS).0.remaining, 5_047);
+    let (d, top) = spend(&book, &e, t0 + MS);
+    assert_eq!(d.remaining, 5_046);
+    let top = top.expect("a top-up");
+    assert_eq!(spend(&book, &e, t0 + MS).0.remaining, 5_045);
+    // It lands, charged after those three: 5_045 less its units.
+    let left = 5_045 - u64::from(top.units);
+    book.topped(
+        &top,
+        EvaluationId::random(),
+        t0 + MS,
+        allowed(left, 899),
+        &mut returns,
+    );
+    assert!(returns.is_empty());
+    assert_eq!(spend(&book, &e, t0 + MS * 2).0.remaining, 5_044);
+}

@@ -4,11 +4,14 @@
 use std::time::Duration;
 
 use crate::support::{
-    burst, clear_of_window_edge, count, effective_window_failures, eventually, get, header,
-    parse_ratelimit, released_together, Sidecar, Upstream, EFFECTIVE_POLICIES, EFFECTIVE_ROUTES,
+    burst, clear_of_window_edge, content_length, count, effective_window_failures, eventually, get,
+    header, parse_ratelimit, parse_status, released_together, Sidecar, Upstream,
+    EFFECTIVE_POLICIES, EFFECTIVE_ROUTES,
 };
 use http::StatusCode;
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// Enough for any of these tests to finish inside one aligned window.
@@ -406,4 +409,92 @@ policies:
     clear_of_window_edge(Duration::from_secs(50), Duration::from_secs(5)).await;
     let failures = effective_window_failures(sluice.addr()).await;
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// HTTP/1.1 requests pipelined in one write to a limited route are each
+/// judged and each answered, in order, on the connection they came on: a
+/// refusal, answered at once with no app in between, neither holds back
+/// nor loses the requests queued behind it, and leaves the connection
+/// open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_to_a_limited_route_are_each_answered_in_order() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&one_policy(
+        &upstream,
+        "    algorithm: sliding-log\n    limit: 3\n    window: 1h",
+    ));
+    let get = "GET /limited/x HTTP/1.1\r\nHost: app.test\r\n\r\n";
+    let post = "POST /limited/y HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\n\r\nhello";
+
+    // The admitted ones first, forwarded, then the refusals behind them.
+    let mut stream = TcpStream::connect(sluice.addr()).await.expect("connect");
+    stream
+        .write_all(get.repeat(5).as_bytes())
+        .await
+        .expect("write");
+    let mut read = Vec::new();
+    assert_eq!(
+        next_statuses(&mut stream, &mut read, 5).await,
+        [200, 200, 200, 429, 429]
+    );
+    assert_eq!(upstream.count(), 3);
+
+    // A connection whose first request is refused, one with a body among
+    // those behind it; then one more on the same connection.
+    let mut stream = TcpStream::connect(sluice.addr()).await.expect("connect");
+    stream
+        .write_all(format!("{get}{post}{get}").as_bytes())
+        .await
+        .expect("write");
+    let mut read = Vec::new();
+    assert_eq!(
+        next_statuses(&mut stream, &mut read, 3).await,
+        [429, 429, 429]
+    );
+    stream.write_all(get.as_bytes()).await.expect("write");
+    assert_eq!(next_statuses(&mut stream, &mut read, 1).await, [429]);
+    assert_eq!(upstream.count(), 3, "no refused request reached the app");
+}
+
+/// The statuses of the next `n` responses on `stream`, each read whole by
+/// its `Content-Length`; `read` keeps what arrived past the last of them.
+/// Fails if they are not all there within 5 s.
+async fn next_statuses(stream: &mut TcpStream, read: &mut Vec<u8>, n: usize) -> Vec<u16> {
+    let responses = async {
+        let mut statuses = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while statuses.len() < n {
+            let whole = read
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map(|end| {
+                    let head = String::from_utf8_lossy(&read[..end]).into_owned();
+                    let body = content_length(&head)
+                        .unwrap_or_else(|| panic!("no Content-Length: {head}"));
+                    (head, end + 4 + body)
+                })
+                .filter(|(_, len)| read.len() >= *len);
+            if let Some((head, len)) = whole {
+                statuses.push(parse_status(&head));
+                read.drain(..len);
+                continue;
+            }
+            let got = stream.read(&mut chunk).await.expect("read");
+            assert!(
+                got > 0,
+                "closed after {statuses:?}: {:?}",
+                String::from_utf8_lossy(read)
+            );
+            read.extend_from_slice(&chunk[..got]);
+        }
+        statuses
+    };
+    tokio::time::timeout(Duration::from_secs(5), responses)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "not {n} responses within 5 s: {:?}",
+                String::from_utf8_lossy(read)
+            )
+        })
 }

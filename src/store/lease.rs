@@ -21,6 +21,7 @@
 //! out ([`Return`]). Bounded in subjects: a subject that finds its shard
 //! full is simply not followed, and so decided one call per request.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,7 +74,7 @@ impl PartialEq for Before {
     fn eq(&self, other: &Before) -> bool {
         match (self, other) {
             (Before::Wait(_), Before::Wait(_)) => true,
-            (Before::Spent(a, x), Before::Spent(b, y)) => a == b && x == y,
+            (Before::Spent(a, x, s), Before::Spent(b, y, t)) => a == b && x == y && s == t,
             (Before::Ask { extra: a }, Before::Ask { extra: b }) => a == b,
             _ => false,
         }
@@ -88,6 +89,13 @@ pub struct TopUp {
     pub units: u32,
 }
 
+/// Which lease a request was spent from: [`Leases::unspend`] gives its
+/// units back to that lease only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spend {
+    generation: u64,
+}
+
 /// What to do with one evaluation before the store is asked.
 #[derive(Debug, Clone)]
 pub enum Before {
@@ -98,8 +106,9 @@ pub enum Before {
     /// for in the background, when the lease is spent below half of what
     /// its last grant brought and no one is asking already, so a hot
     /// subject's requests keep being paid while the grant is on its way
-    /// (instead of each going to the store until it lands).
-    Spent(Decision, Option<Box<TopUp>>),
+    /// (instead of each going to the store until it lands). The
+    /// [`Spend`] gives the unit back, should another limit refuse.
+    Spent(Decision, Option<Box<TopUp>>, Spend),
     /// Ask the store, for `extra` units more than the request's cost (0:
     /// no lease).
     Ask { extra: u32 },
@@ -110,6 +119,8 @@ pub struct Leases {
     /// `None` in the book's own tests, which follow every subject at once.
     door: Option<Doorkeeper>,
     per_shard: usize,
+    /// The last lease's [`Held::generation`].
+    generations: AtomicU64,
     granted: metrics::Counter,
     admitted: metrics::Counter,
     held: metrics::Gauge,
@@ -128,6 +139,7 @@ impl Leases {
             shards: Shards::default(),
             door: Some(Doorkeeper::default()),
             per_shard: subjects.div_ceil(super::shards::SHARDS).max(1),
+            generations: AtomicU64::new(0),
             granted: metrics::counter!(LEASES_GRANTED),
             admitted: metrics::counter!(LEASE_ADMITTED),
             held: metrics::gauge!(LEASE_UNITS_HELD),
@@ -198,10 +210,13 @@ impl Leases {
                 // this lease's grant, whose answer counts them as the
                 // store's still.
                 let decision = held.decision(now, entry.returning);
+                let spend = Spend {
+                    generation: held.generation,
+                };
                 let top_up = entry.top_up(evaluation, terms, now);
                 drop(shard);
                 self.held.decrement(f64::from(evaluation.cost));
-                return Before::Spent(decision, top_up);
+                return Before::Spent(decision, top_up, spend);
             }
         }
         let asking = entry.asking.is_some_and(|since| now < since + terms.ttl);
@@ -300,9 +315,15 @@ impl Leases {
             return;
         }
         let left = entry.held.as_ref().map_or(0, |h| h.left) + top.units;
+        // Joined, a lease stays the one its spent units came from.
+        let generation = match &entry.held {
+            Some(held) => held.generation,
+            None => self.generation(),
+        };
         entry.held = Some(Held {
             policy: Arc::clone(policy),
             id,
+            generation,
             left,
             size: top.units,
             until: sent_at + lasts,
@@ -337,13 +358,19 @@ impl Leases {
         }
     }
 
-    /// Gives `cost` back to the lease `evaluation` was spent from (the
-    /// request having been refused by another of its limits), if it is
-    /// still held.
-    pub fn unspend(&self, evaluation: &Evaluation<'_>) {
+    /// Gives `cost` back to the lease `evaluation` was spent from (`spend`
+    /// says which; the request having been refused by another of its
+    /// limits), if it is still held. Not to another lease: a lease that
+    /// ended gave back what was left of it without this unit, which the
+    /// store counts as charged in its grant's window; spent from the next
+    /// lease, perhaps in the next window, it would be one admission that
+    /// window never counted. Dropped instead, it is one unit held back
+    /// until its window ends: an early refusal at most.
+    pub fn unspend(&self, evaluation: &Evaluation<'_>, spend: Spend) {
         let key = SubjectKey::new(evaluation.policy, evaluation.subject);
         let mut shard = self.shards.lock(&key);
-        if let Some(held) = shard.get_mut(&key).and_then(|e| e.held.as_mut()) {
+        let held = shard.get_mut(&key).and_then(|e| e.held.as_mut());
+        if let Some(held) = held.filter(|h| h.generation == spend.generation) {
             held.left += evaluation.cost;
             self.held.increment(f64::from(evaluation.cost));
         }
@@ -416,6 +443,7 @@ impl Leases {
         let held = Held {
             policy: Arc::new(policy.clone()),
             id: evaluation.id,
+            generation: self.generation(),
             left: extra,
             size: extra,
             until: sent_at + lasts,
@@ -499,6 +527,11 @@ impl Leases {
                 lasts: held.until.saturating_duration_since(now),
             }
         })
+    }
+
+    /// A number no lease had before.
+    fn generation(&self) -> u64 {
+        self.generations.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Hands what is left of `held` to `returns`; the units handed.

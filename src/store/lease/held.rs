@@ -15,6 +15,9 @@ pub(super) struct Held {
     pub(super) policy: Arc<Policy>,
     /// The latest grant's: what is left goes back through its record.
     pub(super) id: EvaluationId,
+    /// This lease's, from its grant on: a top-up joining it keeps it, a
+    /// new grant gets its own ([`super::Spend`]).
+    pub(super) generation: u64,
     pub(super) left: u32,
     /// Units the latest grant brought: a lease spent below half of them
     /// is topped up ahead of its end.

@@ -107,7 +107,7 @@ fn request(
     returns: &mut Vec<Return>,
 ) -> (Option<u32>, Outcome) {
     match book.before(e, now, returns, false) {
-        Before::Spent(d, _) => (None, Outcome::Allowed(d)),
+        Before::Spent(d, ..) => (None, Outcome::Allowed(d)),
         Before::Ask { extra } => {
             let answer = book.after(e, extra, now, allowed(left, 900), returns);
             (Some(extra), answer)
@@ -162,7 +162,7 @@ fn a_lease_pays_until_spent_and_the_answers_count_down() {
     let mut tops = Vec::new();
     for left in [1, 0] {
         let spent = book.before(&ask(&p, &a, 1, t0), t0 + MS * 2, &mut returns, false);
-        let Before::Spent(d, top) = spent else {
+        let Before::Spent(d, top, _) = spent else {
             panic!("not spent from the lease: {spent:?}")
         };
         assert_eq!(d.remaining, 987 + left);
@@ -268,7 +268,7 @@ fn a_spent_answer_says_when_the_bucket_would_be_full_with_what_is_held_back() {
         panic!("{answer:?}")
     };
     assert_eq!((d.remaining, d.reset_after), (998, MS * 2_000));
-    let Before::Spent(d, _) = book.before(&ask(&p, &a, 1, t0), t0 + MS * 10, &mut returns, false)
+    let Before::Spent(d, ..) = book.before(&ask(&p, &a, 1, t0), t0 + MS * 10, &mut returns, false)
     else {
         panic!("not spent")
     };
@@ -420,7 +420,7 @@ fn granted(book: &Leases, p: &Policy, s: &Pseudonym, t0: Instant, left: u64, res
 /// What `before` says of `e` at `now`, spent: its answer and top-up.
 fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<Box<TopUp>>) {
     match book.before(e, now, &mut Vec::new(), false) {
-        Before::Spent(decision, top) => (decision, top),
+        Before::Spent(decision, top, _) => (decision, top),
         other => panic!("not spent from the lease: {other:?}"),
     }
 }
@@ -592,4 +592,78 @@ fn a_lease_spent_while_its_top_up_is_on_its_way_counts_down_by_one() {
     );
     assert!(returns.is_empty());
     assert_eq!(spend(&book, &e, t0 + MS * 2).0.remaining, 5_044);
+}
+
+/// What `before` says of `e` at `now`, spent: which lease paid.
+fn spent_from(book: &Leases, e: &Evaluation<'_>, now: Instant) -> Spend {
+    match book.before(e, now, &mut Vec::new(), false) {
+        Before::Spent(_, _, spend) => spend,
+        other => panic!("not spent from the lease: {other:?}"),
+    }
+}
+
+#[test]
+fn a_refused_request_gives_its_unit_back_to_the_lease_it_was_spent_from_only() {
+    let book = Leases::new(64).without_door();
+    let p = window(10_000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    // A lease of 2 in a window that ends 100 ms on: one unit spent by a
+    // request another limit then refuses, the refusal coming back while
+    // the lease is still held: the unit is the lease's again.
+    assert_eq!(granted(&book, &p, &a, t0, 5_000, 100), 2);
+    let e = ask(&p, &a, 1, t0);
+    let spend = spent_from(&book, &e, t0 + MS);
+    assert_eq!(book.held(), 1);
+    book.unspend(&e, spend);
+    assert_eq!(book.held(), 2);
+
+    // Spent again, and the refusal comes back late: the lease ended with
+    // its window meanwhile (giving back the one unit not spent) and the
+    // next window's grant is held now. The spent unit was charged in the
+    // window that ended; the new lease's window never counted it.
+    let spend = spent_from(&book, &e, t0 + MS * 2);
+    let ended = book.ended(t0 + MS * 100);
+    assert_eq!(ended.iter().map(|r| r.units).sum::<u32>(), 1);
+    let next = ask(&p, &a, 1, t0 + MS * 101);
+    let Before::Ask { extra } = book.before(&next, t0 + MS * 101, &mut returns, false) else {
+        panic!("spent from an ended lease")
+    };
+    assert!(extra > 0);
+    book.after(
+        &next,
+        extra,
+        t0 + MS * 101,
+        allowed(9_000, 999),
+        &mut returns,
+    );
+    assert_eq!(book.held(), u64::from(extra));
+    book.unspend(&e, spend);
+    assert_eq!(book.held(), u64::from(extra), "the next window's lease");
+    assert!(returns.is_empty());
+}
+
+#[test]
+fn a_lease_joined_by_its_top_up_takes_back_a_unit_spent_before() {
+    let book = Leases::new(64).without_door();
+    let p = window(10_000, terms(250, 50));
+    let a = subject("a");
+    let t0 = Instant::now();
+    let mut returns = Vec::new();
+    granted(&book, &p, &a, t0, 5_000, 900);
+    let e = ask(&p, &a, 1, t0);
+    spent_from(&book, &e, t0 + MS);
+    let Before::Spent(_, top, spend) = book.before(&e, t0 + MS, &mut returns, false) else {
+        panic!("not spent from the lease")
+    };
+    // The top-up lands in the same window: one lease still, so the unit
+    // spent before it goes back into it.
+    let top = top.expect("a top-up");
+    let id = EvaluationId::random();
+    book.topped(&top, id, t0 + MS * 2, allowed(4_990, 898), &mut returns);
+    assert_eq!(book.held(), u64::from(top.units));
+    book.unspend(&e, spend);
+    assert_eq!(book.held(), u64::from(top.units) + 1);
+    assert!(returns.is_empty());
 }

@@ -64,7 +64,7 @@ impl RedisStore {
         // Whether the request is paid or not, a lease running low is
         // topped up.
         for before in befores.iter_mut() {
-            if let Before::Spent(_, top) = before {
+            if let Before::Spent(_, top, _) = before {
                 if let Some(top) = top.take() {
                     self.top_up(top);
                 }
@@ -109,7 +109,7 @@ impl RedisStore {
                 let again = leases.before(evaluation, Instant::now(), &mut returns, false);
                 self.give_back_leases(returns);
                 match again {
-                    Before::Spent(decision, top) => {
+                    Before::Spent(decision, top, _) => {
                         leases.admitted();
                         if let Some(top) = top {
                             self.top_up(top);
@@ -191,8 +191,8 @@ impl RedisStore {
         let leases = &self.inner.leases;
         let unspend = || {
             for (e, before) in evaluations.iter().zip(befores) {
-                if let Before::Spent(..) = before {
-                    leases.unspend(e);
+                if let Before::Spent(_, _, spend) = before {
+                    leases.unspend(e, *spend);
                 }
             }
         };
@@ -333,7 +333,7 @@ impl RedisStore {
     pub(super) fn not_asked(&self, evaluations: &[Evaluation<'_>], befores: &[Before]) {
         for (e, before) in evaluations.iter().zip(befores) {
             match before {
-                Before::Spent(..) => self.inner.leases.unspend(e),
+                Before::Spent(_, _, spend) => self.inner.leases.unspend(e, *spend),
                 Before::Ask { extra } if *extra > 0 => self.inner.leases.asked(e),
                 Before::Ask { .. } | Before::Wait(_) => {}
             }
@@ -343,14 +343,6 @@ impl RedisStore {
     /// See [`crate::store::Store::lease`].
     pub fn lease(&self, evaluation: &Evaluation<'_>) -> Option<HeldView> {
         self.inner.leases.peek(evaluation, Instant::now())
-    }
-
-    /// What `evaluations` spent from leases goes back to them: the request
-    /// was refused by something else.
-    pub(super) fn unspend(&self, evaluations: &[Evaluation<'_>]) {
-        for e in evaluations {
-            self.inner.leases.unspend(e);
-        }
     }
 
     /// Asks for `top` in the background: the requests meanwhile are paid
@@ -426,7 +418,7 @@ impl Inner {
 /// A request's outcome from its lease, if one paid for it.
 fn spent(before: &Before) -> Option<Outcome> {
     match before {
-        Before::Spent(decision, _) => Some(Outcome::Allowed(*decision)),
+        Before::Spent(decision, ..) => Some(Outcome::Allowed(*decision)),
         Before::Ask { .. } | Before::Wait(_) => None,
     }
 }

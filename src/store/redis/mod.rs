@@ -349,7 +349,12 @@ impl RedisStore {
     /// was refused: elsewhere this does nothing.
     pub async fn give_back(&self, evaluations: &[Evaluation<'_>], outcomes: &Outcomes) {
         if outcomes.source == Source::Lease {
-            self.unspend(evaluations);
+            // Every limit allowed by a lease of this sidecar's, and
+            // nothing of the store's refused it. Its units stay spent:
+            // which lease each came from is not known here, and a unit
+            // given to another lease could be spent in a window that
+            // never counted it (`Leases::unspend`). At most one early
+            // refusal per limit, until the lease ends.
             return;
         }
         if !self.in_order(evaluations) {

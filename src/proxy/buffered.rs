@@ -57,6 +57,7 @@ use crate::store::in_flight::{InFlight, Permit};
 use crate::telemetry;
 
 use super::body::{BoxError, IdleTimeout};
+use super::discard::discard;
 use super::metrics::BodyCuts;
 use super::service::Check;
 use super::upstream::UpstreamError;
@@ -104,6 +105,19 @@ pub enum Inbound {
     Whole(Whole),
     /// Too large to hold: what was read, then the rest as it arrives.
     Streaming(Streaming),
+}
+
+impl Inbound {
+    /// The request was refused: what is yet to arrive of its body is read
+    /// and thrown away ([`discard`]); what was read, and the places it
+    /// held while streaming, are given up now.
+    pub fn discard(self, headers: &HeaderMap, live: &Live) {
+        match self {
+            Inbound::Arriving(incoming) => discard(headers, incoming, live),
+            Inbound::Streaming(Streaming { rest, .. }) => discard(headers, rest, live),
+            Inbound::Whole(_) => {}
+        }
+    }
 }
 
 /// A request ended while its body was being received.
@@ -178,7 +192,13 @@ impl Buffering {
             Read::Whole(whole) => return Ok(Request::from_parts(parts, Inbound::Whole(whole))),
             Read::Over { read, charge, why } => (read, charge, why),
         };
-        let places = self.streaming_places(checks)?;
+        let places = match self.streaming_places(checks) {
+            Ok(places) => places,
+            Err(stopped) => {
+                discard(&parts.headers, body, live);
+                return Err(stopped);
+            }
+        };
         self.streamed[why as usize].increment(1);
         let streaming = Streaming {
             read,

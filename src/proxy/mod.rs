@@ -20,6 +20,8 @@
 //! - `body`: the boxed body type, the request-body idle timeout, and the
 //!   wrapper that holds a request's places in flight until its response
 //!   body is done.
+//! - `discard`: the rest of a refused request's body, read and thrown
+//!   away, so a client that writes before it reads gets its answer.
 //! - `buffered`: request bodies received whole before their request takes
 //!   a place in flight (`server.request_buffering`), and the share of a
 //!   concurrency limit left to requests still streaming theirs.
@@ -33,6 +35,7 @@
 
 mod body;
 mod buffered;
+mod discard;
 pub mod explain;
 pub mod fallback;
 pub(crate) mod headers;

@@ -213,7 +213,11 @@ impl Proxy {
 
         let admitted = match self.admit(&matched, &checks, live, arrival).await {
             Ok(admitted) => admitted,
-            Err(response) => return response,
+            Err(response) => {
+                let (parts, body) = request.into_parts();
+                body.discard(&parts.headers, live);
+                return response;
+            }
         };
 
         let primary = matched.primary();

@@ -456,6 +456,111 @@ async fn pipelined_requests_to_a_limited_route_are_each_answered_in_order() {
     assert_eq!(upstream.count(), 3, "no refused request reached the app");
 }
 
+#[tokio::test]
+async fn a_refused_client_that_writes_its_whole_upload_first_still_reads_its_429() {
+    let upstream = Upstream::start().await;
+    let sluice = Sidecar::start(&one_policy(
+        &upstream,
+        "    algorithm: sliding-log\n    limit: 1\n    window: 1h",
+    ));
+    let get = "GET /limited/x HTTP/1.1\r\nHost: app.test\r\n\r\n";
+    let mut stream = TcpStream::connect(sluice.addr()).await.expect("connect");
+    stream.write_all(get.as_bytes()).await.expect("write");
+    let mut read = Vec::new();
+    assert_eq!(next_statuses(&mut stream, &mut read, 1).await, [200]);
+
+    // Refused, and written whole before anything is read, as most upload
+    // code does: 8 MiB with a length, 4 MiB chunked, then one more. Were
+    // the bodies left unread, the connection would close under the writes
+    // (a broken pipe, the 429s never seen).
+    let body = vec![b'x'; 8 << 20];
+    let mut requests = format!(
+        "POST /limited/up HTTP/1.1\r\nHost: app.test\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    requests.extend_from_slice(&body);
+    requests.extend_from_slice(
+        b"POST /limited/up HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    for chunk in body[..4 << 20].chunks(64 << 10) {
+        requests.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        requests.extend_from_slice(chunk);
+        requests.extend_from_slice(b"\r\n");
+    }
+    requests.extend_from_slice(b"0\r\n\r\n");
+    requests.extend_from_slice(get.as_bytes());
+    tokio::time::timeout(Duration::from_secs(20), stream.write_all(&requests))
+        .await
+        .expect("the bodies are read")
+        .expect("the connection stays open under the writes");
+    assert_eq!(
+        next_statuses(&mut stream, &mut read, 3).await,
+        [429, 429, 429]
+    );
+    stream.write_all(get.as_bytes()).await.expect("write");
+    assert_eq!(next_statuses(&mut stream, &mut read, 1).await, [429]);
+
+    // On HTTP/2 the stream of a refused upload is not reset after its
+    // answer (curl 7.88 drops an answer so ended): the client sends the
+    // rest whole, and the stream ends as any other.
+    let tcp = TcpStream::connect(sluice.addr()).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    let _driven = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let request = http::Request::post("http://app.test/limited/up")
+        .header(http::header::CONTENT_LENGTH, body.len())
+        .body(())
+        .expect("request");
+    let mut ready = client.ready().await.expect("ready to send");
+    let (response, mut upload) = ready.send_request(request, false).expect("send");
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("an answer before the body")
+        .expect("an answer");
+    assert_eq!(response.status(), 429);
+    let mut left = &body[..];
+    while !left.is_empty() {
+        upload.reserve_capacity(left.len());
+        let granted = tokio::time::timeout(
+            Duration::from_secs(10),
+            std::future::poll_fn(|cx| upload.poll_capacity(cx)),
+        )
+        .await
+        .expect("window for the rest of the body")
+        .expect("the stream open")
+        .expect("the stream not reset");
+        let (now, rest) = left.split_at(granted.min(left.len()));
+        upload
+            .send_data(bytes::Bytes::copy_from_slice(now), rest.is_empty())
+            .expect("the stream not reset");
+        left = rest;
+    }
+    let mut answer = response.into_body();
+    let mut got = 0;
+    while let Some(chunk) = answer.data().await {
+        got += chunk.expect("the answer's body").len();
+    }
+    assert!(got > 0, "a problem+json body");
+
+    // A client that waits to be told to send (`Expect: 100-continue`) is
+    // told no: the 429 comes first, and its connection closes then, with
+    // nothing waiting for a body it will not send.
+    let mut stream = TcpStream::connect(sluice.addr()).await.expect("connect");
+    let waiting = format!(
+        "POST /limited/up HTTP/1.1\r\nHost: app.test\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(waiting.as_bytes()).await.expect("write");
+    let mut read = Vec::new();
+    assert_eq!(next_statuses(&mut stream, &mut read, 1).await, [429]);
+    let mut rest = [0u8; 64];
+    let end = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut rest)).await;
+    assert!(matches!(end, Ok(Ok(0))), "{end:?}");
+    assert_eq!(upstream.count(), 1, "no refused request reached the app");
+}
+
 /// The statuses of the next `n` responses on `stream`, each read whole by
 /// its `Content-Length`; `read` keeps what arrived past the last of them.
 /// Fails if they are not all there within 5 s.

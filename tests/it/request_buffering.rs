@@ -376,6 +376,25 @@ async fn uploads_still_streaming_hold_at_most_a_quarter_of_the_places() {
         .expect("the upload task");
     assert_eq!(status, 503);
     assert_eq!(upstream.count(), 1);
+    // So is one that writes its whole upload before it reads anything,
+    // and it reads its 503: the body is read and thrown away, where
+    // leaving it unread would close the connection under its writes.
+    let mut eager = TcpStream::connect(addr).await.expect("connect");
+    let body = support::pattern(4 << 20);
+    let head = format!(
+        "POST /large/eager HTTP/1.1\r\nHost: app.test\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let written = tokio::time::timeout(REQUEST_DEADLINE, async {
+        eager.write_all(head.as_bytes()).await?;
+        eager.write_all(&body).await
+    })
+    .await
+    .expect("the body is read");
+    written.expect("the connection stays open under the writes");
+    let (head, _) = read_head(&mut eager).await;
+    assert_eq!(support::client::parse_status(&head), 503);
+    assert_eq!(upstream.count(), 1);
 
     // The other places serve everyone else, a small upload included.
     others_served(addr, 10).await;
@@ -401,7 +420,7 @@ async fn uploads_still_streaming_hold_at_most_a_quarter_of_the_places() {
             ]
         )
         .await,
-        Some(1.0)
+        Some(2.0)
     );
     first.abort();
 

@@ -417,10 +417,11 @@ fn granted(book: &Leases, p: &Policy, s: &Pseudonym, t0: Instant, left: u64, res
     extra
 }
 
-/// What `before` says of `e` at `now`, spent: its answer and top-up.
-fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<Box<TopUp>>) {
+/// What `before` says of `e` at `now`, spent: its answer, top-up and
+/// which lease paid.
+fn spend(book: &Leases, e: &Evaluation<'_>, now: Instant) -> (Decision, Option<Box<TopUp>>, Spend) {
     match book.before(e, now, &mut Vec::new(), false) {
-        Before::Spent(decision, top, _) => (decision, top),
+        Before::Spent(decision, top, spend) => (decision, top, spend),
         other => panic!("not spent from the lease: {other:?}"),
     }
 }
@@ -450,7 +451,7 @@ fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
     book.topped(&top, id, t0 + MS * 2, allowed(4_990, 898), &mut returns);
     assert!(returns.is_empty());
     assert_eq!(book.held(), 4);
-    let (d, _) = spend(&book, &e, t0 + MS * 3);
+    let (d, ..) = spend(&book, &e, t0 + MS * 3);
     assert_eq!((d.remaining, d.reset_after), (4_993, MS * 897));
     let drained = book.drain();
     assert_eq!((drained[0].units, drained[0].id), (3, id));
@@ -577,7 +578,7 @@ fn a_lease_spent_while_its_top_up_is_on_its_way_counts_down_by_one() {
     // not yet charged, and the grant's answer counts it as left in Redis.
     let e = ask(&p, &a, 1, t0);
     assert_eq!(spend(&book, &e, t0 + MS).0.remaining, 5_047);
-    let (d, top) = spend(&book, &e, t0 + MS);
+    let (d, top, _) = spend(&book, &e, t0 + MS);
     assert_eq!(d.remaining, 5_046);
     let top = top.expect("a top-up");
     assert_eq!(spend(&book, &e, t0 + MS).0.remaining, 5_045);
@@ -594,14 +595,6 @@ fn a_lease_spent_while_its_top_up_is_on_its_way_counts_down_by_one() {
     assert_eq!(spend(&book, &e, t0 + MS * 2).0.remaining, 5_044);
 }
 
-/// What `before` says of `e` at `now`, spent: which lease paid.
-fn spent_from(book: &Leases, e: &Evaluation<'_>, now: Instant) -> Spend {
-    match book.before(e, now, &mut Vec::new(), false) {
-        Before::Spent(_, _, spend) => spend,
-        other => panic!("not spent from the lease: {other:?}"),
-    }
-}
-
 #[test]
 fn a_refused_request_gives_its_unit_back_to_the_lease_it_was_spent_from_only() {
     let book = Leases::new(64).without_door();
@@ -614,16 +607,16 @@ fn a_refused_request_gives_its_unit_back_to_the_lease_it_was_spent_from_only() {
     // the lease is still held: the unit is the lease's again.
     assert_eq!(granted(&book, &p, &a, t0, 5_000, 100), 2);
     let e = ask(&p, &a, 1, t0);
-    let spend = spent_from(&book, &e, t0 + MS);
+    let (.., paid) = spend(&book, &e, t0 + MS);
     assert_eq!(book.held(), 1);
-    book.unspend(&e, spend);
+    book.unspend(&e, paid);
     assert_eq!(book.held(), 2);
 
     // Spent again, and the refusal comes back late: the lease ended with
     // its window meanwhile (giving back the one unit not spent) and the
     // next window's grant is held now. The spent unit was charged in the
     // window that ended; the new lease's window never counted it.
-    let spend = spent_from(&book, &e, t0 + MS * 2);
+    let (.., paid) = spend(&book, &e, t0 + MS * 2);
     let ended = book.ended(t0 + MS * 100);
     assert_eq!(ended.iter().map(|r| r.units).sum::<u32>(), 1);
     let next = ask(&p, &a, 1, t0 + MS * 101);
@@ -639,7 +632,7 @@ fn a_refused_request_gives_its_unit_back_to_the_lease_it_was_spent_from_only() {
         &mut returns,
     );
     assert_eq!(book.held(), u64::from(extra));
-    book.unspend(&e, spend);
+    book.unspend(&e, paid);
     assert_eq!(book.held(), u64::from(extra), "the next window's lease");
     assert!(returns.is_empty());
 }
@@ -653,17 +646,15 @@ fn a_lease_joined_by_its_top_up_takes_back_a_unit_spent_before() {
     let mut returns = Vec::new();
     granted(&book, &p, &a, t0, 5_000, 900);
     let e = ask(&p, &a, 1, t0);
-    spent_from(&book, &e, t0 + MS);
-    let Before::Spent(_, top, spend) = book.before(&e, t0 + MS, &mut returns, false) else {
-        panic!("not spent from the lease")
-    };
+    spend(&book, &e, t0 + MS);
+    let (_, top, paid) = spend(&book, &e, t0 + MS);
     // The top-up lands in the same window: one lease still, so the unit
     // spent before it goes back into it.
     let top = top.expect("a top-up");
     let id = EvaluationId::random();
     book.topped(&top, id, t0 + MS * 2, allowed(4_990, 898), &mut returns);
     assert_eq!(book.held(), u64::from(top.units));
-    book.unspend(&e, spend);
+    book.unspend(&e, paid);
     assert_eq!(book.held(), u64::from(top.units) + 1);
     assert!(returns.is_empty());
 }

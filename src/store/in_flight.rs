@@ -14,7 +14,7 @@
 //! while the requests already in flight keep their places.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use metrics::Gauge;
@@ -23,27 +23,35 @@ use crate::limit::Concurrency;
 use crate::subject::Pseudonym;
 use crate::sync;
 
+use super::spread::{self, spread, BuildPrecomputed};
+
 /// Shards, as in the memory store: a lock is held for one counter update.
 const SHARDS: usize = 16;
 
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq)]
 struct Key {
     policy: Arc<str>,
     subject: Pseudonym,
 }
 
-type Shard = Mutex<HashMap<Key, u32>>;
+/// By the subject's [`spread`] alone, as the other books of subjects.
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(spread(self.subject.digest()));
+    }
+}
+
+type Map = HashMap<Key, u32, BuildPrecomputed>;
+type Shard = Mutex<Map>;
 
 pub struct InFlight {
     shards: Box<[Shard]>,
-    hasher: std::collections::hash_map::RandomState,
 }
 
 impl InFlight {
     pub fn new() -> Arc<InFlight> {
         Arc::new(InFlight {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: Default::default(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
         })
     }
 
@@ -98,10 +106,10 @@ impl InFlight {
     }
 
     fn shard_of(&self, key: &Key) -> usize {
-        (self.hasher.hash_one(key.subject.digest()) as usize) % SHARDS
+        spread::shard_of(spread(key.subject.digest()), SHARDS)
     }
 
-    fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<Key, u32>> {
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Map> {
         // A poisoned shard only means a thread panicked between two whole
         // counter updates: the map is still consistent.
         sync::lock(&self.shards[shard])

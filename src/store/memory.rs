@@ -38,7 +38,6 @@ mod key;
 #[cfg(test)]
 mod tests;
 
-use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -52,7 +51,8 @@ use crate::sync;
 
 pub use self::clock::Clock;
 use self::entry::Entry;
-use self::key::{Key, Precomputed};
+use self::key::Key;
+use super::spread::{self, spread, BuildPrecomputed};
 
 use super::{Evaluation, Outcomes};
 
@@ -67,7 +67,7 @@ const ENTRIES_PER_SHARD: usize = 1024;
 
 /// Insertion-ordered so an entry can be picked by position: sampling for
 /// eviction is O(1). `swap_remove` keeps removal O(1) too.
-type Map = IndexMap<Key, Entry, BuildHasherDefault<Precomputed>>;
+type Map = IndexMap<Key, Entry, BuildPrecomputed>;
 
 /// An entry before a step: `None` when the step made the entry.
 type Before = Option<Entry>;
@@ -75,7 +75,6 @@ type Shard = Mutex<Map>;
 
 pub struct MemoryStore {
     shards: Box<[Shard]>,
-    hasher: std::collections::hash_map::RandomState,
     len: AtomicUsize,
     max_entries: usize,
     evictions: AtomicU64,
@@ -89,7 +88,6 @@ impl MemoryStore {
             shards: (0..shard_count(max_entries))
                 .map(|_| Mutex::new(IndexMap::default()))
                 .collect(),
-            hasher: Default::default(),
             len: AtomicUsize::new(0),
             max_entries,
             evictions: AtomicU64::new(0),
@@ -191,7 +189,7 @@ impl MemoryStore {
     fn key(&self, evaluation: &Evaluation<'_>) -> Key {
         let policy = evaluation.policy;
         Key {
-            hash: self.hasher.hash_one(evaluation.subject.digest()),
+            hash: spread(evaluation.subject.digest()),
             policy: policy.name.clone(),
             revision: policy.revision.clone(),
             subject: *evaluation.subject,
@@ -199,7 +197,7 @@ impl MemoryStore {
     }
 
     fn shard_of(&self, hash: u64) -> usize {
-        shard_of(hash, self.shards.len())
+        spread::shard_of(hash, self.shards.len())
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Map> {
@@ -330,13 +328,6 @@ fn locked<'g>(guards: &'g mut [(usize, MutexGuard<'_, Map>)], shard: usize) -> &
         .position(|(i, _)| *i == shard)
         .expect("every key's shard is locked");
     &mut guards[at].1
-}
-
-/// Bits 32 and up: the map inside a shard indexes by the low bits and tags
-/// by the top seven, so the shard must come from neither or every key of a
-/// shard would crowd the same buckets.
-fn shard_of(hash: u64, shards: usize) -> usize {
-    ((hash >> 32) as usize) % shards
 }
 
 /// A power of two from 1 to [`SHARDS`]: one per [`ENTRIES_PER_SHARD`].

@@ -12,6 +12,7 @@ pub mod memory;
 pub mod memory_bound;
 pub mod redis;
 mod shards;
+mod spread;
 
 use std::fmt;
 

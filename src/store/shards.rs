@@ -2,14 +2,15 @@
 //! one policy's subject as the key, and sixteen maps behind their own
 //! locks, so requests of different subjects seldom wait for each other.
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::limit::Policy;
 use crate::subject::Pseudonym;
 use crate::sync;
+
+use super::spread::{self, spread, BuildPrecomputed};
 
 pub const SHARDS: usize = 16;
 
@@ -22,17 +23,13 @@ pub struct SubjectKey {
     pub subject: Pseudonym,
 }
 
-/// Hashed by 8 bytes of the subject's digest alone (twice per lookup: the
-/// shard, then the map): the digest is already a keyed hash of who is
-/// asking, so they spread subjects as well as the whole key would, at a
-/// fraction of the cost; the few policies of one subject are told apart
-/// by `Eq`.
+/// Hashed by the subject's [`spread`] alone (twice per lookup: the shard,
+/// then the map): the digest is already a keyed hash of who is asking, so
+/// it spreads subjects as well as the whole key would, at a fraction of
+/// the cost; the few policies of one subject are told apart by `Eq`.
 impl Hash for SubjectKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        let digest = self.subject.digest();
-        let mut head = [0u8; 8];
-        head.copy_from_slice(&digest[..8]);
-        state.write_u64(u64::from_le_bytes(head));
+        state.write_u64(spread(self.subject.digest()));
     }
 }
 
@@ -46,16 +43,16 @@ impl SubjectKey {
     }
 }
 
+pub type Map<V> = HashMap<SubjectKey, V, BuildPrecomputed>;
+
 pub struct Shards<V> {
-    shards: Box<[Mutex<HashMap<SubjectKey, V>>]>,
-    hasher: RandomState,
+    shards: Box<[Mutex<Map<V>>]>,
 }
 
 impl<V> Default for Shards<V> {
     fn default() -> Shards<V> {
         Shards {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
         }
     }
 }
@@ -63,17 +60,17 @@ impl<V> Default for Shards<V> {
 impl<V> Shards<V> {
     /// Which shard holds `key`.
     pub fn index(&self, key: &SubjectKey) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+        spread::shard_of(spread(key.subject.digest()), SHARDS)
     }
 
     /// The shard that holds `key`. A poisoned shard holds whole entries
     /// only: it is used on.
-    pub fn lock(&self, key: &SubjectKey) -> MutexGuard<'_, HashMap<SubjectKey, V>> {
+    pub fn lock(&self, key: &SubjectKey) -> MutexGuard<'_, Map<V>> {
         sync::lock(&self.shards[self.index(key)])
     }
 
     /// Every shard, locked one after another.
-    pub fn each(&self) -> impl Iterator<Item = MutexGuard<'_, HashMap<SubjectKey, V>>> {
+    pub fn each(&self) -> impl Iterator<Item = MutexGuard<'_, Map<V>>> {
         self.shards.iter().map(sync::lock)
     }
 

@@ -2,7 +2,6 @@
 //! store last said was left, the ask under way and the lease held; and how
 //! large a block to ask for.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use tokio::time::Instant;
 use super::held::Held;
 use super::TopUp;
 use crate::limit::LeaseTerms;
-use crate::store::shards::SubjectKey;
+use crate::store::shards::Map;
 use crate::store::Evaluation;
 
 pub(super) struct Entry {
@@ -108,7 +107,7 @@ impl Entry {
 
 /// Drops the subjects of `shard` gone quiet and holding nothing; whether
 /// there is room now.
-pub(super) fn make_room(shard: &mut HashMap<SubjectKey, Entry>, now: Instant) -> bool {
+pub(super) fn make_room(shard: &mut Map<Entry>, now: Instant) -> bool {
     let before = shard.len();
     shard.retain(|_, e| e.held.is_some() || !e.quiet(now));
     shard.len() < before

@@ -73,6 +73,38 @@ fn matters(line: &[u8]) -> bool {
     named(CONTENT_LENGTH) || named(TRANSFER_ENCODING) || named(UPGRADE)
 }
 
+/// The count of `bytes` through the blank line's LF, when they begin with
+/// a whole head that has no body and could not be read two ways: a
+/// request line `METHOD SP TARGET SP HTTP/1.1`, the method not `CONNECT`,
+/// every line ending in CRLF, none of the three fields that decide the
+/// framing. Most requests are such a head, arriving in one read; checking
+/// that in one pass, a line at a time, costs a fraction of reading it byte
+/// by byte. `None` for anything else, which [`HeadReader::read`] then
+/// reads from its first byte, as it would have: the verdict is the same
+/// either way (the reader's tests compare both with an oracle).
+fn plain(bytes: &[u8]) -> Option<usize> {
+    const VERSION: &[u8] = b" HTTP/1.1\r";
+    let mut ends = memchr::memchr_iter(b'\n', bytes);
+    let request = &bytes[..ends.next()?];
+    let (method, rest) = request.split_at(request.iter().position(|&b| b == b' ')?);
+    let target = rest.get(1..)?.strip_suffix(VERSION)?;
+    if method == b"CONNECT" || target.contains(&b' ') {
+        return None;
+    }
+    let mut start = request.len() + 1;
+    for end in ends {
+        let content = bytes[start..end].strip_suffix(b"\r")?;
+        if content.is_empty() {
+            return Some(end + 1);
+        }
+        if matters(content) {
+            return None;
+        }
+        start = end + 1;
+    }
+    None
+}
+
 /// A head being read: everything kept is of fixed size.
 #[derive(Debug, Clone)]
 pub struct HeadReader {
@@ -217,6 +249,12 @@ impl HeadReader {
     /// the head (through the blank line's LF) and its verdict, or `None`
     /// when the head goes on past them.
     pub fn read(&mut self, bytes: &[u8]) -> Option<(usize, Head)> {
+        if self.len == 0 {
+            if let Some(used) = plain(bytes) {
+                self.len = used;
+                return Some((used, Head::Empty));
+            }
+        }
         let mut i = 0;
         while let Some(&byte) = bytes.get(i) {
             // Whole field lines that cannot matter (most of a head), a
@@ -515,5 +553,31 @@ impl Number {
 
     fn length(&self) -> Option<u64> {
         self.value.filter(|_| self.digits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain;
+
+    #[test]
+    fn a_plain_head_is_checked_in_one_pass_and_nothing_else_is() {
+        let head = b"GET /a?b HTTP/1.1\r\nHost: a\r\nUser-Agent: b\r\n\r\n";
+        assert_eq!(plain(head), Some(head.len()));
+        let mut pipelined = head.to_vec();
+        pipelined.extend_from_slice(b"POST / HTTP/1.1\r\n");
+        assert_eq!(plain(&pipelined), Some(head.len()));
+        for other in [
+            &b"GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\ntransfer-encoding:chunked\r\n\r\n",
+            b"GET / HTTP/1.1\r\nUPGRADE: h2c\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\n\r\n",
+            b"GET / HTTP/1.1\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"CONNECT a:443 HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\n",
+        ] {
+            assert_eq!(plain(other), None, "{:?}", String::from_utf8_lossy(other));
+        }
     }
 }

@@ -209,7 +209,7 @@ fn a_head_too_large_to_follow_stops_the_watch() {
 /// Heads built from pieces that exercise every rule: line endings, the
 /// three fields in any case and spacing, lengths that do and do not parse.
 fn heads() -> Vec<Vec<u8>> {
-    let request_lines: [&[u8]; 7] = [
+    let request_lines: [&[u8]; 14] = [
         b"GET / HTTP/1.1",
         b"POST /a?b=c HTTP/1.0",
         b"CONNECT a:443 HTTP/1.1",
@@ -217,6 +217,15 @@ fn heads() -> Vec<Vec<u8>> {
         b"GET  / HTTP/1.1",
         b"GET / HTTP/2.0",
         b"GET /x\ry HTTP/1.1",
+        // Beside the one-pass check for a plain head: a space too many or
+        // too few, a version almost 1.1, a CR inside the method.
+        b"GET /a b HTTP/1.1",
+        b"GET HTTP/1.1",
+        b" / HTTP/1.1",
+        b"GET / HTTP/1.1 ",
+        b"GET / HTTP/1.10",
+        b"GET / http/1.1",
+        b"G\rET / HTTP/1.1",
     ];
     let fields: [&[u8]; 29] = [
         b"Host: a",

@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::Value;
 use smallvec::SmallVec;
 
-use super::wire::{frame_len, parse_int, Frame};
+use super::wire::{frame_len, parse_int, short_int, Frame};
 use crate::limit::{Decision, Micros};
 
 pub const VERSION: i64 = 1;
@@ -116,6 +116,11 @@ fn frame_fields(frame: &[u8]) -> Result<Fields, Malformed> {
     let mut fields = Fields::new();
     for _ in 0..count {
         if let Some((b':', after)) = rest.split_first() {
+            if let Some((n, used)) = short_int(after) {
+                fields.push(Some(n));
+                rest = &after[used..];
+                continue;
+            }
             let (digits, after) = line(after).ok_or(broken.clone())?;
             fields.push(Some(parse_int(digits).ok_or(broken.clone())?));
             rest = after;

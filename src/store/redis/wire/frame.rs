@@ -22,6 +22,15 @@ pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
         let Some(&kind) = input.get(at) else {
             return Ok(None);
         };
+        // The usual element: a short integer, read in one pass (the
+        // general path below finds the line's end, then parses it).
+        if kind == b':' {
+            if let Some((_, used)) = short_int(&input[at + 1..]) {
+                at += 1 + used;
+                due -= 1;
+                continue;
+            }
+        }
         let Some(line) = line_end(&input[at + 1..]).ok_or_else(bad)? else {
             if input.len() - at > 64 && kind != b'+' && kind != b'-' {
                 // A length line is short; simple strings and errors may not be.
@@ -92,6 +101,31 @@ fn line_end(input: &[u8]) -> Option<Option<usize>> {
         Some(_) => None,
         None => Some(None),
     }
+}
+
+/// An integer line at the start of `input` (after its type byte): `-` or
+/// not, 1 to 18 digits, CRLF; its value and its length, CRLF included.
+/// `None` for anything else, complete or not: the caller then reads the
+/// line the general way, which takes every line this takes, to the same
+/// value, and judges the rest. Eighteen digits cannot overflow an `i64`,
+/// so no step is checked.
+pub fn short_int(input: &[u8]) -> Option<(i64, usize)> {
+    let negative = input.first() == Some(&b'-');
+    let start = usize::from(negative);
+    let mut n: i64 = 0;
+    let mut at = start;
+    while let Some(&d) = input.get(at) {
+        if !d.is_ascii_digit() || at - start == 18 {
+            break;
+        }
+        n = n * 10 + i64::from(d - b'0');
+        at += 1;
+    }
+    // A nineteenth digit is where the CR should be: not taken.
+    if at == start || input.get(at..at + 2) != Some(b"\r\n") {
+        return None;
+    }
+    Some((if negative { -n } else { n }, at + 2))
 }
 
 /// A RESP integer: optional `-`, then 1 to 19 digits, anywhere in `i64`
@@ -188,6 +222,43 @@ mod tests {
             nested.extend_from_slice(b"*1000000\r\n");
         }
         assert!(frame_len(&nested).is_err());
+    }
+
+    #[test]
+    fn a_short_integer_line_reads_as_the_general_path_reads_it() {
+        for digits in [
+            &b"0"[..],
+            b"-0",
+            b"7",
+            b"-12",
+            b"1000",
+            b"999999999999999999",
+            b"-999999999999999999",
+        ] {
+            let mut line = digits.to_vec();
+            line.extend_from_slice(b"\r\n:5\r\n");
+            assert_eq!(
+                short_int(&line),
+                Some((parse_int(digits).expect("an integer"), digits.len() + 2)),
+                "{:?}",
+                String::from_utf8_lossy(digits)
+            );
+        }
+        // Left to the general path: too long to skip the overflow checks,
+        // not an integer, or not ended yet.
+        for line in [
+            &b"1234567890123456789\r\n"[..],
+            b"-\r\n",
+            b"\r\n",
+            b"+1\r\n",
+            b"12a\r\n",
+            b"12\r",
+            b"12",
+            b"12\rx",
+            b"",
+        ] {
+            assert_eq!(short_int(line), None, "{:?}", String::from_utf8_lossy(line));
+        }
     }
 
     #[test]

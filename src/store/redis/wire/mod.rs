@@ -49,7 +49,7 @@ mod open;
 mod tests;
 
 use frame::MAX_FRAME;
-pub use frame::{frame_len, parse_int};
+pub use frame::{frame_len, parse_int, short_int};
 pub use open::open;
 
 /// One reply's bytes: a decision's fits inline.

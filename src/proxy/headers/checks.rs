@@ -345,10 +345,10 @@ fn valid_host(value: &[u8]) -> bool {
         Some(digits) => {
             digits.len() <= 5
                 && digits.iter().all(u8::is_ascii_digit)
-                && std::str::from_utf8(digits)
-                    .ok()
-                    .and_then(|d| d.parse::<u32>().ok())
-                    .is_some_and(|p| p <= 65_535)
+                && digits
+                    .iter()
+                    .fold(0u32, |port, d| port * 10 + u32::from(d - b'0'))
+                    <= 65_535
         }
     };
     host_ok && port_ok

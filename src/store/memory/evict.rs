@@ -15,7 +15,7 @@ const SAMPLES: usize = 5;
 /// The position in `map` of the sampled entry that costs least to forget,
 /// for a newcomer whose key hashes to `seed`; `None` when there is nothing
 /// to evict (an empty shard, or only the request's own keys, `protect`).
-/// The sample's positions come from the newcomer's hash (a keyed SipHash:
+/// The sample's positions come from the newcomer's hash (its keyed spread:
 /// a client cannot aim them).
 pub(super) fn victim(map: &Map, seed: u64, now: Micros, protect: &[u64]) -> Option<usize> {
     let len = map.len();

@@ -2,6 +2,14 @@
 //! volatile-lru`: a subject this sidecar's over-limit cache answers for
 //! must not be what a flood of other subjects evicts first, or another
 //! sidecar hands it a fresh window.
+//!
+//! Redis's LRU clock counts whole seconds, and its eviction pool keeps
+//! the idle time a key had when it was sampled: a key touched four times
+//! a second reads as at most one second idle, which only sets it apart
+//! from keys two seconds idle or more. The guarantee holds while Redis
+//! keeps more than two seconds of the flood's new keys, so the flood is
+//! paced to keep about three (unpaced, 5,300 to 5,600 requests a second
+//! fill this room in 1.5 s, and once in CI the key was evicted).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,6 +31,12 @@ const LIMIT: usize = 5;
 const ROOM: u64 = 4 * 1024 * 1024;
 /// Requests of the flood in flight at once.
 const FLOOD: usize = 32;
+/// The flood's requests a second at most (two keys each): [`ROOM`]
+/// holds about 16,000 keys, three seconds of them.
+const RATE: f64 = 3_000.0;
+/// What the test is about holds while Redis keeps at least this many
+/// seconds of the flood's keys (the LRU clock's second, and one more).
+const HELD_SECONDS: f64 = 2.0;
 /// The flood runs until Redis has evicted this many times the keys it
 /// held when it began to evict: every key not in use is long gone.
 const TURNOVERS: u64 = 2;
@@ -39,16 +53,19 @@ fn dbsize(conn: &mut redis::Connection) -> u64 {
     redis::cmd("DBSIZE").query(conn).expect("DBSIZE")
 }
 
-/// Requests of `/api` under a new subject each, [`FLOOD`] at a time,
-/// until `stop`; counts them in `sent`.
+/// Requests of `/api` under a new subject each, [`FLOOD`] at a time and
+/// [`RATE`] a second at most, until `stop`; counts them in `sent`.
 fn flood(addr: std::net::SocketAddr, stop: Arc<AtomicBool>, sent: Arc<AtomicUsize>) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
     for lane in 0..FLOOD {
         let (stop, sent) = (stop.clone(), sent.clone());
         tasks.spawn(async move {
             let client = http1_client();
+            let mut pace = tokio::time::interval(Duration::from_secs_f64(FLOOD as f64 / RATE));
+            pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut i = 0u64;
             while !stop.load(Ordering::SeqCst) {
+                pace.tick().await;
                 let key = format!("flood-{lane}-{i}");
                 let headers = [("x-client", key.as_str())];
                 let (status, _, _) = send(
@@ -107,6 +124,7 @@ async fn a_denied_subject_outlives_a_volatile_lru_flood_and_stays_refused_by_ano
     let mut tasks = flood(flooded.addr(), stop.clone(), sent.clone());
     let started = Instant::now();
     let mut held_at_first_eviction = None;
+    let mut first_eviction_after = Duration::ZERO;
     loop {
         assert_eq!(
             get(flooded.addr(), "/api", &denied).await.0,
@@ -115,6 +133,7 @@ async fn a_denied_subject_outlives_a_volatile_lru_flood_and_stays_refused_by_ano
         let evicted = info(&mut conn, "stats", "evicted_keys");
         if evicted > 0 && held_at_first_eviction.is_none() {
             held_at_first_eviction = Some(dbsize(&mut conn).max(1));
+            first_eviction_after = started.elapsed();
         }
         if let Some(held) = held_at_first_eviction {
             if evicted >= TURNOVERS * held {
@@ -136,6 +155,10 @@ async fn a_denied_subject_outlives_a_volatile_lru_flood_and_stays_refused_by_ano
         }
     }
     let evicted = info(&mut conn, "stats", "evicted_keys");
+    let held = held_at_first_eviction.unwrap_or(0);
+    // Redis filled up at the rate keys keep arriving, so it held this
+    // many seconds of them.
+    let held_seconds = first_eviction_after.as_secs_f64();
     let touched = sample(
         &flooded,
         "sluice_store_events_total",
@@ -147,11 +170,16 @@ async fn a_denied_subject_outlives_a_volatile_lru_flood_and_stays_refused_by_ano
         .await
         .unwrap_or(0.0);
     println!(
-        "flood: {} requests in {:?}, {evicted} keys evicted ({} held at the first), \
-         the denied subject's key touched {touched} times for {hits} local denials",
+        "flood: {} requests in {:?}, {evicted} keys evicted ({held} held at the first, \
+         after {held_seconds:.1} s), the denied subject's key touched {touched} times \
+         for {hits} local denials",
         sent.load(Ordering::Relaxed),
         started.elapsed(),
-        held_at_first_eviction.unwrap_or(0),
+    );
+    assert!(
+        held_seconds >= HELD_SECONDS,
+        "Redis held {held} keys, {held_seconds:.1} s of the flood's: too few to tell a key \
+         touched four times a second from the flood's"
     );
 
     // The other sidecar has never seen the subject: it asks Redis.

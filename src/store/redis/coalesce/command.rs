@@ -2,7 +2,9 @@
 //! reply (`lua/batch.lua`; the contract in `lua/README.md`, "Several
 //! evaluations in one call").
 
-use redis::{Cmd, Value};
+use std::io::Write;
+
+use redis::{Cmd, RedisWrite, Value};
 use smallvec::SmallVec;
 
 use crate::store::Evaluation;
@@ -40,11 +42,11 @@ impl Part {
     /// Its two keys: the state, then the record `<state>:e:<id>`.
     fn push_keys(&self, cmd: &mut Cmd) {
         cmd.arg(&self.state[..]);
-        let mut record = StateKey::new();
-        record.extend_from_slice(&self.state);
-        record.extend_from_slice(b":e:");
-        record.extend_from_slice(&self.id);
-        cmd.arg(&record[..]);
+        let mut record = cmd.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = record.write_all(&self.state);
+        let _ = record.write_all(b":e:");
+        let _ = record.write_all(&self.id);
     }
 }
 

@@ -17,20 +17,16 @@ use super::{ceil_ms, Common, Script};
 
 /// The state key of `evaluation`, as its command carries it.
 pub fn state_key(common: &Common, evaluation: &Evaluation<'_>) -> StateKey {
-    let mut key = StateKey::new();
-    write_state_key(
-        &mut key,
-        &common.key_prefix,
-        evaluation.policy,
-        evaluation.subject,
-    );
-    key
+    render_state_key(&common.key_prefix, evaluation.policy, evaluation.subject)
 }
 
 /// A state key, on the stack unless the prefix and policy name are long:
 /// one is rendered for every evaluation, and a heap buffer's allocation
 /// and free cost more than writing it.
-pub type StateKey = SmallVec<[u8; 160]>;
+pub type StateKey = SmallVec<[u8; STATE_KEY_INLINE]>;
+
+/// The longest state key kept on the stack.
+const STATE_KEY_INLINE: usize = 160;
 
 /// The state key of one (policy, revision, subject):
 /// `{prefix}:{<policy>:<revision>:<mark>:<pseudonym>}`, the mark naming
@@ -39,26 +35,39 @@ pub type StateKey = SmallVec<[u8; 160]>;
 /// Redis Cluster hash tag around the per-subject part, so the state and
 /// every evaluation's record (`<state>:e:<id>`, see `lua/common.lua`)
 /// share one slot.
-fn write_state_key(out: &mut StateKey, prefix: &str, policy: &Policy, subject: &Pseudonym) {
+fn render_state_key(prefix: &str, policy: &Policy, subject: &Pseudonym) -> StateKey {
     let mut pseudonym = [0u8; DISPLAY_MAX];
     let len = subject.encode(&mut pseudonym);
-    let mark = policy.algorithm().state_mark();
-    for part in [
+    let mark = policy.algorithm().state_mark().as_bytes();
+    let parts: [&[u8]; 10] = [
         prefix.as_bytes(),
         b":{",
         policy.name.as_bytes(),
         b":",
         policy.revision.as_bytes(),
         b":",
-    ] {
-        out.extend_from_slice(part);
+        mark,
+        if mark.is_empty() { b"" } else { b":" },
+        &pseudonym[..len],
+        b"}",
+    ];
+    let total: usize = parts.iter().map(|part| part.len()).sum();
+    if total > STATE_KEY_INLINE {
+        let mut key = StateKey::with_capacity(total);
+        for part in parts {
+            key.extend_from_slice(part);
+        }
+        return key;
     }
-    if !mark.is_empty() {
-        out.extend_from_slice(mark.as_bytes());
-        out.push(b':');
+    // Copied part by part into a plain array: `SmallVec::extend_from_slice`
+    // is an insertion, and cost about 75 instructions a part.
+    let mut buf = [0u8; STATE_KEY_INLINE];
+    let mut at = 0;
+    for part in parts {
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
     }
-    out.extend_from_slice(&pseudonym[..len]);
-    out.push(b'}');
+    StateKey::from_buf_and_len(buf, total)
 }
 
 /// Bytes reserved up front for one command: the fixed words, the SHA-1, the
@@ -159,13 +168,7 @@ pub(in crate::store::redis) fn record_life(within: Duration) -> u64 {
 /// `<state>:e:<id>`. The state key is rendered once; the record's name
 /// repeats it.
 fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
-    let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64,
-    // and its mark.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
-    let mut state = StateKey::new();
-    state.reserve(key_bytes);
-    write_state_key(&mut state, &common.key_prefix, policy, evaluation.subject);
+    let state = state_key(common, evaluation);
     cmd.arg(&state[..]);
     let mut arg = cmd.writer_for_next_arg();
     // Writing into the command's own buffer cannot fail.

@@ -369,6 +369,37 @@ fn every_call_sends_its_state_its_record_the_attempt_the_id_and_the_cost() {
 /// A re-send changes the first argument after the keys and nothing else,
 /// with or without a record life, in either mode. Several limits always
 /// say 0.
+/// A key that does not fit on the stack (a long prefix) is rendered on
+/// the heap, the same bytes; one that just fits stays on the stack.
+#[test]
+fn a_state_key_reads_the_same_however_long_its_prefix() {
+    let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
+    for prefix_len in [1, 60, 100, 200] {
+        let mut common = common();
+        common.key_prefix = "p".repeat(prefix_len);
+        for policy in policies() {
+            let evaluation = Evaluation {
+                policy: &policy,
+                subject: &subject,
+                cost: 1,
+                deadline: tokio::time::Instant::now(),
+                id: EvaluationId(1),
+                settle_within: None,
+            };
+            let key = state_key(&common, &evaluation);
+            let expected = format!(
+                "{}:{{{}:{}:{}{subject}}}",
+                common.key_prefix,
+                policy.name,
+                policy.revision,
+                mark(&policy)
+            );
+            assert_eq!(String::from_utf8_lossy(&key), expected);
+            assert_eq!(key.spilled(), expected.len() > key.inline_size());
+        }
+    }
+}
+
 #[test]
 fn a_re_send_is_the_same_call_saying_0() {
     let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");

@@ -142,6 +142,24 @@ async fn a_resent_request_is_held_to_the_same_1xx_limit() {
     assert_eq!(resends(&sluice).await, 1.0);
 }
 
+#[tokio::test]
+async fn a_resent_request_counts_the_1xx_of_both_attempts() {
+    // Ten `1xx` before each answer: under the limit of 16 alone.
+    let continues = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(10);
+    let first = [&continues[..], OK].concat();
+    let upstream = Scripted::start(Answer::FirstThenClose(first, continues)).await;
+    let sluice = Sidecar::start(&upstream.sidecar_config());
+    let (status, _, _) = request(sluice.addr(), Method::GET, "/a", &[], Bytes::new()).await;
+    assert_eq!(status.as_u16(), 200);
+
+    // The kept connection answers ten `1xx` and closes; the resend's new
+    // connection ten more and a 200: twenty for one request, a 502.
+    let (status, _, _) = request(sluice.addr(), Method::GET, "/b", &[], Bytes::new()).await;
+    assert_eq!(upstream.requests(), vec![1, 1, 2]);
+    assert_eq!(resends(&sluice).await, 1.0);
+    assert_eq!(status.as_u16(), 502);
+}
+
 /// Two requests on one client connection to sluice, in front of
 /// `sidecar`: the two response heads, and whatever body followed each.
 async fn two_on_one_connection(sluice: &Sidecar) -> Vec<(String, Vec<u8>)> {

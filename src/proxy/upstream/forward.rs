@@ -23,7 +23,7 @@ use crate::config::{self, Live};
 use crate::sleeps::Spares;
 use crate::subject;
 
-use super::head::{self as upstream_head, Informational, Refused};
+use super::head::{self as upstream_head, Refused};
 use super::pool::{self, Failure, Pool, Returning};
 use super::timer::UpstreamTimer;
 use super::upgrade::Tunnels;
@@ -201,23 +201,19 @@ pub(crate) async fn forward(
             (body::boxed(tracked), timer)
         }
     };
-    let mut request = Request::from_parts(parts, body);
-    let informational = Informational::watch(&mut request);
+    let request = Request::from_parts(parts, body);
 
     let (mut response, lease) = tokio::select! {
-        sent = upstream.pool.send(&live.upstream.url, request, |again| informational.count(again)) => match sent {
+        sent = upstream.pool.send(&live.upstream.url, request) => match sent {
             Ok(sent) => sent,
             Err(error) => return Err(failed(&error, &upstream.pool)),
         },
-        () = informational.until_flooded() => {
-            return Err(refuse(Refused::InformationalFlood));
-        }
         () = timer.expired() => {
             tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
             return Err(UpstreamError::Timeout);
         }
     };
-    let checked = if informational.flooded() {
+    let checked = if lease.flooded() {
         Err(Refused::InformationalFlood)
     } else {
         upstream_head::check(response.headers())
@@ -297,6 +293,7 @@ fn failed(failure: &Failure, pool: &Pool) -> UpstreamError {
             return UpstreamError::Unreachable;
         }
         Failure::Exchange(error) => error,
+        Failure::InformationalFlood => return refuse(Refused::InformationalFlood),
     };
     if let Some(cut) = pool.cuts().count(error) {
         tracing::debug!(reason = cut.label(), "request body cut");

@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Request};
-use tokio::sync::Notify;
 
 /// Largest upstream response head, counted as its fields' `name: value\r\n`
 /// lines. 64 KiB, the request-head default, is near Envoy's 60 KiB
@@ -75,46 +74,40 @@ fn check_framing(headers: &HeaderMap) -> Result<(), Refused> {
     }
 }
 
-/// Counts the `1xx` responses of one exchange (hyper reports each through
-/// a callback on its connection task) and wakes the request when there
-/// were too many.
+/// Counts the `1xx` responses to the exchange an upstream connection
+/// carries. One per connection, made with it: hyper reports each `1xx`
+/// through a callback the request carries, called on the connection's own
+/// task while it reads the head, and that task ends the connection once
+/// there were too many (`pool`'s `run`), which fails an exchange still
+/// waiting for its final head. Nothing of it is allocated per request but
+/// what hyper's callback takes.
 #[derive(Debug, Default)]
 pub(super) struct Informational {
     seen: AtomicUsize,
-    flooded: Notify,
 }
 
 impl Informational {
-    /// Starts counting the `1xx` responses to `request`.
-    pub(super) fn watch<B>(request: &mut Request<B>) -> Arc<Informational> {
-        let counter = Arc::new(Informational::default());
-        counter.count(request);
-        counter
-    }
-
-    /// Counts the `1xx` responses to `request` too (the same request sent
-    /// again: one count for both attempts).
-    pub(super) fn count<B>(self: &Arc<Self>, request: &mut Request<B>) {
+    /// Counts the `1xx` responses to `request`, the exchange this
+    /// connection carries next, from `before` (those a first attempt of
+    /// the same request had: one count for both).
+    pub(super) fn watch<B>(self: &Arc<Self>, request: &mut Request<B>, before: usize) {
+        self.seen.store(before, Ordering::Relaxed);
         let callback = Arc::clone(self);
         hyper::ext::on_informational(request, move |_| {
-            let seen = callback.seen.fetch_add(1, Ordering::Relaxed) + 1;
-            if seen == MAX_INFORMATIONAL + 1 {
-                // A stored permit: the waiter may not be waiting yet.
-                callback.flooded.notify_one();
-            }
+            callback.seen.fetch_add(1, Ordering::Relaxed);
         });
+    }
+
+    /// The `1xx` responses counted for the exchange.
+    pub(super) fn seen(&self) -> usize {
+        self.seen.load(Ordering::Relaxed)
     }
 
     /// Whether more than [`MAX_INFORMATIONAL`] arrived. hyper may parse a
     /// whole flood and the final head in one read, so this is asked again
     /// once the head is in.
     pub(super) fn flooded(&self) -> bool {
-        self.seen.load(Ordering::Relaxed) > MAX_INFORMATIONAL
-    }
-
-    /// Resolves once more than [`MAX_INFORMATIONAL`] have arrived.
-    pub(super) async fn until_flooded(&self) {
-        self.flooded.notified().await;
+        self.seen() > MAX_INFORMATIONAL
     }
 }
 

@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
+use std::future::Future as _;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,6 +38,7 @@ use hyper_util::rt::TokioIo;
 use pin_project_lite::pin_project;
 use tower_service::Service as _;
 
+use super::head::Informational;
 use crate::proxy::body::{self, Body};
 use crate::proxy::metrics::BodyCuts;
 use crate::sync;
@@ -77,6 +79,7 @@ pub(super) struct Pool {
 struct Idle {
     authority: Authority,
     sender: SendRequest<Body>,
+    informational: Arc<Informational>,
     since: Instant,
 }
 
@@ -86,6 +89,7 @@ pub(super) struct Lease {
     pool: Arc<Pool>,
     authority: Authority,
     sender: SendRequest<Body>,
+    informational: Arc<Informational>,
 }
 
 /// Why no response head came back.
@@ -96,6 +100,9 @@ pub(super) enum Failure {
     /// The connection failed, or the request body did, before a response
     /// head arrived.
     Exchange(hyper::Error),
+    /// The app sent more `1xx` responses than sluice takes, and no final
+    /// head before them: the connection was ended.
+    InformationalFlood,
 }
 
 impl Pool {
@@ -124,19 +131,19 @@ impl Pool {
 
     /// Sends `request` (origin-form, `Host` set) to `base`'s authority, on
     /// an idle connection when there is one, and once more on a new one
-    /// when that one turns out closed and sending again is safe. `again`
-    /// prepares a copy sent a second time: it holds none of the first
-    /// one's extensions.
+    /// when that one turns out closed and sending again is safe. Its `1xx`
+    /// responses are counted on the connection that carries it, a second
+    /// attempt's on from the first's.
     pub(super) async fn send(
         self: &Arc<Self>,
         base: &Uri,
         mut request: Request<Body>,
-        again: impl Fn(&mut Request<Body>),
     ) -> Result<(Response<Incoming>, Lease), Failure> {
         let Some(authority) = base.authority() else {
             return Err(Failure::Connect("the upstream URL has no authority".into()));
         };
         let mut retried = false;
+        let mut informational_before = 0;
         loop {
             // A resend goes on a new connection, leaving the idle ones be.
             let idle = if retried {
@@ -144,38 +151,41 @@ impl Pool {
             } else {
                 self.idle_connection(authority).await
             };
-            let (mut sender, reused) = match idle {
-                Some(sender) => (sender, true),
+            let ((mut sender, informational), reused) = match idle {
+                Some(idle) => (idle, true),
                 // Boxed: connecting (the connector's and the handshake's
                 // futures) is most of this future's size, and most
                 // requests find an idle connection.
                 None => (Box::pin(self.connect(base)).await?, false),
             };
             let copy = (reused && replayable(&request)).then(|| head_copy(&request));
+            informational.watch(&mut request, informational_before);
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     let lease = Lease {
                         pool: Arc::clone(self),
                         authority: authority.clone(),
                         sender,
+                        informational,
                     };
                     return Ok((response, lease));
                 }
+                // Ended by its connection for a flood of `1xx`: never sent
+                // again.
+                Err(_) if informational.flooded() => return Err(Failure::InformationalFlood),
                 Err(mut error) => {
                     let unsent = error.take_message();
                     let error = error.into_error();
                     let resend = match (unsent, copy) {
                         (Some(unsent), _) if reused => unsent,
-                        (None, Some(mut copy)) if met_a_closed_connection(&error) => {
-                            again(&mut copy);
-                            copy
-                        }
+                        (None, Some(copy)) if met_a_closed_connection(&error) => copy,
                         _ => return Err(Failure::Exchange(error)),
                     };
                     tracing::debug!(%error, "a reused upstream connection was closed; sending again on a new one");
                     self.resends.increment(1);
                     request = resend;
                     retried = true;
+                    informational_before = informational.seen();
                 }
             }
         }
@@ -185,7 +195,10 @@ impl Pool {
     /// open, once it can take a request: a connection goes back on the list
     /// as its last body byte is read, a moment before hyper is ready to
     /// write on it again.
-    async fn idle_connection(&self, authority: &Authority) -> Option<SendRequest<Body>> {
+    async fn idle_connection(
+        &self,
+        authority: &Authority,
+    ) -> Option<(SendRequest<Body>, Arc<Informational>)> {
         loop {
             let idle = self.idle().pop_back()?;
             // Byte equality: `Authority`'s own ignores case, a loop of its
@@ -196,12 +209,15 @@ impl Pool {
             }
             let mut sender = idle.sender;
             if sender.ready().await.is_ok() {
-                return Some(sender);
+                return Some((sender, idle.informational));
             }
         }
     }
 
-    async fn connect(&self, base: &Uri) -> Result<SendRequest<Body>, Failure> {
+    async fn connect(
+        &self,
+        base: &Uri,
+    ) -> Result<(SendRequest<Body>, Arc<Informational>), Failure> {
         let io = self
             .connector
             .clone()
@@ -213,14 +229,25 @@ impl Pool {
             .handshake::<_, Body>(io)
             .await
             .map_err(Failure::Exchange)?;
-        tokio::spawn(run(connection, self.cuts.clone()));
-        Ok(sender)
+        let informational = Arc::new(Informational::default());
+        tokio::spawn(run(
+            connection,
+            self.cuts.clone(),
+            Arc::clone(&informational),
+        ));
+        Ok((sender, informational))
     }
 
-    fn put(&self, authority: Authority, sender: SendRequest<Body>) {
+    fn put(
+        &self,
+        authority: Authority,
+        sender: SendRequest<Body>,
+        informational: Arc<Informational>,
+    ) {
         let idle = Idle {
             authority,
             sender,
+            informational,
             since: Instant::now(),
         };
         let closed = push_bounded(&mut self.idle(), idle, MAX_IDLE);
@@ -261,17 +288,42 @@ impl Lease {
     /// closes it instead if either side asked to (`Connection: close`).
     fn release(self) {
         if !self.sender.is_closed() {
-            self.pool.put(self.authority, self.sender);
+            self.pool
+                .put(self.authority, self.sender, self.informational);
         }
+    }
+
+    /// Whether the app sent more `1xx` responses than sluice takes before
+    /// this exchange's final head.
+    pub(super) fn flooded(&self) -> bool {
+        self.informational.flooded()
     }
 }
 
-/// Drives one connection until it closes or is upgraded. A request body
-/// cut once the response had begun ends the connection, not the exchange
-/// (hyper hands the error to the exchange while it still waits for a
-/// head): it is counted here, and only here.
-async fn run(connection: http1::Connection<TokioIo<tokio::net::TcpStream>, Body>, cuts: BodyCuts) {
-    if let Err(error) = connection.with_upgrades().await {
+/// Drives one connection until it closes or is upgraded, or until it has
+/// carried more `1xx` responses to one exchange than sluice takes: hyper
+/// counts each on this task while it polls the connection, so the count is
+/// read after each poll, and ending the connection fails an exchange still
+/// waiting for its head. A request body cut once the response had begun
+/// ends the connection, not the exchange (hyper hands the error to the
+/// exchange while it still waits for a head): it is counted here, and
+/// only here.
+async fn run(
+    connection: http1::Connection<TokioIo<tokio::net::TcpStream>, Body>,
+    cuts: BodyCuts,
+    informational: Arc<Informational>,
+) {
+    let mut connection = std::pin::pin!(connection.with_upgrades());
+    let ended = std::future::poll_fn(|cx| match connection.as_mut().poll(cx) {
+        Poll::Pending if informational.flooded() => Poll::Ready(None),
+        poll => poll.map(Some),
+    })
+    .await;
+    let Some(ended) = ended else {
+        tracing::debug!("upstream connection ended: a flood of 1xx responses");
+        return;
+    };
+    if let Err(error) = ended {
         match cuts.count(&error) {
             Some(cut) => tracing::debug!(
                 reason = cut.label(),
@@ -467,7 +519,7 @@ mod tests {
         let closed = uri("http://127.0.0.1:1");
         let request = Request::new(body::empty());
         assert!(matches!(
-            pool.send(&closed, request, |_| {}).await,
+            pool.send(&closed, request).await,
             Err(Failure::Connect(_))
         ));
         assert_eq!(pool.idle_count(), 0);
@@ -502,8 +554,8 @@ mod tests {
         let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
         let authority = base.authority().unwrap().clone();
         for _ in 0..2 {
-            let sender = pool.connect(&base).await.unwrap();
-            pool.put(authority.clone(), sender);
+            let (sender, informational) = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), sender, informational);
         }
         let mut request = Request::new(body::empty());
         *request.uri_mut() = "/".parse().unwrap();
@@ -512,7 +564,7 @@ mod tests {
             .insert(http::header::HOST, HeaderValue::from_static("app"));
         // The newest idle connection is closed on it, the copy is closed
         // on a new one: an error, and the older idle connection untouched.
-        let sent = pool.send(&base, request, |_| {}).await;
+        let sent = pool.send(&base, request).await;
         assert!(
             matches!(sent, Err(Failure::Exchange(_))),
             "{:?}",
@@ -534,8 +586,8 @@ mod tests {
         let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
         let authority = base.authority().unwrap().clone();
         for _ in 0..2 {
-            let sender = pool.connect(&base).await.unwrap();
-            pool.put(authority.clone(), sender);
+            let (sender, informational) = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), sender, informational);
         }
         assert_eq!(pool.idle_count(), 2);
         pool.prune(Instant::now() + POOL_IDLE / 2);
@@ -546,8 +598,8 @@ mod tests {
         assert!(pool.idle_connection(&other).await.is_none());
         assert_eq!(pool.idle_count(), 0);
         for _ in 0..2 {
-            let sender = pool.connect(&base).await.unwrap();
-            pool.put(authority.clone(), sender);
+            let (sender, informational) = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), sender, informational);
         }
         pool.prune(Instant::now() + POOL_IDLE + Duration::from_secs(1));
         assert_eq!(pool.idle_count(), 0);

@@ -22,6 +22,9 @@ pub enum Answer {
     /// of any later one and closes the connection without a byte, as an
     /// app closing an idle connection just as a request arrives on it.
     FirstOnly(Vec<u8>),
+    /// Writes the first bytes for a connection's first request; to any
+    /// later one, the second bytes, then closes the connection.
+    FirstThenClose(Vec<u8>, Vec<u8>),
     /// Writes these bytes, then closes the connection if no other request
     /// starts on it within the duration (an app's keep-alive timeout).
     IdleClose(Vec<u8>, std::time::Duration),
@@ -168,6 +171,16 @@ async fn serve(mut stream: TcpStream, id: usize, state: Arc<State>) {
                 }
             }
             Answer::FirstOnly(_) => return,
+            Answer::FirstThenClose(bytes, _) if nth == 1 => {
+                if stream.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            Answer::FirstThenClose(_, bytes) => {
+                let _ = stream.write_all(&bytes).await;
+                let _ = stream.shutdown().await;
+                return;
+            }
             Answer::IdleClose(bytes, after) => {
                 if stream.write_all(&bytes).await.is_err() {
                     return;

@@ -20,6 +20,7 @@ use http::HeaderMap;
 use metrics::Counter;
 use tokio::time::Instant;
 
+use super::headers::holds;
 use crate::subject::resolve::X_FORWARDED_FOR;
 use crate::telemetry;
 
@@ -46,7 +47,7 @@ impl UntrustedForwarder {
 
     /// A request from `peer`, judged with no trusted proxy.
     pub fn observe(&self, peer: IpAddr, headers: &HeaderMap) {
-        if !looks_like_a_proxy(peer) || !headers.contains_key(&X_FORWARDED_FOR) {
+        if !looks_like_a_proxy(peer) || !holds(headers, &X_FORWARDED_FOR) {
             return;
         }
         self.ignored.increment(1);

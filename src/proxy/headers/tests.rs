@@ -779,3 +779,44 @@ fn http2_cookie_fields_become_one_line() {
     join_cookies(&mut one);
     assert_eq!(one["cookie"], "a=1");
 }
+
+/// `holds` answers as a lookup does, whether the map is small enough for
+/// its names to be compared one by one or not, for standard and custom
+/// names, in any case and with several values.
+#[test]
+fn holds_answers_as_a_lookup_does_on_either_side_of_its_bound() {
+    let asked = [
+        X_FORWARDED_FOR.clone(),
+        http::header::HOST,
+        HeaderName::from_static("x-forwarded-fo"),
+        HeaderName::from_static("x-forwarded-forx"),
+    ];
+    for fields in [
+        0,
+        1,
+        COMPARED_UP_TO - 1,
+        COMPARED_UP_TO,
+        COMPARED_UP_TO + 1,
+        30,
+    ] {
+        for with in [false, true] {
+            let mut map = HeaderMap::new();
+            for i in 0..fields {
+                let name = HeaderName::from_bytes(format!("x-field-{i}").as_bytes()).unwrap();
+                map.append(name, HeaderValue::from_static("v"));
+            }
+            if with {
+                map.append("X-Forwarded-For", HeaderValue::from_static("192.0.2.1"));
+                map.append("x-forwarded-for", HeaderValue::from_static("192.0.2.2"));
+            }
+            for name in &asked {
+                assert_eq!(
+                    holds(&map, name),
+                    map.contains_key(name),
+                    "{name} among {fields} fields (x-forwarded-for too: {with})"
+                );
+            }
+            assert_eq!(holds(&map, &X_FORWARDED_FOR), with);
+        }
+    }
+}

@@ -78,9 +78,15 @@ pub(super) struct Pool {
 
 struct Idle {
     authority: Authority,
+    conn: Conn,
+    since: Instant,
+}
+
+/// One connection to the upstream: hyper's handle, and the count of the
+/// `1xx` responses to the exchange it carries (its task reads it).
+struct Conn {
     sender: SendRequest<Body>,
     informational: Arc<Informational>,
-    since: Instant,
 }
 
 /// A connection carrying one exchange: back to the pool when its response
@@ -88,8 +94,7 @@ struct Idle {
 pub(super) struct Lease {
     pool: Arc<Pool>,
     authority: Authority,
-    sender: SendRequest<Body>,
-    informational: Arc<Informational>,
+    conn: Conn,
 }
 
 /// Why no response head came back.
@@ -151,28 +156,27 @@ impl Pool {
             } else {
                 self.idle_connection(authority).await
             };
-            let ((mut sender, informational), reused) = match idle {
-                Some(idle) => (idle, true),
+            let (mut conn, reused) = match idle {
+                Some(conn) => (conn, true),
                 // Boxed: connecting (the connector's and the handshake's
                 // futures) is most of this future's size, and most
                 // requests find an idle connection.
                 None => (Box::pin(self.connect(base)).await?, false),
             };
             let copy = (reused && replayable(&request)).then(|| head_copy(&request));
-            informational.watch(&mut request, informational_before);
-            match sender.try_send_request(request).await {
+            conn.informational.watch(&mut request, informational_before);
+            match conn.sender.try_send_request(request).await {
                 Ok(response) => {
                     let lease = Lease {
                         pool: Arc::clone(self),
                         authority: authority.clone(),
-                        sender,
-                        informational,
+                        conn,
                     };
                     return Ok((response, lease));
                 }
                 // Ended by its connection for a flood of `1xx`: never sent
                 // again.
-                Err(_) if informational.flooded() => return Err(Failure::InformationalFlood),
+                Err(_) if conn.informational.flooded() => return Err(Failure::InformationalFlood),
                 Err(mut error) => {
                     let unsent = error.take_message();
                     let error = error.into_error();
@@ -185,7 +189,7 @@ impl Pool {
                     self.resends.increment(1);
                     request = resend;
                     retried = true;
-                    informational_before = informational.seen();
+                    informational_before = conn.informational.seen();
                 }
             }
         }
@@ -195,29 +199,23 @@ impl Pool {
     /// open, once it can take a request: a connection goes back on the list
     /// as its last body byte is read, a moment before hyper is ready to
     /// write on it again.
-    async fn idle_connection(
-        &self,
-        authority: &Authority,
-    ) -> Option<(SendRequest<Body>, Arc<Informational>)> {
+    async fn idle_connection(&self, authority: &Authority) -> Option<Conn> {
         loop {
             let idle = self.idle().pop_back()?;
             // Byte equality: `Authority`'s own ignores case, a loop of its
             // own on every request; a case-different spelling only costs a
             // new connection.
-            if idle.authority.as_str() != authority.as_str() || idle.sender.is_closed() {
+            if idle.authority.as_str() != authority.as_str() || idle.conn.sender.is_closed() {
                 continue;
             }
-            let mut sender = idle.sender;
-            if sender.ready().await.is_ok() {
-                return Some((sender, idle.informational));
+            let mut conn = idle.conn;
+            if conn.sender.ready().await.is_ok() {
+                return Some(conn);
             }
         }
     }
 
-    async fn connect(
-        &self,
-        base: &Uri,
-    ) -> Result<(SendRequest<Body>, Arc<Informational>), Failure> {
+    async fn connect(&self, base: &Uri) -> Result<Conn, Failure> {
         let io = self
             .connector
             .clone()
@@ -235,19 +233,16 @@ impl Pool {
             self.cuts.clone(),
             Arc::clone(&informational),
         ));
-        Ok((sender, informational))
-    }
-
-    fn put(
-        &self,
-        authority: Authority,
-        sender: SendRequest<Body>,
-        informational: Arc<Informational>,
-    ) {
-        let idle = Idle {
-            authority,
+        Ok(Conn {
             sender,
             informational,
+        })
+    }
+
+    fn put(&self, authority: Authority, conn: Conn) {
+        let idle = Idle {
+            authority,
+            conn,
             since: Instant::now(),
         };
         let closed = push_bounded(&mut self.idle(), idle, MAX_IDLE);
@@ -287,16 +282,15 @@ impl Lease {
     /// The exchange is over and the connection may carry another; hyper
     /// closes it instead if either side asked to (`Connection: close`).
     fn release(self) {
-        if !self.sender.is_closed() {
-            self.pool
-                .put(self.authority, self.sender, self.informational);
+        if !self.conn.sender.is_closed() {
+            self.pool.put(self.authority, self.conn);
         }
     }
 
     /// Whether the app sent more `1xx` responses than sluice takes before
     /// this exchange's final head.
     pub(super) fn flooded(&self) -> bool {
-        self.informational.flooded()
+        self.conn.informational.flooded()
     }
 }
 
@@ -554,8 +548,8 @@ mod tests {
         let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
         let authority = base.authority().unwrap().clone();
         for _ in 0..2 {
-            let (sender, informational) = pool.connect(&base).await.unwrap();
-            pool.put(authority.clone(), sender, informational);
+            let conn = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), conn);
         }
         let mut request = Request::new(body::empty());
         *request.uri_mut() = "/".parse().unwrap();
@@ -586,8 +580,8 @@ mod tests {
         let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
         let authority = base.authority().unwrap().clone();
         for _ in 0..2 {
-            let (sender, informational) = pool.connect(&base).await.unwrap();
-            pool.put(authority.clone(), sender, informational);
+            let conn = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), conn);
         }
         assert_eq!(pool.idle_count(), 2);
         pool.prune(Instant::now() + POOL_IDLE / 2);
@@ -598,8 +592,8 @@ mod tests {
         assert!(pool.idle_connection(&other).await.is_none());
         assert_eq!(pool.idle_count(), 0);
         for _ in 0..2 {
-            let (sender, informational) = pool.connect(&base).await.unwrap();
-            pool.put(authority.clone(), sender, informational);
+            let conn = pool.connect(&base).await.unwrap();
+            pool.put(authority.clone(), conn);
         }
         pool.prune(Instant::now() + POOL_IDLE + Duration::from_secs(1));
         assert_eq!(pool.idle_count(), 0);

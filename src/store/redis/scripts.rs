@@ -442,7 +442,9 @@ pub struct Common {
 }
 
 mod command;
-pub use command::{as_evalsha, call, call_several, refund_call, resent, state_key, StateKey};
+pub use command::{
+    as_evalsha, call, call_several, push_state_and_record, refund_call, resent, state_key, StateKey,
+};
 pub(super) use command::{attempt, hex_id, record_life};
 
 /// Whole milliseconds, rounded up and at least one: a TTL or window cut

@@ -2,9 +2,7 @@
 //! reply (`lua/batch.lua`; the contract in `lua/README.md`, "Several
 //! evaluations in one call").
 
-use std::io::Write;
-
-use redis::{Cmd, RedisWrite, Value};
+use redis::{Cmd, Value};
 use smallvec::SmallVec;
 
 use crate::store::Evaluation;
@@ -41,12 +39,7 @@ impl Part {
 
     /// Its two keys: the state, then the record `<state>:e:<id>`.
     fn push_keys(&self, cmd: &mut Cmd) {
-        cmd.arg(&self.state[..]);
-        let mut record = cmd.writer_for_next_arg();
-        // Writing into the command's own buffer cannot fail.
-        let _ = record.write_all(&self.state);
-        let _ = record.write_all(b":e:");
-        let _ = record.write_all(&self.id);
+        scripts::push_state_and_record(cmd, &self.state, &self.id);
     }
 }
 

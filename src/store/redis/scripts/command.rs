@@ -168,13 +168,18 @@ pub(in crate::store::redis) fn record_life(within: Duration) -> u64 {
 /// `<state>:e:<id>`. The state key is rendered once; the record's name
 /// repeats it.
 fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
-    let state = state_key(common, evaluation);
-    cmd.arg(&state[..]);
-    let mut arg = cmd.writer_for_next_arg();
+    push_state_and_record(cmd, &state_key(common, evaluation), id);
+}
+
+/// The two keys of an evaluation whose state key is `state`: the state,
+/// then its record `<state>:e:<id>`, written straight into the command.
+pub fn push_state_and_record(cmd: &mut Cmd, state: &[u8], id: &[u8]) {
+    cmd.arg(state);
+    let mut record = cmd.writer_for_next_arg();
     // Writing into the command's own buffer cannot fail.
-    let _ = arg.write_all(&state);
-    let _ = arg.write_all(b":e:");
-    let _ = arg.write_all(id);
+    let _ = record.write_all(state);
+    let _ = record.write_all(b":e:");
+    let _ = record.write_all(id);
 }
 
 /// `FCALL name 2n state_1 record_1 … state_n record_n 0 id cost_1 …

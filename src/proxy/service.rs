@@ -341,6 +341,19 @@ impl Proxy {
         live: &Live,
         arrival: Instant,
     ) -> Result<Admitted<'r>, Response<Body>> {
+        if checks.is_empty() {
+            // `policy: none` (or a tier that names it): nothing to take,
+            // ask or wait for. Counted as every route's request is, and
+            // spared the moves of an empty judgement through the rest.
+            for entry in matched.iter() {
+                self.count_one(entry, 0, Verdict::Unlimited, arrival);
+            }
+            return Ok(Admitted {
+                ratelimit: None,
+                permits: SmallVec::new(),
+                reservations: Reservations::new(),
+            });
+        }
         let mut permits = SmallVec::new();
         let (judgement, reservations, turn) = match self.take_places(checks, &mut permits) {
             Some(refusal) => (Judgement::Refused(refusal), Reservations::new(), None),

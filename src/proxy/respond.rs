@@ -59,9 +59,11 @@ pub struct Prepared {
     policy_field: Option<HeaderValue>,
     /// The limit's policy does not say `headers: off`.
     announce: bool,
-    /// The policy's name as the inside of a structured-field String.
-    band_name: Box<str>,
-    /// More than one band: members are named `<policy>-<i>`.
+    /// What every `RateLimit` value of the limit opens with: `"<name>";r=`,
+    /// or `"<name>-` when it has more than one band (members are named
+    /// `<policy>-<i>`), so a value is put together from four parts or six.
+    opening: Box<[u8]>,
+    /// More than one band.
     several_bands: bool,
     /// Per band, how an admitted request's `t` follows from the decision;
     /// empty for a concurrency policy.
@@ -137,17 +139,18 @@ impl Prepared {
             ),
         };
         let policy_value = route_policy_value(route, tier);
+        let several_bands = match policy {
+            LimitPolicy::Rate(p) => p.bands().len() > 1,
+            LimitPolicy::Concurrency(_) => false,
+        };
         Prepared {
             // Built from printable ASCII only (see `push_band_name`).
             policy_field: (!policy_value.is_empty()).then(|| {
                 HeaderValue::from_str(&policy_value).unwrap_or_else(|_| HeaderValue::from_static(""))
             }),
             announce: policy.announced(),
-            band_name: sf_string_inner(name).into(),
-            several_bands: match policy {
-                LimitPolicy::Rate(p) => p.bands().len() > 1,
-                LimitPolicy::Concurrency(_) => false,
-            },
+            opening: opening(name, several_bands),
+            several_bands,
             effective: match policy {
                 LimitPolicy::Rate(p) => Effective::of(p.bands()),
                 LimitPolicy::Concurrency(_) => Box::default(),
@@ -187,24 +190,17 @@ impl Prepared {
         } else {
             retry_after_secs(decision.retry_after)
         };
-        let mut band = itoa::Buffer::new();
         let mut remaining = itoa::Buffer::new();
         let mut reset = itoa::Buffer::new();
-        let (dash, band) = if self.several_bands {
-            (&b"-"[..], band.format(decision.band).as_bytes())
+        let remaining = remaining.format(sf_integer(decision.remaining)).as_bytes();
+        let reset = reset.format(sf_integer(seconds)).as_bytes();
+        let value = if self.several_bands {
+            let mut band = itoa::Buffer::new();
+            let band = band.format(decision.band).as_bytes();
+            concat(&[&self.opening, band, b"\";r=", remaining, b";t=", reset])
         } else {
-            (&b""[..], &b""[..])
+            concat(&[&self.opening, remaining, b";t=", reset])
         };
-        let value = concat(&[
-            b"\"",
-            self.band_name.as_bytes(),
-            dash,
-            band,
-            b"\";r=",
-            remaining.format(sf_integer(decision.remaining)).as_bytes(),
-            b";t=",
-            reset.format(sf_integer(seconds)).as_bytes(),
-        ]);
         HeaderValue::from_maybe_shared(value).ok()
     }
 }
@@ -281,6 +277,14 @@ impl Effective {
 fn json_string(s: &str) -> String {
     // Serializing a string cannot fail.
     serde_json::to_string(s).unwrap_or_default()
+}
+
+/// [`Prepared::opening`] of policy `name`.
+fn opening(name: &str, several_bands: bool) -> Box<[u8]> {
+    let closing = if several_bands { "-" } else { "\";r=" };
+    format!("\"{}{closing}", sf_string_inner(name))
+        .into_bytes()
+        .into()
 }
 
 /// One allocation of exactly the joined length: a `Bytes` made from a full

@@ -230,19 +230,31 @@ fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
 }
 
 /// [`strip_hop_by_hop`], given what [`hop_by_hop_present`] found.
-fn strip_present(headers: &mut HeaderMap, present: u16) -> bool {
+fn strip_present(headers: &mut HeaderMap, mut present: u16) -> bool {
     if present == 0 {
         return false;
     }
     // `Connection` is the first hop-by-hop name. Most say only
     // `keep-alive` or `close` (every nginx and Node answer): those name no
     // field but `Keep-Alive`, which goes with the others below, so no
-    // token needs a removal of its own.
-    let named = present & 1 != 0 && !names_only_hop_by_hop(headers);
-    if named {
-        // Values are reference-counted: holding them costs no copy, and
-        // frees the map to change while their tokens are read.
-        for value in take_all(headers, &CONNECTION) {
+    // token needs a removal of its own, and the field goes through the one
+    // lookup that found it.
+    let mut named = false;
+    if present & 1 != 0 {
+        let mut values = Vec::new();
+        if let http::header::Entry::Occupied(entry) = headers.entry(CONNECTION) {
+            named = !entry.iter().all(names_only_hop_by_hop);
+            if named {
+                // Values are reference-counted: holding them costs no
+                // copy, and frees the map to change while their tokens are
+                // read. `Connection` itself goes with the others below.
+                values.extend(entry.iter().cloned());
+            } else {
+                drop(entry.remove_entry_mult());
+                present &= !1;
+            }
+        }
+        for value in &values {
             for token in list(value.as_bytes()) {
                 // Looked up by `&str`, a token needs no `HeaderName` of its
                 // own; one that is no valid name matches nothing.
@@ -283,12 +295,10 @@ pub(super) fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
         .find(|&i| names[i].as_str() == text)
 }
 
-/// Whether every `Connection` token is `keep-alive` or `close`.
-fn names_only_hop_by_hop(headers: &HeaderMap) -> bool {
-    headers.get_all(&CONNECTION).iter().all(|value| {
-        list(value.as_bytes()).all(|token| {
-            token.eq_ignore_ascii_case(b"keep-alive") || token.eq_ignore_ascii_case(b"close")
-        })
+/// Whether every token of a `Connection` value is `keep-alive` or `close`.
+fn names_only_hop_by_hop(value: &HeaderValue) -> bool {
+    list(value.as_bytes()).all(|token| {
+        token.eq_ignore_ascii_case(b"keep-alive") || token.eq_ignore_ascii_case(b"close")
     })
 }
 

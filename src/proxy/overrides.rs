@@ -78,10 +78,11 @@ pub fn methods(
     };
     out.push(method.clone());
     // Most requests carry none: one pass over the names present is
-    // cheaper than a hash lookup per override header.
+    // cheaper than a hash lookup per override header, and a name that
+    // does not open with `x-` (most of a browser's) is none of them.
     let any_header = headers
         .keys()
-        .any(|name| OVERRIDE_HEADERS.iter().any(|o| o == name));
+        .any(|name| name.as_str().starts_with("x-") && OVERRIDE_HEADERS.iter().any(|o| o == name));
     let any_query = query.is_some_and(may_override);
     if !any_header && !any_query && !underscored {
         return Ok(out);

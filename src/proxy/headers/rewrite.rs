@@ -288,11 +288,10 @@ pub(super) fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
         19 => &[4],
         _ => return None,
     };
+    // Compared as names: a standard name against another is one byte
+    // against another, where their text would be a `memcmp` call.
     let names = hop_by_hop();
-    candidates
-        .iter()
-        .copied()
-        .find(|&i| names[i].as_str() == text)
+    candidates.iter().copied().find(|&i| names[i] == name)
 }
 
 /// Whether every token of a `Connection` value is `keep-alive` or `close`.

@@ -264,7 +264,7 @@ fn strip_present(headers: &mut HeaderMap, mut present: u16) -> bool {
             }
         }
     }
-    for (i, name) in hop_by_hop().into_iter().enumerate() {
+    for (i, &name) in hop_by_hop().iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }

@@ -2,7 +2,7 @@
 """Instructions per request, by stage, for each of sluice's paths.
 
     python3 bench/profile.py [--sluice target/release/sluice] [--seconds 6] [--keep]
-        [--label TEXT] [--stem profile]
+        [--label TEXT] [--stem profile] [--cache-sim]
 
 Runs one sluice (release build, `server.workers: 1`) under
 `valgrind --tool=callgrind` in front of nginx `return 200`, with Redis on
@@ -18,6 +18,12 @@ by where its code lives (sluice's modules, the crates), so the stages add
 up to the total. Written to
 `bench/results/profile.md` and `.json` (`--stem NAME`: `NAME.md` and
 `NAME.json`, to keep a committed profile while measuring another build).
+
+`--cache-sim` has callgrind model the caches and branch predictors as well
+(its L1 is this machine's): L1 instruction and data misses and mispredicted
+branches per request, in a table of their own. Two builds a few percent
+apart in instructions can be further apart in time by these, and they are
+as steady as the instructions.
 """
 
 import argparse
@@ -191,6 +197,12 @@ default: { policy: none }
 """
 
 
+# `valgrind` with callgrind, instrumentation off until a path's run; with
+# `--cache-sim` also its model of the caches and branch predictors.
+VALGRIND = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+SIMULATED = ("I1mr", "D1mr", "D1mw", "Bcm", "Bim")
+
+
 def callgrind(argv, **kw):
     return subprocess.run(["callgrind_control"] + argv, capture_output=True, text=True, **kw)
 
@@ -207,7 +219,7 @@ def start_sluice_under_valgrind(procs, workdir, sluice, name, store, upstream_po
     out = os.path.join(workdir, f"{name}.callgrind")
     logf = os.path.join(workdir, f"{name}.log")
     argv = [
-        "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+        *VALGRIND, f"--callgrind-out-file={out}.%p",
         sluice, "run", "--config", conf, "--log-format", "json",
     ]
     proc = procs.start(name, argv, 1, logf)
@@ -230,7 +242,7 @@ def start_sluice_under_valgrind(procs, workdir, sluice, name, store, upstream_po
 def stage_costs(dump):
     """Total instructions, and self instructions grouped by stage."""
     ann = subprocess.run(
-        ["callgrind_annotate", "--threshold=100", dump],
+        ["callgrind_annotate", "--threshold=100", "--show=Ir", dump],
         capture_output=True, text=True, check=True,
     ).stdout
     total = None
@@ -249,13 +261,31 @@ def stage_costs(dump):
     return total, stages
 
 
+def simulated(dump, requests):
+    """Per request, what callgrind's cache and branch model counted in
+    `dump` (taken with `--cache-sim`): L1 instruction misses, L1 data read
+    and write misses, mispredicted conditional and indirect branches.
+    Empty for a dump taken without it."""
+    ann = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", "--show=" + ",".join(SIMULATED), dump],
+        capture_output=True, text=True,
+    )
+    for line in ann.stdout.splitlines():
+        if "PROGRAM TOTALS" in line:
+            cells = re.sub(r"\(\s*[\d.]+%\)", "", line.split("PROGRAM TOTALS")[0]).split()
+            counts = [0 if c == "." else int(c.replace(",", "")) for c in cells]
+            if len(counts) == len(SIMULATED):
+                return {e: round(n / requests) for e, n in zip(SIMULATED, counts)}
+    return {}
+
+
 def profile_floor(procs, workdir, floor, upstream_port, seconds, conns):
     """The hyper floor (`bench/floor/`) under callgrind, the same load as
     `/none` and `/blocked`: what the stack costs with nothing of sluice's
     own, forwarding (`/none`) and refusing (`/blocked`, a fixed 429)."""
     out = os.path.join(workdir, "floor.callgrind")
     logf = os.path.join(workdir, "floor.log")
-    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+    argv = [*VALGRIND, f"--callgrind-out-file={out}.%p",
             floor, f"http://127.0.0.1:{upstream_port}"]
     proc = procs.start("floor-callgrind", argv, 1, logf)
     deadline = time.monotonic() + 60
@@ -292,6 +322,7 @@ def profile_floor(procs, workdir, floor, upstream_port, seconds, conns):
             "non_2xx": run["non_2xx"],
             "instructions_per_request": round(total / requests),
             "stages": {k: round(v / requests) for k, v in stages.items()},
+            "simulated": simulated(dump, requests),
             "dump": dump,
         }
     procs.stop(proc, grace=20)
@@ -308,7 +339,7 @@ def profile_nginx(procs, workdir, upstream_port, seconds, conns):
     conf = render("proxy.nginx.conf", os.path.join(workdir, "proxy.nginx.conf"),
                   DIR=workdir, PORT=port, UPSTREAM_PORT=upstream_port)
     out = os.path.join(workdir, "nginx.callgrind")
-    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+    argv = [*VALGRIND, f"--callgrind-out-file={out}.%p",
             "nginx", "-p", workdir, "-c", conf, "-e", os.path.join(workdir, "proxy.error.log")]
     proc = procs.start("nginx-callgrind", argv, 1, os.path.join(workdir, "nginx-callgrind.log"))
     if not tools.wait_tcp(port, proc, timeout=60):
@@ -330,7 +361,7 @@ def profile_nginx(procs, workdir, upstream_port, seconds, conns):
         dump = [d for d in dumps if d not in used][-1]
         total, _ = stage_costs(dump)
         figures[label] = {"requests": run["requests"], "instructions_per_request": round(total / run["requests"]),
-                          "dump": dump}
+                          "simulated": simulated(dump, run["requests"]), "dump": dump}
         print(f"{label}: {run['requests']} requests, {round(total / run['requests'])} instructions each",
               file=sys.stderr)
     procs.stop(proc, grace=20)
@@ -348,7 +379,11 @@ def main():
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--label", default="")
     ap.add_argument("--stem", default="profile", help="write bench/results/STEM.md and STEM.json")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="also count callgrind's simulated cache misses and mispredicted branches")
     args = ap.parse_args()
+    if args.cache_sim:
+        VALGRIND.extend(["--cache-sim=yes", "--branch-sim=yes"])
 
     workdir = tempfile.mkdtemp(prefix="sluice-profile-")
     procs = Processes()
@@ -390,6 +425,7 @@ def main():
                     "non_2xx": run["non_2xx"],
                     "instructions_per_request": round(total / requests),
                     "stages": {k: round(v / requests) for k, v in stages.items()},
+                    "simulated": simulated(dump, requests),
                     "dump": dump,
                 }
                 print(f"{label}: {requests} requests, {round(total / requests)} instructions each", file=sys.stderr)
@@ -434,6 +470,25 @@ def ratios(results):
     return ["", "| comparison | instructions | against | ratio |", "|---|---:|---:|---:|"] + rows
 
 
+def simulated_table(results):
+    """With `--cache-sim`: per request, the misses callgrind's model
+    counted beside the instructions. Real time follows these as much as
+    the instructions: an L1 miss costs several instructions' time."""
+    figures = dict(results["paths"])
+    figures.update(results.get("nginx") or {})
+    rows = [(label, fig) for label, fig in figures.items() if fig.get("simulated")]
+    if not rows:
+        return []
+    lines = ["", "callgrind's cache and branch model (`--cache-sim`), per request:", "",
+             "| path | instructions | L1i misses | L1d misses (read + write) | mispredicted branches |",
+             "|---|---:|---:|---:|---:|"]
+    for label, fig in rows:
+        sim = fig["simulated"]
+        lines.append(f"| {label} | {fig['instructions_per_request']:,} | {sim['I1mr']:,} | "
+                     f"{sim['D1mr'] + sim['D1mw']:,} | {sim['Bcm'] + sim['Bim']:,} |")
+    return lines
+
+
 def write(results, stem="profile"):
     lines = ["# Instructions per request, by stage (callgrind)", ""]
     if results["label"]:
@@ -455,6 +510,7 @@ def write(results, stem="profile"):
         for label, fig in results["nginx"].items():
             lines.append(f"| {label} | {fig['instructions_per_request']:,} |")
     lines += ratios(results)
+    lines += simulated_table(results)
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)

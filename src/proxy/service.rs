@@ -345,9 +345,7 @@ impl Proxy {
             // `policy: none` (or a tier that names it): nothing to take,
             // ask or wait for. Counted as every route's request is, and
             // spared the moves of an empty judgement through the rest.
-            for entry in matched.iter() {
-                self.count_one(entry, 0, Verdict::Unlimited, arrival);
-            }
+            self.count(matched, checks, &Judgement::Passed(Passed::new()), arrival);
             return Ok(Admitted {
                 ratelimit: None,
                 permits: SmallVec::new(),

@@ -86,7 +86,7 @@ fn claims_of_length(len: usize) -> &'static [&'static str] {
     }
 }
 
-/// Where `Transfer-Encoding` is in [`hop_by_hop`].
+/// Where `Transfer-Encoding` is in [`HOP_BY_HOP`].
 const TRANSFER_ENCODING_AT: usize = 7;
 
 /// RFC 9110 §7.6.1, plus the pre-standard `Keep-Alive` and
@@ -94,7 +94,7 @@ const TRANSFER_ENCODING_AT: usize = 7;
 /// only means something on an h2c upgrade (RFC 7540 §3.2.1; removed
 /// everywhere, as Envoy does). A static: asked once a field name, the list
 /// is not built again each time.
-static HOP_BY_HOP: [&HeaderName; 10] = [
+pub(super) static HOP_BY_HOP: [&HeaderName; 10] = [
     &CONNECTION,
     &KEEP_ALIVE,
     &PROXY_CONNECTION,
@@ -106,10 +106,6 @@ static HOP_BY_HOP: [&HeaderName; 10] = [
     &UPGRADE,
     &HTTP2_SETTINGS,
 ];
-
-fn hop_by_hop() -> &'static [&'static HeaderName; 10] {
-    &HOP_BY_HOP
-}
 
 /// Fields a map may hold for [`holds`] to compare names one by one.
 const COMPARED_UP_TO: usize = 8;

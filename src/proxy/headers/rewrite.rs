@@ -216,7 +216,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
 }
 
 /// The hop-by-hop names `headers` holds: bit `i` for the `i`th of
-/// [`hop_by_hop`]. One pass over the names present is cheaper than a
+/// [`HOP_BY_HOP`]. One pass over the names present is cheaper than a
 /// lookup (a hash and a probe) per hop-by-hop name, and most messages
 /// carry one or none.
 fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
@@ -264,7 +264,7 @@ fn strip_present(headers: &mut HeaderMap, mut present: u16) -> bool {
             }
         }
     }
-    for (i, &name) in hop_by_hop().iter().enumerate() {
+    for (i, &name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }
@@ -272,7 +272,7 @@ fn strip_present(headers: &mut HeaderMap, mut present: u16) -> bool {
     named
 }
 
-/// The position of `name` in [`hop_by_hop`], if it is one. Told by its
+/// The position of `name` in [`HOP_BY_HOP`], if it is one. Told by its
 /// length first: most names of a message are of no hop-by-hop length, and
 /// the rest are compared with one or two names instead of ten.
 pub(super) fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
@@ -290,8 +290,7 @@ pub(super) fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     };
     // Compared as names: a standard name against another is one byte
     // against another, where their text would be a `memcmp` call.
-    let names = hop_by_hop();
-    candidates.iter().copied().find(|&i| names[i] == name)
+    candidates.iter().copied().find(|&i| HOP_BY_HOP[i] == name)
 }
 
 /// Whether every token of a `Connection` value is `keep-alive` or `close`.

@@ -18,9 +18,9 @@ local MAX_EXACT = 9007199254740991
 -- no `string`, no `tonumber`), so these locals are filled on the first call
 -- (`arguments`, below) and kept for every call after it.
 local function standard()
-  return string.format, string.match, tonumber, unpack
+  return string.format, string.match, tonumber, unpack, string.byte, string.find, string.sub
 end
-local format, match, tonumber, unpack
+local format, match, tonumber, unpack, byte, find, sub
 
 local function fail(message)
   error({err = 'ERR sluice: ' .. message})
@@ -69,7 +69,7 @@ end
 -- needs the record (lua/refund.lua).
 local function arguments(KEYS, ARGV)
   if not format then
-    format, match, tonumber, unpack = standard()
+    format, match, tonumber, unpack, byte, find, sub = standard()
   end
   if #ARGV ~= 3 and #ARGV ~= 4 then
     fail('expects 3 or 4 arguments: first attempt or not, the evaluation id, the cost '
@@ -167,17 +167,21 @@ end
 
 -- The decision this id already got, if it was applied before: a retry
 -- after an ambiguous failure must not charge twice.
-local function replay(record_key)
-  local recorded = redis.call('GET', record_key)
-  if not recorded then
-    return nil
-  end
+local function replay_text(recorded)
   local o, r, reset, retry, band = match(recorded, '^(%d+):(%d+):(%d+):(%d+):(%d+):%d+$')
   if not o then
     fail('corrupt state: dedupe record')
   end
   return {REPLY_VERSION, tonumber(o), tonumber(r), tonumber(reset), tonumber(retry),
     tonumber(band), 1, 0}
+end
+
+local function replay(record_key)
+  local recorded = redis.call('GET', record_key)
+  if not recorded then
+    return nil
+  end
+  return replay_text(recorded)
 end
 
 -- Leaves the record of `decision`, before any other write: nil, or, when

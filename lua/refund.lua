@@ -22,14 +22,16 @@ local function stored(raw)
   return nil
 end
 
--- The compact state (every algorithm but the sliding log keeps one string
--- of numbers, `t` first, then each band's: lua/README.md, "State"), as a
--- list of its numbers as text, or nil when the key is gone; and written
--- back whole, its TTL kept.
-local function read_numbers(key)
-  local raw = redis.call('GET', key)
+-- The compact state's numbers (every algorithm but the sliding log keeps
+-- one string of numbers, `t` first, then each band's: lua/README.md,
+-- "State"), as a list of their text, or nil when the key is gone; and
+-- written back whole, with what follows them (`tail`), its TTL kept.
+local function read_numbers(raw, tail)
   if not raw then
     return nil
+  end
+  if tail then
+    raw = sub(raw, 1, tail - 1)
   end
   local numbers = {}
   for v in string.gmatch(raw, '[^:]+') do
@@ -38,8 +40,8 @@ local function read_numbers(key)
   return numbers
 end
 
-local function write_numbers(key, numbers)
-  redis.call('SET', key, table.concat(numbers, ':'), 'KEEPTTL')
+local function write_numbers(key, numbers, tail)
+  redis.call('SET', key, table.concat(numbers, ':') .. tail, 'KEEPTTL')
 end
 
 -- Two arguments: the evaluation id and the units to give back. Unlike a
@@ -48,7 +50,7 @@ end
 -- TTL).
 local function refund_arguments(KEYS, ARGV)
   if not format then
-    format, match, tonumber, unpack = standard()
+    format, match, tonumber, unpack, byte, find, sub = standard()
   end
   if #ARGV ~= 2 then
     fail('expects 2 arguments: the evaluation id and the units to give back')
@@ -67,7 +69,25 @@ local function refund(KEYS, ARGV)
   end
   local args = P_BAND_ARGS
 
-  local recorded = redis.call('GET', record_key)
+  -- The record: in the compact state's tail when it is the last first
+  -- send's admission there (lua/state.lua), else in its own key.
+  local raw, tail, held, expires, resent = false, nil, nil, 0, 0
+  local recorded = nil
+  if P_STATE_FORMAT then
+    raw = redis.call('GET', KEYS[1])
+    tail = raw and find(raw, '|', 1, true)
+    if tail then
+      local text
+      resent, held, expires, text = read_tail(raw, tail)
+      if held == id then
+        recorded = text
+      end
+    end
+  end
+  local in_state = recorded ~= nil
+  if not in_state then
+    recorded = redis.call('GET', record_key)
+  end
   if not recorded then
     return {REPLY_VERSION, 0}
   end
@@ -78,18 +98,25 @@ local function refund(KEYS, ARGV)
   if admitted ~= '1' then
     return {REPLY_VERSION, 0}
   end
+  local refunded = '0' .. rest .. at
   -- The time the evaluation was decided at.
   at = tonumber(at)
 
   -- The algorithm's part: for the compact-state algorithms it sets `state`
   -- (read_numbers) and, where it changed a number, `changed`; the state is
-  -- then written back once, below.
+  -- then written back once, below, its record marked refunded when it
+  -- holds it.
   local state, changed = nil, false
   -- @undo (the algorithm's part, lua/refund/<algorithm>.lua, is spliced in here)
-  if changed then
-    write_numbers(KEYS[1], state)
+  if in_state then
+    state = state or read_numbers(raw, tail)
+    write_numbers(KEYS[1], state,
+      format('|%d|%s|%d|%s', resent, held, expires, refunded))
+  else
+    if changed then
+      write_numbers(KEYS[1], state, tail and sub(raw, tail) or '')
+    end
+    redis.call('SET', record_key, refunded, 'KEEPTTL')
   end
-
-  redis.call('SET', record_key, '0' .. rest .. format('%d', at), 'KEEPTTL')
   return {REPLY_VERSION, 1}
 end

@@ -30,16 +30,16 @@ local function decide(redis, KEYS, ARGV)
   -- window start, c<b> = current window's count, p<b> = previous window's
   -- count.
   local per_band = 3
+  local n = 1 + bands * per_band
+  local raw = redis.call('GET', KEYS[1])
+  local state, tail = read_state(raw, n, per_band, P_STATE_PATTERN)
   -- A first attempt has no record to find (lua/common.lua, "De-duplication").
   if not first then
-    local replayed = replay(record_key)
+    local replayed = recorded(raw, tail, id, record_key)
     if replayed then
       return replayed
     end
   end
-
-  local n = 1 + bands * per_band
-  local state = read_state(redis.call('GET', KEYS[1]), n, per_band, P_STATE_PATTERN)
   local now, skew = decision_time(state[1] or 0, P_MAX_REGRESSION_US)
   if not now then
     return clock_unsafe(skew)
@@ -98,18 +98,9 @@ local function decide(redis, KEYS, ARGV)
     state[p] = prev
   end
 
-  local decision = bind(verdicts)
-  -- The record first (a first send's denial leaves none; common.lua): a
-  -- first send its own retry overtook replays that one's decision here.
-  local replayed = record(redis, first, record_key, decision, now,
-    record_life or P_DEDUPE_WINDOW_TEXT)
-  if replayed then
-    return replayed
-  end
-  -- A denied request writes nothing to any band.
-  if decision[1] == 1 then
-    redis.call('SET', KEYS[1], format(P_STATE_FORMAT, unpack(state, 1, n)),
-      'PX', P_TTL_TEXT)
-  end
-  return reply(decision, skew)
+  -- The record, and the state when admitted (lua/state.lua, `settle`): a
+  -- denied request writes nothing to any band, and a first send its own
+  -- retry overtook replays that one's decision.
+  return settle(redis, KEYS[1], record_key, first, id, bind(verdicts), now, skew,
+    state, n, raw, tail, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS, P_TTL_TEXT)
 end

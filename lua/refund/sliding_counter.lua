@@ -2,7 +2,7 @@
 -- current count while the band is still in that window, the previous count
 -- once it has moved one window on; further on, it no longer counts.
 -- State: `t:s1:c1:p1:s2:c2:p2...` (window start, current, previous count).
-state = read_numbers(KEYS[1])
+state = read_numbers(raw, tail)
 for b = 1, state and P_BANDS or 0 do
   local w = args[2 * b]
   local charged = at - at % w

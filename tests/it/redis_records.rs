@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::support::lost_reply::{relay, relay_on};
 use crate::support::redis::RedisServer;
-use crate::support::redis_sidecar::{redis_yaml, start_ready};
+use crate::support::redis_sidecar::{held_record, redis_yaml, start_ready};
 use crate::support::store_api::*;
 use crate::support::{clear_of_window_edge, get, Upstream};
 use http::StatusCode;
@@ -111,7 +111,7 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
     assert!(allowed(&warm), "{warm:?}");
 
     // A first send reads its state and no record (its id is fresh), and
-    // writes both: the record claimed first (`SET … NX`), then the state.
+    // writes one key: the state, which holds the admission's record.
     let fresh = subject("fresh");
     let key = state_key(&policy, &fresh);
     reset_stats(&mut conn);
@@ -123,13 +123,17 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
         "{:?}",
         commandstats(&mut conn)
     );
-    assert_eq!(calls_of(&mut conn, "set"), 2);
+    assert_eq!(calls_of(&mut conn, "set"), 1);
+    assert_eq!(
+        held_record(&mut conn, &key).map(|(_, record)| record[..2].to_owned()),
+        Some("1:".to_owned())
+    );
     assert_eq!(decision(&outcome).remaining, 4, "{outcome:?}");
     assert_eq!(fixed_count(&mut conn, &key), Some(1));
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 0);
 
-    // Its reply lost, the call goes again saying so: it reads the record
-    // the first send left (a second GET) and replays it.
+    // Its reply lost, the call goes again saying so: it finds the record
+    // the first send left in the state (a second GET) and replays it.
     let lost = subject("lost");
     let key = state_key(&policy, &lost);
     reset_stats(&mut conn);
@@ -142,16 +146,18 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
         "{:?}",
         commandstats(&mut conn)
     );
-    // The first send's two SETs, none by the replay.
-    assert_eq!(calls_of(&mut conn, "set"), 2);
+    // The first send's SET, none by the replay.
+    assert_eq!(calls_of(&mut conn, "set"), 1);
     assert_eq!(relay.dropped.load(Ordering::SeqCst), 1);
     assert_eq!(decision(&outcome).remaining, 3, "{outcome:?}");
     assert_eq!(fixed_count(&mut conn, &key), Some(2), "charged once");
     assert_eq!(store.stats().retries.load(Ordering::Relaxed), 1);
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
 
-    // A denial's re-send finds no record, reads the state again, denies
-    // again and records the denial: one SET, none of the state.
+    // A denial's re-send reads the state again, finds no record there or
+    // under its id (a third GET), denies again and records the denial:
+    // its record, and the state (its numbers as they were) saying until
+    // when a first send may find that record.
     for _ in 0..3 {
         assert!(allowed(&eval(&store, &policy, &lost, 1).await));
     }
@@ -164,7 +170,7 @@ async fn a_first_send_reads_no_record_and_a_re_send_replays_one() {
         "{:?}",
         commandstats(&mut conn)
     );
-    assert_eq!(calls_of(&mut conn, "set"), 1);
+    assert_eq!(calls_of(&mut conn, "set"), 2);
     assert_eq!(relay.dropped.load(Ordering::SeqCst), 2);
     assert!(matches!(outcome, Outcome::Denied(_)), "{outcome:?}");
     assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
@@ -273,22 +279,29 @@ async fn a_first_send_its_retry_overtook_replays_the_retry() {
     assert_eq!((late[1], late[2], late[6]), (1, 2, 1), "{late:?}");
     assert_eq!(fixed_count(&mut conn, &key), Some(1), "charged twice");
 
-    // A retry that denied records its denial; the first send arriving
-    // after it replays that denial, though it would now be admitted (the
-    // window ended meanwhile: the state is gone).
+    // A retry that denied records its denial, and the state says until
+    // when a first send may find it; the first send arriving after it
+    // replays that denial, though it would now be admitted (its count set
+    // back to 0 here, as a new window would).
     for _ in 0..2 {
         assert!(allowed(&eval(&store, &policy, &who, 1).await));
     }
     let retry = fcall(&mut conn, "0", 0xb).expect("the retry");
     assert_eq!((retry[1], retry[6]), (0, 0), "{retry:?}");
-    let _: () = conn.del(&key).expect("DEL");
+    let raw = state_raw(&mut conn, &key).expect("state");
+    let (numbers, tail) = raw.split_once('|').expect("the state says a retry ran");
+    let mut numbers: Vec<&str> = numbers.split(':').collect();
+    numbers[2] = "0";
+    let emptied = format!("{}|{tail}", numbers.join(":"));
+    let _: () = conn.set(&key, &emptied).expect("SET");
     let late = fcall(&mut conn, "1", 0xb).expect("the first send");
     assert_eq!((late[1], late[6]), (0, 1), "{late:?}");
     assert_eq!(
-        state_text(&mut conn, &key),
-        None,
+        state_raw(&mut conn, &key).as_deref(),
+        Some(&emptied[..]),
         "a refused request charged"
     );
+    let _: () = conn.del(&key).expect("DEL");
 
     // Not overtaken, a first send's denial leaves no record.
     for id in 0xc..0xf {
@@ -309,9 +322,11 @@ async fn a_first_send_its_retry_overtook_replays_the_retry() {
     assert_eq!(fixed_count(&mut conn, &key), Some(3));
 }
 
-/// Each admitted evaluation leaves one record, a key of its own next to the
-/// state, that lives `dedupe_window` and no longer: the state holds state
-/// only, however hot the subject. A denial leaves none.
+/// Each admitted evaluation leaves one record that lives `dedupe_window`
+/// and no longer: the last in its state (a key, an expiry and a command
+/// fewer for Redis), each one before it, while it may still be asked for,
+/// in a key of its own next to the state. The state holds one record at
+/// most, however hot the subject. A denial leaves none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_admission_leaves_one_record_that_expires_with_the_window_and_a_denial_none() {
     let server = RedisServer::start();
@@ -334,12 +349,18 @@ async fn each_admission_leaves_one_record_that_expires_with_the_window_and_a_den
         }
     }
     assert_eq!(admitted.len(), 100);
-    // The state: t and a1 only, whatever the traffic, with its TTL.
+    // The state: t and a1, whatever the traffic, with its TTL, and the
+    // last admission's record.
     let state = state_text(&mut conn, &key).expect("state");
     assert_eq!(state.split(':').count(), 2, "{state}");
     let ttl: i64 = conn.pttl(&key).expect("PTTL");
     assert!(ttl > 0, "{key}: {ttl} ms");
-    // One record per admission, under its id, none for the 50 denials.
+    let last = admitted.pop().expect("an admission");
+    let (held, text) = held_record(&mut conn, &key).expect("a record in the state");
+    assert_eq!(held, last.to_string());
+    assert!(text.starts_with("1:"), "{text}");
+    // One record per admission before it, under its id, none for the 50
+    // denials.
     let mut recorded = records(&mut conn, &key);
     recorded.sort();
     let mut want: Vec<String> = admitted.iter().map(|id| format!("{key}:e:{id}")).collect();
@@ -352,11 +373,24 @@ async fn each_admission_leaves_one_record_that_expires_with_the_window_and_a_den
         assert!(text.starts_with("1:"), "{record}: {text}");
     }
 
-    // After the window every record is gone: nothing accumulates.
+    // After the window every record key is gone: nothing accumulates.
     let deadline = Instant::now() + Duration::from_secs(5);
     while !records(&mut conn, &key).is_empty() {
         assert!(Instant::now() < deadline, "records outlived the window");
         tokio::time::sleep(ms(50)).await;
+    }
+    // A subject asked less than once a window (the many subjects of a busy
+    // service) costs Redis one key: its state, holding its record; the
+    // next admission replaces a record past its life, leaving no key.
+    let cold = subject("bounded-cold");
+    let cold_key = state_key(&policy, &cold);
+    for _ in 0..2 {
+        let ev = evaluation(&policy, &cold, 1);
+        assert!(allowed(&store.evaluate(&ev).await));
+        assert_eq!(records(&mut conn, &cold_key), Vec::<String>::new());
+        let (held, _) = held_record(&mut conn, &cold_key).expect("a record in the state");
+        assert_eq!(held, ev.id.to_string());
+        tokio::time::sleep(ms(850)).await;
     }
 }
 
@@ -402,10 +436,20 @@ async fn only_admissions_leave_records_and_a_first_send_reads_none() {
         );
     let sluice = start_ready(&yaml).await;
     let mut conn = redis.connection();
+    // Records in keys of their own, and those held in their states.
     let records = |conn: &mut redis::Connection| -> usize {
-        conn.keys::<_, Vec<String>>("sluice:*:e:*")
-            .expect("KEYS")
-            .len()
+        let keys: Vec<String> = conn.keys("sluice:*").expect("KEYS");
+        let (own, states): (Vec<String>, Vec<String>) =
+            keys.into_iter().partition(|k| k.contains("}:e:"));
+        let held = states
+            .iter()
+            .filter(|k| !k.starts_with("sluice:library:"))
+            .filter(|k| {
+                let kind: String = redis::cmd("TYPE").arg(k).query(conn).expect("TYPE");
+                kind == "string" && held_record(conn, k).is_some()
+            })
+            .count();
+        own.len() + held
     };
     let calls = |conn: &mut redis::Connection, command: &str| -> u64 {
         commandstats(conn)
@@ -418,7 +462,7 @@ async fn only_admissions_leave_records_and_a_first_send_reads_none() {
     // (path, the GETs of its six decisions, its records): a compact state
     // is one GET a decision; the sliding log reads a sorted set. Several
     // limits are always sent as a re-send could be (`lua/several.lua`):
-    // each limit GETs its record, then its state; a request refused by the
+    // each limit GETs its state, then its record; a request refused by the
     // first limit reads the first's only (the script stops there, writing
     // nothing), an admitted one both.
     let cases = [
@@ -459,4 +503,63 @@ async fn only_admissions_leave_records_and_a_first_send_reads_none() {
         assert_eq!(records(&mut conn), total, "{path}: a denial left a record");
     }
     assert_eq!(upstream.count(), 18);
+}
+
+/// A refund finds the record wherever it is: in the state (the last first
+/// send's admission) or in its own key (one before it), gives back what it
+/// says was charged once, and marks it so that a second refund gives back
+/// nothing; the state keeps the record it holds, marked. On every
+/// compact-state algorithm, standalone (first sends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_finds_a_record_in_the_state_or_its_key_and_gives_back_once() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    let compact = [
+        ("fixed", Bands::FixedWindow(vec![window(3, 3_600_000)])),
+        ("counter", Bands::SlidingCounter(vec![window(3, 3_600_000)])),
+        ("bucket", Bands::TokenBucket(vec![bucket(3, 1, 3_600_000)])),
+        ("gcra", Bands::Gcra(vec![gcra(3, 3_600_000, 3)])),
+    ];
+    for (name, bands) in compact {
+        let policy = policy(&format!("refunded-{name}"), bands);
+        // A policy's first call loads its library and goes again as a
+        // re-send could: made here, what follows are first sends.
+        let warm = eval(&store, &policy, &subject(&format!("warm-{name}")), 1).await;
+        assert!(allowed(&warm), "{name}: {warm:?}");
+        let who = subject(&format!("refunded-{name}"));
+        let key = state_key(&policy, &who);
+        // Held in the state: given back once.
+        let a = evaluation(&policy, &who, 1);
+        assert!(allowed(&store.evaluate(&a).await), "{name}");
+        assert!(store.refund_reserved(&a, 1).await, "{name}: held record");
+        assert!(!store.refund_reserved(&a, 1).await, "{name}: twice");
+        let (held, record) = held_record(&mut conn, &key).expect("held");
+        assert_eq!(held, a.id.to_string(), "{name}");
+        assert!(record.starts_with("0:"), "{name}: {record}");
+
+        // One in its key (moved there by the next admission), one held.
+        let (b, c) = (evaluation(&policy, &who, 1), evaluation(&policy, &who, 1));
+        for ev in [&b, &c] {
+            assert!(allowed(&store.evaluate(ev).await), "{name}");
+        }
+        let moved: Option<String> = conn.get(format!("{key}:e:{}", b.id)).expect("GET");
+        assert!(moved.is_some_and(|r| r.starts_with("1:")), "{name}");
+        for ev in [&b, &c] {
+            assert!(store.refund_reserved(ev, 1).await, "{name}");
+            assert!(!store.refund_reserved(ev, 1).await, "{name}: twice");
+        }
+        let (held, record) = held_record(&mut conn, &key).expect("held");
+        assert_eq!(held, c.id.to_string(), "{name}");
+        assert!(record.starts_with("0:"), "{name}: {record}");
+
+        // Everything given back: exactly the limit is admitted again.
+        let mut admitted = 0;
+        for _ in 0..5 {
+            if allowed(&eval(&store, &policy, &who, 1).await) {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 3, "{name}: refunds gave back what was charged");
+    }
 }

@@ -184,7 +184,7 @@ async fn one_call_admits_all_or_charges_none_for_every_algorithm() {
 /// record key of evaluation `id` beside it.
 fn fixed_keys(policy: &Policy, subject: &Pseudonym, id: u128) -> (String, String) {
     let state = format!(
-        "sluice:{{{}:{}:fw1:{subject}}}",
+        "sluice:{{{}:{}:fw2:{subject}}}",
         policy.name, policy.revision
     );
     let record = format!("{state}:e:{}", EvaluationId(id));

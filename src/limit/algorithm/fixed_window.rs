@@ -14,7 +14,7 @@ impl Spec for FixedWindow {
     const RESET_BY: &'static [&'static str] = window::RESET_BY;
     const LUA: &'static str = include_str!("../../../lua/fixed_window.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/fixed_window.lua");
-    const STATE_MARK: &'static str = "fw1";
+    const STATE_MARK: &'static str = "fw2";
     const STATE_NUMBERS: usize = 2;
     type Band = WindowBand;
     type State = Vec<BandState>;

@@ -50,7 +50,7 @@ impl Spec for Gcra {
     const RESET_BY: &'static [&'static str] = &["limit", "window"];
     const LUA: &'static str = include_str!("../../../lua/gcra.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/gcra.lua");
-    const STATE_MARK: &'static str = "gc1";
+    const STATE_MARK: &'static str = "gc2";
     const STATE_NUMBERS: usize = 1;
     type Band = GcraBand;
     type State = Vec<BandState>;

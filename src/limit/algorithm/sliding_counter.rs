@@ -17,7 +17,7 @@ impl Spec for SlidingCounter {
     const EXACT: bool = false;
     const LUA: &'static str = include_str!("../../../lua/sliding_counter.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/sliding_counter.lua");
-    const STATE_MARK: &'static str = "sc1";
+    const STATE_MARK: &'static str = "sc2";
     const STATE_NUMBERS: usize = 3;
     type Band = WindowBand;
     type State = Vec<BandState>;

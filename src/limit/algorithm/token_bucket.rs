@@ -42,7 +42,7 @@ impl Spec for TokenBucket {
     const RESET_BY: &'static [&'static str] = &[];
     const LUA: &'static str = include_str!("../../../lua/token_bucket.lua");
     const REFUND_LUA: &'static str = include_str!("../../../lua/refund/token_bucket.lua");
-    const STATE_MARK: &'static str = "tb1";
+    const STATE_MARK: &'static str = "tb2";
     const STATE_NUMBERS: usize = 2;
     type Band = BucketBand;
     type State = Vec<BandState>;

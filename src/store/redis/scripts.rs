@@ -64,6 +64,10 @@ const COMMON: &str = include_str!("../../../lua/common.lua");
 const STATE: &str = include_str!("../../../lua/state.lua");
 /// Lua's limit on one pattern's captures.
 const MAX_CAPTURES: usize = 32;
+/// What follows a compact state's numbers when it holds a first send's
+/// record: until when a re-send's record may be found, the record's id,
+/// when it expires (µs), and the record (`lua/state.lua`, `settle`).
+const HELD_RECORD_FORMAT: &str = "|%d|%s|%d|%d:%d:%d:%d:%d:%d";
 /// Several limits in one call, and where it takes each limit's function.
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
 const LIMITS_AT: &str =
@@ -284,19 +288,28 @@ fn literals(policy: &Policy, common: &Common) -> String {
     let _ = writeln!(out, "local P_BAND_ARGS = {{{}}}", list.join(", "));
     let per_band = policy.algorithm().state_numbers();
     if per_band > 0 {
-        // The compact state's pattern (one capture per number; `false`
-        // past Lua's limit, read by the general path) and format.
+        // The compact state's pattern (one capture per number and one for
+        // where they end; `false` past Lua's limit, read by the general
+        // path) and formats: the numbers, and the numbers with the record
+        // a first send's admission keeps in the state (`lua/state.lua`).
         let n = 1 + bands.len() * per_band;
-        let pattern = if n <= MAX_CAPTURES {
-            format!("'^(%d+){}$'", ":(%d+)".repeat(n - 1))
+        let pattern = if n < MAX_CAPTURES {
+            format!("'^(%d+){}()'", ":(%d+)".repeat(n - 1))
         } else {
             "false".to_owned()
         };
+        let numbers = format!("%d{}", ":%d".repeat(n - 1));
         let _ = writeln!(
             out,
-            "local P_STATE_PATTERN, P_STATE_FORMAT = {pattern}, '%d{}'",
-            ":%d".repeat(n - 1)
+            "local P_STATE_PATTERN, P_STATE_FORMAT = {pattern}, '{numbers}'"
         );
+        let _ = writeln!(
+            out,
+            "local P_STATE_FORMATS = {{P_STATE_FORMAT, '{numbers}{HELD_RECORD_FORMAT}'}}"
+        );
+    } else {
+        // The sliding log keeps a sorted set: `lua/refund.lua` asks.
+        let _ = writeln!(out, "local P_STATE_PATTERN, P_STATE_FORMAT = false, false");
     }
     out
 }

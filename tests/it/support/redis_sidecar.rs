@@ -251,10 +251,25 @@ pub fn sent_by_clients(conn: &mut redis::Connection) -> Vec<(String, u64)> {
 pub fn state_numbers(conn: &mut redis::Connection, key: &str) -> Option<Vec<u64>> {
     let raw: Option<String> = redis::cmd("GET").arg(key).query(conn).expect("GET state");
     raw.map(|raw| {
-        raw.split(':')
+        // The numbers end where a record held in the state starts.
+        raw.split('|')
+            .next()
+            .unwrap_or_default()
+            .split(':')
             .map(|n| n.parse().expect("a number in the state"))
             .collect()
     })
+}
+
+/// The record a compact state holds after its numbers (`|<resent>|<id>|
+/// <expires>|<record>`, `lua/README.md`): the id of the last admission a
+/// first send made, and its record; `None` when the state holds none.
+pub fn held_record(conn: &mut redis::Connection, key: &str) -> Option<(String, String)> {
+    let raw: Option<String> = redis::cmd("GET").arg(key).query(conn).expect("GET state");
+    let raw = raw?;
+    let mut parts = raw.split('|').skip(2);
+    let (id, _expires, record) = (parts.next()?, parts.next()?, parts.next()?);
+    Some((id.to_owned(), record.to_owned()))
 }
 
 /// A fixed window's first band's count (`t:s1:c1…`), if any.

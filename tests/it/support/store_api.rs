@@ -108,10 +108,10 @@ pub fn subject(identity: &str) -> Pseudonym {
 /// mark names the state's format (none for the sliding log).
 pub fn state_key(policy: &Policy, subject: &Pseudonym) -> String {
     let mark = match policy.algorithm() {
-        Algorithm::FixedWindow => "fw1:",
-        Algorithm::SlidingCounter => "sc1:",
-        Algorithm::TokenBucket => "tb1:",
-        Algorithm::Gcra => "gc1:",
+        Algorithm::FixedWindow => "fw2:",
+        Algorithm::SlidingCounter => "sc2:",
+        Algorithm::TokenBucket => "tb2:",
+        Algorithm::Gcra => "gc2:",
         Algorithm::SlidingLog => "",
     };
     format!(
@@ -122,6 +122,15 @@ pub fn state_key(policy: &Policy, subject: &Pseudonym) -> String {
 
 /// The state string at `key` (`t:…`, `lua/README.md`), if any.
 pub fn state_text(conn: &mut redis::Connection, key: &str) -> Option<String> {
+    state_raw(conn, key).map(|raw| match raw.split_once('|') {
+        Some((numbers, _)) => numbers.to_owned(),
+        None => raw,
+    })
+}
+
+/// The state string at `key` whole: its numbers, then the record it may
+/// hold (`|<resent>|<id>|<expires>|<record>`, `lua/README.md`).
+pub fn state_raw(conn: &mut redis::Connection, key: &str) -> Option<String> {
     conn.get(key).expect("GET state")
 }
 

@@ -154,16 +154,19 @@ end
 
 -- De-duplication. An evaluation leaves one record of its own: the last
 -- key, `<state key>:e:<id>` under the subject's hash tag, holding the
--- decision for dedupe_window. A retry can only come within the budget of
--- the first attempt, so records live that long and no longer; finding one
--- is a GET, leaving one a SET, however hot the subject.
+-- decision for dedupe_window; or, for a compact state's first send, the
+-- state itself when it holds no live record (lua/state.lua, `settle`). A
+-- retry can only come within the budget of the first attempt, so records
+-- live that long and no longer; finding one is a GET at most, leaving one
+-- a SET at most, however hot the subject.
 --
 -- A first send (ARGV[1] = 1) does not look: its id is new. Its denial
 -- leaves no record: it charged nothing, so a retry decided afresh charges
 -- the request at most once (if it admits), and nothing else reads a
 -- denial's record (a refund gives back only what a record says was
 -- admitted). Its admission claims the record before charging (`record`,
--- below). A re-send (0) looks first, and records whatever it decides.
+-- below, or the state's place). A re-send (0) looks first, and records
+-- whatever it decides.
 
 -- The decision this id already got, if it was applied before: a retry
 -- after an ambiguous failure must not charge twice.

@@ -31,7 +31,7 @@ local function read_numbers(raw, tail)
     return nil
   end
   if tail then
-    raw = sub(raw, 1, tail - 1)
+    raw = sub(raw, 1, #raw - #tail)
   end
   local numbers = {}
   for v in string.gmatch(raw, '[^:]+') do
@@ -69,16 +69,17 @@ local function refund(KEYS, ARGV)
   end
   local args = P_BAND_ARGS
 
-  -- The record: in the compact state's tail when it is the last first
-  -- send's admission there (lua/state.lua), else in its own key.
-  local raw, tail, held, expires, resent = false, nil, nil, 0, 0
+  -- The record: in the compact state's tail when the state holds it (a
+  -- first send's admission, lua/state.lua), else in its own key.
+  local raw, tail, expires, resent, held = false, nil, 0, 0, nil
   local recorded = nil
   if P_STATE_FORMAT then
     raw = redis.call('GET', KEYS[1])
-    tail = raw and find(raw, '|', 1, true)
-    if tail then
+    local bar = raw and find(raw, '|', 1, true)
+    if bar then
+      tail = sub(raw, bar)
       local text
-      resent, held, expires, text = read_tail(raw, tail)
+      expires, resent, held, text = read_tail(tail)
       if held == id then
         recorded = text
       end
@@ -111,10 +112,10 @@ local function refund(KEYS, ARGV)
   if in_state then
     state = state or read_numbers(raw, tail)
     write_numbers(KEYS[1], state,
-      format('|%d|%s|%d|%s', resent, held, expires, refunded))
+      format('|%d|%d|%s|%s', expires, resent, held, refunded))
   else
     if changed then
-      write_numbers(KEYS[1], state, tail and sub(raw, tail) or '')
+      write_numbers(KEYS[1], state, tail or '')
     end
     redis.call('SET', record_key, refunded, 'KEEPTTL')
   end

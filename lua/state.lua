@@ -6,10 +6,10 @@
 -- The state is one string, its numbers joined by ':' in a fixed order: `t`
 -- (the last write, us) first, then the bands' numbers, band after band
 -- (`per_band` each, which the algorithm sets). After the numbers may come
--- a tail, `|<resent>` or `|<resent>|<id>|<expires>|<record>`: the record of
--- the last admission a first send made, in the state instead of a key of
--- its own, and until when a first send may find a re-send's record before
--- it (lua/README.md, "Records"). One GET reads it all (`raw`), and the
+-- a tail, `|<expires>|<resent>` or `|<expires>|<resent>|<id>|<record>`: a
+-- first send's admission's record, kept in the state instead of a key of
+-- its own until it expires, and until when a first send may find a
+-- re-send's record before it (lua/README.md, "Records"). One GET reads it all (`raw`), and the
 -- algorithm writes it back, TTL included, with one SET ... PX.
 --
 -- sluice compiles in the pattern that reads the numbers in one match, and
@@ -18,27 +18,28 @@
 --
 -- Returns the numbers, each checked to be an integer in [0, 2^53 - 1] (a
 -- corrupt state is refused before a single write), or an empty table when
--- the subject has none (`raw` false); and where the tail starts in `raw`,
--- or nil. `n` is how many numbers a whole state has: 1 + bands x per_band.
+-- the subject has none (`raw` false); where the tail starts in `raw`, or
+-- nil; and when the record it holds expires (us; 0: none). `n` is how
+-- many numbers a whole state has: 1 + bands x per_band.
 local function read_state(raw, n, per_band, pattern)
   local state = {}
   if not raw then
-    return state, nil
+    return state, nil, 0
   end
-  local tail = nil
-  -- One match, one capture per number and one for where they end (false
-  -- past Lua's 32 captures). They end at the end, or where a tail opens.
+  local tail, expires = nil, 0
+  -- One match: one capture per number, then what follows them and the
+  -- first number of that (false past Lua's 32 captures). Nothing follows,
+  -- or a tail, which opens with `|` and a number; anything else (more
+  -- numbers than `n`) is for the general path.
   if pattern then
     state = {match(raw, pattern)}
-    local ends = state[n + 1]
-    if ends then
-      state[n + 1] = nil
-      if ends <= #raw then
-        if byte(raw, ends) == 124 then
-          tail = ends
-        else
-          state = {}
-        end
+    local rest, first = state[n + 1], state[n + 2]
+    if rest then
+      state[n + 1], state[n + 2] = nil, nil
+      if first ~= '' then
+        tail, expires = rest, first + 0
+      elseif rest ~= '' then
+        state = {}
       end
     end
   end
@@ -48,10 +49,15 @@ local function read_state(raw, n, per_band, pattern)
     -- across a change of bands), or too long for one pattern. It must be
     -- numbers joined by ':', a whole number of bands; the bands it has are
     -- read, the others start afresh, as a hash's missing fields once did.
-    tail = find(raw, '|', 1, true)
     local numbers = raw
-    if tail then
-      numbers = sub(raw, 1, tail - 1)
+    local bar = find(raw, '|', 1, true)
+    if bar then
+      numbers, tail = sub(raw, 1, bar - 1), sub(raw, bar)
+      expires = match(tail, '^|(%d+)|')
+      if not expires then
+        fail('corrupt state: record')
+      end
+      expires = expires + 0
     end
     if (not match(numbers, '^%d+$') and not match(numbers, '^%d+:[%d:]*%d$'))
       or find(numbers, '::', 1, true) then
@@ -76,30 +82,42 @@ local function read_state(raw, n, per_band, pattern)
     end
     state[i] = v
   end
-  return state, tail
+  return state, tail, expires
 end
 
--- The tail of `raw` from `at`: until when a re-send's record may be
--- found (0: none), then, if the state holds one, the record's id, when it
--- expires (us) and its text (lua/common.lua, `record`, has its form).
-local function read_tail(raw, at)
-  local resent, id, expires, text = match(raw,
-    '^|(%d+)|(%x+)|(%d+)|(%d+:%d+:%d+:%d+:%d+:%d+)$', at)
-  if resent then
-    return resent + 0, id, expires + 0, text
+-- Until when a re-send's record may be asked for (us; 0: none), from a
+-- state's tail (nil: none).
+local function tail_resent(tail)
+  if not tail then
+    return 0
   end
-  resent = match(raw, '^|(%d+)$', at)
+  local resent = match(tail, '^|%d+|(%d+)')
   if not resent then
     fail('corrupt state: record')
   end
-  return resent + 0, nil, 0, nil
+  return resent + 0
+end
+
+-- A whole tail: its two times, then the held record's id and text, or nil
+-- when it holds none.
+local function read_tail(tail)
+  local expires, resent, id, text = match(tail,
+    '^|(%d+)|(%d+)|(%x+)|(%d+:%d+:%d+:%d+:%d+:%d+)$')
+  if expires then
+    return expires + 0, resent + 0, id, text
+  end
+  expires, resent = match(tail, '^|(%d+)|(%d+)$')
+  if not expires then
+    fail('corrupt state: record')
+  end
+  return expires + 0, resent + 0, nil, nil
 end
 
 -- The decision a re-send's id already got: from the state's tail, when
 -- the record there is its own, or from its record's key.
-local function recorded(raw, at, id, record_key)
-  if at then
-    local _, held, _, text = read_tail(raw, at)
+local function recorded(tail, id, record_key)
+  if tail then
+    local _, _, held, text = read_tail(tail)
     if held == id then
       return replay_text(text)
     end
@@ -111,65 +129,69 @@ end
 -- `decision`, or the one to replay.
 --
 -- A first send's admission keeps its record in the state it writes,
--- which costs Redis no key, no expiry and no command of its own. The
--- record it replaces, while it may still be asked for, moves to its own
--- key for what is left of its life. Before that, a first send that a
--- re-send of its id may have overtaken (the state says until when) looks
--- for that one's record, and replays it if found.
+-- which costs Redis no key, no expiry and no command of its own, when the
+-- state holds no live record already. While it holds one (the subject
+-- was admitted less than a record's life ago), the record goes to its own
+-- key, claimed with `SET ... NX` before the state is written, as the
+-- sliding log's always do (lua/common.lua, `record`), and the state keeps
+-- the one it has. Where its slot is free, a first send that a re-send of
+-- its id may have overtaken (the state says until when) looks for that
+-- one's record first, and replays it if found.
 --
 -- A first send's denial writes nothing. A re-send records whatever it
--- decides in its own key, as before, and raises the state's `resent`, so
--- a first send it overtook, arriving later, looks there: the state is
--- written for that even on a denial (its numbers as they were, its TTL
--- kept); with no state, there is nothing to overtake that could be
--- charged twice.
+-- decides in its own key, and raises the state's `resent`, so a first
+-- send it overtook, arriving later, looks there: the state is written for
+-- that even on a denial (its numbers as they were, its TTL kept); with no
+-- state, there is nothing to write it in (lua/README.md, "Records").
 --
--- `life` is the record's life, ms as text; `formats` the state's format
--- (`P_STATE_FORMAT`) and the same with a held record after it; `ttl` the
--- state's, ms as text.
+-- `raw`, `tail` and `expires` are what `read_state` read; `life` is the
+-- new record's life, ms as text; `formats` the state's format
+-- (`P_STATE_FORMAT`), the same with a record after it, and with a tail
+-- after it; `ttl` the state's, ms as text.
 local function settle(server, key, record_key, first, id, decision, now, skew,
-    state, n, raw, at, life, formats, ttl)
-  local resent, held, expires, text = 0, nil, 0, nil
-  if at then
-    resent, held, expires, text = read_tail(raw, at)
-  end
-  if resent <= now then
-    resent = 0
-  end
+    state, n, raw, tail, expires, life, formats, ttl)
   local d = decision
   local admitted = d[1] == 1
-  local life_us = (life + 0) * 1000
-  if first then
-    if not admitted then
-      return reply(decision, skew)
-    end
-    if resent > 0 then
+  if first and not admitted then
+    return reply(decision, skew)
+  end
+  if first and expires <= now then
+    local resent = tail_resent(tail)
+    if resent > now then
       local replayed = replay(record_key)
       if replayed then
         return replayed
       end
+    else
+      resent = 0
     end
-    if held and expires > now then
-      server.call('SET', key .. ':e:' .. held, text, 'PX',
-        format('%d', math.floor((expires - now + 999) / 1000)))
-    end
-    state[n + 1], state[n + 2], state[n + 3] = resent, id, now + life_us
+    state[n + 1], state[n + 2], state[n + 3] = now + (life + 0) * 1000, resent, id
     state[n + 4], state[n + 5], state[n + 6], state[n + 7] = d[1], d[2], d[3], d[4]
     state[n + 8], state[n + 9] = d[5], now
     server.call('SET', key, format(formats[2], unpack(state, 1, n + 9)), 'PX', ttl)
     return reply(decision, skew)
   end
-  server.call('SET', record_key, format('%d:%d:%d:%d:%d:%d', d[1], d[2], d[3], d[4], d[5], now),
-    'PX', life)
-  resent = math.max(resent, now + life_us)
-  local tail = format('|%d', resent)
-  if held and expires > now then
-    tail = format('|%d|%s|%d|%s', resent, held, expires, text)
+  if first then
+    local replayed = record(server, true, record_key, decision, now, life)
+    if replayed then
+      return replayed
+    end
+    state[n + 1] = tail
+    server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
+    return reply(decision, skew)
+  end
+  record(server, false, record_key, decision, now, life)
+  local resent = math.max(tail_resent(tail), now + (life + 0) * 1000)
+  local kept = format('|0|%d', resent)
+  if expires > now then
+    local _, _, held, text = read_tail(tail)
+    kept = format('|%d|%d|%s|%s', expires, resent, held, text)
   end
   if admitted then
-    server.call('SET', key, format(formats[1], unpack(state, 1, n)) .. tail, 'PX', ttl)
+    state[n + 1] = kept
+    server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
   elseif raw then
-    server.call('SET', key, (at and sub(raw, 1, at - 1) or raw) .. tail, 'KEEPTTL')
+    server.call('SET', key, sub(raw, 1, #raw - #(tail or '')) .. kept, 'KEEPTTL')
   end
   return reply(decision, skew)
 end

@@ -65,9 +65,9 @@ const STATE: &str = include_str!("../../../lua/state.lua");
 /// Lua's limit on one pattern's captures.
 const MAX_CAPTURES: usize = 32;
 /// What follows a compact state's numbers when it holds a first send's
-/// record: until when a re-send's record may be found, the record's id,
-/// when it expires (µs), and the record (`lua/state.lua`, `settle`).
-const HELD_RECORD_FORMAT: &str = "|%d|%s|%d|%d:%d:%d:%d:%d:%d";
+/// record: when the record expires (µs), until when a re-send's record may
+/// be found, the record's id, and the record (`lua/state.lua`, `settle`).
+const HELD_RECORD_FORMAT: &str = "|%d|%d|%s|%d:%d:%d:%d:%d:%d";
 /// Several limits in one call, and where it takes each limit's function.
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
 const LIMITS_AT: &str =
@@ -288,13 +288,14 @@ fn literals(policy: &Policy, common: &Common) -> String {
     let _ = writeln!(out, "local P_BAND_ARGS = {{{}}}", list.join(", "));
     let per_band = policy.algorithm().state_numbers();
     if per_band > 0 {
-        // The compact state's pattern (one capture per number and one for
-        // where they end; `false` past Lua's limit, read by the general
-        // path) and formats: the numbers, and the numbers with the record
-        // a first send's admission keeps in the state (`lua/state.lua`).
+        // The compact state's pattern (one capture per number, one for
+        // what follows them and one for its first number; `false` past
+        // Lua's limit, read by the general path) and formats: the numbers;
+        // the numbers with the record a first send's admission keeps in
+        // the state; the numbers with a tail kept (`lua/state.lua`).
         let n = 1 + bands.len() * per_band;
-        let pattern = if n < MAX_CAPTURES {
-            format!("'^(%d+){}()'", ":(%d+)".repeat(n - 1))
+        let pattern = if n + 2 <= MAX_CAPTURES {
+            format!("'^(%d+){}(|?(%d*).*)$'", ":(%d+)".repeat(n - 1))
         } else {
             "false".to_owned()
         };
@@ -305,7 +306,7 @@ fn literals(policy: &Policy, common: &Common) -> String {
         );
         let _ = writeln!(
             out,
-            "local P_STATE_FORMATS = {{P_STATE_FORMAT, '{numbers}{HELD_RECORD_FORMAT}'}}"
+            "local P_STATE_FORMATS = {{P_STATE_FORMAT, '{numbers}{HELD_RECORD_FORMAT}', '{numbers}%s'}}"
         );
     } else {
         // The sliding log keeps a sorted set: `lua/refund.lua` asks.

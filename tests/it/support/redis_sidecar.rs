@@ -261,14 +261,14 @@ pub fn state_numbers(conn: &mut redis::Connection, key: &str) -> Option<Vec<u64>
     })
 }
 
-/// The record a compact state holds after its numbers (`|<resent>|<id>|
-/// <expires>|<record>`, `lua/README.md`): the id of the last admission a
-/// first send made, and its record; `None` when the state holds none.
+/// The record a compact state holds after its numbers (`|<expires>|
+/// <resent>|<id>|<record>`, `lua/README.md`): the id of the first send's
+/// admission it keeps, and its record; `None` when the state holds none.
 pub fn held_record(conn: &mut redis::Connection, key: &str) -> Option<(String, String)> {
     let raw: Option<String> = redis::cmd("GET").arg(key).query(conn).expect("GET state");
     let raw = raw?;
-    let mut parts = raw.split('|').skip(2);
-    let (id, _expires, record) = (parts.next()?, parts.next()?, parts.next()?);
+    let mut parts = raw.split('|').skip(3);
+    let (id, record) = (parts.next()?, parts.next()?);
     Some((id.to_owned(), record.to_owned()))
 }
 

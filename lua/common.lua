@@ -18,9 +18,9 @@ local MAX_EXACT = 9007199254740991
 -- no `string`, no `tonumber`), so these locals are filled on the first call
 -- (`arguments`, below) and kept for every call after it.
 local function standard()
-  return string.format, string.match, tonumber, unpack, string.byte, string.find, string.sub
+  return string.format, string.match, tonumber, unpack, string.find, string.sub
 end
-local format, match, tonumber, unpack, byte, find, sub
+local format, match, tonumber, unpack, find, sub
 
 local function fail(message)
   error({err = 'ERR sluice: ' .. message})
@@ -69,7 +69,7 @@ end
 -- needs the record (lua/refund.lua).
 local function arguments(KEYS, ARGV)
   if not format then
-    format, match, tonumber, unpack, byte, find, sub = standard()
+    format, match, tonumber, unpack, find, sub = standard()
   end
   if #ARGV ~= 3 and #ARGV ~= 4 then
     fail('expects 3 or 4 arguments: first attempt or not, the evaluation id, the cost '

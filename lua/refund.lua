@@ -24,14 +24,15 @@ end
 
 -- The compact state's numbers (every algorithm but the sliding log keeps
 -- one string of numbers, `t` first, then each band's: lua/README.md,
--- "State"), as a list of their text, or nil when the key is gone; and
--- written back whole, with what follows them (`tail`), its TTL kept.
+-- "State"), as a list of their text, or nil when the key is gone
+-- (`tail`: where a tail starts in `raw`, if anywhere); and written back
+-- whole, with `tail`, the text that follows them, its TTL kept.
 local function read_numbers(raw, tail)
   if not raw then
     return nil
   end
   if tail then
-    raw = sub(raw, 1, #raw - #tail)
+    raw = sub(raw, 1, tail - 1)
   end
   local numbers = {}
   for v in string.gmatch(raw, '[^:]+') do
@@ -50,7 +51,7 @@ end
 -- TTL).
 local function refund_arguments(KEYS, ARGV)
   if not format then
-    format, match, tonumber, unpack, byte, find, sub = standard()
+    format, match, tonumber, unpack, find, sub = standard()
   end
   if #ARGV ~= 2 then
     fail('expects 2 arguments: the evaluation id and the units to give back')
@@ -75,11 +76,10 @@ local function refund(KEYS, ARGV)
   local recorded = nil
   if P_STATE_FORMAT then
     raw = redis.call('GET', KEYS[1])
-    local bar = raw and find(raw, '|', 1, true)
-    if bar then
-      tail = sub(raw, bar)
+    tail = raw and find(raw, '|', 1, true)
+    if tail then
       local text
-      expires, resent, held, text = read_tail(tail)
+      expires, resent, held, text = read_tail(raw, tail)
       if held == id then
         recorded = text
       end
@@ -115,7 +115,7 @@ local function refund(KEYS, ARGV)
       format('|%d|%d|%s|%s', expires, resent, held, refunded))
   else
     if changed then
-      write_numbers(KEYS[1], state, tail or '')
+      write_numbers(KEYS[1], state, tail and sub(raw, tail) or '')
     end
     redis.call('SET', record_key, refunded, 'KEEPTTL')
   end

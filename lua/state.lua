@@ -19,26 +19,29 @@
 -- Returns the numbers, each checked to be an integer in [0, 2^53 - 1] (a
 -- corrupt state is refused before a single write), or an empty table when
 -- the subject has none (`raw` false); where the tail starts in `raw`, or
--- nil; and when the record it holds expires (us; 0: none). `n` is how
--- many numbers a whole state has: 1 + bands x per_band.
+-- nil; and its first number as text, when the record it holds expires
+-- (us; 0: none), or nil. `n` is how many numbers a whole state has:
+-- 1 + bands x per_band.
 local function read_state(raw, n, per_band, pattern)
   local state = {}
   if not raw then
-    return state, nil, 0
+    return state, nil, nil
   end
-  local tail, expires = nil, 0
-  -- One match: one capture per number, then what follows them and the
-  -- first number of that (false past Lua's 32 captures). Nothing follows,
-  -- or a tail, which opens with `|` and a number; anything else (more
-  -- numbers than `n`) is for the general path.
+  local tail, expires = nil, nil
+  -- One match: one capture per number, then where they end and the first
+  -- number after them, if a tail opens there (false past Lua's 32
+  -- captures). The numbers end at the end, or where a tail opens with `|`
+  -- and a number; anything else (more numbers than `n`) is for the
+  -- general path. Nothing is copied out of the tail here: a denial never
+  -- reads it.
   if pattern then
     state = {match(raw, pattern)}
-    local rest, first = state[n + 1], state[n + 2]
-    if rest then
+    local ends, first = state[n + 1], state[n + 2]
+    if ends then
       state[n + 1], state[n + 2] = nil, nil
       if first ~= '' then
-        tail, expires = rest, first + 0
-      elseif rest ~= '' then
+        tail, expires = ends, first
+      elseif ends <= #raw then
         state = {}
       end
     end
@@ -50,14 +53,13 @@ local function read_state(raw, n, per_band, pattern)
     -- numbers joined by ':', a whole number of bands; the bands it has are
     -- read, the others start afresh, as a hash's missing fields once did.
     local numbers = raw
-    local bar = find(raw, '|', 1, true)
-    if bar then
-      numbers, tail = sub(raw, 1, bar - 1), sub(raw, bar)
-      expires = match(tail, '^|(%d+)|')
+    tail = find(raw, '|', 1, true)
+    if tail then
+      numbers = sub(raw, 1, tail - 1)
+      expires = match(raw, '^|(%d+)|', tail)
       if not expires then
         fail('corrupt state: record')
       end
-      expires = expires + 0
     end
     if (not match(numbers, '^%d+$') and not match(numbers, '^%d+:[%d:]*%d$'))
       or find(numbers, '::', 1, true) then
@@ -85,28 +87,28 @@ local function read_state(raw, n, per_band, pattern)
   return state, tail, expires
 end
 
--- Until when a re-send's record may be asked for (us; 0: none), from a
--- state's tail (nil: none).
-local function tail_resent(tail)
-  if not tail then
+-- Until when a re-send's record may be asked for (us; 0: none), from the
+-- tail of `raw` at `at` (nil: none).
+local function tail_resent(raw, at)
+  if not at then
     return 0
   end
-  local resent = match(tail, '^|%d+|(%d+)')
+  local resent = match(raw, '^|%d+|(%d+)', at)
   if not resent then
     fail('corrupt state: record')
   end
   return resent + 0
 end
 
--- A whole tail: its two times, then the held record's id and text, or nil
--- when it holds none.
-local function read_tail(tail)
-  local expires, resent, id, text = match(tail,
-    '^|(%d+)|(%d+)|(%x+)|(%d+:%d+:%d+:%d+:%d+:%d+)$')
+-- The whole tail of `raw` at `at`: its two times, then the held record's
+-- id and text, or nil when it holds none.
+local function read_tail(raw, at)
+  local expires, resent, id, text = match(raw,
+    '^|(%d+)|(%d+)|(%x+)|(%d+:%d+:%d+:%d+:%d+:%d+)$', at)
   if expires then
     return expires + 0, resent + 0, id, text
   end
-  expires, resent = match(tail, '^|(%d+)|(%d+)$')
+  expires, resent = match(raw, '^|(%d+)|(%d+)$', at)
   if not expires then
     fail('corrupt state: record')
   end
@@ -115,9 +117,9 @@ end
 
 -- The decision a re-send's id already got: from the state's tail, when
 -- the record there is its own, or from its record's key.
-local function recorded(tail, id, record_key)
-  if tail then
-    local _, _, held, text = read_tail(tail)
+local function recorded(raw, at, id, record_key)
+  if at then
+    local _, _, held, text = read_tail(raw, at)
     if held == id then
       return replay_text(text)
     end
@@ -144,19 +146,20 @@ end
 -- that even on a denial (its numbers as they were, its TTL kept); with no
 -- state, there is nothing to write it in (lua/README.md, "Records").
 --
--- `raw`, `tail` and `expires` are what `read_state` read; `life` is the
+-- `raw`, `at` and `expires` are what `read_state` read; `life` is the
 -- new record's life, ms as text; `formats` the state's format
 -- (`P_STATE_FORMAT`), the same with a record after it, and with a tail
 -- after it; `ttl` the state's, ms as text.
 local function settle(server, key, record_key, first, id, decision, now, skew,
-    state, n, raw, tail, expires, life, formats, ttl)
+    state, n, raw, at, expires, life, formats, ttl)
   local d = decision
   local admitted = d[1] == 1
   if first and not admitted then
     return reply(decision, skew)
   end
+  expires = expires and expires + 0 or 0
   if first and expires <= now then
-    local resent = tail_resent(tail)
+    local resent = tail_resent(raw, at)
     if resent > now then
       local replayed = replay(record_key)
       if replayed then
@@ -176,22 +179,22 @@ local function settle(server, key, record_key, first, id, decision, now, skew,
     if replayed then
       return replayed
     end
-    state[n + 1] = tail
+    state[n + 1] = sub(raw, at)
     server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
     return reply(decision, skew)
   end
   record(server, false, record_key, decision, now, life)
-  local resent = math.max(tail_resent(tail), now + (life + 0) * 1000)
+  local resent = math.max(tail_resent(raw, at), now + (life + 0) * 1000)
   local kept = format('|0|%d', resent)
   if expires > now then
-    local _, _, held, text = read_tail(tail)
+    local _, _, held, text = read_tail(raw, at)
     kept = format('|%d|%d|%s|%s', expires, resent, held, text)
   end
   if admitted then
     state[n + 1] = kept
     server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
   elseif raw then
-    server.call('SET', key, sub(raw, 1, #raw - #(tail or '')) .. kept, 'KEEPTTL')
+    server.call('SET', key, (at and sub(raw, 1, at - 1) or raw) .. kept, 'KEEPTTL')
   end
   return reply(decision, skew)
 end

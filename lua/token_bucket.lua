@@ -33,10 +33,10 @@ local function decide(redis, KEYS, ARGV)
   local per_band = 2
   local n = 1 + bands * per_band
   local raw = redis.call('GET', KEYS[1])
-  local state, tail, expires = read_state(raw, n, per_band, P_STATE_PATTERN)
+  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN)
   -- A first attempt has no record to find (lua/common.lua, "De-duplication").
   if not first then
-    local replayed = recorded(tail, id, record_key)
+    local replayed = recorded(raw, at, id, record_key)
     if replayed then
       return replayed
     end
@@ -104,6 +104,6 @@ local function decide(redis, KEYS, ARGV)
   -- denied request writes nothing to any band, and a first send its own
   -- retry overtook replays that one's decision.
   return settle(redis, KEYS[1], record_key, first, id, bind(verdicts), now, skew,
-    state, n, raw, tail, expires, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS,
+    state, n, raw, at, expires, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS,
     P_TTL_TEXT)
 end

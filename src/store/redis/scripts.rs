@@ -289,13 +289,13 @@ fn literals(policy: &Policy, common: &Common) -> String {
     let per_band = policy.algorithm().state_numbers();
     if per_band > 0 {
         // The compact state's pattern (one capture per number, one for
-        // what follows them and one for its first number; `false` past
+        // where they end and one for a tail's first number; `false` past
         // Lua's limit, read by the general path) and formats: the numbers;
         // the numbers with the record a first send's admission keeps in
         // the state; the numbers with a tail kept (`lua/state.lua`).
         let n = 1 + bands.len() * per_band;
         let pattern = if n + 2 <= MAX_CAPTURES {
-            format!("'^(%d+){}(|?(%d*).*)$'", ":(%d+)".repeat(n - 1))
+            format!("'^(%d+){}()|?(%d*)'", ":(%d+)".repeat(n - 1))
         } else {
             "false".to_owned()
         };

@@ -225,7 +225,7 @@ fn a_policy_s_numbers_are_compiled_into_its_script() {
         assert!(fixed.source.contains(line), "{line} not in the script");
     }
     assert!(fixed.source.contains(
-        "local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+):(%d+):(%d+):(%d+)(|?(%d*).*)$', \
+        "local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+):(%d+):(%d+):(%d+)()|?(%d*)', \
          '%d:%d:%d:%d:%d'"
     ));
     assert!(fixed.source.contains(
@@ -238,7 +238,7 @@ fn a_policy_s_numbers_are_compiled_into_its_script() {
         .contains("local P_BAND_ARGS = {60, 60000000, 10, 0}"));
     assert!(gcra
         .source
-        .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)(|?(%d*).*)$', '%d:%d'"));
+        .contains("local P_STATE_PATTERN, P_STATE_FORMAT = '^(%d+):(%d+)()|?(%d*)', '%d:%d'"));
     let log = Script::for_policy(&policies[2], &common());
     assert!(log
         .source

@@ -59,9 +59,12 @@ end
 -- every call, with the record's key (de-duplication, below).
 --
 -- ARGV[1] is `1` on a call's first send, when this id cannot have been
--- applied yet (ids are random, one per evaluation), and `0` on a re-send
--- (or wherever sluice cannot rule one out: Redis Cluster, whose client
--- re-sends by itself): only then is the record looked for.
+-- applied yet (ids are random, one per evaluation); `0` on a re-send of a
+-- call first sent as `1`, which may yet reach Redis after it; and `2`
+-- where no send is marked first (Redis Cluster, whose client re-sends by
+-- itself; several limits in one call). Only on `0` and `2` is the record
+-- looked for; only on `0` does a compact state say until when a late
+-- first send should look for it too (lua/state.lua, `settle`).
 --
 -- A fourth argument, when present, is how long the record lives (ms, at
 -- most a day) instead of dedupe_window: a charge reserved before a request
@@ -76,8 +79,9 @@ local function arguments(KEYS, ARGV)
       .. 'and the record life')
   end
   local first = ARGV[1]
-  if first ~= '1' and first ~= '0' then
-    fail('ARGV[1] is not 1 (a first attempt) or 0 (perhaps a re-send)')
+  if first ~= '1' and first ~= '0' and first ~= '2' then
+    fail('ARGV[1] is not 1 (a first attempt), 0 (perhaps a re-send of one) or 2 '
+      .. '(never a first attempt)')
   end
   local id = ARGV[2]
   if #id ~= 32 or not match(id, '^%x+$') then
@@ -92,7 +96,7 @@ local function arguments(KEYS, ARGV)
     end
     record_life = format('%d', life)
   end
-  return id, int_arg(ARGV, 3, 1), KEYS[#KEYS], record_life, first == '1'
+  return id, int_arg(ARGV, 3, 1), KEYS[#KEYS], record_life, first == '1', first == '0'
 end
 
 -- Checks the number of keys and of band parameters (`args`, the policy's

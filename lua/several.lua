@@ -30,17 +30,17 @@ local function several(KEYS, ARGV)
   if #KEYS ~= 2 * n then
     fail('expects ' .. 2 * n .. ' keys')
   end
-  -- `0` (perhaps a re-send) and the evaluation id, for every limit; each
+  -- `2` (never a first send) and the evaluation id, for every limit; each
   -- limit's cost; then, optionally, one record life for every limit
   -- (lua/common.lua). Never a first send's `1`: a first send claims its
   -- record before it charges (common.lua, `record`), which writes queued
   -- until every limit has decided cannot do. So each limit looks for its
-  -- record first, and records its denial too.
+  -- record, and records its denial too.
   if #ARGV ~= 2 + n and #ARGV ~= 3 + n then
-    fail('expects 0, the evaluation id, ' .. n .. ' costs and perhaps a record life')
+    fail('expects 2, the evaluation id, ' .. n .. ' costs and perhaps a record life')
   end
-  if ARGV[1] ~= '0' then
-    fail('ARGV[1] is not 0: several limits are always sent as a re-send could be')
+  if ARGV[1] ~= '2' then
+    fail('ARGV[1] is not 2: several limits are never sent as a first attempt')
   end
   local life = ARGV[3 + n]
   local replies, queues = {}, {}

@@ -141,17 +141,20 @@ end
 -- one's record first, and replays it if found.
 --
 -- A first send's denial writes nothing. A re-send records whatever it
--- decides in its own key, and raises the state's `resent`, so a first
--- send it overtook, arriving later, looks there: the state is written for
--- that even on a denial (its numbers as they were, its TTL kept); with no
--- state, there is nothing to write it in (lua/README.md, "Records").
+-- decides in its own key. When its call was first sent as a first send
+-- (`overtakable`: ARGV[1] is 0), it also raises the state's `resent`, so
+-- that first send, should it arrive later, looks there: the state is
+-- written for that even on a denial (its numbers as they were, its TTL
+-- kept); with no state, there is nothing to write it in (lua/README.md,
+-- "Records"). A call never sent as a first send (ARGV[1] is 2) has no
+-- late first send to warn.
 --
 -- `raw`, `at` and `expires` are what `read_state` read; `life` is the
 -- new record's life, ms as text; `formats` the state's format
 -- (`P_STATE_FORMAT`), the same with a record after it, and with a tail
 -- after it; `ttl` the state's, ms as text.
-local function settle(server, key, record_key, first, id, decision, now, skew,
-    state, n, raw, at, expires, life, formats, ttl)
+local function settle(server, key, record_key, first, overtakable, id, decision, now,
+    skew, state, n, raw, at, expires, life, formats, ttl)
   local d = decision
   local admitted = d[1] == 1
   if first and not admitted then
@@ -184,6 +187,14 @@ local function settle(server, key, record_key, first, id, decision, now, skew,
     return reply(decision, skew)
   end
   record(server, false, record_key, decision, now, life)
+  if not overtakable then
+    -- The state as it was, tail included, when admitted.
+    if admitted then
+      state[n + 1] = at and sub(raw, at) or ''
+      server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
+    end
+    return reply(decision, skew)
+  end
   local resent = math.max(tail_resent(raw, at), now + (life + 0) * 1000)
   local kept = format('|0|%d', resent)
   if expires > now then

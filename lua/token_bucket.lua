@@ -11,7 +11,7 @@ end
 -- `redis` is Redis, or a read-only (lua/peek.lua) or deferring
 -- (lua/several.lua) stand-in for it.
 local function decide(redis, KEYS, ARGV)
-  local id, cost, record_key, record_life, first = arguments(KEYS, ARGV)
+  local id, cost, record_key, record_life, first, overtakable = arguments(KEYS, ARGV)
   local bands = P_BANDS
 
   -- Per band: capacity, refill_tokens, refill_every_us, max_wait_us (the
@@ -103,7 +103,7 @@ local function decide(redis, KEYS, ARGV)
   -- The record, and the state when admitted (lua/state.lua, `settle`): a
   -- denied request writes nothing to any band, and a first send its own
   -- retry overtook replays that one's decision.
-  return settle(redis, KEYS[1], record_key, first, id, bind(verdicts), now, skew,
+  return settle(redis, KEYS[1], record_key, first, overtakable, id, bind(verdicts), now, skew,
     state, n, raw, at, expires, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS,
     P_TTL_TEXT)
 end

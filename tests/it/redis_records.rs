@@ -313,8 +313,18 @@ async fn a_first_send_its_retry_overtook_replays_the_retry() {
     let record: Option<String> = conn.get(format!("{key}:e:{:032x}", 0xf)).expect("GET");
     assert_eq!(record, None);
 
-    // Anything but 1 or 0 first is refused before any write.
-    let refused = fcall(&mut conn, "2", 0x10).expect_err("refused");
+    // A call never sent as a first send (2: Redis Cluster, several limits
+    // in one call) records its denial in its own key and writes no state:
+    // no first send of its id can arrive after it.
+    let before = state_raw(&mut conn, &key);
+    let never = fcall(&mut conn, "2", 0x11).expect("never a first send");
+    assert_eq!((never[1], never[6]), (0, 0), "{never:?}");
+    assert_eq!(state_raw(&mut conn, &key), before);
+    let record: Option<String> = conn.get(format!("{key}:e:{:032x}", 0x11)).expect("GET");
+    assert!(record.is_some_and(|r| r.starts_with("0:")));
+
+    // Anything but 1, 0 or 2 first is refused before any write.
+    let refused = fcall(&mut conn, "3", 0x10).expect_err("refused");
     assert!(
         refused.to_string().contains("ARGV[1] is not 1"),
         "{refused}"

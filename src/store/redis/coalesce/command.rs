@@ -263,7 +263,7 @@ mod tests {
         let again = args(&scripts::resent(&cmd));
         let differ: Vec<usize> = (0..first.len()).filter(|&i| first[i] != again[i]).collect();
         assert_eq!((differ, again[7].as_str()), (vec![7], "0"));
-        assert_eq!(args(&batch(&script, &refs, false).expect("batch"))[7], "0");
+        assert_eq!(args(&batch(&script, &refs, false).expect("batch"))[7], "2");
         let alone = args(&single(&script, Mode::Functions, &parts[0], true));
         assert_eq!(
             alone[5..],

@@ -103,20 +103,34 @@ pub fn call(
     cmd
 }
 
-/// A decision's first argument: `1` on its first send, `0` on a re-send
-/// (`lua/README.md`, "ARGV").
+/// A decision's first argument as it is first sent (`lua/README.md`,
+/// "ARGV"): `1` on a first send, the script then looking for no record;
+/// `2` where no send is ever marked first (Redis Cluster, several limits
+/// in one call), the script then looking for one on every send.
 pub(in crate::store::redis) fn attempt(first: bool) -> &'static [u8] {
     if first {
         b"1"
     } else {
+        b"2"
+    }
+}
+
+/// A decision's first argument as `cmd` goes again: `0` for a call first
+/// sent as `1`, which may yet reach Redis after this one (the script
+/// then says so in the state); `2` stays `2`.
+fn again(flag: &[u8]) -> &[u8] {
+    if flag == b"1" {
         b"0"
+    } else {
+        flag
     }
 }
 
 /// `cmd` (a decision: one evaluation, several limits or a batch, `FCALL` or
 /// `EVALSHA`) as it goes again: the same keys and arguments, evaluation ids
-/// included, its first argument saying `0`, so the script looks for the
-/// records of what the earlier send may have applied.
+/// included, its first argument saying it may be a re-send ([`again`]), so
+/// the script looks for the records of what the earlier send may have
+/// applied.
 pub fn resent(cmd: &Cmd) -> Cmd {
     let mut out = Cmd::new();
     // `FCALL name numkeys keys… ARGV[1] …`: ARGV[1] follows the keys.
@@ -132,7 +146,7 @@ pub fn resent(cmd: &Cmd) -> Cmd {
                 .map(|keys| 3 + keys);
         }
         if Some(i) == flag {
-            out.arg(attempt(false));
+            out.arg(again(bytes));
         } else {
             out.arg(bytes);
         }

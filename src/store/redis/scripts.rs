@@ -468,6 +468,6 @@ fn ceil_ms(d: Duration) -> u64 {
 }
 
 #[cfg(test)]
-mod call_tests;
+pub(super) mod call_tests;
 #[cfg(test)]
 mod tests;

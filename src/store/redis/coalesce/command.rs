@@ -160,6 +160,7 @@ fn frame_elements(frame: &[u8]) -> Result<SmallVec<[&[u8]; 8]>, Malformed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::redis::scripts::call_tests::args;
 
     fn shape() -> Shape {
         Shape {
@@ -190,15 +191,6 @@ mod tests {
         let mut longer = frame.to_vec();
         longer.extend_from_slice(b":1\r\n");
         assert!(decode_batch(&Answer::Frame(longer.as_slice().into()), &[shape(); 3]).is_err());
-    }
-
-    fn args(cmd: &Cmd) -> Vec<String> {
-        cmd.args_iter()
-            .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<cursor>".to_owned(),
-            })
-            .collect()
     }
 
     /// One attempt for the whole batch, after the keys; a re-send says 0

@@ -18,7 +18,8 @@ fn mark(policy: &Policy) -> &'static str {
     }
 }
 
-fn args(cmd: &Cmd) -> Vec<String> {
+/// A command's words as text, to compare with what is expected.
+pub(in crate::store::redis) fn args(cmd: &Cmd) -> Vec<String> {
     cmd.args_iter()
         .map(|arg| match arg {
             redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
@@ -120,21 +121,32 @@ fn a_state_key_reads_the_same_however_long_its_prefix() {
     }
 }
 
+/// One evaluation of each of `policies`, for `subject`, all with one id.
+fn evaluations<'a>(
+    policies: &'a [Policy],
+    subject: &'a Pseudonym,
+    cost: u32,
+    id: u128,
+    settle_within: Duration,
+) -> Vec<Evaluation<'a>> {
+    policies
+        .iter()
+        .map(|policy| Evaluation {
+            policy,
+            subject,
+            cost,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(id),
+            settle_within: Some(settle_within),
+        })
+        .collect()
+}
+
 #[test]
 fn a_re_send_is_the_same_call_saying_0() {
     let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
     let policies = policies();
-    let evaluations: Vec<Evaluation<'_>> = policies[..3]
-        .iter()
-        .map(|policy| Evaluation {
-            policy,
-            subject: &subject,
-            cost: 1,
-            deadline: tokio::time::Instant::now(),
-            id: EvaluationId(0x1),
-            settle_within: Some(Duration::from_secs(3)),
-        })
-        .collect();
+    let evaluations = evaluations(&policies[..3], &subject, 1, 0x1, Duration::from_secs(3));
     let script = Script::for_policy(&policies[0], &common());
     let several = Script::for_limits(&[&policies[0], &policies[1], &policies[2]], &common());
     for mode in [Mode::Functions, Mode::Eval] {
@@ -157,17 +169,7 @@ fn a_cached_script_is_called_with_the_same_keys_and_arguments() {
     let key = PseudonymKey::new(b"0123456789abcdef", 1);
     let subject = key.pseudonym("ip", b"", "192.0.2.1");
     let policies = policies();
-    let evaluations: Vec<Evaluation<'_>> = policies[..2]
-        .iter()
-        .map(|policy| Evaluation {
-            policy,
-            subject: &subject,
-            cost: 3,
-            deadline: tokio::time::Instant::now(),
-            id: EvaluationId(7),
-            settle_within: Some(Duration::from_secs(2)),
-        })
-        .collect();
+    let evaluations = evaluations(&policies[..2], &subject, 3, 7, Duration::from_secs(2));
     let script = Script::for_policy(&policies[0], &common());
     let fcall = call(&script, Mode::Functions, &common(), &evaluations[0], true);
     let evalsha = call(&script, Mode::Eval, &common(), &evaluations[0], true);

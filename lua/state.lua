@@ -127,6 +127,13 @@ local function recorded(raw, at, id, record_key)
   return replay(record_key)
 end
 
+-- Writes a state's new numbers (`state`, `n` of them) and `tail` after
+-- them, with the state's TTL (`formats[3]`: the numbers' format and `%s`).
+local function write_state(server, key, state, n, tail, formats, ttl)
+  state[n + 1] = tail
+  server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
+end
+
 -- Leaves what a compact state's evaluation leaves, and returns its reply:
 -- `decision`, or the one to replay.
 --
@@ -182,16 +189,13 @@ local function settle(server, key, record_key, first, overtakable, id, decision,
     if replayed then
       return replayed
     end
-    state[n + 1] = sub(raw, at)
-    server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
+    write_state(server, key, state, n, sub(raw, at), formats, ttl)
     return reply(decision, skew)
   end
   record(server, false, record_key, decision, now, life)
   if not overtakable then
-    -- The state as it was, tail included, when admitted.
     if admitted then
-      state[n + 1] = at and sub(raw, at) or ''
-      server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
+      write_state(server, key, state, n, at and sub(raw, at) or '', formats, ttl)
     end
     return reply(decision, skew)
   end
@@ -202,8 +206,7 @@ local function settle(server, key, record_key, first, overtakable, id, decision,
     kept = format('|%d|%d|%s|%s', expires, resent, held, text)
   end
   if admitted then
-    state[n + 1] = kept
-    server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
+    write_state(server, key, state, n, kept, formats, ttl)
   elseif raw then
     server.call('SET', key, (at and sub(raw, 1, at - 1) or raw) .. kept, 'KEEPTTL')
   end

@@ -14,9 +14,12 @@
 //! of a forwarded request are held by its response body, released when it
 //! ends or the client goes away.
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use futures_util::future::Either;
+use futures_util::FutureExt as _;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::Incoming;
@@ -28,7 +31,7 @@ use crate::limit::{Decision, LimitPolicy, Outcome};
 use crate::path;
 use crate::route::{Limit, PathMatch, Route};
 use crate::store::in_flight::{InFlight, Permit};
-use crate::store::{Source, Store};
+use crate::store::{Evaluation, Outcomes, Source, Store};
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::Body;
@@ -119,6 +122,18 @@ struct Admitted<'r> {
     reservations: Reservations,
 }
 
+impl<'r> Admitted<'r> {
+    /// Its `RateLimit` fields apart from what it holds. Taken whole (a
+    /// field moved out of a local leaves the local's room in the future).
+    fn split(self) -> (Option<(&'r Prepared, Decision)>, exchange::Held) {
+        let held = exchange::Held {
+            permits: self.permits,
+            reservations: self.reservations,
+        };
+        (self.ratelimit, held)
+    }
+}
+
 /// What each limit charged on response reserved: its index among the
 /// request's checks, and the reservation.
 type Reservations = SmallVec<[(usize, Reservation); 1]>;
@@ -182,7 +197,7 @@ impl Proxy {
 
     pub async fn handle(
         self: &Arc<Self>,
-        mut request: Request<Incoming>,
+        request: Request<Incoming>,
         conn: &ConnInfo,
     ) -> Response<Body> {
         let arrival = Instant::now();
@@ -190,16 +205,21 @@ impl Proxy {
         // is judged by.
         let runtime = self.runtime.load_full();
         let live = &*runtime.live;
-        if live.identity.trusted_proxies.is_empty() {
-            self.untrusted_forwarder
-                .observe(conn.peer.ip(), request.headers());
-        }
         // Routed in a function of its own: what routing leaves behind (the
         // rest of `Routed`, the rewritten target) is dropped there, not
-        // kept in this future through every await.
-        let (matched, checks) = match self.routed(&runtime, &mut request, conn, arrival) {
-            Routing::Routed(matched, checks) => (matched, checks),
-            Routing::Answered(response) => return response,
+        // kept in this future through every await. The request is lent to
+        // routing within this block: a local once lent keeps its room in
+        // the future to the end of its scope, moved out or not.
+        let (request, matched, checks) = {
+            let mut request = request;
+            if live.identity.trusted_proxies.is_empty() {
+                self.untrusted_forwarder
+                    .observe(conn.peer.ip(), request.headers());
+            }
+            match self.routed(&runtime, &mut request, conn, arrival) {
+                Routing::Routed(matched, checks) => (request, matched, checks),
+                Routing::Answered(response) => return response,
+            }
         };
 
         // A body that fits the buffer arrives whole before the request
@@ -221,31 +241,35 @@ impl Proxy {
         };
 
         let primary = matched.primary();
-        let (mut response, charges) = if exchange::needed(&checks, &admitted.permits) {
-            let (proxy, runtime) = (self.clone(), runtime.clone());
-            let held = exchange::Held {
-                permits: admitted.permits,
-                reservations: admitted.reservations,
-            };
-            // Boxed, as every branch most requests never reach: a request's
-            // future is as large as its largest branch, and is moved whole
-            // into hyper's slot for each request, refusals included.
-            Box::pin(exchange::run(
-                proxy,
-                runtime,
-                request,
-                conn.clone(),
-                primary.at,
-                &checks,
-                held,
-            ))
-            .await
-        } else {
+        let (mut ratelimit, held) = admitted.split();
+        // Chosen within this block, awaited past it: what the request holds
+        // is moved into the exchange or dropped here, and only what the
+        // response needs (its `RateLimit` fields) is kept beside the
+        // forward's future.
+        let exchange = match exchange::needed(&checks, held) {
+            Some(held) => {
+                let (proxy, runtime) = (self.clone(), runtime.clone());
+                // Boxed, as every branch most requests never reach: a
+                // request's future is as large as its largest branch, and
+                // is moved whole into hyper's slot for each request,
+                // refusals included.
+                Either::Left(Box::pin(exchange::run(
+                    proxy,
+                    runtime,
+                    request,
+                    conn.clone(),
+                    primary.at,
+                    &checks,
+                    held,
+                )))
+            }
             // Nothing held or owed: the exchange may go with the client.
-            let (response, _) = self.forward(request, conn, live, primary).await;
-            (response, exchange::Charges::new())
+            None => Either::Right(
+                self.forward(request, conn, live, primary)
+                    .map(|(response, _)| (response, exchange::Charges::new())),
+            ),
         };
-        let mut ratelimit = admitted.ratelimit;
+        let (mut response, charges) = exchange.await;
         counted_in_ratelimit(&checks, &charges, &mut ratelimit);
         if let Some((prepared, decision)) = ratelimit {
             if !response.status().is_informational() {
@@ -353,45 +377,51 @@ impl Proxy {
             });
         }
         let mut permits = SmallVec::new();
-        let (judgement, reservations, turn) = match self.take_places(checks, &mut permits) {
-            Some(refusal) => (Judgement::Refused(refusal), Reservations::new(), None),
-            None => self.judge(checks, live, arrival).await,
+        // Judged within this block: what judging leaves (the judgement,
+        // the turn) is lent here, and a local once lent keeps its room in
+        // the future to the end of its scope; past it, only what a
+        // `delay`ed request holds through its wait.
+        let (ratelimit, reservations, waiting) = {
+            let (judgement, reservations, turn) = match self.take_places(checks, &mut permits) {
+                Some(refusal) => (Judgement::Refused(refusal), Reservations::new(), None),
+                None => self.judge(checks, live, arrival).await,
+            };
+            // A request told to wait for its turn takes a place in its
+            // limit's queue, or, the queue full, is refused and gives the
+            // turn back.
+            let mut queued = None;
+            if let (Judgement::Passed(_), Some(waiting)) = (&judgement, &turn) {
+                let max = waiting
+                    .check
+                    .limit()
+                    .policy
+                    .as_rate()
+                    .and_then(|p| p.delay)
+                    .map_or(0, |d| d.max_queued);
+                queued = turn::Queued::take(&waiting.check.state().waiting, max);
+                if queued.is_none() {
+                    if let Some(turn) = turn {
+                        return Err(self.queue_full(turn, live, arrival));
+                    }
+                }
+            }
+            self.count(matched, checks, &judgement, arrival);
+            match judgement {
+                // Its places go back as `permits` drops.
+                Judgement::Refused(refusal) => return Err(refusal.response),
+                Judgement::Passed(passed) => (passed.ratelimit, reservations, turn.zip(queued)),
+            }
         };
-        // A request told to wait for its turn takes a place in its limit's
-        // queue, or, the queue full, is refused and gives the turn back.
-        let mut queued = None;
-        if let (Judgement::Passed(_), Some(waiting)) = (&judgement, &turn) {
-            let max = waiting
-                .check
-                .limit()
-                .policy
-                .as_rate()
-                .and_then(|p| p.delay)
-                .map_or(0, |d| d.max_queued);
-            queued = turn::Queued::take(&waiting.check.state().waiting, max);
-            if queued.is_none() {
-                if let Some(turn) = turn {
-                    return Err(self.queue_full(turn, live, arrival));
-                }
-            }
+        if let Some((turn, queued)) = waiting {
+            // No place is held through the wait.
+            drop(std::mem::take(&mut permits));
+            permits = Box::pin(self.wait_for(turn, queued, checks, live, arrival)).await?;
         }
-        self.count(matched, checks, &judgement, arrival);
-        match judgement {
-            // Its places go back as `permits` drops.
-            Judgement::Refused(refusal) => Err(refusal.response),
-            Judgement::Passed(passed) => {
-                if let (Some(turn), Some(queued)) = (turn, queued) {
-                    // No place is held through the wait.
-                    drop(std::mem::take(&mut permits));
-                    permits = Box::pin(self.wait_for(turn, queued, checks, live, arrival)).await?;
-                }
-                Ok(Admitted {
-                    ratelimit: passed.ratelimit,
-                    permits,
-                    reservations,
-                })
-            }
-        }
+        Ok(Admitted {
+            ratelimit,
+            permits,
+            reservations,
+        })
     }
 
     /// The 429 of a request whose turn came with its limit's queue full:
@@ -494,37 +524,7 @@ impl Proxy {
             return (Judgement::Passed(Passed::new()), Reservations::new(), None);
         }
         let outcomes = &self.store.evaluate_all(&evaluations).await;
-        let store_decided = outcomes.list.iter().any(plan::decided);
-        if outcomes.source == Source::Store && store_decided {
-            self.fallback.store_decided();
-        }
-
-        let rated = plan::rated(&limits, &evaluations);
-        let plan = plan::plan(&rated, outcomes, live);
-        let source = match outcomes.source {
-            _ if plan.locals().next().is_some() => DecisionSource::Local,
-            Source::Lease => DecisionSource::Lease,
-            Source::DenyCache => DecisionSource::DenyCache,
-            Source::Store if store_decided => DecisionSource::Store,
-            Source::Store => DecisionSource::Failed,
-        };
-        self.metrics.decided(source, arrival.elapsed());
-        let judgement = if plan.locals().next().is_none() {
-            plan.settled(live)
-        } else {
-            let asked: SmallVec<[_; 2]> = plan.locals().collect();
-            let share = live.store.local_share;
-            let (local, shared) = if plan.refused() {
-                // Refused anyway: the local limits before the refusing
-                // one are only read, to find whether one of them refuses
-                // first.
-                self.fallback.enter();
-                self.fallback.peek_all(&asked, share)
-            } else {
-                self.fallback.evaluate_all(&asked, share)
-            };
-            plan.settle(&local, &shared, live)
-        };
+        let judgement = self.judged(&limits, &evaluations, outcomes, live, arrival);
         if let Judgement::Refused(_) = judgement {
             self.store.give_back(&evaluations, outcomes).await;
             return (judgement, Reservations::new(), None);
@@ -553,6 +553,51 @@ impl Proxy {
             reservations,
             turn(&limits, &evaluations, outcomes),
         )
+    }
+
+    /// The judgement of the store's `outcomes` for `limits`, with the local
+    /// fallback's for those it left to it. Apart from [`Proxy::judge`]: the
+    /// plan it reads (about 400 bytes) would otherwise keep its room in
+    /// every request's future through the give-back that a refusal awaits.
+    fn judged<'a, 'r>(
+        &self,
+        limits: &plan::Limits<'a, 'r>,
+        evaluations: &[Evaluation<'a>],
+        outcomes: &Outcomes,
+        live: &Live,
+        arrival: Instant,
+    ) -> Judgement<'a, 'r> {
+        let store_decided = outcomes.list.iter().any(plan::decided);
+        if outcomes.source == Source::Store && store_decided {
+            self.fallback.store_decided();
+        }
+
+        let rated = plan::rated(limits, evaluations);
+        let plan = plan::plan(&rated, outcomes, live);
+        let source = match outcomes.source {
+            _ if plan.locals().next().is_some() => DecisionSource::Local,
+            Source::Lease => DecisionSource::Lease,
+            Source::DenyCache => DecisionSource::DenyCache,
+            Source::Store if store_decided => DecisionSource::Store,
+            Source::Store => DecisionSource::Failed,
+        };
+        self.metrics.decided(source, arrival.elapsed());
+        if plan.locals().next().is_none() {
+            plan.settled(live)
+        } else {
+            let asked: SmallVec<[_; 2]> = plan.locals().collect();
+            let share = live.store.local_share;
+            let (local, shared) = if plan.refused() {
+                // Refused anyway: the local limits before the refusing
+                // one are only read, to find whether one of them refuses
+                // first.
+                self.fallback.enter();
+                self.fallback.peek_all(&asked, share)
+            } else {
+                self.fallback.evaluate_all(&asked, share)
+            };
+            plan.settle(&local, &shared, live)
+        }
     }
 
     /// Counts the request: once, under the route and limit that refused
@@ -609,15 +654,18 @@ impl Proxy {
     }
 
     /// The response, and who gave it.
-    async fn forward(
-        &self,
+    fn forward<'a>(
+        &'a self,
         request: Request<Inbound>,
         conn: &ConnInfo,
-        live: &Live,
-        entry: Entry<'_>,
-    ) -> (Response<Body>, Answered) {
+        live: &'a Live,
+        entry: Entry<'a>,
+    ) -> impl Future<Output = (Response<Body>, Answered)> + 'a {
         let sent = Instant::now();
-        let response = upstream::forward(
+        // Mapped, not awaited in an `async fn`: the future is the
+        // exchange's and the little this adds, never a second copy of its
+        // arguments (a request's future is moved whole into hyper's slot).
+        upstream::forward(
             &self.upstream,
             request,
             conn,
@@ -625,8 +673,7 @@ impl Proxy {
             &entry.route.upgrades,
             &self.tunnels,
         )
-        .await;
-        match response {
+        .map(move |response| match response {
             Ok(response) => {
                 entry.metrics.upstream(response.status(), sent.elapsed());
                 (response, Answered::App)
@@ -639,7 +686,7 @@ impl Proxy {
                 };
                 (error.response(), answered)
             }
-        }
+        })
     }
 
     /// Whether `peer` is one of `identity.trusted_proxies` as configured

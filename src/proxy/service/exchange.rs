@@ -87,10 +87,13 @@ impl Detached {
     }
 }
 
-/// Whether a request holds or owes anything its exchange must keep when
-/// the client goes.
-pub(super) fn needed(checks: &[Check<'_>], permits: &[Permit]) -> bool {
-    !permits.is_empty() || checks.iter().any(|c| c.limit().on_response().is_some())
+/// What a request holds or owes that its exchange must keep when the
+/// client goes, if anything. Taken and given back whole, never lent: a
+/// local once lent keeps its room in the request's future to the end of
+/// its scope.
+pub(super) fn needed(checks: &[Check<'_>], held: Held) -> Option<Held> {
+    let owes = checks.iter().any(|c| c.limit().on_response().is_some());
+    (owes || !held.permits.is_empty()).then_some(held)
 }
 
 /// Forwards `request` to the app through the request's primary route

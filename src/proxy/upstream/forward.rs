@@ -11,6 +11,7 @@
 //! client and takes a restart to change.
 
 use std::error::Error as StdError;
+use std::future::Future;
 use std::sync::Arc;
 
 use http::uri::{Parts, PathAndQuery};
@@ -133,14 +134,103 @@ impl UpstreamError {
 
 /// Sends `request` upstream and returns the upstream's response with
 /// hop-by-hop fields removed, or why there is none.
-pub(crate) async fn forward(
+///
+/// The request is made ready before the future starts, in a function of
+/// its own: what that takes apart (the client's request, its parts and
+/// body) would otherwise keep room in the future through the whole
+/// exchange, and a request's future is moved whole into hyper's slot for
+/// each request (docs/BENCHMARKS.md, "The request's future").
+pub(crate) fn forward<'a>(
+    upstream: &'a Upstream,
+    request: Request<Inbound>,
+    conn: &ConnInfo,
+    live: &'a Live,
+    upgrades: &'a [Box<str>],
+    tunnels: &'a Tunnels,
+) -> impl Future<Output = Result<Response<Body>, UpstreamError>> + 'a {
+    let outbound = outbound(upstream, request, conn, live, upgrades);
+    async move {
+        let Outbound {
+            request,
+            mut timer,
+            client_upgrade,
+        } = outbound?;
+        let (mut response, lease) = tokio::select! {
+            sent = upstream.pool.send(&live.upstream.url, request) => match sent {
+                Ok(sent) => sent,
+                Err(error) => return Err(failed(&error, &upstream.pool)),
+            },
+            () = timer.expired() => {
+                tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
+                return Err(UpstreamError::Timeout);
+            }
+        };
+        let checked = if lease.flooded() {
+            Err(Refused::InformationalFlood)
+        } else {
+            upstream_head::check(response.headers())
+        };
+        if let Err(refused) = checked {
+            return Err(refuse(refused));
+        }
+
+        let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if upgraded {
+            let Some(client_upgrade) = client_upgrade else {
+                tracing::debug!("upstream switched protocols unasked");
+                return Err(UpstreamError::Upgrade);
+            };
+            let chosen = response.headers().get(http::header::UPGRADE);
+            if !chosen.is_some_and(|p| headers::upgrade_allowed(p.as_bytes(), upgrades)) {
+                tracing::debug!("upstream switched to a protocol the route does not allow");
+                return Err(UpstreamError::Upgrade);
+            }
+            tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
+        }
+        headers::prepare_response(response.headers_mut(), upgraded);
+        // An intermediary answers in its own version (RFC 9110 §6.2): an
+        // app that speaks HTTP/1.0 must not cost every client its
+        // keep-alive. hyper frames the body for the client's connection (a
+        // length, or chunked), whatever framing the app used.
+        *response.version_mut() = Version::HTTP_11;
+        // A switched connection belongs to the tunnel: its handle is
+        // dropped.
+        if upgraded {
+            drop(lease);
+            return Ok(response.map(body::boxed));
+        }
+        let response = response.map(|incoming| Returning::new(incoming, lease));
+        // A body that stops part way is cut after `upstream.timeout` of
+        // silence (nginx's `proxy_read_timeout` between two reads): the
+        // client sees it truncated instead of waiting forever.
+        if response.body().is_end_stream() {
+            Ok(response.map(body::boxed))
+        } else {
+            let timeout = live.upstream.timeout;
+            Ok(response.map(|b| body::boxed(IdleTimeout::response(b, timeout))))
+        }
+    }
+}
+
+/// A request made ready for the upstream: what [`forward`] sends, the
+/// timer of the upstream's turns, and the client's side of an upgrade the
+/// route allows.
+struct Outbound {
+    request: Request<Body>,
+    timer: UpstreamTimer,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+/// Makes the client's request the one the upstream gets: its target under
+/// the upstream's base, its fields prepared (`headers::prepare_request`),
+/// HTTP/1.1, its body under the timeouts that apply to it.
+fn outbound(
     upstream: &Upstream,
     mut request: Request<Inbound>,
     conn: &ConnInfo,
     live: &Live,
     upgrades: &[Box<str>],
-    tunnels: &Tunnels,
-) -> Result<Response<Body>, UpstreamError> {
+) -> Result<Outbound, UpstreamError> {
     // An upgrade the route does not allow goes as a plain request: an h2c
     // tunnel would carry requests no route ever sees.
     let upgrade = headers::allowed_upgrade(request.version(), request.headers(), upgrades);
@@ -180,7 +270,7 @@ pub(crate) async fn forward(
     // A body already complete (most GETs) can never go quiet: no timer,
     // and the upstream's turn starts now.
     // So can a body received whole.
-    let (body, mut timer) = match incoming {
+    let (body, timer) = match incoming {
         Inbound::Arriving(incoming) if incoming.is_end_stream() => {
             let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
             (body::boxed(incoming), timer)
@@ -201,61 +291,11 @@ pub(crate) async fn forward(
             (body::boxed(tracked), timer)
         }
     };
-    let request = Request::from_parts(parts, body);
-
-    let (mut response, lease) = tokio::select! {
-        sent = upstream.pool.send(&live.upstream.url, request) => match sent {
-            Ok(sent) => sent,
-            Err(error) => return Err(failed(&error, &upstream.pool)),
-        },
-        () = timer.expired() => {
-            tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
-            return Err(UpstreamError::Timeout);
-        }
-    };
-    let checked = if lease.flooded() {
-        Err(Refused::InformationalFlood)
-    } else {
-        upstream_head::check(response.headers())
-    };
-    if let Err(refused) = checked {
-        return Err(refuse(refused));
-    }
-
-    let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if upgraded {
-        let Some(client_upgrade) = client_upgrade else {
-            tracing::debug!("upstream switched protocols unasked");
-            return Err(UpstreamError::Upgrade);
-        };
-        let chosen = response.headers().get(http::header::UPGRADE);
-        if !chosen.is_some_and(|p| headers::upgrade_allowed(p.as_bytes(), upgrades)) {
-            tracing::debug!("upstream switched to a protocol the route does not allow");
-            return Err(UpstreamError::Upgrade);
-        }
-        tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
-    }
-    headers::prepare_response(response.headers_mut(), upgraded);
-    // An intermediary answers in its own version (RFC 9110 §6.2): an app
-    // that speaks HTTP/1.0 must not cost every client its keep-alive.
-    // hyper frames the body for the client's connection (a length, or
-    // chunked), whatever framing the app used.
-    *response.version_mut() = Version::HTTP_11;
-    // A switched connection belongs to the tunnel: its handle is dropped.
-    if upgraded {
-        drop(lease);
-        return Ok(response.map(body::boxed));
-    }
-    let response = response.map(|incoming| Returning::new(incoming, lease));
-    // A body that stops part way is cut after `upstream.timeout` of
-    // silence (nginx's `proxy_read_timeout` between two reads): the client
-    // sees it truncated instead of waiting forever.
-    if response.body().is_end_stream() {
-        Ok(response.map(body::boxed))
-    } else {
-        let timeout = live.upstream.timeout;
-        Ok(response.map(|b| body::boxed(IdleTimeout::response(b, timeout))))
-    }
+    Ok(Outbound {
+        request: Request::from_parts(parts, body),
+        timer,
+        client_upgrade,
+    })
 }
 
 /// The request-target sent upstream, in origin-form (HTTP/1.1 to a server

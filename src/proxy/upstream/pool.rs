@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::error::Error as StdError;
-use std::future::Future as _;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -139,57 +139,66 @@ impl Pool {
     /// when that one turns out closed and sending again is safe. Its `1xx`
     /// responses are counted on the connection that carries it, a second
     /// attempt's on from the first's.
-    pub(super) async fn send(
-        self: &Arc<Self>,
-        base: &Uri,
+    ///
+    /// An `async move` block, not an `async fn`: an `async fn` keeps each
+    /// argument twice in its future (as passed, and as the local it is
+    /// moved to), and this one is a third of a forwarded request's future.
+    #[allow(clippy::manual_async_fn)]
+    pub(super) fn send<'a>(
+        self: &'a Arc<Self>,
+        base: &'a Uri,
         mut request: Request<Body>,
-    ) -> Result<(Response<Incoming>, Lease), Failure> {
-        let Some(authority) = base.authority() else {
-            return Err(Failure::Connect("the upstream URL has no authority".into()));
-        };
-        let mut retried = false;
-        let mut informational_before = 0;
-        loop {
-            // A resend goes on a new connection, leaving the idle ones be.
-            let idle = if retried {
-                None
-            } else {
-                self.idle_connection(authority).await
+    ) -> impl Future<Output = Result<(Response<Incoming>, Lease), Failure>> + 'a {
+        async move {
+            let Some(authority) = base.authority() else {
+                return Err(Failure::Connect("the upstream URL has no authority".into()));
             };
-            let (mut conn, reused) = match idle {
-                Some(conn) => (conn, true),
-                // Boxed: connecting (the connector's and the handshake's
-                // futures) is most of this future's size, and most
-                // requests find an idle connection.
-                None => (Box::pin(self.connect(base)).await?, false),
-            };
-            let copy = (reused && replayable(&request)).then(|| head_copy(&request));
-            conn.informational.watch(&mut request, informational_before);
-            match conn.sender.try_send_request(request).await {
-                Ok(response) => {
-                    let lease = Lease {
-                        pool: Arc::clone(self),
-                        authority: authority.clone(),
-                        conn,
-                    };
-                    return Ok((response, lease));
-                }
-                // Ended by its connection for a flood of `1xx`: never sent
-                // again.
-                Err(_) if conn.informational.flooded() => return Err(Failure::InformationalFlood),
-                Err(mut error) => {
-                    let unsent = error.take_message();
-                    let error = error.into_error();
-                    let resend = match (unsent, copy) {
-                        (Some(unsent), _) if reused => unsent,
-                        (None, Some(copy)) if met_a_closed_connection(&error) => copy,
-                        _ => return Err(Failure::Exchange(error)),
-                    };
-                    tracing::debug!(%error, "a reused upstream connection was closed; sending again on a new one");
-                    self.resends.increment(1);
-                    request = resend;
-                    retried = true;
-                    informational_before = conn.informational.seen();
+            let mut retried = false;
+            let mut informational_before = 0;
+            loop {
+                // A resend goes on a new connection, leaving the idle ones be.
+                let idle = if retried {
+                    None
+                } else {
+                    self.idle_connection(authority).await
+                };
+                let (mut conn, reused) = match idle {
+                    Some(conn) => (conn, true),
+                    // Boxed: connecting (the connector's and the handshake's
+                    // futures) is most of this future's size, and most
+                    // requests find an idle connection.
+                    None => (Box::pin(self.connect(base)).await?, false),
+                };
+                let copy = (reused && replayable(&request)).then(|| head_copy(&request));
+                conn.informational.watch(&mut request, informational_before);
+                match conn.sender.try_send_request(request).await {
+                    Ok(response) => {
+                        let lease = Lease {
+                            pool: Arc::clone(self),
+                            authority: authority.clone(),
+                            conn,
+                        };
+                        return Ok((response, lease));
+                    }
+                    // Ended by its connection for a flood of `1xx`: never sent
+                    // again.
+                    Err(_) if conn.informational.flooded() => {
+                        return Err(Failure::InformationalFlood)
+                    }
+                    Err(mut error) => {
+                        let unsent = error.take_message();
+                        let error = error.into_error();
+                        let resend = match (unsent, copy) {
+                            (Some(unsent), _) if reused => unsent,
+                            (None, Some(copy)) if met_a_closed_connection(&error) => copy,
+                            _ => return Err(Failure::Exchange(error)),
+                        };
+                        tracing::debug!(%error, "a reused upstream connection was closed; sending again on a new one");
+                        self.resends.increment(1);
+                        request = resend;
+                        retried = true;
+                        informational_before = conn.informational.seen();
+                    }
                 }
             }
         }

@@ -111,8 +111,8 @@ impl Conn {
         match self {
             Conn::Wire(wire) => {
                 let frame = wire.call(cmd).await?;
-                if frame.first() == Some(&b'-') {
-                    wire::into_value(&frame)?;
+                if frame.is_error() {
+                    frame.value()?;
                 }
                 Ok(Answer::Frame(frame))
             }

@@ -235,7 +235,7 @@ impl Counted<Wire> {
         let trip = Trip::start(&self.calls, [Command::of(cmd)]);
         let reply = self.conn.call(cmd).await;
         trip.end(match &reply {
-            Ok(frame) if frame.first() == Some(&b'-') => CallResult::Error,
+            Ok(frame) if frame.is_error() => CallResult::Error,
             Ok(_) => CallResult::Ok,
             Err(e) => CallResult::of_error(e),
         });

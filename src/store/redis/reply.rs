@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::Value;
 use smallvec::SmallVec;
 
-use super::wire::{frame_len, parse_int, short_int, Frame};
+use super::wire::{frame_len, parse_int, short_int, Frame, Held};
 use crate::limit::{Decision, Micros};
 
 pub const VERSION: i64 = 1;
@@ -76,7 +76,11 @@ pub fn decode_frame(frame: &[u8], bands: usize, approximate: bool) -> Result<Rep
 /// The replies of `limits` (one, or several in one call) in `answer`.
 pub fn decode_answer(answer: &Answer, limits: &[Shape]) -> Result<SmallVec<[Reply; 2]>, Malformed> {
     let fields = match answer {
-        Answer::Frame(frame) => frame_fields(frame)?,
+        // Read as the connection framed it: not read again.
+        Answer::Frame(frame) => match frame.held() {
+            Held::Ints(ints) => ints.iter().copied().map(Some).collect(),
+            Held::Bytes(bytes) => frame_fields(bytes)?,
+        },
         Answer::Value(value) => value_fields(value)?,
     };
     match limits {

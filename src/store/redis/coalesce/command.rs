@@ -10,7 +10,7 @@ use crate::store::Evaluation;
 use super::super::mode::Mode;
 use super::super::reply::{self, Answer, Malformed, Reply, Shape};
 use super::super::scripts::{self, Common, Script, StateKey};
-use super::super::wire::{frame_len, parse_int};
+use super::super::wire::{frame_len, parse_int, Held};
 
 /// What one evaluation puts in a command, rendered when it is queued: the
 /// request's own borrowed evaluation does not outlive its wait.
@@ -91,7 +91,11 @@ pub type Each = Result<Reply, String>;
 pub fn decode_batch(answer: &Answer, shapes: &[Shape]) -> Result<SmallVec<[Each; 8]>, Malformed> {
     let out: SmallVec<[Each; 8]> = match answer {
         Answer::Frame(frame) => {
-            let elements = frame_elements(frame)?;
+            // A batch's reply is an array of arrays: never integers alone.
+            let Held::Bytes(bytes) = frame.held() else {
+                return Err(Malformed("not an array of replies"));
+            };
+            let elements = frame_elements(bytes)?;
             if elements.len() != shapes.len() {
                 return Err(Malformed("wrong number of replies in a batch"));
             }
@@ -161,6 +165,7 @@ fn frame_elements(frame: &[u8]) -> Result<SmallVec<[&[u8]; 8]>, Malformed> {
 mod tests {
     use super::*;
     use crate::store::redis::scripts::call_tests::args;
+    use crate::store::redis::wire::Frame;
 
     fn shape() -> Shape {
         Shape {
@@ -174,7 +179,7 @@ mod tests {
     fn a_batch_reply_is_read_per_evaluation_errors_included() {
         let frame: &[u8] = b"*3\r\n*8\r\n:1\r\n:1\r\n:9\r\n:1000\r\n:0\r\n:0\r\n:0\r\n:0\r\n\
 -ERR sluice: corrupt state\r\n*8\r\n:1\r\n:0\r\n:0\r\n:1000\r\n:1000\r\n:0\r\n:1\r\n:0\r\n";
-        let answer = Answer::Frame(frame.into());
+        let answer = Answer::Frame(Frame::from_slice(frame));
         let each = decode_batch(&answer, &[shape(), shape(), shape()]).expect("well formed");
         assert_eq!(each.len(), 3);
         assert!(matches!(
@@ -190,7 +195,7 @@ mod tests {
         assert!(decode_batch(&answer, &[shape(), shape()]).is_err());
         let mut longer = frame.to_vec();
         longer.extend_from_slice(b":1\r\n");
-        assert!(decode_batch(&Answer::Frame(longer.as_slice().into()), &[shape(); 3]).is_err());
+        assert!(decode_batch(&Answer::Frame(Frame::from_slice(&longer)), &[shape(); 3]).is_err());
     }
 
     /// One attempt for the whole batch, after the keys; a re-send says 0

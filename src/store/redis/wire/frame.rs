@@ -2,6 +2,8 @@
 
 use std::io;
 
+use smallvec::SmallVec;
+
 /// The longest reply accepted (a `FUNCTION LIST WITHCODE` of every
 /// library is the longest sluice asks for, tens of KB). Anything longer
 /// is taken for a broken stream.
@@ -9,12 +11,33 @@ pub const MAX_FRAME: usize = 16 << 20;
 /// Elements one reply may announce, all nesting levels together.
 const MAX_ELEMENTS: usize = 1 << 20;
 
+/// The integers of a reply that is an array of integers alone (a
+/// decision's reply), read as the reply is framed.
+pub type Ints = SmallVec<[i64; INTS]>;
+
+/// The most integers a reply's [`Ints`] holds: a decision replies eight a
+/// limit, so two limits' replies are read as they are framed. A longer
+/// array is kept as bytes and read from them (`reply::frame_fields`).
+pub const INTS: usize = 16;
+
 /// The length of the whole RESP2 reply at the start of `input`, `None`
 /// while it is incomplete. Counts the elements still due instead of
 /// recursing, so nesting costs nothing; a malformed or oversized reply is
 /// `InvalidData`.
 pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
+    Ok(frame_scan(input, &mut Ints::new())?.map(|(len, _)| len))
+}
+
+/// [`frame_len`], and whether the reply is an array of at most [`INTS`]
+/// integers alone, whose values are then in `ints` (cleared first): a
+/// decision's reply is read once, as it is framed, not framed and then
+/// read again.
+pub fn frame_scan(input: &[u8], ints: &mut Ints) -> Result<Option<(usize, bool)>, io::Error> {
     let bad = || io::Error::from(io::ErrorKind::InvalidData);
+    ints.clear();
+    // Only an array's elements are collected: the reply's own type is
+    // read first, below, as any element's.
+    let mut flat = input.first() == Some(&b'*');
     let mut at = 0;
     let mut due: usize = 1;
     let mut announced: usize = 0;
@@ -25,9 +48,10 @@ pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
         // The usual element: a short integer, read in one pass (the
         // general path below finds the line's end, then parses it).
         if kind == b':' {
-            if let Some((_, used)) = short_int(&input[at + 1..]) {
+            if let Some((n, used)) = short_int(&input[at + 1..]) {
                 at += 1 + used;
                 due -= 1;
+                flat = flat && collect(ints, n);
                 continue;
             }
         }
@@ -42,12 +66,15 @@ pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
             return Ok(None);
         };
         let header = &input[at + 1..at + 1 + line];
+        // Anything but integers after the array's own header.
+        flat = flat && (at == 0 || kind == b':');
         at += 1 + line + 2;
         due -= 1;
         match kind {
             b'+' | b'-' => {}
             b':' => {
-                parse_int(header).ok_or_else(bad)?;
+                let n = parse_int(header).ok_or_else(bad)?;
+                flat = flat && collect(ints, n);
             }
             b'$' => {
                 let len = parse_int(header).ok_or_else(bad)?;
@@ -78,6 +105,9 @@ pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
                     due += count;
                 } else if count != -1 {
                     return Err(bad());
+                } else {
+                    // The null array holds no integers.
+                    flat = false;
                 }
             }
             _ => return Err(bad()),
@@ -86,7 +116,16 @@ pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
             return Err(bad());
         }
     }
-    Ok(Some(at))
+    Ok(Some((at, flat)))
+}
+
+/// Adds `n` to `ints`; `false` once they are full.
+fn collect(ints: &mut Ints, n: i64) -> bool {
+    if ints.len() == INTS {
+        return false;
+    }
+    ints.push(n);
+    true
 }
 
 /// Where the `\r\n` ending the line at the start of `input` begins:
@@ -190,6 +229,53 @@ mod tests {
                     String::from_utf8_lossy(case)
                 );
             }
+        }
+    }
+
+    #[test]
+    fn an_array_of_integers_alone_is_read_as_it_is_framed() {
+        let sixteen = format!("*16\r\n{}", ":7\r\n".repeat(16));
+        let seventeen = format!("*17\r\n{}", ":7\r\n".repeat(17));
+        // (reply, its integers when it is an array of integers alone)
+        let cases: &[(&[u8], Option<&[i64]>)] = &[
+            (
+                b"*8\r\n:1\r\n:1\r\n:9\r\n:1000\r\n:0\r\n:-3\r\n:0\r\n:0\r\n",
+                Some(&[1, 1, 9, 1000, 0, -3, 0, 0]),
+            ),
+            // Past eighteen digits, the general path reads the integer.
+            (
+                b"*2\r\n:9223372036854775807\r\n:-9223372036854775808\r\n",
+                Some(&[i64::MAX, i64::MIN]),
+            ),
+            (b"*0\r\n", Some(&[])),
+            (sixteen.as_bytes(), Some(&[7; 16])),
+            (seventeen.as_bytes(), None),
+            (b"*-1\r\n", None),
+            (b":5\r\n", None),
+            (b"*2\r\n:1\r\n$2\r\nok\r\n", None),
+            (b"*2\r\n:1\r\n*1\r\n:2\r\n", None),
+            (b"*2\r\n*1\r\n:1\r\n:2\r\n", None),
+            (b"*2\r\n:1\r\n-ERR no\r\n", None),
+            (b"-ERR no\r\n", None),
+        ];
+        let mut ints = Ints::new();
+        ints.push(99); // left from a reply before: cleared
+        for (case, want) in cases {
+            let (len, flat) = frame_scan(case, &mut ints)
+                .expect("well formed")
+                .expect("whole");
+            assert_eq!(len, case.len());
+            assert_eq!(
+                flat.then_some(&ints[..]),
+                *want,
+                "{:?}",
+                String::from_utf8_lossy(case)
+            );
+            // An incomplete reply is `None`, whatever it collected.
+            assert_eq!(
+                frame_scan(&case[..len - 1], &mut ints).expect("a prefix"),
+                None
+            );
         }
     }
 

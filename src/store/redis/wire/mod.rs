@@ -18,7 +18,7 @@
 //! the queue; the first request to find the task idle wakes it. Requests
 //! that arrive while the task is busy coalesce into its next write, as
 //! they did in redis-rs's connection. The task writes, reads, cuts whole
-//! replies off the input ([`frame_len`]) and hands each to the oldest
+//! replies off the input ([`frame_scan`]) and hands each to the oldest
 //! waiting request. A read or write error, the peer closing, or a reply
 //! that breaks the framing ends the connection: every waiting request gets
 //! an I/O error (sent without a confirmed reply: the caller classes it as
@@ -49,11 +49,73 @@ mod open;
 mod tests;
 
 use frame::MAX_FRAME;
-pub use frame::{frame_len, parse_int, short_int};
+pub use frame::{frame_len, frame_scan, parse_int, short_int, Ints};
 pub use open::open;
 
-/// One reply's bytes: a decision's fits inline.
-pub type Frame = SmallVec<[u8; 128]>;
+/// One reply: an array of integers alone (a decision's reply) as its
+/// integers, read as the reply was framed ([`frame_scan`]), so never read
+/// again; any other as its bytes (a short one inline).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame(Repr);
+
+/// A [`Frame`], as it is held.
+pub enum Held<'a> {
+    /// An array of integers alone: the integers.
+    Ints(&'a [i64]),
+    /// Any other reply: its bytes.
+    Bytes(&'a [u8]),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Repr {
+    Ints(Ints),
+    Bytes(SmallVec<[u8; 128]>),
+}
+
+impl Frame {
+    /// The reply at the start of `bytes`, `len` bytes long, `flat` (an
+    /// array of integers alone, now in `ints`) or not.
+    fn cut(bytes: &[u8], len: usize, flat: bool, ints: &mut Ints) -> Frame {
+        Frame(if flat {
+            Repr::Ints(std::mem::take(ints))
+        } else {
+            Repr::Bytes(SmallVec::from_slice(&bytes[..len]))
+        })
+    }
+
+    /// The reply whose bytes are `bytes`, whole, as the connection reads
+    /// one.
+    #[cfg(test)]
+    pub fn from_slice(bytes: &[u8]) -> Frame {
+        let mut ints = Ints::new();
+        match frame_scan(bytes, &mut ints) {
+            Ok(Some((len, flat))) if len == bytes.len() => Frame::cut(bytes, len, flat, &mut ints),
+            _ => Frame(Repr::Bytes(SmallVec::from_slice(bytes))),
+        }
+    }
+
+    /// How it is held: its integers, or its bytes.
+    pub fn held(&self) -> Held<'_> {
+        match &self.0 {
+            Repr::Ints(ints) => Held::Ints(ints),
+            Repr::Bytes(bytes) => Held::Bytes(bytes),
+        }
+    }
+
+    /// Whether it is an error reply.
+    pub fn is_error(&self) -> bool {
+        matches!(self.held(), Held::Bytes([b'-', ..]))
+    }
+
+    /// The reply as redis-rs's `Value`, an error reply as its
+    /// `RedisError`.
+    pub fn value(&self) -> RedisResult<Value> {
+        match &self.0 {
+            Repr::Ints(ints) => Ok(Value::Array(ints.iter().map(|&n| Value::Int(n)).collect())),
+            Repr::Bytes(bytes) => into_value(bytes),
+        }
+    }
+}
 
 const READ_CHUNK: usize = 16 << 10;
 
@@ -189,7 +251,7 @@ impl Drop for Handle {
 
 impl ConnectionLike for Wire {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move { into_value(&self.call(cmd).await?) })
+        Box::pin(async move { self.call(cmd).await?.value() })
     }
 
     fn req_packed_commands<'a>(
@@ -204,7 +266,7 @@ impl ConnectionLike for Wire {
             let mut values = Vec::with_capacity(count);
             let mut first_error = None;
             for (i, reply) in receivers.into_iter().enumerate() {
-                let value = into_value(&receive(reply).await?);
+                let value = receive(reply).await?.value();
                 match value {
                     Ok(value) if i >= offset => values.push(value),
                     Ok(_) => {}
@@ -330,8 +392,9 @@ impl Driver {
 
     fn hand_out(&mut self) -> Result<(), io::Error> {
         let mut frames: SmallVec<[Frame; 4]> = SmallVec::new();
-        while let Some(len) = frame_len(&self.read[self.start..self.end])? {
-            frames.push(Frame::from_slice(&self.read[self.start..self.start + len]));
+        let mut ints = Ints::new();
+        while let Some((len, flat)) = frame_scan(&self.read[self.start..self.end], &mut ints)? {
+            frames.push(Frame::cut(&self.read[self.start..], len, flat, &mut ints));
             self.start += len;
         }
         if self.start == self.end {

@@ -3,7 +3,7 @@
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisError, RedisResult};
 use tokio::net::TcpStream;
 
-use super::{into_value, Stream, Wire};
+use super::{Stream, Wire};
 
 /// Opens a connection to the node `info` names: TCP (and TLS through
 /// `tls`), then `AUTH` and `SELECT` as the URL asks. `None` when `info` is
@@ -58,10 +58,12 @@ async fn handshake(
             auth.arg(user);
         }
         auth.arg(password);
-        into_value(&wire.call(&auth).await?)?;
+        wire.call(&auth).await?.value()?;
     }
     if settings.db() != 0 {
-        into_value(&wire.call(redis::cmd("SELECT").arg(settings.db())).await?)?;
+        wire.call(redis::cmd("SELECT").arg(settings.db()))
+            .await?
+            .value()?;
     }
     // Names the client in `CLIENT LIST`; a Redis before 7.2, or a user
     // without `+client`, refuses it, which changes nothing.
@@ -69,7 +71,7 @@ async fn handshake(
     name.arg("SETINFO")
         .arg("LIB-NAME")
         .arg(concat!("sluice-", env!("CARGO_PKG_VERSION")));
-    let _ = into_value(&wire.call(&name).await?);
+    let _ = wire.call(&name).await?.value();
     Ok(Wire {
         db: settings.db(),
         ..wire

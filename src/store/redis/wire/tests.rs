@@ -100,7 +100,7 @@ async fn replies_reach_their_requests_in_order_however_they_arrive_cut() {
             .expect("answered in time")
             .expect("the task");
         assert_eq!(
-            into_value(&frame).expect("a value"),
+            frame.value().expect("a value"),
             Value::BulkString(arg.clone().into_bytes()),
             "the reply to {:.20}",
             arg
@@ -120,7 +120,8 @@ async fn an_error_reply_is_a_frame_and_the_connection_goes_on() {
         .await
         .expect("peer write");
     let frame = first.await.expect("task").expect("a frame");
-    let error = into_value(&frame).expect_err("an error reply");
+    assert!(frame.is_error());
+    let error = frame.value().expect_err("an error reply");
     assert_eq!(error.code(), Some("READONLY"));
 
     let second = tokio::spawn({
@@ -130,7 +131,28 @@ async fn an_error_reply_is_a_frame_and_the_connection_goes_on() {
     read_commands(&mut peer, 1).await;
     peer.write_all(b"$1\r\nb\r\n").await.expect("peer write");
     let frame = second.await.expect("task").expect("a frame");
-    assert_eq!(&frame[..], b"$1\r\nb\r\n");
+    assert!(!frame.is_error());
+    assert!(matches!(frame.held(), Held::Bytes(b"$1\r\nb\r\n")));
+
+    // A decision's reply, an array of integers alone, comes back as its
+    // integers, the same value redis-rs reads from its bytes.
+    let third = tokio::spawn({
+        let wire = wire.clone();
+        async move { wire.call(&echo("c")).await }
+    });
+    read_commands(&mut peer, 1).await;
+    let ints =
+        b"*8\r\n:1\r\n:0\r\n:2\r\n:-7\r\n:1733500000000123\r\n:0\r\n:9223372036854775807\r\n:0\r\n";
+    peer.write_all(ints).await.expect("peer write");
+    let frame = third.await.expect("task").expect("a frame");
+    assert!(matches!(
+        frame.held(),
+        Held::Ints(&[1, 0, 2, -7, 1733500000000123, 0, i64::MAX, 0])
+    ));
+    assert_eq!(
+        frame.value().expect("a value"),
+        into_value(ints).expect("a value")
+    );
 }
 
 /// Every request waiting when the connection ends gets an error with no
@@ -208,7 +230,10 @@ async fn dropping_the_last_clone_closes_the_socket() {
     read_commands(&mut peer, 1).await;
     peer.write_all(b"$1\r\nx\r\n").await.expect("peer write");
     let (clone, frame) = call.await.expect("task");
-    assert_eq!(&frame.expect("a reply")[..], b"$1\r\nx\r\n");
+    assert!(matches!(
+        frame.expect("a reply").held(),
+        Held::Bytes(b"$1\r\nx\r\n")
+    ));
     drop(clone);
     let mut buf = [0u8; 16];
     let read = tokio::time::timeout(WAIT, peer.read(&mut buf))

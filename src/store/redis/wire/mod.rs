@@ -7,8 +7,9 @@
 //! (into the `Cmd`, then into the connection's buffer), a channel to the
 //! connection's task and a `Value` tree for the reply. Here a request
 //! packs its command once, straight into the connection's output buffer,
-//! and gets back the reply's bytes, which the caller reads in place
-//! ([`super::reply::fields`]). Every other command (`FUNCTION LOAD`, the
+//! and gets back the reply ([`Frame`]): a decision's as its integers, read
+//! as the task framed it, any other as its bytes, which the caller reads in
+//! place (`reply::decode_answer`). Every other command (`FUNCTION LOAD`, the
 //! lease of a library, `PING`) goes through the same connection as a
 //! redis-rs [`ConnectionLike`], its reply parsed by redis-rs.
 //!

@@ -31,13 +31,19 @@ from harness import BENCH, CPU_REST, MANY_CONNS, start_nginx, start_redis, start
 from tools import Processes  # noqa: E402
 
 
-def measure(procs, workdir, binary, name, upstream, redis, path, seconds, conns):
+def sidecar_of(procs, workdir, binary, name, upstream, redis):
+    """A fresh sidecar of `binary` on `configs/sluice-redis.yaml`."""
     sidecar = start_sluice(
         procs, workdir, binary, name, "sluice-redis.yaml",
         UPSTREAM_PORT=upstream.port, REDIS_PORT=redis.port,
     )
     if sidecar.reason:
         raise RuntimeError(sidecar.reason)
+    return sidecar
+
+
+def measure(procs, workdir, binary, name, upstream, redis, path, seconds, conns):
+    sidecar = sidecar_of(procs, workdir, binary, name, upstream, redis)
     try:
         url = f"http://127.0.0.1:{sidecar.port}{path}"
         tools.run_wrk(url, conns, 1, CPU_REST)  # warm-up: connections, the library
@@ -57,12 +63,7 @@ def measure(procs, workdir, binary, name, upstream, redis, path, seconds, conns)
 def rss_at_many(procs, workdir, binary, name, upstream, redis, seconds):
     """Peak VmRSS (kB) of a fresh sidecar while MANY_CONNS connections are
     open and busy on `/none`, and its VmRSS idle before them."""
-    sidecar = start_sluice(
-        procs, workdir, binary, name, "sluice-redis.yaml",
-        UPSTREAM_PORT=upstream.port, REDIS_PORT=redis.port,
-    )
-    if sidecar.reason:
-        raise RuntimeError(sidecar.reason)
+    sidecar = sidecar_of(procs, workdir, binary, name, upstream, redis)
     try:
         idle = tools.rss_kb(sidecar.proc.pid)
         with tools.RssSampler(sidecar.proc.pid) as rss:

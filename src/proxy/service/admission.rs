@@ -29,21 +29,16 @@ pub(super) struct Admitted<'r> {
     /// The `RateLimit` fields the response carries: of the rate limit with
     /// the least remaining (the first of them on ties).
     ratelimit: Option<(&'r Prepared, Decision)>,
-    /// Its concurrency places, given back with the response body.
-    permits: SmallVec<[Permit; 1]>,
-    /// What the limits charged on response reserved.
-    reservations: Reservations,
+    /// Its concurrency places and what its limits charged on response
+    /// reserved.
+    held: exchange::Held,
 }
 
 impl<'r> Admitted<'r> {
     /// Its `RateLimit` fields apart from what it holds. Taken whole (a
     /// field moved out of a local leaves the local's room in the future).
     pub(super) fn split(self) -> (Option<(&'r Prepared, Decision)>, exchange::Held) {
-        let held = exchange::Held {
-            permits: self.permits,
-            reservations: self.reservations,
-        };
-        (self.ratelimit, held)
+        (self.ratelimit, self.held)
     }
 }
 
@@ -105,8 +100,10 @@ impl Proxy {
             self.count(matched, checks, &Judgement::Passed(Passed::new()), arrival);
             return Ok(Admitted {
                 ratelimit: None,
-                permits: SmallVec::new(),
-                reservations: Reservations::new(),
+                held: exchange::Held {
+                    permits: SmallVec::new(),
+                    reservations: Reservations::new(),
+                },
             });
         }
         let mut permits = SmallVec::new();
@@ -152,8 +149,10 @@ impl Proxy {
         }
         Ok(Admitted {
             ratelimit,
-            permits,
-            reservations,
+            held: exchange::Held {
+                permits,
+                reservations,
+            },
         })
     }
 

@@ -55,6 +55,7 @@ class Server:
         self.name, self.proc, self.port, self.reason = name, proc, port, reason
         self.admin_port = None
         self.idle_rss_kb = None
+        self.idle_anon_kb = None
         self.rss_32_kb = None
         self.rss_many = None
 
@@ -236,6 +237,7 @@ def start_floor(procs, workdir, floor, upstream_port):
                 if line.startswith("listening "):
                     server = Server("hyper-floor", proc, port_of(line.split()[1]))
                     server.idle_rss_kb = tools.rss_kb(proc.pid)
+                    server.idle_anon_kb = tools.rss_kb(proc.pid, "RssAnon")
                     return server
         time.sleep(0.05)
     reason = f"hyper-floor did not start: {tools.tail(logf) or 'no output'}"
@@ -286,6 +288,7 @@ def start_sluice(procs, workdir, sluice, name, template, **values):
             return Server(name, reason=f"/readyz answered {status}: {tools.tail(logf)}")
     time.sleep(0.2)
     server.idle_rss_kb = tools.rss_kb(proc.pid)
+    server.idle_anon_kb = tools.rss_kb(proc.pid, "RssAnon")
     return server
 
 
@@ -412,7 +415,8 @@ def many_connections(server, path, seconds):
     try:
         with tools.RssSampler(server.pid) as rss:
             wrk = tools.run_wrk(f"http://127.0.0.1:{server.port}{path}", MANY_CONNS, seconds, CPU_REST, timeout_s=10)
-        server.rss_many = {"rss_kb": rss.max_kb, "rps": wrk["rps"], "socket_errors": wrk["socket_errors"],
+        server.rss_many = {"rss_kb": rss.max_kb, "anon_kb": rss.max_anon_kb, "rps": wrk["rps"],
+                           "socket_errors": wrk["socket_errors"],
                            "non_2xx": wrk["non_2xx"]}
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         server.rss_many = {"error": str(e)}
@@ -683,7 +687,9 @@ def session(procs, workdir, args, settings):
             count_syscalls(procs, workdir, scn, settings, redis)
 
     log(f"{MANY_CONNS} connections")
-    for server in (mem, red):
+    # The hyper floor too: what the stack's own buffers take at as many
+    # connections, beside which sluice's figure is read.
+    for server in (mem, red, floor):
         many_connections(server, "/allowed", settings["closed_s"])
         server.rss_32_kb = max((c["rss_kb"] for s in scenarios if s.server is server for c in s.closed
                                 if c.get("rss_kb")), default=None)
@@ -705,9 +711,10 @@ def session(procs, workdir, args, settings):
         "pinning": {"proxy_cpu": CPU_PROXY, "load_upstream_redis_cpu": CPU_REST},
         "scenarios": summarize(scenarios),
         "memory": {
-            s.name: {"reason": s.reason, "idle_kb": s.idle_rss_kb, "conns_32_kb": s.rss_32_kb,
+            s.name: {"reason": s.reason, "idle_kb": s.idle_rss_kb, "idle_anon_kb": s.idle_anon_kb,
+                     "conns_32_kb": s.rss_32_kb,
                      "conns_1000": s.rss_many}
-            for s in (mem, red)
+            for s in (mem, red, floor)
         },
         "redis_stall": stall,
         "capacity_warmup_rps": capacity,

@@ -241,13 +241,20 @@ def targets(result):
         "; ".join(parts) if parts else why("hyper-floor-blocked", "nginx-limit-blocked"),
         "reported" if parts else None)
 
-    mem = result.get("memory") or {}
+    mem = dict(result.get("memory") or {})
+    # The hyper floor is the stack's own figure, read beside sluice's and
+    # not judged by the target.
+    floor = mem.pop("hyper-floor", None) or {}
     idle = [(k, _mb(v.get("idle_kb"))) for k, v in mem.items() if v.get("idle_kb")]
     many = [(k, _mb((v.get("conns_1000") or {}).get("rss_kb"))) for k, v in mem.items()
             if (v.get("conns_1000") or {}).get("rss_kb")]
     if idle or many:
         text = "; ".join(
             [f"{k} idle {x:.1f} MB" for k, x in idle] + [f"{k} 1,000 conns {x:.1f} MB" for k, x in many])
+        floor_many = (floor.get("conns_1000") or {}).get("rss_kb")
+        if floor.get("idle_kb") and floor_many:
+            text += (f" (the hyper floor, a bare hyper proxy: idle {_mb(floor['idle_kb']):.1f} MB, "
+                     f"1,000 conns {_mb(floor_many):.1f} MB)")
         row("RSS idle / 1,000 connections", "≤ 10 MB / ≤ 48 MB", text,
             all(x <= 10 for _, x in idle) and all(x <= 48 for _, x in many) and bool(idle) and bool(many))
     else:
@@ -324,19 +331,29 @@ def markdown(result):
     out.append("")
 
     out.append("## sluice memory (VmRSS)\n")
+    out.append("In brackets, the part no file backs (`RssAnon`: heap and stacks); the rest is mostly the "
+               "binary's own code, mapped from its file, shared and reclaimable. The hyper floor is the "
+               "stack's own figure under the same load.\n")
     out.append("| instance | idle | 32 connections | 1,000 connections |")
     out.append("|---|---:|---:|---:|")
+
+    def mb_anon(total, anon):
+        if not total:
+            return "—"
+        text = f"{_f(_mb(total), 1)} MB"
+        return text + f" ({_f(_mb(anon), 1)})" if anon else text
+
     for name, v in (result.get("memory") or {}).items():
         if v.get("reason"):
             out.append(f"| {name} | not run: {v['reason']} |  |  |")
             continue
         many = v.get("conns_1000") or {}
-        many_text = f"{_f(_mb(many.get('rss_kb')), 1)} MB" if many.get("rss_kb") else (
+        many_text = mb_anon(many["rss_kb"], many.get("anon_kb")) if many.get("rss_kb") else (
             f"failed: {many['error']}" if many.get("error") else "—")
         if many.get("socket_errors"):
             many_text += f" ({many['socket_errors']} socket errors)"
-        out.append(f"| {name} | {_f(_mb(v.get('idle_kb')), 1)} MB | {_f(_mb(v.get('conns_32_kb')), 1)} MB | "
-                   f"{many_text} |")
+        out.append(f"| {name} | {mb_anon(v.get('idle_kb'), v.get('idle_anon_kb'))} | "
+                   f"{mb_anon(v.get('conns_32_kb'), None)} | {many_text} |")
     out.append("")
 
     st = result.get("redis_stall") or {}

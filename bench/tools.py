@@ -164,20 +164,25 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def rss_kb(pid):
+def rss_kb(pid, field="VmRSS"):
+    """`pid`'s resident memory in kB: all of it (`VmRSS`), or `RssAnon`,
+    the part no file backs (heap, stacks), which is what a memory limit
+    cannot reclaim; the rest is mostly the binary's own pages."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return None
 
 
 class RssSampler:
-    """Samples VmRSS of `pid` every 100 ms on a thread; keeps the maximum."""
+    """Samples VmRSS of `pid` every 100 ms on a thread; keeps the maximum,
+    and the most of it that was anonymous (`RssAnon`)."""
 
     def __init__(self, pid):
         self.pid = pid
         self.max_kb = None
+        self.max_anon_kb = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -192,11 +197,13 @@ class RssSampler:
     def _run(self):
         while True:
             try:
-                kb = rss_kb(self.pid)
+                kb, anon = rss_kb(self.pid), rss_kb(self.pid, "RssAnon")
             except OSError:
-                kb = None
+                kb = anon = None
             if kb is not None and (self.max_kb is None or kb > self.max_kb):
                 self.max_kb = kb
+            if anon is not None and (self.max_anon_kb is None or anon > self.max_anon_kb):
+                self.max_anon_kb = anon
             if self._stop.wait(0.1):
                 return
 

@@ -120,6 +120,15 @@ impl Inbound {
     }
 }
 
+/// Where a request's body stands when its request is about to take its
+/// places ([`Buffering::arriving`]).
+pub enum Arrival {
+    /// Nothing of it is received first: the request goes on as it arrives.
+    Now(Request<Inbound>),
+    /// It is received first ([`Buffering::receive`]).
+    Receive(Request<Incoming>),
+}
+
 /// A request ended while its body was being received.
 pub enum Stopped<'a, 'r> {
     /// The body was cut or broken: answered as when that happens on the
@@ -156,6 +165,25 @@ impl Buffering {
         })
     }
 
+    /// Whether anything of the request's body is to be received before it
+    /// takes its places. Nothing is when no concurrency limit holds one,
+    /// buffering is off, or there is no body: most requests, which go on
+    /// from here without [`Buffering::receive`]'s future (its room would
+    /// be moved and polled for nothing).
+    pub fn arriving(request: Request<Incoming>, checks: &[Check<'_>], live: &Live) -> Arrival {
+        let holds_places = || {
+            checks
+                .iter()
+                .any(|check| matches!(check.limit().policy, LimitPolicy::Concurrency(_)))
+        };
+        let rules = live.server.request_buffering;
+        if !rules.is_on() || request.body().is_end_stream() || !holds_places() {
+            Arrival::Now(request.map(Inbound::Arriving))
+        } else {
+            Arrival::Receive(request)
+        }
+    }
+
     /// The request with its body received whole when it should be, or why
     /// it ends here. Runs after routing, before the request takes its
     /// places.
@@ -166,13 +194,11 @@ impl Buffering {
         live: &Live,
     ) -> Result<Request<Inbound>, Stopped<'a, 'r>> {
         let rules = live.server.request_buffering;
+        let request = match Buffering::arriving(request, checks, live) {
+            Arrival::Now(request) => return Ok(request),
+            Arrival::Receive(request) => request,
+        };
         let (parts, incoming) = request.into_parts();
-        let holds_places = checks
-            .iter()
-            .any(|check| matches!(check.limit().policy, LimitPolicy::Concurrency(_)));
-        if !rules.is_on() || !holds_places || incoming.is_end_stream() {
-            return Ok(Request::from_parts(parts, Inbound::Arriving(incoming)));
-        }
         let body = IdleTimeout::new(incoming, live.server.body_idle_timeout)
             .with_floor(live.server.min_upload_rate);
         let mut body = Box::pin(body);

@@ -29,13 +29,13 @@ use tokio::time::Instant;
 use crate::config::{Live, Underscores};
 use crate::limit::Decision;
 use crate::path;
-use crate::route::{Limit, PathMatch, Route};
+use crate::route::{Limit, PathMatch};
 use crate::store::in_flight::InFlight;
 use crate::store::Store;
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::Body;
-use super::buffered::{Buffering, Inbound, Stopped};
+use super::buffered::{Arrival, Buffering, Inbound, Stopped};
 use super::fallback::Fallback;
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
@@ -157,9 +157,13 @@ impl Proxy {
 
         // A body that fits the buffer arrives whole before the request
         // takes a place in flight: a slow upload holds none (`buffered`).
-        let request = match self.buffering.receive(request, &checks, live).await {
-            Ok(request) => request,
-            Err(stopped) => return self.stopped(stopped, arrival),
+        let request = match Buffering::arriving(request, &checks, live) {
+            Arrival::Now(request) => request,
+            Arrival::Receive(request) => match self.buffering.receive(request, &checks, live).await
+            {
+                Ok(request) => request,
+                Err(stopped) => return self.stopped(stopped, arrival),
+            },
         };
         // The decision's budget starts now, however long the body took.
         let arrival = Instant::now();

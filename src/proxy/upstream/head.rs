@@ -11,11 +11,8 @@
 //! (once the head is sent) a body shorter than its length or a malformed
 //! chunk.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, Request};
+use http::HeaderMap;
 
 /// Largest upstream response head, counted as its fields' `name: value\r\n`
 /// lines. 64 KiB, the request-head default, is near Envoy's 60 KiB
@@ -71,43 +68,6 @@ fn check_framing(headers: &HeaderMap) -> Result<(), Refused> {
         (Some(_), _) if headers.contains_key(CONTENT_LENGTH) => Err(Refused::LengthAndCoding),
         (Some(coding), None) if coding.as_bytes().eq_ignore_ascii_case(b"chunked") => Ok(()),
         (Some(_), _) => Err(Refused::TransferCoding),
-    }
-}
-
-/// Counts the `1xx` responses to the exchange an upstream connection
-/// carries. One per connection, made with it: hyper reports each `1xx`
-/// through a callback the request carries, called on the connection's own
-/// task while it reads the head, and that task ends the connection once
-/// there were too many (`pool`'s `run`), which fails an exchange still
-/// waiting for its final head. Nothing of it is allocated per request but
-/// what hyper's callback takes.
-#[derive(Debug, Default)]
-pub(super) struct Informational {
-    seen: AtomicUsize,
-}
-
-impl Informational {
-    /// Counts the `1xx` responses to `request`, the exchange this
-    /// connection carries next, from `before` (those a first attempt of
-    /// the same request had: one count for both).
-    pub(super) fn watch<B>(self: &Arc<Self>, request: &mut Request<B>, before: usize) {
-        self.seen.store(before, Ordering::Relaxed);
-        let callback = Arc::clone(self);
-        hyper::ext::on_informational(request, move |_| {
-            callback.seen.fetch_add(1, Ordering::Relaxed);
-        });
-    }
-
-    /// The `1xx` responses counted for the exchange.
-    pub(super) fn seen(&self) -> usize {
-        self.seen.load(Ordering::Relaxed)
-    }
-
-    /// Whether more than [`MAX_INFORMATIONAL`] arrived. hyper may parse a
-    /// whole flood and the final head in one read, so this is asked again
-    /// once the head is in.
-    pub(super) fn flooded(&self) -> bool {
-        self.seen() > MAX_INFORMATIONAL
     }
 }
 

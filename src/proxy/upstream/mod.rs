@@ -9,6 +9,8 @@
 //!   request that met a connection the app had just closed.
 //! - `head`: what sluice refuses in an upstream response head that hyper's
 //!   client lets through, and the client's explicit head limits.
+//! - `interim`: the app's `1xx` responses, counted on the connection's
+//!   socket as they arrive.
 //! - `timer`: `upstream.timeout`, counting the app's turns only, from the
 //!   end of the request body.
 //! - `upgrade`: WebSocket and other HTTP/1.1 upgrades, tracked for
@@ -16,6 +18,7 @@
 
 mod forward;
 mod head;
+mod interim;
 mod pool;
 mod timer;
 mod upgrade;

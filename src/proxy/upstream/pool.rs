@@ -19,7 +19,6 @@
 use std::collections::VecDeque;
 use std::error::Error as StdError;
 use std::future::Future;
-use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 use std::time::Duration;
@@ -27,19 +26,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use http::uri::Authority;
-use http::{HeaderValue, Method, Request, Response, Uri};
-use http_body::Body as _;
+use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tower_service::Service as _;
 
-use super::head::Informational;
-use crate::proxy::body::{self, Body};
+use super::interim::{Informational, Watched};
+use crate::proxy::body::Body;
 use crate::proxy::metrics::BodyCuts;
 use crate::sync;
 use crate::telemetry;
+use resend::{met_a_closed_connection, replayable, HeadCopy};
 
 /// How long an idle connection to the upstream is kept.
 const POOL_IDLE: Duration = Duration::from_secs(90);
@@ -166,8 +165,8 @@ impl Pool {
                     // requests find an idle connection.
                     None => (Box::pin(self.connect(base)).await?, false),
                 };
-                let copy = (reused && replayable(&request)).then(|| head_copy(&request));
-                conn.informational.watch(&mut request, informational_before);
+                let copy = (reused && replayable(&request)).then(|| HeadCopy::of(&request));
+                conn.informational.watch(informational_before);
                 match conn.sender.try_send_request(request).await {
                     Ok(response) => {
                         let lease = Lease {
@@ -187,7 +186,12 @@ impl Pool {
                         let error = error.into_error();
                         let resend = match (unsent, copy) {
                             (Some(unsent), _) if reused => unsent,
-                            (None, Some(copy)) if met_a_closed_connection(&error) => copy,
+                            (None, Some(copy)) if met_a_closed_connection(&error) => {
+                                match copy.request() {
+                                    Some(copy) => copy,
+                                    None => return Err(Failure::Exchange(error)),
+                                }
+                            }
                             _ => return Err(Failure::Exchange(error)),
                         };
                         tracing::debug!(%error, "a reused upstream connection was closed; sending again on a new one");
@@ -228,12 +232,14 @@ impl Pool {
             .call(base.clone())
             .await
             .map_err(|e| Failure::Connect(e.into()))?;
+        // Its `1xx` responses are counted on the socket as they are read.
+        let informational = Arc::new(Informational::default());
+        let io = TokioIo::new(Watched::new(io.into_inner(), Arc::clone(&informational)));
         let (sender, connection) = self
             .builder
             .handshake::<_, Body>(io)
             .await
             .map_err(Failure::Exchange)?;
-        let informational = Arc::new(Informational::default());
         tokio::spawn(run(
             connection,
             self.cuts.clone(),
@@ -301,15 +307,15 @@ impl Lease {
 }
 
 /// Drives one connection until it closes or is upgraded, or until it has
-/// carried more `1xx` responses to one exchange than sluice takes: hyper
-/// counts each on this task while it polls the connection, so the count is
+/// carried more `1xx` responses to one exchange than sluice takes: its
+/// socket ([`Watched`]) counts each as this task reads it, so the count is
 /// read after each poll, and ending the connection fails an exchange still
 /// waiting for its head. A request body cut once the response had begun
 /// ends the connection, not the exchange (hyper hands the error to the
 /// exchange while it still waits for a head): it is counted here, and
 /// only here.
 async fn run(
-    connection: http1::Connection<TokioIo<tokio::net::TcpStream>, Body>,
+    connection: http1::Connection<TokioIo<Watched>, Body>,
     cuts: BodyCuts,
     informational: Arc<Informational>,
 ) {
@@ -334,51 +340,6 @@ async fn run(
     }
 }
 
-/// Whether `request` may be sent twice: an idempotent method and nothing
-/// in its body.
-fn replayable(request: &Request<Body>) -> bool {
-    let method = request.method();
-    let idempotent = method == Method::GET
-        || method == Method::HEAD
-        || method == Method::OPTIONS
-        || method == Method::TRACE
-        || method == Method::PUT
-        || method == Method::DELETE;
-    idempotent && request.body().is_end_stream()
-}
-
-/// `request` again, for [`replayable`] requests: same head, empty body, no
-/// extensions (cloning them cost as much as the header fields).
-fn head_copy(request: &Request<Body>) -> Request<Body> {
-    let mut copy = Request::new(body::empty());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    copy
-}
-
-/// The connection was gone when the request met it: closed before an
-/// answer, or reset.
-fn met_a_closed_connection(error: &hyper::Error) -> bool {
-    if error.is_incomplete_message() {
-        return true;
-    }
-    let mut source = error.source();
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            return matches!(
-                io.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::BrokenPipe
-            );
-        }
-        source = e.source();
-    }
-    false
-}
-
 /// `base`'s authority as a `Host` field, without the default port (what a
 /// client sends for the URL), for a request that came without one.
 pub(super) fn host_of(base: &Uri) -> Option<HeaderValue> {
@@ -396,6 +357,7 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+mod resend;
 mod returning;
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::proxy::body;
 
 fn uri(s: &str) -> Uri {
     s.parse().unwrap()
@@ -26,20 +27,6 @@ fn the_host_field_leaves_out_the_default_port_only() {
     );
 }
 
-#[test]
-fn only_idempotent_requests_without_a_body_are_sent_twice() {
-    let request = |method: Method, body: Body| {
-        let mut r = Request::new(body);
-        *r.method_mut() = method;
-        r
-    };
-    assert!(replayable(&request(Method::GET, body::empty())));
-    assert!(replayable(&request(Method::DELETE, body::empty())));
-    assert!(!replayable(&request(Method::POST, body::empty())));
-    assert!(!replayable(&request(Method::PATCH, body::empty())));
-    assert!(!replayable(&request(Method::PUT, body::full("x"))));
-}
-
 #[tokio::test]
 async fn an_upstream_that_cannot_be_reached_is_a_connect_failure_and_leaves_nothing_idle() {
     let pool = Pool::start(HttpConnector::new(), http1::Builder::new());
@@ -65,10 +52,14 @@ async fn app() -> (tokio::net::TcpListener, Uri) {
 #[tokio::test]
 async fn a_resend_goes_on_a_new_connection_and_leaves_the_other_idle_ones() {
     use tokio::io::AsyncReadExt;
-    // An app that reads each request's head and closes without a word.
+    // An app that reads each request's head, keeps it, and closes without
+    // a word.
     let (listener, base) = app().await;
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&heads);
     let accepted = tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
+            let kept = Arc::clone(&kept);
             tokio::spawn(async move {
                 let mut head = Vec::new();
                 let mut chunk = [0u8; 1024];
@@ -78,6 +69,7 @@ async fn a_resend_goes_on_a_new_connection_and_leaves_the_other_idle_ones() {
                         Ok(n) => head.extend_from_slice(&chunk[..n]),
                     }
                 }
+                sync::lock(&kept).push(head);
             });
         }
     });
@@ -88,10 +80,12 @@ async fn a_resend_goes_on_a_new_connection_and_leaves_the_other_idle_ones() {
         pool.put(authority.clone(), conn);
     }
     let mut request = Request::new(body::empty());
-    *request.uri_mut() = "/".parse().unwrap();
-    request
-        .headers_mut()
-        .insert(http::header::HOST, HeaderValue::from_static("app"));
+    *request.uri_mut() = "/a?b=c".parse().unwrap();
+    let headers = request.headers_mut();
+    headers.insert(http::header::HOST, HeaderValue::from_static("app"));
+    headers.append("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+    headers.append("accept", HeaderValue::from_static("*/*"));
+    headers.append("x-forwarded-for", HeaderValue::from_static("10.0.0.2"));
     // The newest idle connection is closed on it, the copy is closed
     // on a new one: an error, and the older idle connection untouched.
     let sent = pool.send(&base, request).await;
@@ -101,6 +95,19 @@ async fn a_resend_goes_on_a_new_connection_and_leaves_the_other_idle_ones() {
         sent.err()
     );
     assert_eq!(pool.idle_count(), 1);
+    // Both attempts carried the same head, byte for byte.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sync::lock(&heads).len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let heads = sync::lock(&heads).clone();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert_eq!(heads[0], heads[1]);
+    let head = String::from_utf8_lossy(&heads[0]);
+    assert!(
+        head.starts_with("GET /a?b=c HTTP/1.1\r\n") && head.contains("10.0.0.2"),
+        "{head}"
+    );
     accepted.abort();
 }
 

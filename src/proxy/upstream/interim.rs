@@ -174,6 +174,16 @@ impl HeadScan {
     /// status line completed in them. `101 Switching Protocols` is a final
     /// head, as it is to hyper.
     fn feed(&mut self, bytes: &[u8]) -> usize {
+        // The usual response: a final head whose status line came whole
+        // in the first read, settled without the walk below.
+        if *self == HeadScan::new() {
+            if let [b'H', b'T', b'T', b'P', b'/', b'1', b'.', minor, b' ', first, ..] = bytes {
+                if minor.is_ascii_digit() && *first != b'1' {
+                    *self = HeadScan::Done;
+                    return 0;
+                }
+            }
+        }
         let mut interim = 0;
         for &b in bytes {
             *self = match *self {

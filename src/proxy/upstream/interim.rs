@@ -4,7 +4,7 @@
 //! hyper's client skips any number of `1xx` heads before the final one
 //! and reports each only through a callback carried by the request, which
 //! costs every request an extensions map and two more allocations (about
-//! 1,300 instructions, `docs/BENCHMARKS.md`). The connection's socket is
+//! 900 instructions, `docs/BENCHMARKS.md`). The connection's socket is
 //! read through [`Watched`] instead: it reads the status line of each
 //! head as its bytes come in, counts a `1xx` head, skips its fields to the
 //! empty line that ends it, and stops at the first final head, reading

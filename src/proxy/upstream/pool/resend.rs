@@ -31,8 +31,8 @@ pub(super) fn replayable(request: &Request<Body>) -> bool {
 /// Its fields are kept as their bytes in one buffer, each name and value
 /// after its length. A clone of the field map takes two allocations and
 /// a reference on every name and value, each given back when the clone is
-/// dropped: 1.7k instructions a request with five fields, 4.6k with a
-/// browser's twelve (`docs/BENCHMARKS.md`), paid by every request for a
+/// dropped: about 1.4k instructions a request with five fields, 4.2k
+/// with a browser's twelve (`docs/BENCHMARKS.md`), paid by every request for a
 /// resend that almost none needs. The buffer is one allocation and a copy
 /// of the head's bytes; reading it back is left to the rare resend.
 pub(super) struct HeadCopy {

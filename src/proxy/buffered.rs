@@ -126,8 +126,13 @@ pub enum Arrival {
     /// Nothing of it is received first: the request goes on as it arrives.
     Now(Request<Inbound>),
     /// It is received first ([`Buffering::receive`]).
-    Receive(Request<Incoming>),
+    Receive(ToReceive),
 }
+
+/// A request whose body is to be received before it takes its places:
+/// made only by [`Buffering::arriving`], so [`Buffering::receive`] need
+/// not ask again.
+pub struct ToReceive(Request<Incoming>);
 
 /// A request ended while its body was being received.
 pub enum Stopped<'a, 'r> {
@@ -180,24 +185,19 @@ impl Buffering {
         if !rules.is_on() || request.body().is_end_stream() || !holds_places() {
             Arrival::Now(request.map(Inbound::Arriving))
         } else {
-            Arrival::Receive(request)
+            Arrival::Receive(ToReceive(request))
         }
     }
 
-    /// The request with its body received whole when it should be, or why
-    /// it ends here. Runs after routing, before the request takes its
-    /// places.
+    /// The request with its body received whole when it fits, or why it
+    /// ends here. Runs after routing, before the request takes its places.
     pub async fn receive<'a, 'r>(
         self: &Arc<Self>,
-        request: Request<Incoming>,
+        ToReceive(request): ToReceive,
         checks: &'a [Check<'r>],
         live: &Live,
     ) -> Result<Request<Inbound>, Stopped<'a, 'r>> {
         let rules = live.server.request_buffering;
-        let request = match Buffering::arriving(request, checks, live) {
-            Arrival::Now(request) => return Ok(request),
-            Arrival::Receive(request) => request,
-        };
         let (parts, incoming) = request.into_parts();
         let body = IdleTimeout::new(incoming, live.server.body_idle_timeout)
             .with_floor(live.server.min_upload_rate);

@@ -2,7 +2,7 @@
 """Instructions per request, by stage, for each of sluice's paths.
 
     python3 bench/profile.py [--sluice target/release/sluice] [--seconds 6] [--keep]
-        [--label TEXT] [--stem profile] [--cache-sim]
+        [--label TEXT] [--stem profile] [--cache-sim] [--only /none,/blocked]
 
 Runs one sluice (release build, `server.workers: 1`) under
 `valgrind --tool=callgrind` in front of nginx `return 200`, with Redis on
@@ -379,6 +379,9 @@ def main():
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--label", default="")
     ap.add_argument("--stem", default="profile", help="write bench/results/STEM.md and STEM.json")
+    ap.add_argument("--only", default="",
+                    help="comma-separated labels to profile (e.g. '/none,/blocked'), the floor and nginx "
+                         "left out: a quicker look at one change, not a profile to commit")
     ap.add_argument("--cache-sim", action="store_true",
                     help="also count callgrind's simulated cache misses and mispredicted branches")
     args = ap.parse_args()
@@ -397,7 +400,13 @@ def main():
             raise RuntimeError(redis.reason)
         memory_paths = [(p, p, ()) for p in ("/none", "/memory", "/blocked")]
         memory_paths.append(("/none", "/none" + BROWSER, BROWSER_HEAD))
-        for store, paths in (("memory", memory_paths), ("redis", [("/redis", "/redis", ())])):
+        stores = [("memory", memory_paths), ("redis", [("/redis", "/redis", ())])]
+        only = [label for label in args.only.split(",") if label]
+        if only:
+            stores = [(store, [p for p in paths if p[1] in only]) for store, paths in stores]
+            stores = [(store, paths) for store, paths in stores if paths]
+            args.no_floor = True
+        for store, paths in stores:
             proc, port, out = start_sluice_under_valgrind(
                 procs, workdir, args.sluice, f"sluice-{store}", store, upstream.port, redis.port
             )
@@ -433,7 +442,8 @@ def main():
         if not args.no_floor:
             results["paths"].update(profile_floor(
                 procs, workdir, args.floor, upstream.port, args.seconds, args.conns))
-        results["nginx"] = profile_nginx(procs, workdir, upstream.port, args.seconds, args.conns)
+        if not only:
+            results["nginx"] = profile_nginx(procs, workdir, upstream.port, args.seconds, args.conns)
     finally:
         procs.stop_all()
     write(results, args.stem)

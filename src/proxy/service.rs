@@ -157,16 +157,20 @@ impl Proxy {
 
         // A body that fits the buffer arrives whole before the request
         // takes a place in flight: a slow upload holds none (`buffered`).
+        let mut arrival = arrival;
         let request = match Buffering::arriving(request, &checks, live) {
             Arrival::Now(request) => request,
             Arrival::Receive(request) => match self.buffering.receive(request, &checks, live).await
             {
-                Ok(request) => request,
+                Ok(request) => {
+                    // The decision's budget starts once the body is in,
+                    // however long it took.
+                    arrival = Instant::now();
+                    request
+                }
                 Err(stopped) => return self.stopped(stopped, arrival),
             },
         };
-        // The decision's budget starts now, however long the body took.
-        let arrival = Instant::now();
 
         let admitted = match self.admit(&matched, &checks, live, arrival).await {
             Ok(admitted) => admitted,
@@ -308,6 +312,7 @@ impl Proxy {
         upstream::forward(
             &self.upstream,
             request,
+            sent,
             conn,
             live,
             &entry.route.upgrades,

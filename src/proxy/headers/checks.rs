@@ -327,9 +327,12 @@ fn valid_host(value: &[u8]) -> bool {
             None => (value, None),
         },
     };
+    // Most hosts are reg-name characters alone: one table look a byte
+    // settles them, before the walk that minds `%`.
     let host_ok = !host.is_empty()
-        && host.iter().enumerate().all(|(i, &b)| {
-            REG_NAME[usize::from(b)]
+        && (host.iter().all(|&b| REG_NAME[usize::from(b)])
+            || host.iter().enumerate().all(|(i, &b)| {
+                REG_NAME[usize::from(b)]
                 // Only as `pct-encoded`, `%` and two hex digits: the two
                 // digits are then checked as reg-name characters. A bare
                 // `%` is no host an app can parse back.
@@ -337,7 +340,7 @@ fn valid_host(value: &[u8]) -> bool {
                     && host
                         .get(i + 1..i + 3)
                         .is_some_and(|e| e.iter().all(u8::is_ascii_hexdigit)))
-        });
+            }));
     let port_ok = match port {
         None => true,
         // An empty port is allowed by the grammar (`host:`).

@@ -14,6 +14,8 @@ use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use http::uri::{Parts, PathAndQuery};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
@@ -133,7 +135,8 @@ impl UpstreamError {
 }
 
 /// Sends `request` upstream and returns the upstream's response with
-/// hop-by-hop fields removed, or why there is none.
+/// hop-by-hop fields removed, or why there is none. `sent`: now, as the
+/// caller read the clock (the upstream's turn starts there).
 ///
 /// The request is made ready before the future starts, in a function of
 /// its own: what that takes apart (the client's request, its parts and
@@ -143,12 +146,13 @@ impl UpstreamError {
 pub(crate) fn forward<'a>(
     upstream: &'a Upstream,
     request: Request<Inbound>,
+    sent: Instant,
     conn: &ConnInfo,
     live: &'a Live,
     upgrades: &'a [Box<str>],
     tunnels: &'a Tunnels,
 ) -> impl Future<Output = Result<Response<Body>, UpstreamError>> + 'a {
-    let outbound = outbound(upstream, request, conn, live, upgrades);
+    let outbound = outbound(upstream, request, sent, conn, live, upgrades);
     async move {
         let Outbound {
             request,
@@ -199,16 +203,19 @@ pub(crate) fn forward<'a>(
             drop(lease);
             return Ok(response.map(body::boxed));
         }
-        let response = response.map(|incoming| Returning::new(incoming, lease));
         // A body that stops part way is cut after `upstream.timeout` of
         // silence (nginx's `proxy_read_timeout` between two reads): the
-        // client sees it truncated instead of waiting forever.
-        if response.body().is_end_stream() {
-            Ok(response.map(body::boxed))
-        } else {
-            let timeout = live.upstream.timeout;
-            Ok(response.map(|b| body::boxed(IdleTimeout::response(b, timeout))))
-        }
+        // client sees it truncated instead of waiting forever. One `map`:
+        // each moves the whole head.
+        let timeout = live.upstream.timeout;
+        Ok(response.map(|incoming| {
+            let returning = Returning::new(incoming, lease);
+            if returning.is_end_stream() {
+                body::boxed(returning)
+            } else {
+                body::boxed(IdleTimeout::response(returning, timeout))
+            }
+        }))
     }
 }
 
@@ -227,6 +234,7 @@ struct Outbound {
 fn outbound(
     upstream: &Upstream,
     mut request: Request<Inbound>,
+    sent: Instant,
     conn: &ConnInfo,
     live: &Live,
     upgrades: &[Box<str>],
@@ -272,11 +280,11 @@ fn outbound(
     // So can a body received whole.
     let (body, timer) = match incoming {
         Inbound::Arriving(incoming) if incoming.is_end_stream() => {
-            let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
+            let timer = UpstreamTimer::starting(sent, live.upstream.timeout, &upstream.timers);
             (body::boxed(incoming), timer)
         }
         Inbound::Whole(whole) => {
-            let timer = UpstreamTimer::from_now(live.upstream.timeout, &upstream.timers);
+            let timer = UpstreamTimer::starting(sent, live.upstream.timeout, &upstream.timers);
             (body::boxed(whole), timer)
         }
         Inbound::Arriving(incoming) => {

@@ -47,9 +47,8 @@ pub(super) struct UpstreamTimer {
 
 impl UpstreamTimer {
     /// For a request whose body is already complete: the upstream's turn
-    /// from now on.
-    pub(super) fn from_now(timeout: Duration, spares: &Spares) -> UpstreamTimer {
-        let started = Instant::now();
+    /// from `started` (now, as the caller read the clock) on.
+    pub(super) fn starting(started: Instant, timeout: Duration, spares: &Spares) -> UpstreamTimer {
         UpstreamTimer {
             turn: None,
             started,
@@ -178,7 +177,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_complete_body_gives_the_upstream_the_whole_timeout() {
         let started = Instant::now();
-        UpstreamTimer::from_now(Duration::from_secs(3), &Spares::new())
+        UpstreamTimer::starting(Instant::now(), Duration::from_secs(3), &Spares::new())
             .expired()
             .await;
         assert_eq!(started.elapsed(), Duration::from_secs(3));

@@ -2,7 +2,7 @@
 """Instructions per request, by stage, for each of sluice's paths.
 
     python3 bench/profile.py [--sluice target/release/sluice] [--seconds 6] [--keep]
-        [--label TEXT] [--stem profile] [--cache-sim] [--only /none,/blocked]
+        [--label TEXT] [--stem profile] [--cache-sim] [--only none,blocked,browser]
 
 Runs one sluice (release build, `server.workers: 1`) under
 `valgrind --tool=callgrind` in front of nginx `return 200`, with Redis on
@@ -380,8 +380,9 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--stem", default="profile", help="write bench/results/STEM.md and STEM.json")
     ap.add_argument("--only", default="",
-                    help="comma-separated labels to profile (e.g. '/none,/blocked'), the floor and nginx "
-                         "left out: a quicker look at one change, not a profile to commit")
+                    help="comma-separated paths to profile (none, memory, blocked, browser, redis), "
+                         "the floor and nginx left out: a quicker look at one change, not a profile "
+                         "to commit")
     ap.add_argument("--cache-sim", action="store_true",
                     help="also count callgrind's simulated cache misses and mispredicted branches")
     args = ap.parse_args()
@@ -403,7 +404,9 @@ def main():
         stores = [("memory", memory_paths), ("redis", [("/redis", "/redis", ())])]
         only = [label for label in args.only.split(",") if label]
         if only:
-            stores = [(store, [p for p in paths if p[1] in only]) for store, paths in stores]
+            def key(label):
+                return "browser" if label.endswith(BROWSER) else label.strip("/")
+            stores = [(store, [p for p in paths if key(p[1]) in only]) for store, paths in stores]
             stores = [(store, paths) for store, paths in stores if paths]
             args.no_floor = True
         for store, paths in stores:

@@ -140,21 +140,27 @@ pub fn prepare_request(
     upgrade: Option<HeaderValue>,
 ) {
     let upgrade_values = upgrade.map(|value| vec![value]);
-    // One pass over the names present instead of a lookup (a hash and a
-    // probe) for each field below: most requests carry none of them.
+    // One pass over the names present, each name's text read once,
+    // instead of a lookup (a hash and a probe) for each field below: most
+    // requests carry none of them. The hop-by-hop names are found in the
+    // same pass.
+    let mut present = 0u16;
     let mut rewrite_urls = false;
     let mut forwarded_for = false;
     let mut claims = false;
     for name in headers.keys() {
-        if name == X_ORIGINAL_URL || name == X_REWRITE_URL {
+        let text = name.as_str();
+        if let Some(i) = hop_by_hop_at(name, text) {
+            present |= 1 << i;
+        } else if name == X_ORIGINAL_URL || name == X_REWRITE_URL {
             rewrite_urls = true;
         } else if name == X_FORWARDED_FOR {
             forwarded_for = true;
-        } else if is_claim(name) {
+        } else if is_claim_text(text) {
             claims = true;
         }
     }
-    let named_removed = strip_hop_by_hop(headers);
+    let named_removed = strip_present(headers, present);
     if rewrite_urls {
         headers.remove(&X_ORIGINAL_URL);
         headers.remove(&X_REWRITE_URL);
@@ -211,6 +217,9 @@ pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
 
 /// Removes the hop-by-hop fields and every field the `Connection` header
 /// names (RFC 9110 §7.6.1); whether it named any but hop-by-hop ones.
+/// The request's and the response's rewrites find those names in passes
+/// of their own, and strip them with [`strip_present`].
+#[cfg(test)]
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     strip_present(headers, hop_by_hop_present(headers))
 }
@@ -229,7 +238,9 @@ fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
     present
 }
 
-/// [`strip_hop_by_hop`], given what [`hop_by_hop_present`] found.
+/// Removes the hop-by-hop fields `present` marks (bit `i` for the `i`th
+/// of [`HOP_BY_HOP`]) and every field the `Connection` header names;
+/// whether it named any but hop-by-hop ones.
 fn strip_present(headers: &mut HeaderMap, mut present: u16) -> bool {
     if present == 0 {
         return false;
@@ -276,7 +287,11 @@ fn strip_present(headers: &mut HeaderMap, mut present: u16) -> bool {
 /// length first: most names of a message are of no hop-by-hop length, and
 /// the rest are compared with one or two names instead of ten.
 pub(super) fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    let text = name.as_str();
+    hop_by_hop_at(name, name.as_str())
+}
+
+/// [`hop_by_hop_index`] of `name`, whose text is `text`.
+fn hop_by_hop_at(name: &HeaderName, text: &str) -> Option<usize> {
     let candidates: &[usize] = match text.len() {
         2 => &[5],
         7 => &[6, 8],

@@ -62,6 +62,8 @@ BROWSER_HEAD = [
     "Cache-Control: max-age=0",
 ]
 BROWSER = ", browser head"
+# `/blocked` on the Redis store: refused by the over-limit cache.
+REDIS_BLOCKED = "/blocked, redis"
 
 # Where each instruction's code lives → the stage it is counted under.
 # Self costs (not inclusive) are grouped, so the stages add up to the total;
@@ -380,7 +382,8 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--stem", default="profile", help="write bench/results/STEM.md and STEM.json")
     ap.add_argument("--only", default="",
-                    help="comma-separated paths to profile (none, memory, blocked, browser, redis), "
+                    help="comma-separated paths to profile (none, memory, blocked, browser, redis, "
+                         "blocked-redis), "
                          "the floor and nginx left out: a quicker look at one change, not a profile "
                          "to commit")
     ap.add_argument("--cache-sim", action="store_true",
@@ -401,11 +404,14 @@ def main():
             raise RuntimeError(redis.reason)
         memory_paths = [(p, p, ()) for p in ("/none", "/memory", "/blocked")]
         memory_paths.append(("/none", "/none" + BROWSER, BROWSER_HEAD))
-        stores = [("memory", memory_paths), ("redis", [("/redis", "/redis", ())])]
+        redis_paths = [("/redis", "/redis", ()), ("/blocked", REDIS_BLOCKED, ())]
+        stores = [("memory", memory_paths), ("redis", redis_paths)]
         only = [label for label in args.only.split(",") if label]
         if only:
             def key(label):
-                return "browser" if label.endswith(BROWSER) else label.strip("/")
+                if label.endswith(BROWSER):
+                    return "browser"
+                return "blocked-redis" if label == REDIS_BLOCKED else label.strip("/")
             stores = [(store, [p for p in paths if key(p[1]) in only]) for store, paths in stores]
             stores = [(store, paths) for store, paths in stores if paths]
             args.no_floor = True
@@ -472,6 +478,8 @@ def ratios(results):
         ("hyper floor ÷ nginx `proxy_pass`", ipr(paths.get("hyper floor")), ipr(nginx.get("nginx /"))),
         ("sluice `/blocked` ÷ nginx `/blocked` (`limit_req` refusing)", ipr(paths.get("/blocked")),
          ipr(nginx.get("nginx /blocked"))),
+        ("sluice `/blocked` on Redis (the over-limit cache refusing) ÷ nginx `/blocked`",
+         ipr(paths.get(REDIS_BLOCKED)), ipr(nginx.get("nginx /blocked"))),
         ("sluice `/blocked` ÷ hyper floor `/blocked` (a fixed 429)", ipr(paths.get("/blocked")),
          ipr(paths.get("hyper floor /blocked"))),
         ("hyper floor `/blocked` ÷ nginx `/blocked`", ipr(paths.get("hyper floor /blocked")),

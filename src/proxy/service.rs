@@ -172,7 +172,13 @@ impl Proxy {
             },
         };
 
-        let admitted = match self.admit(&matched, &checks, live, arrival).await {
+        // Most admissions end at once; only the rest are awaited. The
+        // answer is matched where it is made: a named local would keep its
+        // room in the future to the end of the scope.
+        let admitted = match match self.admit(&matched, &checks, live, arrival) {
+            Either::Left(now) => now.into_inner(),
+            Either::Right(later) => later.await,
+        } {
             Ok(admitted) => admitted,
             Err(response) => {
                 let (parts, body) = request.into_parts();

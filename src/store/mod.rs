@@ -15,6 +15,7 @@ mod shards;
 mod spread;
 
 use std::fmt;
+use std::future::Future;
 
 use smallvec::SmallVec;
 use tokio::time::Instant;
@@ -114,6 +115,41 @@ impl Outcomes {
     }
 }
 
+/// A request's rate limits decided at once ([`Store::decide_now`]), or the
+/// Redis call that decides them.
+pub enum Decided<'s> {
+    Now(Outcomes),
+    Ask(Asking<'s>),
+}
+
+/// The Redis call of [`Decided::Ask`], with what the leases held here
+/// said of each limit.
+pub struct Asking<'s> {
+    store: &'s redis::RedisStore,
+    cache: Option<&'s deny_cache::DenyCache>,
+    befores: Option<redis::Befores>,
+    /// When the over-limit cache was found to remember no denial of any
+    /// limit (it is not asked again).
+    remembers_none: Option<Instant>,
+}
+
+impl<'s> Asking<'s> {
+    /// The outcomes of `evaluations`, those given to
+    /// [`Store::decide_now`]. Not boxed: a Redis call's future is several
+    /// KB, for the caller to box with whatever else it awaits.
+    pub fn ask<'a>(
+        &'a self,
+        evaluations: &'a [Evaluation<'_>],
+    ) -> impl Future<Output = Outcomes> + Send + 'a {
+        let befores = self.befores.as_deref();
+        let asked = redis::Asked {
+            befores,
+            remembers_none: self.remembers_none,
+        };
+        self.store.decide_all(evaluations, self.cache, asked)
+    }
+}
+
 /// The configured store. An enum rather than a trait object: two variants,
 /// async methods, no boxing on the hot path.
 pub enum Store {
@@ -159,18 +195,45 @@ impl Store {
     /// one critical section; Redis in one call of one script (on Cluster,
     /// in order, one call each: docs/LIMITS.md, "Several limits on one route").
     pub async fn evaluate_all(&self, evaluations: &[Evaluation<'_>]) -> Outcomes {
-        match self {
-            Store::Memory(store) => store.evaluate_all(evaluations),
+        match self.decide_now(evaluations) {
+            Decided::Now(outcomes) => outcomes,
             // Boxed, as in `evaluate`.
+            Decided::Ask(asking) => Box::pin(asking.ask(evaluations)).await,
+        }
+    }
+
+    /// [`Store::evaluate_all`] as far as it goes without waiting: the
+    /// memory store's outcomes, those of a request every limit of which a
+    /// lease held here pays for, or a denial the over-limit cache
+    /// remembers; else the Redis call still to make. A request decided here
+    /// makes no future at all.
+    pub fn decide_now(&self, evaluations: &[Evaluation<'_>]) -> Decided<'_> {
+        match self {
+            Store::Memory(store) => Decided::Now(store.evaluate_all(evaluations)),
             Store::Redis(store, cache) => {
-                // Paid by leases held here: answered before any future is
-                // made (a Redis call's is several KB, boxed).
                 let befores = match store.from_leases(evaluations) {
-                    redis::Leased::Paid(outcomes) => return outcomes,
+                    redis::Leased::Paid(outcomes) => return Decided::Now(outcomes),
                     redis::Leased::Ask(befores) => Some(befores),
                     redis::Leased::None => None,
                 };
-                Box::pin(store.decide_all(evaluations, cache.as_ref(), befores.as_deref())).await
+                let cache = cache.as_ref();
+                // A denial the over-limit cache remembers is answered here
+                // too, no future made. Not with leases in play: what their
+                // book said is for the call to settle.
+                let mut remembers_none = None;
+                if let (Some(cache), None) = (cache, &befores) {
+                    let asked = Instant::now();
+                    if let Some(outcomes) = store.remembered(evaluations, cache, None, asked) {
+                        return Decided::Now(outcomes);
+                    }
+                    remembers_none = Some(asked);
+                }
+                Decided::Ask(Asking {
+                    store,
+                    cache,
+                    befores,
+                    remembers_none,
+                })
             }
         }
     }
@@ -285,25 +348,43 @@ pub(crate) async fn evaluate_shared(
     let Some(cache) = cache else {
         return (store.evaluate(evaluation).await, Source::Store);
     };
+    // Taken before the store is asked, so a remembered denial can only end
+    // early, never late.
+    let asked = Instant::now();
     let Evaluation {
         policy,
         subject,
         cost,
         ..
     } = *evaluation;
-    // Taken before the store is asked, so a remembered denial can only end
-    // early, never late.
-    let asked = Instant::now();
     if let Some(hit) = cache.check(policy, subject, cost, asked) {
         if hit.touch {
             store.touch(evaluation);
         }
         return (Outcome::Denied(hit.decision), Source::DenyCache);
     }
+    let outcome = evaluate_remembering(store, cache, evaluation, asked).await;
+    (outcome, Source::Store)
+}
+
+/// Redis's outcome for `evaluation`, the over-limit cache having
+/// remembered no denial of it at `asked`; a denial is remembered.
+pub(crate) async fn evaluate_remembering(
+    store: &redis::RedisStore,
+    cache: &deny_cache::DenyCache,
+    evaluation: &Evaluation<'_>,
+    asked: Instant,
+) -> Outcome {
     let outcome = store.evaluate(evaluation).await;
     if let Outcome::Denied(decision) = &outcome {
+        let Evaluation {
+            policy,
+            subject,
+            cost,
+            ..
+        } = *evaluation;
         let reserved = evaluation.settle_within.is_some();
         cache.remember_denial(policy, subject, cost, asked, decision, reserved);
     }
-    (outcome, Source::Store)
+    outcome
 }

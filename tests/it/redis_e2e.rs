@@ -342,6 +342,61 @@ async fn a_subject_over_its_limit_is_denied_locally_without_asking_redis() {
     );
 }
 
+/// A route of several limits: one over its limit refuses from the over-limit
+/// cache without asking Redis; a shadow one over its limit, remembered
+/// too, ends nothing, and the limits beside it are still asked and charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_denial_among_several_limits_refuses_and_a_shadow_one_does_not() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let sluice = start_ready(&yaml(
+        &upstream,
+        &redis.url(),
+        "  two: { algorithm: sliding-log, limit: 2, window: 1h }
+  wide: { algorithm: sliding-log, limit: 1000, window: 1h }
+  watch: { algorithm: sliding-log, limit: 1, window: 1h, shadow: true }
+  five: { algorithm: sliding-log, limit: 5, window: 1h }
+",
+        "  - name: api
+    match: { path_prefix: /api }
+    limits: [{ policy: wide, subject: client_ip }, { policy: two, subject: client_ip }]
+  - name: watched
+    match: { path_prefix: /watched }
+    limits: [{ policy: watch, subject: client_ip }, { policy: five, subject: client_ip }]
+",
+    ))
+    .await;
+    assert_eq!(
+        sequential(sluice.addr(), "/api", &[], 2).await,
+        [StatusCode::OK; 2]
+    );
+    let mut conn = redis.connection();
+    reset_stats(&mut conn);
+
+    let denied = sequential(sluice.addr(), "/api", &[], 20).await;
+
+    assert_eq!(denied, [StatusCode::TOO_MANY_REQUESTS; 20]);
+    let stats = commandstats(&mut conn);
+    let fcall = stats
+        .iter()
+        .find(|(name, _)| name == "fcall")
+        .map_or(0, |(_, calls)| *calls);
+    assert!(
+        fcall <= 1,
+        "{fcall} FCALL for 20 denials of a route already over a limit: {stats:?}"
+    );
+    assert_eq!(upstream.count(), 2);
+
+    // `watch` denies from the second request on, and its denial is
+    // remembered; `five` still counts every request, and refuses the sixth.
+    let watched = sequential(sluice.addr(), "/watched", &[], 8).await;
+    let mut expected = vec![StatusCode::OK; 5];
+    expected.extend([StatusCode::TOO_MANY_REQUESTS; 3]);
+    assert_eq!(watched, expected);
+    assert_eq!(upstream.count(), 7);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_allowed_request_costs_exactly_one_fcall() {
     let _serial = SERIAL.lock().await;

@@ -4,8 +4,11 @@
 //! request is counted once. What the request holds and the `RateLimit`
 //! fields its response carries come back in [`Admitted`].
 
+use std::future::{Future, Ready};
+use std::pin::Pin;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use http::Response;
 use smallvec::SmallVec;
 use tokio::time::Instant;
@@ -13,7 +16,7 @@ use tokio::time::Instant;
 use crate::config::Live;
 use crate::limit::{Decision, LimitPolicy, Outcome};
 use crate::store::in_flight::Permit;
-use crate::store::{Evaluation, Outcomes, Source};
+use crate::store::{Decided, Evaluation, Outcomes, Source};
 
 use super::on_response::Reservation;
 use super::plan::{self, Judgement, Passed, Refusal};
@@ -83,77 +86,132 @@ pub(super) fn settle_within(live: &Live) -> std::time::Duration {
     live.upstream.timeout + 2 * live.store.budget + std::time::Duration::from_secs(10)
 }
 
+/// How a request's admission ends: at once, for most (no limit, the
+/// memory store, leases held here), or once a Redis call or a `delay`ed
+/// turn is over. Only those make a future, boxed: the request's future
+/// keeps no room for what most requests decide without one.
+pub(super) type Admission<'f, 'r> =
+    Either<Ready<Ended<'r>>, Pin<Box<dyn Future<Output = Ended<'r>> + Send + 'f>>>;
+
+/// What admission ends with: the request admitted, or the answer that
+/// ends it.
+type Ended<'r> = Result<Admitted<'r>, Response<Body>>;
+
+/// An admission ended at once.
+fn now<'f, 'r>(ended: Ended<'r>) -> Admission<'f, 'r> {
+    Either::Left(std::future::ready(ended))
+}
+
+/// What judging leaves: the judgement, what the limits charged on
+/// response reserved, and the turn of a request told to wait for it.
+type Judged<'a, 'r> = (Judgement<'a, 'r>, Reservations, Option<turn::Turn<'a, 'r>>);
+
 impl Proxy {
     /// Every limit of every matched route, together: `Ok` to forward (with
     /// what the response needs), or the answer that ends the request.
-    pub(super) async fn admit<'r>(
-        &self,
-        matched: &Matched<'r>,
-        checks: &[Check<'r>],
-        live: &Live,
+    pub(super) fn admit<'f, 'r>(
+        &'f self,
+        matched: &'f Matched<'r>,
+        checks: &'f [Check<'r>],
+        live: &'f Live,
         arrival: Instant,
-    ) -> Result<Admitted<'r>, Response<Body>> {
+    ) -> Admission<'f, 'r> {
         if checks.is_empty() {
             // `policy: none` (or a tier that names it): nothing to take,
             // ask or wait for. Counted as every route's request is, and
             // spared the moves of an empty judgement through the rest.
             self.count(matched, checks, &Judgement::Passed(Passed::new()), arrival);
-            return Ok(Admitted {
+            return now(Ok(Admitted {
                 ratelimit: None,
                 held: exchange::Held {
                     permits: SmallVec::new(),
                     reservations: Reservations::new(),
                 },
-            });
+            }));
         }
         let mut permits = SmallVec::new();
-        // Judged within this block: what judging leaves (the judgement,
-        // the turn) is lent here, and a local once lent keeps its room in
-        // the future to the end of its scope; past it, only what a
-        // `delay`ed request holds through its wait.
-        let (ratelimit, reservations, waiting) = {
-            let (judgement, reservations, turn) = match self.take_places(checks, &mut permits) {
-                Some(refusal) => (Judgement::Refused(refusal), Reservations::new(), None),
-                None => self.judge(checks, live, arrival).await,
-            };
-            // A request told to wait for its turn takes a place in its
-            // limit's queue, or, the queue full, is refused and gives the
-            // turn back.
-            let mut queued = None;
-            if let (Judgement::Passed(_), Some(waiting)) = (&judgement, &turn) {
-                let max = waiting
-                    .check
-                    .limit()
-                    .policy
-                    .as_rate()
-                    .and_then(|p| p.delay)
-                    .map_or(0, |d| d.max_queued);
-                queued = turn::Queued::take(&waiting.check.state().waiting, max);
-                if queued.is_none() {
-                    if let Some(turn) = turn {
-                        return Err(self.queue_full(turn, live, arrival));
-                    }
+        if let Some(refusal) = self.take_places(checks, &mut permits) {
+            let judged = (Judgement::Refused(refusal), Reservations::new(), None);
+            return self.admitted(matched, checks, judged, permits, live, arrival);
+        }
+        let deadline = arrival + live.store.budget;
+        let (limits, evaluations) = plan::asked(checks, deadline, settle_within(live));
+        if limits.is_empty() {
+            let judged = (Judgement::Passed(Passed::new()), Reservations::new(), None);
+            return self.admitted(matched, checks, judged, permits, live, arrival);
+        }
+        match self.store.decide_now(&evaluations) {
+            // Nothing to give back for a refusal decided here: the memory
+            // store charges a refused request nothing, and a lease's units
+            // stay spent (`RedisStore::give_back`).
+            Decided::Now(outcomes) => {
+                let judged = self.judge(checks, &limits, &evaluations, &outcomes, live, arrival);
+                self.admitted(matched, checks, judged, permits, live, arrival)
+            }
+            Decided::Ask(asking) => Either::Right(Box::pin(async move {
+                let outcomes = asking.ask(&evaluations).await;
+                let judged = self.judge(checks, &limits, &evaluations, &outcomes, live, arrival);
+                if let Judgement::Refused(_) = judged.0 {
+                    self.store.give_back(&evaluations, &outcomes).await;
+                }
+                self.admitted(matched, checks, judged, permits, live, arrival)
+                    .await
+            })),
+        }
+    }
+
+    /// The end of an admission once judged: counted, and refused, or
+    /// admitted with what it holds; a request told to wait for its turn
+    /// takes a place in its limit's queue and waits, or, the queue full, is
+    /// refused and gives the turn back.
+    fn admitted<'f, 'r>(
+        &'f self,
+        matched: &Matched<'r>,
+        checks: &'f [Check<'r>],
+        (judgement, reservations, turn): Judged<'f, 'r>,
+        permits: SmallVec<[Permit; 1]>,
+        live: &'f Live,
+        arrival: Instant,
+    ) -> Admission<'f, 'r> {
+        let mut queued = None;
+        if let (Judgement::Passed(_), Some(waiting)) = (&judgement, &turn) {
+            let max = waiting
+                .check
+                .limit()
+                .policy
+                .as_rate()
+                .and_then(|p| p.delay)
+                .map_or(0, |d| d.max_queued);
+            queued = turn::Queued::take(&waiting.check.state().waiting, max);
+            if queued.is_none() {
+                if let Some(turn) = turn {
+                    return now(Err(self.queue_full(turn, live, arrival)));
                 }
             }
-            self.count(matched, checks, &judgement, arrival);
-            match judgement {
-                // Its places go back as `permits` drops.
-                Judgement::Refused(refusal) => return Err(refusal.response),
-                Judgement::Passed(passed) => (passed.ratelimit, reservations, turn.zip(queued)),
-            }
-        };
-        if let Some((turn, queued)) = waiting {
-            // No place is held through the wait.
-            drop(std::mem::take(&mut permits));
-            permits = Box::pin(self.wait_for(turn, queued, checks, live, arrival)).await?;
         }
-        Ok(Admitted {
-            ratelimit,
-            held: exchange::Held {
+        self.count(matched, checks, &judgement, arrival);
+        let ratelimit = match judgement {
+            // Its places go back as `permits` drops.
+            Judgement::Refused(refusal) => return now(Err(refusal.response)),
+            Judgement::Passed(passed) => passed.ratelimit,
+        };
+        let Some((turn, queued)) = turn.zip(queued) else {
+            let held = exchange::Held {
                 permits,
                 reservations,
-            },
-        })
+            };
+            return now(Ok(Admitted { ratelimit, held }));
+        };
+        // No place is held through the wait.
+        drop(permits);
+        Either::Right(Box::pin(async move {
+            let permits = self.wait_for(turn, queued, checks, live, arrival).await?;
+            let held = exchange::Held {
+                permits,
+                reservations,
+            };
+            Ok(Admitted { ratelimit, held })
+        }))
     }
 
     /// The 429 of a request whose turn came with its limit's queue full:
@@ -241,24 +299,20 @@ impl Proxy {
         None
     }
 
-    /// Asks the store for every rate limit at once, the local fallback for
-    /// those it leaves to it, and judges the request by the answers
-    /// ([`plan`]). What the store charged a refused request goes back.
-    async fn judge<'a, 'r>(
+    /// The judgement of the store's `outcomes` (and the local fallback's,
+    /// for the limits it left to it), what the limits charged on response
+    /// reserved, and the turn of a `delay`ed request.
+    fn judge<'a, 'r>(
         &self,
         checks: &'a [Check<'r>],
+        limits: &plan::Limits<'a, 'r>,
+        evaluations: &[Evaluation<'a>],
+        outcomes: &Outcomes,
         live: &Live,
         arrival: Instant,
-    ) -> (Judgement<'a, 'r>, Reservations, Option<turn::Turn<'a, 'r>>) {
-        let deadline = arrival + live.store.budget;
-        let (limits, evaluations) = plan::asked(checks, deadline, settle_within(live));
-        if limits.is_empty() {
-            return (Judgement::Passed(Passed::new()), Reservations::new(), None);
-        }
-        let outcomes = &self.store.evaluate_all(&evaluations).await;
-        let judgement = self.judged(&limits, &evaluations, outcomes, live, arrival);
+    ) -> Judged<'a, 'r> {
+        let judgement = self.judged(limits, evaluations, outcomes, live, arrival);
         if let Judgement::Refused(_) = judgement {
-            self.store.give_back(&evaluations, outcomes).await;
             return (judgement, Reservations::new(), None);
         }
         // What the store took for the limits charged on response, to be
@@ -280,17 +334,12 @@ impl Proxy {
                 reservations.push((index, reserved));
             }
         }
-        (
-            judgement,
-            reservations,
-            turn(&limits, &evaluations, outcomes),
-        )
+        (judgement, reservations, turn(limits, evaluations, outcomes))
     }
 
     /// The judgement of the store's `outcomes` for `limits`, with the local
     /// fallback's for those it left to it. Apart from [`Proxy::judge`]: the
-    /// plan it reads (about 400 bytes) would otherwise keep its room in
-    /// every request's future through the give-back that a refusal awaits.
+    /// plan it reads is about 400 bytes, kept off the stack of the callers.
     fn judged<'a, 'r>(
         &self,
         limits: &plan::Limits<'a, 'r>,

@@ -49,7 +49,7 @@ mod pool;
 mod readiness;
 mod refund;
 pub(crate) mod reply;
-pub use leased::Leased;
+pub use leased::{Befores, Leased};
 mod scripts;
 mod stats;
 mod touch;
@@ -248,56 +248,61 @@ impl RedisStore {
     ) -> Outcomes {
         match self.from_leases(evaluations) {
             Leased::Paid(outcomes) => outcomes,
-            Leased::Ask(befores) => self.decide_all(evaluations, cache, Some(&befores)).await,
-            Leased::None => self.decide_all(evaluations, cache, None).await,
+            Leased::Ask(befores) => {
+                let asked = Asked {
+                    befores: Some(&befores),
+                    remembers_none: None,
+                };
+                self.decide_all(evaluations, cache, asked).await
+            }
+            Leased::None => self.decide_all(evaluations, cache, Asked::default()).await,
         }
     }
 
     /// [`RedisStore::evaluate_all`] once [`RedisStore::from_leases`] has
-    /// found the request not paid by leases; `befores`: what the lease book
-    /// said of each limit, when one is leased.
+    /// found the request not paid by leases (`asked`: what the lease book
+    /// said of each limit, when one is leased; whether the over-limit
+    /// cache was asked already).
     pub async fn decide_all(
         &self,
         evaluations: &[Evaluation<'_>],
         cache: Option<&DenyCache>,
-        befores: Option<&[Before]>,
+        asked: Asked<'_>,
     ) -> Outcomes {
+        let Asked {
+            befores,
+            remembers_none,
+        } = asked;
         if let [one] = evaluations {
             if let Some([before]) = befores {
                 return self.evaluate_leased(one, cache, before).await;
             }
-            let (outcome, source) = super::evaluate_shared(self, cache, one).await;
+            let (outcome, source) = match (cache, remembers_none) {
+                (Some(cache), Some(asked)) => {
+                    let outcome = super::evaluate_remembering(self, cache, one, asked).await;
+                    (outcome, Source::Store)
+                }
+                _ => super::evaluate_shared(self, cache, one).await,
+            };
             let mut outcomes = Outcomes::at(0, outcome);
             outcomes.source = source;
             return outcomes;
         }
         // Taken before the store is asked, so a remembered denial can only
         // end early, never late.
-        let asked = Instant::now();
-        if let Some(cache) = cache {
-            for (i, e) in evaluations.iter().enumerate() {
-                if e.policy.shadow {
-                    continue;
-                }
-                if let Some(hit) = cache.check(e.policy, e.subject, e.cost, asked) {
-                    if hit.touch {
-                        self.inner.touch(e);
-                    }
-                    if let Some(befores) = befores {
-                        self.not_asked(evaluations, befores);
-                    }
-                    let mut outcomes = Outcomes::at(i, Outcome::Denied(hit.decision));
-                    outcomes.source = Source::DenyCache;
-                    return outcomes;
-                }
+        let asked = remembers_none.unwrap_or_else(Instant::now);
+        if let (Some(cache), None) = (cache, remembers_none) {
+            if let Some(outcomes) = self.remembered(evaluations, cache, befores, asked) {
+                return outcomes;
             }
         }
         if let Some(befores) = befores {
             let one_call = !self.in_order(evaluations);
-            if let Some(outcomes) = self
-                .evaluate_all_leased(evaluations, one_call, befores)
-                .await
-            {
+            // Boxed: several limits of which some are leased are few, and
+            // this future, the largest of a decision's, would otherwise
+            // size every Redis decision's.
+            let leased = Box::pin(self.evaluate_all_leased(evaluations, one_call, befores));
+            if let Some(outcomes) = leased.await {
                 if let Some(cache) = cache {
                     remember(cache, evaluations, &outcomes, asked);
                 }
@@ -324,6 +329,39 @@ impl RedisStore {
             remember(cache, evaluations, &outcomes, asked);
         }
         outcomes
+    }
+
+    /// The outcomes of `evaluations` when the over-limit cache remembers
+    /// one of them denied at `asked`: answered without asking Redis. A
+    /// shadow limit's denial ends the decision only when it is the
+    /// request's one limit: among others it refuses nothing, and they are
+    /// still to be asked. `befores`: what the lease book said of each,
+    /// undone then.
+    pub fn remembered(
+        &self,
+        evaluations: &[Evaluation<'_>],
+        cache: &DenyCache,
+        befores: Option<&[Before]>,
+        asked: Instant,
+    ) -> Option<Outcomes> {
+        let alone = evaluations.len() == 1;
+        for (i, e) in evaluations.iter().enumerate() {
+            if e.policy.shadow && !alone {
+                continue;
+            }
+            if let Some(hit) = cache.check(e.policy, e.subject, e.cost, asked) {
+                if hit.touch {
+                    self.inner.touch(e);
+                }
+                if let Some(befores) = befores {
+                    self.not_asked(evaluations, befores);
+                }
+                let mut outcomes = Outcomes::at(i, Outcome::Denied(hit.decision));
+                outcomes.source = Source::DenyCache;
+                return Some(outcomes);
+            }
+        }
+        None
     }
 
     /// Whether `evaluations` are decided one call each, in order: on Redis
@@ -477,6 +515,16 @@ impl RedisStore {
     pub fn refused(&self) -> Option<String> {
         self.inner.modes.refused()
     }
+}
+
+/// How far a decision went before the Redis call ([`RedisStore::decide_all`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Asked<'b> {
+    /// What the lease book said of each limit, when one is leased.
+    pub befores: Option<&'b [Before]>,
+    /// When the over-limit cache was found to remember no denial of any
+    /// limit, if it was asked already.
+    pub remembers_none: Option<Instant>,
 }
 
 /// Remembers the denials among `outcomes` of a request that arrived at

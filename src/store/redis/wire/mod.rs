@@ -182,7 +182,7 @@ impl Wire {
     pub async fn call(&self, cmd: &Cmd) -> RedisResult<Frame> {
         let mut replies = self.send(|out| cmd.write_packed_command(out), 1)?;
         match replies.pop() {
-            Some(reply) => receive(reply).await,
+            Some(reply) => received(reply.await),
             None => Err(lost(io::ErrorKind::Other)),
         }
     }
@@ -217,8 +217,11 @@ impl Wire {
 
 type Receiver = oneshot::Receiver<Result<Frame, io::ErrorKind>>;
 
-async fn receive(reply: Receiver) -> RedisResult<Frame> {
-    match reply.await {
+/// What a command's receiver got: its reply, or why there is none.
+fn received(
+    answer: Result<Result<Frame, io::ErrorKind>, oneshot::error::RecvError>,
+) -> RedisResult<Frame> {
+    match answer {
         Ok(Ok(frame)) => Ok(frame),
         Ok(Err(kind)) => Err(lost(kind)),
         // The task ended without answering (the runtime shutting down).
@@ -267,7 +270,7 @@ impl ConnectionLike for Wire {
             let mut values = Vec::with_capacity(count);
             let mut first_error = None;
             for (i, reply) in receivers.into_iter().enumerate() {
-                let value = receive(reply).await?.value();
+                let value = received(reply.await)?.value();
                 match value {
                     Ok(value) if i >= offset => values.push(value),
                     Ok(_) => {}

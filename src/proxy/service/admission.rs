@@ -2,7 +2,8 @@
 //! are taken first, then every rate limit is asked at once ([`plan`]
 //! judges the answers), a `delay`ed request waits its turn, and the
 //! request is counted once. What the request holds and the `RateLimit`
-//! fields its response carries come back in [`Admitted`].
+//! fields its response carries come back in [`Admitted`]: at once for a
+//! request nothing is awaited for, which makes no future ([`Admission`]).
 
 use std::future::{Future, Ready};
 use std::pin::Pin;
@@ -338,8 +339,7 @@ impl Proxy {
     }
 
     /// The judgement of the store's `outcomes` for `limits`, with the local
-    /// fallback's for those it left to it. Apart from [`Proxy::judge`]: the
-    /// plan it reads is about 400 bytes, kept off the stack of the callers.
+    /// fallback's for those it left to it.
     fn judged<'a, 'r>(
         &self,
         limits: &plan::Limits<'a, 'r>,

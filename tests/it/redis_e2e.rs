@@ -14,6 +14,7 @@ use crate::support::redis::RedisServer;
 use crate::support::redis_sidecar::{
     admin, commandstats, redis_yaml, reset_stats, sample, sent_by_clients, spread, start_ready,
 };
+use crate::support::sidecar::Sidecar;
 use crate::support::{burst, clear_of_window_edge, count, get, released_together, Upstream};
 use http::StatusCode;
 use redis::Commands;
@@ -299,6 +300,31 @@ async fn redis_holds_no_raw_identity_and_every_key_expires() {
 // What sluice sends
 // ---------------------------------------------------------------------------
 
+/// Two requests to `path` pass, and the 20 after them are refused with at
+/// most one `FCALL` among them (the first denial may be Redis's own): the
+/// rest come from the over-limit cache.
+async fn refused_without_asking_redis(sluice: &Sidecar, redis: &RedisServer, path: &str) {
+    assert_eq!(
+        sequential(sluice.addr(), path, &[], 2).await,
+        [StatusCode::OK; 2]
+    );
+    let mut conn = redis.connection();
+    reset_stats(&mut conn);
+
+    let denied = sequential(sluice.addr(), path, &[], 20).await;
+
+    assert_eq!(denied, [StatusCode::TOO_MANY_REQUESTS; 20]);
+    let stats = commandstats(&mut conn);
+    let fcall = stats
+        .iter()
+        .find(|(name, _)| name == "fcall")
+        .map_or(0, |(_, calls)| *calls);
+    assert!(
+        fcall <= 1,
+        "{fcall} FCALL for 20 denials on {path}, already over a limit: {stats:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subject_over_its_limit_is_denied_locally_without_asking_redis() {
     let _serial = SERIAL.lock().await;
@@ -313,26 +339,10 @@ async fn a_subject_over_its_limit_is_denied_locally_without_asking_redis() {
     .await;
     let hits = "sluice_local_deny_cache_hits_total";
     let hits_before = sample(&sluice, hits, &[]).await.unwrap_or(0.0);
-    assert_eq!(
-        sequential(sluice.addr(), "/api", &[], 2).await,
-        [StatusCode::OK; 2]
-    );
-    let mut conn = redis.connection();
-    reset_stats(&mut conn);
 
-    let denied = sequential(sluice.addr(), "/api", &[], 20).await;
+    refused_without_asking_redis(&sluice, &redis, "/api").await;
 
-    assert_eq!(denied, [StatusCode::TOO_MANY_REQUESTS; 20]);
     assert_eq!(upstream.count(), 2);
-    let stats = commandstats(&mut conn);
-    let fcall = stats
-        .iter()
-        .find(|(name, _)| name == "fcall")
-        .map_or(0, |(_, calls)| *calls);
-    assert!(
-        fcall <= 1,
-        "{fcall} FCALL for 20 denials of a subject already over its limit: {stats:?}"
-    );
     let hits_after = sample(&sluice, hits, &[])
         .await
         .unwrap_or_else(|| panic!("no {hits} on /metrics"));
@@ -367,25 +377,9 @@ async fn a_remembered_denial_among_several_limits_refuses_and_a_shadow_one_does_
 ",
     ))
     .await;
-    assert_eq!(
-        sequential(sluice.addr(), "/api", &[], 2).await,
-        [StatusCode::OK; 2]
-    );
-    let mut conn = redis.connection();
-    reset_stats(&mut conn);
 
-    let denied = sequential(sluice.addr(), "/api", &[], 20).await;
+    refused_without_asking_redis(&sluice, &redis, "/api").await;
 
-    assert_eq!(denied, [StatusCode::TOO_MANY_REQUESTS; 20]);
-    let stats = commandstats(&mut conn);
-    let fcall = stats
-        .iter()
-        .find(|(name, _)| name == "fcall")
-        .map_or(0, |(_, calls)| *calls);
-    assert!(
-        fcall <= 1,
-        "{fcall} FCALL for 20 denials of a route already over a limit: {stats:?}"
-    );
     assert_eq!(upstream.count(), 2);
 
     // `watch` denies from the second request on, and its denial is

@@ -11,11 +11,15 @@ need python3 "apt-get install python3"
 need curl "apt-get install curl"
 
 # Another process on one of the ports would answer in sluice's place:
-# refuse to start rather than show its answers.
+# refuse to start rather than show its answers. Bound as the app and
+# sluice bind (SO_REUSEADDR): a connection of the last run still in
+# TIME-WAIT holds no port, only a listener does.
 for port in 3000 8080 9901; do
   if ! python3 -c 'import socket, sys
 s = socket.socket()
-s.bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()' "$port" 2>/dev/null; then
     echo "quickstart needs 127.0.0.1:$port, but another process holds it; stop it and try again" >&2
     exit 1
   fi

@@ -351,17 +351,8 @@ pub(crate) async fn evaluate_shared(
     // Taken before the store is asked, so a remembered denial can only end
     // early, never late.
     let asked = Instant::now();
-    let Evaluation {
-        policy,
-        subject,
-        cost,
-        ..
-    } = *evaluation;
-    if let Some(hit) = cache.check(policy, subject, cost, asked) {
-        if hit.touch {
-            store.touch(evaluation);
-        }
-        return (Outcome::Denied(hit.decision), Source::DenyCache);
+    if let Some(decision) = store.remembered_denial(evaluation, cache, asked) {
+        return (Outcome::Denied(decision), Source::DenyCache);
     }
     let outcome = evaluate_remembering(store, cache, evaluation, asked).await;
     (outcome, Source::Store)

@@ -68,7 +68,7 @@ use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use crate::config;
-use crate::limit::{Outcome, Policy};
+use crate::limit::{Decision, Outcome, Policy};
 use crate::route::Route;
 
 use super::breaker::{Breaker, Thresholds};
@@ -349,19 +349,37 @@ impl RedisStore {
             if e.policy.shadow && !alone {
                 continue;
             }
-            if let Some(hit) = cache.check(e.policy, e.subject, e.cost, asked) {
-                if hit.touch {
-                    self.inner.touch(e);
-                }
+            if let Some(decision) = self.remembered_denial(e, cache, asked) {
                 if let Some(befores) = befores {
                     self.not_asked(evaluations, befores);
                 }
-                let mut outcomes = Outcomes::at(i, Outcome::Denied(hit.decision));
+                let mut outcomes = Outcomes::at(i, Outcome::Denied(decision));
                 outcomes.source = Source::DenyCache;
                 return Some(outcomes);
             }
         }
         None
+    }
+
+    /// The denial of `evaluation` the over-limit cache remembers at
+    /// `asked`, if any; its key touched when Redis is to see it in use.
+    pub fn remembered_denial(
+        &self,
+        evaluation: &Evaluation<'_>,
+        cache: &DenyCache,
+        asked: Instant,
+    ) -> Option<Decision> {
+        let Evaluation {
+            policy,
+            subject,
+            cost,
+            ..
+        } = *evaluation;
+        let hit = cache.check(policy, subject, cost, asked)?;
+        if hit.touch {
+            self.inner.touch(evaluation);
+        }
+        Some(hit.decision)
     }
 
     /// Whether `evaluations` are decided one call each, in order: on Redis

@@ -19,7 +19,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures_util::future::Either;
-use futures_util::FutureExt as _;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::Incoming;
@@ -44,7 +43,6 @@ use super::respond::{self, Prepared};
 use super::runtime::{Entry, LimitState, Runtime, SharedRuntime};
 use super::underscores;
 use super::untrusted_forwarder::UntrustedForwarder;
-use super::upstream::Tunnels;
 use super::upstream::{self, Upstream, UpstreamError};
 use super::verdict::Verdict;
 use super::ConnInfo;
@@ -60,7 +58,6 @@ pub struct Proxy {
     /// Request bodies received before their request takes its places.
     buffering: Arc<Buffering>,
     upstream: Upstream,
-    tunnels: Tunnels,
     metrics: ProxyMetrics,
     untrusted_forwarder: UntrustedForwarder,
 }
@@ -123,7 +120,6 @@ impl Proxy {
             in_flight: InFlight::new(),
             buffering: Buffering::new(),
             upstream,
-            tunnels: Tunnels::new(),
             untrusted_forwarder: UntrustedForwarder::new(),
         }
     }
@@ -211,10 +207,9 @@ impl Proxy {
                 )))
             }
             // Nothing held or owed: the exchange may go with the client.
-            None => Either::Right(
-                self.forward(request, conn, live, primary)
-                    .map(|(response, _)| (response, exchange::Charges::new())),
-            ),
+            None => Either::Right(self.forward(request, conn, live, primary, |response, _| {
+                (response, exchange::Charges::new())
+            })),
         };
         let (mut response, charges) = exchange.await;
         counted_in_ratelimit(&checks, &charges, &mut ratelimit);
@@ -303,18 +298,19 @@ impl Proxy {
         }
     }
 
-    /// The response, and who gave it.
-    fn forward<'a>(
+    /// What `done` makes of the response and who gave it.
+    fn forward<'a, T>(
         &'a self,
         request: Request<Inbound>,
         conn: &ConnInfo,
         live: &'a Live,
         entry: Entry<'a>,
-    ) -> impl Future<Output = (Response<Body>, Answered)> + 'a {
+        done: impl FnOnce(Response<Body>, Answered) -> T + 'a,
+    ) -> impl Future<Output = T> + 'a {
         let sent = Instant::now();
-        // Mapped, not awaited in an `async fn`: the future is the
-        // exchange's and the little this adds, never a second copy of its
-        // arguments (a request's future is moved whole into hyper's slot).
+        // Not awaited in an `async fn`: the future is the exchange's and
+        // the little `done` adds, never a second copy of its arguments (a
+        // request's future is moved whole into hyper's slot).
         upstream::forward(
             &self.upstream,
             request,
@@ -322,22 +318,21 @@ impl Proxy {
             conn,
             live,
             &entry.route.upgrades,
-            &self.tunnels,
+            move |response| match response {
+                Ok(response) => {
+                    entry.metrics.upstream(response.status(), sent.elapsed());
+                    done(response, Answered::App)
+                }
+                Err(error) => {
+                    entry.metrics.upstream_error(error);
+                    let answered = match error {
+                        UpstreamError::Timeout => Answered::TimedOut,
+                        _ => Answered::Sluice,
+                    };
+                    done(error.response(), answered)
+                }
+            },
         )
-        .map(move |response| match response {
-            Ok(response) => {
-                entry.metrics.upstream(response.status(), sent.elapsed());
-                (response, Answered::App)
-            }
-            Err(error) => {
-                entry.metrics.upstream_error(error);
-                let answered = match error {
-                    UpstreamError::Timeout => Answered::TimedOut,
-                    _ => Answered::Sluice,
-                };
-                (error.response(), answered)
-            }
-        })
     }
 
     /// Whether `peer` is one of `identity.trusted_proxies` as configured
@@ -354,7 +349,7 @@ impl Proxy {
 
     /// Lets upgraded connections run until `deadline`, then cuts them.
     pub async fn drain_tunnels(&self, deadline: Instant) {
-        self.tunnels.drain(deadline).await;
+        self.upstream.drain_tunnels(deadline).await;
     }
 }
 

@@ -126,7 +126,13 @@ pub(super) async fn run(
     tokio::spawn(async move {
         let live = &*runtime.live;
         let (response, answered) = proxy
-            .forward(request, &conn, live, runtime.entry(route))
+            .forward(
+                request,
+                &conn,
+                live,
+                runtime.entry(route),
+                |response, answered| (response, answered),
+            )
             .await;
         let mut charges = Charges::new();
         for owed in &owed {

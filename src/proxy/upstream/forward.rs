@@ -42,6 +42,8 @@ pub struct Upstream {
     pool: Arc<Pool>,
     /// `upstream.timeout`'s sleeps, reused (`sleeps`).
     timers: Spares,
+    /// Connections switched to another protocol, run until drained.
+    tunnels: Arc<Tunnels>,
 }
 
 impl Upstream {
@@ -57,7 +59,13 @@ impl Upstream {
         Upstream {
             pool: Pool::start(connector, builder),
             timers: Spares::new(),
+            tunnels: Arc::new(Tunnels::new()),
         }
+    }
+
+    /// Lets upgraded connections run until `deadline`, then cuts them.
+    pub async fn drain_tunnels(&self, deadline: Instant) {
+        self.tunnels.drain(deadline).await;
     }
 }
 
@@ -134,88 +142,102 @@ impl UpstreamError {
     }
 }
 
-/// Sends `request` upstream and returns the upstream's response with
-/// hop-by-hop fields removed, or why there is none. `sent`: now, as the
-/// caller read the clock (the upstream's turn starts there).
+/// Sends `request` upstream and returns what `done` makes of the
+/// upstream's response, its hop-by-hop fields removed, or of why there is
+/// none. `sent`: now, as the caller read the clock (the upstream's turn
+/// starts there).
 ///
 /// The request is made ready before the future starts, in a function of
 /// its own: what that takes apart (the client's request, its parts and
 /// body) would otherwise keep room in the future through the whole
 /// exchange, and a request's future is moved whole into hyper's slot for
-/// each request (docs/BENCHMARKS.md, "The request's future").
-pub(crate) fn forward<'a>(
+/// each request (docs/BENCHMARKS.md, "The request's future"). `done` runs
+/// in the same future: a combinator around it (`map`) would move the whole
+/// future once more, about 1.4 KB, for each request.
+pub(crate) fn forward<'a, T>(
     upstream: &'a Upstream,
     request: Request<Inbound>,
     sent: Instant,
     conn: &ConnInfo,
     live: &'a Live,
     upgrades: &'a [Box<str>],
-    tunnels: &'a Tunnels,
-) -> impl Future<Output = Result<Response<Body>, UpstreamError>> + 'a {
+    done: impl FnOnce(Result<Response<Body>, UpstreamError>) -> T + 'a,
+) -> impl Future<Output = T> + 'a {
     let outbound = outbound(upstream, request, sent, conn, live, upgrades);
     async move {
-        let Outbound {
-            request,
-            mut timer,
-            client_upgrade,
-        } = outbound?;
-        let (mut response, lease) = tokio::select! {
-            sent = upstream.pool.send(&live.upstream.url, request) => match sent {
-                Ok(sent) => sent,
-                Err(error) => return Err(failed(&error, &upstream.pool)),
-            },
-            () = timer.expired() => {
-                tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
-                return Err(UpstreamError::Timeout);
-            }
-        };
-        let checked = if lease.flooded() {
-            Err(Refused::InformationalFlood)
-        } else {
-            upstream_head::check(response.headers())
-        };
-        if let Err(refused) = checked {
-            return Err(refuse(refused));
-        }
-
-        let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        if upgraded {
-            let Some(client_upgrade) = client_upgrade else {
-                tracing::debug!("upstream switched protocols unasked");
-                return Err(UpstreamError::Upgrade);
+        let result = 'forward: {
+            let Outbound {
+                request,
+                mut timer,
+                client_upgrade,
+            } = match outbound {
+                Ok(outbound) => outbound,
+                Err(error) => break 'forward Err(error),
             };
-            let chosen = response.headers().get(http::header::UPGRADE);
-            if !chosen.is_some_and(|p| headers::upgrade_allowed(p.as_bytes(), upgrades)) {
-                tracing::debug!("upstream switched to a protocol the route does not allow");
-                return Err(UpstreamError::Upgrade);
-            }
-            tunnels.spawn(client_upgrade, hyper::upgrade::on(&mut response));
-        }
-        headers::prepare_response(response.headers_mut(), upgraded);
-        // An intermediary answers in its own version (RFC 9110 §6.2): an
-        // app that speaks HTTP/1.0 must not cost every client its
-        // keep-alive. hyper frames the body for the client's connection (a
-        // length, or chunked), whatever framing the app used.
-        *response.version_mut() = Version::HTTP_11;
-        // A switched connection belongs to the tunnel: its handle is
-        // dropped.
-        if upgraded {
-            drop(lease);
-            return Ok(response.map(body::boxed));
-        }
-        // A body that stops part way is cut after `upstream.timeout` of
-        // silence (nginx's `proxy_read_timeout` between two reads): the
-        // client sees it truncated instead of waiting forever. One `map`:
-        // each moves the whole head.
-        let timeout = live.upstream.timeout;
-        Ok(response.map(|incoming| {
-            let returning = Returning::new(incoming, lease);
-            if returning.is_end_stream() {
-                body::boxed(returning)
+            let sent = tokio::select! {
+                sent = upstream.pool.send(&live.upstream.url, request) => {
+                    sent.map_err(|error| failed(&error, &upstream.pool))
+                }
+                () = timer.expired() => {
+                    tracing::debug!(timeout = ?live.upstream.timeout, "upstream timed out");
+                    Err(UpstreamError::Timeout)
+                }
+            };
+            let (mut response, lease) = match sent {
+                Ok(sent) => sent,
+                Err(error) => break 'forward Err(error),
+            };
+            let checked = if lease.flooded() {
+                Err(Refused::InformationalFlood)
             } else {
-                body::boxed(IdleTimeout::response(returning, timeout))
+                upstream_head::check(response.headers())
+            };
+            if let Err(refused) = checked {
+                break 'forward Err(refuse(refused));
             }
-        }))
+
+            let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+            if upgraded {
+                let Some(client_upgrade) = client_upgrade else {
+                    tracing::debug!("upstream switched protocols unasked");
+                    break 'forward Err(UpstreamError::Upgrade);
+                };
+                let chosen = response.headers().get(http::header::UPGRADE);
+                if !chosen.is_some_and(|p| headers::upgrade_allowed(p.as_bytes(), upgrades)) {
+                    tracing::debug!("upstream switched to a protocol the route does not allow");
+                    break 'forward Err(UpstreamError::Upgrade);
+                }
+                upstream
+                    .tunnels
+                    .spawn(client_upgrade, hyper::upgrade::on(&mut response));
+            }
+            headers::prepare_response(response.headers_mut(), upgraded);
+            // An intermediary answers in its own version (RFC 9110 §6.2): an
+            // app that speaks HTTP/1.0 must not cost every client its
+            // keep-alive. hyper frames the body for the client's connection (a
+            // length, or chunked), whatever framing the app used.
+            *response.version_mut() = Version::HTTP_11;
+            // A switched connection belongs to the tunnel: its handle is
+            // dropped.
+            if upgraded {
+                drop(lease);
+                break 'forward Ok(response.map(body::boxed));
+            }
+            // A body that stops part way is cut after `upstream.timeout` of
+            // silence (nginx's `proxy_read_timeout` between two reads): the
+            // client sees it truncated instead of waiting forever. One `map`:
+            // each moves the whole head.
+            let timeout = live.upstream.timeout;
+            Ok(response.map(|incoming| {
+                let returning = Returning::new(incoming, lease);
+                if returning.is_end_stream() {
+                    body::boxed(returning)
+                } else {
+                    body::boxed(IdleTimeout::response(returning, timeout))
+                }
+            }))
+        };
+        done(result)
     }
 }
 

@@ -25,4 +25,3 @@ mod upgrade;
 
 pub(crate) use forward::forward;
 pub use forward::{Upstream, UpstreamError};
-pub(super) use upgrade::Tunnels;

@@ -6,7 +6,7 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 use smallvec::SmallVec;
 use tokio::time::{timeout, timeout_at, Instant};
 
@@ -18,6 +18,7 @@ use crate::store::Outcomes;
 use super::coalesce;
 use super::connect::Conn;
 use super::mode::Mode;
+use super::packed::Packed;
 use super::pool::{Checkout, Stage};
 use super::reply::{self, Answer, Reply, Shape};
 use super::scripts::{self, Script};
@@ -32,7 +33,7 @@ pub(super) struct Request<'a> {
     pub script: &'a Script,
     /// How `cmd` runs the script: `FCALL` or `EVALSHA`.
     pub mode: Mode,
-    pub cmd: Cmd,
+    pub cmd: Packed,
     /// One per limit the command evaluates: one for a policy's own
     /// script, several for the script of several limits.
     pub limits: SmallVec<[Shape; 2]>,
@@ -69,10 +70,7 @@ impl<'a> Request<'a> {
     /// The state key (`FCALL name numkeys KEY ...`, `EVALSHA` alike): where
     /// the script runs.
     fn key(&self) -> &[u8] {
-        match self.cmd.args_iter().nth(3) {
-            Some(redis::Arg::Simple(key)) => key,
-            _ => b"",
-        }
+        self.cmd.args().nth(3).unwrap_or_default()
     }
 }
 

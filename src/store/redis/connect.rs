@@ -38,6 +38,7 @@ use std::sync::Arc;
 use tokio_rustls::TlsConnector;
 
 use super::counted::{Calls, Counted};
+use super::packed::Packed;
 use super::reply::Answer;
 use super::wire::{self, Wire};
 use super::RedisSetupError;
@@ -107,10 +108,10 @@ impl Conn {
     /// Sends an evaluation's `FCALL`. sluice's own connection gives the
     /// reply's bytes, read in place; an error reply is an `Err` on every
     /// connection, as redis-rs makes it.
-    pub async fn evaluate(&mut self, cmd: &Cmd) -> RedisResult<Answer> {
+    pub async fn evaluate(&mut self, cmd: &Packed) -> RedisResult<Answer> {
         match self {
             Conn::Wire(wire) => {
-                let frame = wire.call(cmd).await?;
+                let frame = wire.call_packed(cmd).await?;
                 if frame.is_error() {
                     frame.value()?;
                 }
@@ -118,9 +119,12 @@ impl Conn {
             }
             // Boxed: redis-rs's future is large, and held inline it would
             // make the decisions on sluice's own connection as large.
-            other => Box::pin(cmd.query_async::<Value>(other))
-                .await
-                .map(Answer::Value),
+            other => {
+                let cmd = cmd.to_cmd();
+                Box::pin(async move { cmd.query_async::<Value>(other).await })
+                    .await
+                    .map(Answer::Value)
+            }
         }
     }
 }

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::telemetry::{REDIS_CALLS, REDIS_CALL_DURATION};
 
+use super::packed::Packed;
 use super::wire::{Frame, Wire};
 
 /// The `command` label: what Redis names the command, folded to the
@@ -72,6 +73,12 @@ impl Command {
             _ => b"",
         });
         let name = args.next().unwrap_or_default();
+        Command::named(name, || args.next().unwrap_or_default())
+    }
+
+    /// A command whose first word is `name`, `sub` its second (read only
+    /// when the name has subcommands).
+    pub fn named<'a>(name: &[u8], sub: impl FnOnce() -> &'a [u8]) -> Command {
         let is = |word: &[u8], what: &str| word.eq_ignore_ascii_case(what.as_bytes());
         if is(name, "FCALL") || is(name, "FCALL_RO") {
             Command::Fcall
@@ -80,10 +87,10 @@ impl Command {
         } else if is(name, "TOUCH") {
             Command::Touch
         } else if is(name, "FUNCTION") || is(name, "SCRIPT") {
-            match args.next() {
-                Some(sub) if is(sub, "LOAD") && is(name, "FUNCTION") => Command::FunctionLoad,
-                Some(sub) if is(sub, "LOAD") => Command::ScriptLoad,
-                _ => Command::Other,
+            match is(sub(), "LOAD") {
+                true if is(name, "FUNCTION") => Command::FunctionLoad,
+                true => Command::ScriptLoad,
+                false => Command::Other,
             }
         } else {
             Command::Other
@@ -230,10 +237,13 @@ impl<C> Counted<C> {
 }
 
 impl Counted<Wire> {
-    /// [`Wire::call`], counted: an error reply is a frame like any other.
-    pub async fn call(&self, cmd: &Cmd) -> RedisResult<Frame> {
-        let trip = Trip::start(&self.calls, [Command::of(cmd)]);
-        let reply = self.conn.call(cmd).await;
+    /// [`Wire::call_packed`], counted: an error reply is a frame like any
+    /// other.
+    pub async fn call_packed(&self, cmd: &Packed) -> RedisResult<Frame> {
+        let (name, mut rest) = cmd.name();
+        let command = Command::named(name, || rest.next().unwrap_or_default());
+        let trip = Trip::start(&self.calls, [command]);
+        let reply = self.conn.call_packed(cmd).await;
         trip.end(match &reply {
             Ok(frame) if frame.is_error() => CallResult::Error,
             Ok(_) => CallResult::Ok,

@@ -45,6 +45,7 @@ mod leased;
 mod libraries;
 mod load;
 mod mode;
+mod packed;
 mod pool;
 mod readiness;
 mod refund;

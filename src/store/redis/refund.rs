@@ -65,11 +65,14 @@ impl Inner {
         }
         let (script, _) = self.scripts.refund(evaluation.policy);
         let mode = self.modes.current();
-        let cmd = scripts::refund_call(&script, mode, self.scripts.common(), evaluation);
+        let packed = scripts::refund_call(&script, mode, self.scripts.common(), evaluation);
+        let key = packed.args().nth(3).unwrap_or_default().to_vec();
+        // Through the lane's connection as any command: a refund is rare.
+        let cmd = packed.to_cmd();
         // A refund is safe to send twice: a second try after an ambiguous
         // first gives back nothing the first already did.
         for _ in 0..2 {
-            match timeout_at(deadline, self.refund_exchange(&script, mode, &cmd)).await {
+            match timeout_at(deadline, self.refund_exchange(&script, mode, &cmd, &key)).await {
                 Ok(Ok(value)) => return read(&value),
                 Ok(Err(e)) if e.code().is_some() => {
                     tracing::debug!(error = %e, "redis: refund refused");
@@ -90,6 +93,7 @@ impl Inner {
         script: &Script,
         mode: Mode,
         cmd: &redis::Cmd,
+        key: &[u8],
     ) -> Result<Value, RedisError> {
         let mut stage = Stage::Waiting;
         let checkout = self.lanes.acquire(&mut stage).await?;
@@ -97,11 +101,7 @@ impl Inner {
         match cmd.query_async::<Value>(&mut conn).await {
             Err(e) if super::call::function_missing(&e) => {
                 self.stats.noscript.count();
-                let key = match cmd.args_iter().nth(3) {
-                    Some(redis::Arg::Simple(key)) => key.to_vec(),
-                    _ => Vec::new(),
-                };
-                self.load(script, mode, &mut conn, &key).await?;
+                self.load(script, mode, &mut conn, key).await?;
                 cmd.query_async::<Value>(&mut conn).await
             }
             Err(e) => {

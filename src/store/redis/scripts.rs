@@ -29,6 +29,7 @@ use redis::Cmd;
 use crate::limit::{micros, Algorithm, Bands, Policy};
 
 use super::mode::Mode;
+use super::packed::Packer;
 use crate::sync::Memo;
 
 /// One policy's library, and the name of it and of its one function.
@@ -233,10 +234,10 @@ impl Script {
 
     /// The command's first two words in `mode`: `FCALL <library>` or
     /// `EVALSHA <sha>` (the function and the library share the name).
-    pub(super) fn call_words(&self, mode: Mode, cmd: &mut Cmd) {
+    pub(super) fn call_words(&self, mode: Mode, cmd: &mut Packer) {
         match mode {
-            Mode::Functions => cmd.arg("FCALL").arg(self.name.as_str()),
-            Mode::Eval => cmd.arg("EVALSHA").arg(self.sha.as_str()),
+            Mode::Functions => cmd.arg(b"FCALL").arg(self.name.as_bytes()),
+            Mode::Eval => cmd.arg(b"EVALSHA").arg(self.sha.as_bytes()),
         };
     }
 }

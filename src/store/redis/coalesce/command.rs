@@ -2,12 +2,13 @@
 //! reply (`lua/batch.lua`; the contract in `lua/README.md`, "Several
 //! evaluations in one call").
 
-use redis::{Cmd, Value};
+use redis::Value;
 use smallvec::SmallVec;
 
 use crate::store::Evaluation;
 
 use super::super::mode::Mode;
+use super::super::packed::{Packed, Packer};
 use super::super::reply::{self, Answer, Malformed, Reply, Shape};
 use super::super::scripts::{self, Common, Script, StateKey};
 use super::super::wire::{frame_len, parse_int, Held};
@@ -38,47 +39,49 @@ impl Part {
     }
 
     /// Its two keys: the state, then the record `<state>:e:<id>`.
-    fn push_keys(&self, cmd: &mut Cmd) {
+    fn push_keys(&self, cmd: &mut Packer) {
         scripts::push_state_and_record(cmd, &self.state, &self.id);
     }
 }
 
 /// The evaluation's own call, byte for byte what [`scripts::call`] makes:
 /// `FCALL name 2 state record first id cost [life]`.
-pub fn single(script: &Script, mode: Mode, part: &Part, first: bool) -> Cmd {
-    let mut cmd = Cmd::with_capacity(8, 256);
+pub fn single(script: &Script, mode: Mode, part: &Part, first: bool) -> Packed {
+    let mut cmd = Packer::with_capacity(320 + 2 * part.state.len());
     script.call_words(mode, &mut cmd);
-    cmd.arg(2u8);
+    cmd.arg(b"2");
     part.push_keys(&mut cmd);
     cmd.arg(scripts::attempt(first))
-        .arg(&part.id[..])
-        .arg(part.cost);
+        .arg(&part.id)
+        .int(u64::from(part.cost));
     if let Some(life) = part.life {
-        cmd.arg(life);
+        cmd.int(life);
     }
-    cmd
+    cmd.finish()
 }
 
 /// `FCALL <name>_batch 2n state_1 record_1 … state_n record_n first id_1
 /// cost_1 life_1 … id_n cost_n life_n`, a life being `''` for none, `first`
 /// every member's (a batch is sent, and re-sent, whole). `None` for a
 /// script without a batch function.
-pub fn batch(script: &Script, parts: &[&Part], first: bool) -> Option<Cmd> {
+pub fn batch(script: &Script, parts: &[&Part], first: bool) -> Option<Packed> {
     let name = script.batch.as_deref()?;
-    let mut cmd = Cmd::with_capacity(4 + 5 * parts.len(), 256 * parts.len());
-    cmd.arg("FCALL").arg(name).arg(2 * parts.len());
+    let mut cmd = Packer::with_capacity(64 + 384 * parts.len());
+    cmd.arg(b"FCALL")
+        .arg(name.as_bytes())
+        .int(2 * parts.len() as u64);
     for part in parts {
         part.push_keys(&mut cmd);
     }
     cmd.arg(scripts::attempt(first));
     for part in parts {
-        cmd.arg(&part.id[..]).arg(part.cost);
+        cmd.arg(&part.id).int(u64::from(part.cost));
         match part.life {
-            Some(life) => cmd.arg(life),
-            None => cmd.arg(""),
+            Some(life) => cmd.int(life),
+            None => cmd.arg(b""),
         };
     }
-    Some(cmd)
+    Some(cmd.finish())
 }
 
 /// One evaluation's part of a batch's reply: its decision, or the error

@@ -1,6 +1,7 @@
 //! The commands a decision, several limits, a refund and a cached script
 //! are sent as: keys, the attempt, ids and arguments, word by word.
 
+use super::super::packed::Packed;
 use super::tests::{common, policies};
 use super::*;
 use crate::store::{Evaluation, EvaluationId};
@@ -19,12 +20,9 @@ fn mark(policy: &Policy) -> &'static str {
 }
 
 /// A command's words as text, to compare with what is expected.
-pub(in crate::store::redis) fn args(cmd: &Cmd) -> Vec<String> {
-    cmd.args_iter()
-        .map(|arg| match arg {
-            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-            _ => "<cursor>".to_owned(),
-        })
+pub(in crate::store::redis) fn args(cmd: &Packed) -> Vec<String> {
+    cmd.args()
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
         .collect()
 }
 
@@ -187,7 +185,14 @@ fn a_cached_script_is_called_with_the_same_keys_and_arguments() {
     let e = args(&call_several(&several, Mode::Eval, &common(), &evaluations));
     assert_eq!(e[..2], ["EVALSHA".to_owned(), several.sha.clone()]);
     assert_eq!(f[2..], e[2..]);
-    let load = args(&several.load_command(Mode::Eval));
+    let load: Vec<String> = several
+        .load_command(Mode::Eval)
+        .args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => "<cursor>".to_owned(),
+        })
+        .collect();
     assert_eq!(
         load,
         ["SCRIPT".to_owned(), "LOAD".to_owned(), several.eval.clone()]

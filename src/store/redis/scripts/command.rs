@@ -2,10 +2,8 @@
 //! limits), a refund's, and the same decision sent again; and the keys
 //! they name (`lua/README.md`, "KEYS" and "ARGV").
 
-use std::io::Write;
 use std::time::Duration;
 
-use redis::{Cmd, RedisWrite};
 use smallvec::SmallVec;
 
 use crate::limit::Policy;
@@ -13,6 +11,7 @@ use crate::store::Evaluation;
 use crate::subject::{Pseudonym, DISPLAY_MAX};
 
 use super::super::mode::Mode;
+use super::super::packed::{Packed, Packer};
 use super::{ceil_ms, Common, Script};
 
 /// The state key of `evaluation`, as its command carries it.
@@ -71,8 +70,9 @@ fn render_state_key(prefix: &str, policy: &Policy, subject: &Pseudonym) -> State
 }
 
 /// Bytes reserved up front for one command: the fixed words, the SHA-1, the
-/// id and the integers fit; the keys are added on top. Growing the buffer
-/// as arguments arrive cost more than formatting them.
+/// id, the integers and every argument's length line fit; the keys are
+/// added on top. Growing the buffer as arguments arrive cost more than
+/// formatting them.
 const CMD_BYTES: usize = 192;
 
 /// `FCALL name 2 state record first id cost [life]` (or `EVALSHA sha 2
@@ -86,21 +86,23 @@ pub fn call(
     common: &Common,
     evaluation: &Evaluation<'_>,
     first: bool,
-) -> Cmd {
+) -> Packed {
     let policy = evaluation.policy;
     // The key's length without the subject, which displays in under 64,
-    // and its mark.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 72;
-    let mut cmd = Cmd::with_capacity(8, CMD_BYTES + 2 * key_bytes);
+    // its mark and its length line.
+    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 80;
+    let mut cmd = Packer::with_capacity(CMD_BYTES + 2 * key_bytes);
     script.call_words(mode, &mut cmd);
-    cmd.arg(2u8);
+    cmd.arg(b"2");
     let id = hex_id(evaluation.id.0);
     push_keys(&mut cmd, common, evaluation, &id);
-    cmd.arg(attempt(first)).arg(&id[..]).arg(evaluation.cost);
+    cmd.arg(attempt(first))
+        .arg(&id)
+        .int(u64::from(evaluation.cost));
     if let Some(within) = evaluation.settle_within {
-        cmd.arg(record_life(within));
+        cmd.int(record_life(within));
     }
-    cmd
+    cmd.finish()
 }
 
 /// A decision's first argument as it is first sent (`lua/README.md`,
@@ -131,14 +133,11 @@ fn again(flag: &[u8]) -> &[u8] {
 /// included, its first argument saying it may be a re-send ([`again`]), so
 /// the script looks for the records of what the earlier send may have
 /// applied.
-pub fn resent(cmd: &Cmd) -> Cmd {
-    let mut out = Cmd::new();
+pub fn resent(cmd: &Packed) -> Packed {
+    let mut out = Packer::with_capacity(cmd.bytes().len());
     // `FCALL name numkeys keys… ARGV[1] …`: ARGV[1] follows the keys.
     let mut flag = None;
-    for (i, arg) in cmd.args_iter().enumerate() {
-        let redis::Arg::Simple(bytes) = arg else {
-            continue;
-        };
+    for (i, bytes) in cmd.args().enumerate() {
         if i == 2 {
             flag = std::str::from_utf8(bytes)
                 .ok()
@@ -151,7 +150,7 @@ pub fn resent(cmd: &Cmd) -> Cmd {
             out.arg(bytes);
         }
     }
-    out
+    out.finish()
 }
 
 /// `FCALL name 2 state record id units` (or `EVALSHA`): a refund of what
@@ -162,14 +161,14 @@ pub fn refund_call(
     mode: Mode,
     common: &Common,
     evaluation: &Evaluation<'_>,
-) -> Cmd {
-    let mut cmd = Cmd::with_capacity(7, CMD_BYTES + 320);
+) -> Packed {
+    let mut cmd = Packer::with_capacity(CMD_BYTES + 320);
     script.call_words(mode, &mut cmd);
-    cmd.arg(2u8);
+    cmd.arg(b"2");
     let id = hex_id(evaluation.id.0);
     push_keys(&mut cmd, common, evaluation, &id);
-    cmd.arg(&id[..]).arg(evaluation.cost);
-    cmd
+    cmd.arg(&id).int(u64::from(evaluation.cost));
+    cmd.finish()
 }
 
 /// The third argument of a reserved evaluation: how long its record lives
@@ -181,19 +180,14 @@ pub(in crate::store::redis) fn record_life(within: Duration) -> u64 {
 /// An evaluation's two keys: its state, then its record,
 /// `<state>:e:<id>`. The state key is rendered once; the record's name
 /// repeats it.
-fn push_keys(cmd: &mut Cmd, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
+fn push_keys(cmd: &mut Packer, common: &Common, evaluation: &Evaluation<'_>, id: &[u8; 32]) {
     push_state_and_record(cmd, &state_key(common, evaluation), id);
 }
 
 /// The two keys of an evaluation whose state key is `state`: the state,
 /// then its record `<state>:e:<id>`, written straight into the command.
-pub fn push_state_and_record(cmd: &mut Cmd, state: &[u8], id: &[u8]) {
-    cmd.arg(state);
-    let mut record = cmd.writer_for_next_arg();
-    // Writing into the command's own buffer cannot fail.
-    let _ = record.write_all(state);
-    let _ = record.write_all(b":e:");
-    let _ = record.write_all(id);
+pub fn push_state_and_record(cmd: &mut Packer, state: &[u8], id: &[u8]) {
+    cmd.arg(state).arg_of(&[state, b":e:", id]);
 }
 
 /// `FCALL name 2n state_1 record_1 … state_n record_n 0 id cost_1 …
@@ -206,36 +200,34 @@ pub fn call_several(
     mode: Mode,
     common: &Common,
     evaluations: &[Evaluation<'_>],
-) -> Cmd {
+) -> Packed {
     let id = evaluations.first().map_or([b'0'; 32], |e| hex_id(e.id.0));
-    let mut cmd = Cmd::with_capacity(5 + 3 * evaluations.len(), CMD_BYTES * evaluations.len());
+    let mut cmd = Packer::with_capacity(2 * CMD_BYTES * evaluations.len());
     script.call_words(mode, &mut cmd);
-    cmd.arg(2 * evaluations.len());
+    cmd.int(2 * evaluations.len() as u64);
     for evaluation in evaluations {
         push_keys(&mut cmd, common, evaluation, &id);
     }
-    cmd.arg(attempt(false)).arg(&id[..]);
+    cmd.arg(attempt(false)).arg(&id);
     for evaluation in evaluations {
-        cmd.arg(evaluation.cost);
+        cmd.int(u64::from(evaluation.cost));
     }
     // One record life for the call: the longest any limit asks.
     if let Some(within) = evaluations.iter().filter_map(|e| e.settle_within).max() {
-        cmd.arg(record_life(within));
+        cmd.int(record_life(within));
     }
-    cmd
+    cmd.finish()
 }
 
 /// `cmd` (an `FCALL`) as the same call of the cached script: its keys and
 /// arguments, evaluation id included, unchanged.
-pub fn as_evalsha(script: &Script, cmd: &Cmd) -> Cmd {
-    let mut out = Cmd::new();
+pub fn as_evalsha(script: &Script, cmd: &Packed) -> Packed {
+    let mut out = Packer::with_capacity(cmd.bytes().len() + 64);
     script.call_words(Mode::Eval, &mut out);
-    for arg in cmd.args_iter().skip(2) {
-        if let redis::Arg::Simple(bytes) = arg {
-            out.arg(bytes);
-        }
+    for bytes in cmd.args().skip(2) {
+        out.arg(bytes);
     }
-    out
+    out.finish()
 }
 
 /// The evaluation id as 32 lowercase hex digits, zero-padded: what

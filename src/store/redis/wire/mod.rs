@@ -44,6 +44,8 @@ use tokio::sync::oneshot;
 
 use crate::sync;
 
+use super::packed::Packed;
+
 mod frame;
 mod open;
 #[cfg(test)]
@@ -179,8 +181,22 @@ impl Wire {
 
     /// Sends `cmd` and waits for its reply, as bytes. An error reply is a
     /// frame like any other (it starts with `-`): see [`into_value`].
-    pub async fn call(&self, cmd: &Cmd) -> RedisResult<Frame> {
-        let mut replies = self.send(|out| cmd.write_packed_command(out), 1)?;
+    pub fn call<'a>(&'a self, cmd: &'a Cmd) -> impl Future<Output = RedisResult<Frame>> + 'a {
+        self.one(move |out| cmd.write_packed_command(out))
+    }
+
+    /// [`Wire::call`] of a command packed already: one copy of its bytes
+    /// into the connection's buffer.
+    pub fn call_packed<'a>(
+        &'a self,
+        cmd: &'a Packed,
+    ) -> impl Future<Output = RedisResult<Frame>> + 'a {
+        self.one(move |out| out.extend_from_slice(cmd.bytes()))
+    }
+
+    /// Sends the one command `pack` writes and waits for its reply.
+    async fn one(&self, pack: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Frame> {
+        let mut replies = self.send(pack, 1)?;
         match replies.pop() {
             Some(reply) => received(reply.await),
             None => Err(lost(io::ErrorKind::Other)),

@@ -30,7 +30,7 @@ use crate::limit::{micros, Algorithm, Bands, Policy};
 
 use super::mode::Mode;
 use super::packed::Packer;
-use crate::sync::Memo;
+use crate::sync::{ByDigest, Memo};
 
 /// One policy's library, and the name of it and of its one function.
 pub struct Script {
@@ -338,7 +338,7 @@ pub struct Scripts {
     /// policy keeps ([`Policy::numbers`]): hashing the bands themselves
     /// cost more than the rest of building the command. The entry keeps
     /// the bands, to tell two that share a digest apart.
-    by_bands: Memo<u64, Arc<Made>>,
+    by_bands: Memo<u64, Arc<Made>, ByDigest>,
     /// The scripts of several limits, by each limit's bands and shadow.
     by_limits: Memo<LimitsKey, Arc<Script>>,
     /// The read-only scripts of `POST /explain`, made and loaded on first

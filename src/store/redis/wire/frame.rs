@@ -35,6 +35,10 @@ pub fn frame_len(input: &[u8]) -> Result<Option<usize>, io::Error> {
 pub fn frame_scan(input: &[u8], ints: &mut Ints) -> Result<Option<(usize, bool)>, io::Error> {
     let bad = || io::Error::from(io::ErrorKind::InvalidData);
     ints.clear();
+    if let Some(len) = short_ints(input, ints) {
+        return Ok(Some((len, true)));
+    }
+    ints.clear();
     // Only an array's elements are collected: the reply's own type is
     // read first, below, as any element's.
     let mut flat = input.first() == Some(&b'*');
@@ -117,6 +121,31 @@ pub fn frame_scan(input: &[u8], ints: &mut Ints) -> Result<Option<(usize, bool)>
         }
     }
     Ok(Some((at, flat)))
+}
+
+/// The usual reply, a decision's: an array of at most [`INTS`] short
+/// integers alone, whole. Its length, its integers in `ints`; `None` for
+/// anything else, complete or not, which the general reading then takes
+/// (to the same length and integers, where this takes it).
+fn short_ints(input: &[u8], ints: &mut Ints) -> Option<usize> {
+    let digit = |d: u8| d.is_ascii_digit().then(|| usize::from(d - b'0'));
+    let (count, mut at) = match *input {
+        [b'*', d, b'\r', b'\n', ..] => (digit(d)?, 4),
+        [b'*', d1, d2, b'\r', b'\n', ..] => (digit(d1)? * 10 + digit(d2)?, 5),
+        _ => return None,
+    };
+    if count > INTS {
+        return None;
+    }
+    for _ in 0..count {
+        if input.get(at) != Some(&b':') {
+            return None;
+        }
+        let (n, used) = short_int(input.get(at + 1..)?)?;
+        ints.push(n);
+        at += 1 + used;
+    }
+    Some(at)
 }
 
 /// Adds `n` to `ints`; `false` once they are full.

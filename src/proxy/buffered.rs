@@ -175,6 +175,7 @@ impl Buffering {
     /// buffering is off, or there is no body: most requests, which go on
     /// from here without [`Buffering::receive`]'s future (its room would
     /// be moved and polled for nothing).
+    #[inline]
     pub fn arriving(request: Request<Incoming>, checks: &[Check<'_>], live: &Live) -> Arrival {
         let holds_places = || {
             checks

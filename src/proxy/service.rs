@@ -126,7 +126,7 @@ impl Proxy {
 
     pub async fn handle(
         self: &Arc<Self>,
-        request: Request<Incoming>,
+        mut request: Request<Incoming>,
         conn: &ConnInfo,
     ) -> Response<Body> {
         let arrival = Instant::now();
@@ -137,18 +137,15 @@ impl Proxy {
         // Routed in a function of its own: what routing leaves behind (the
         // rest of `Routed`, the rewritten target) is dropped there, not
         // kept in this future through every await. The request is lent to
-        // routing within this block: a local once lent keeps its room in
-        // the future to the end of its scope, moved out or not.
-        let (request, matched, checks) = {
-            let mut request = request;
-            if live.identity.trusted_proxies.is_empty() {
-                self.untrusted_forwarder
-                    .observe(conn.peer.ip(), request.headers());
-            }
-            match self.routed(&runtime, &mut request, conn, arrival) {
-                Routing::Routed(matched, checks) => (request, matched, checks),
-                Routing::Answered(response) => return response,
-            }
+        // routing where it arrived: an argument keeps its room in the
+        // future anyway, and a local it moved into would be one more copy.
+        if live.identity.trusted_proxies.is_empty() {
+            self.untrusted_forwarder
+                .observe(conn.peer.ip(), request.headers());
+        }
+        let (matched, checks) = match self.routed(&runtime, &mut request, conn, arrival) {
+            Routing::Routed(matched, checks) => (matched, checks),
+            Routing::Answered(response) => return response,
         };
 
         // A body that fits the buffer arrives whole before the request

@@ -458,7 +458,8 @@ pub struct Common {
 
 mod command;
 pub use command::{
-    as_evalsha, call, call_several, push_state_and_record, refund_call, resent, state_key, StateKey,
+    as_evalsha, call, call_several, decision, push_state_and_record, refund_call, resent,
+    state_key, StateKey,
 };
 pub(super) use command::{attempt, hex_id, record_life};
 

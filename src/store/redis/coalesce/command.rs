@@ -44,20 +44,18 @@ impl Part {
     }
 }
 
-/// The evaluation's own call, byte for byte what [`scripts::call`] makes:
+/// The evaluation's own call, what [`scripts::call`] makes of it:
 /// `FCALL name 2 state record first id cost [life]`.
 pub fn single(script: &Script, mode: Mode, part: &Part, first: bool) -> Packed {
-    let mut cmd = Packer::with_capacity(320 + 2 * part.state.len());
-    script.call_words(mode, &mut cmd);
-    cmd.arg(b"2");
-    part.push_keys(&mut cmd);
-    cmd.arg(scripts::attempt(first))
-        .arg(&part.id)
-        .int(u64::from(part.cost));
-    if let Some(life) = part.life {
-        cmd.int(life);
-    }
-    cmd.finish()
+    scripts::decision(
+        script,
+        mode,
+        &part.state,
+        &part.id,
+        first,
+        part.cost,
+        part.life,
+    )
 }
 
 /// `FCALL <name>_batch 2n state_1 record_1 … state_n record_n first id_1

@@ -87,20 +87,36 @@ pub fn call(
     evaluation: &Evaluation<'_>,
     first: bool,
 ) -> Packed {
-    let policy = evaluation.policy;
-    // The key's length without the subject, which displays in under 64,
-    // its mark and its length line.
-    let key_bytes = common.key_prefix.len() + policy.name.len() + policy.revision.len() + 80;
-    let mut cmd = Packer::with_capacity(CMD_BYTES + 2 * key_bytes);
+    decision(
+        script,
+        mode,
+        &state_key(common, evaluation),
+        &hex_id(evaluation.id.0),
+        first,
+        evaluation.cost,
+        evaluation.settle_within.map(record_life),
+    )
+}
+
+/// [`call`] of an evaluation rendered already: its state key, its id, its
+/// cost and its record's life, ms (a queued evaluation's, `coalesce`).
+pub fn decision(
+    script: &Script,
+    mode: Mode,
+    state: &[u8],
+    id: &[u8; 32],
+    first: bool,
+    cost: u32,
+    life: Option<u64>,
+) -> Packed {
+    // The keys twice, with their length lines, beside the rest.
+    let mut cmd = Packer::with_capacity(CMD_BYTES + 2 * (state.len() + 48));
     script.call_words(mode, &mut cmd);
     cmd.arg(b"2");
-    let id = hex_id(evaluation.id.0);
-    push_keys(&mut cmd, common, evaluation, &id);
-    cmd.arg(attempt(first))
-        .arg(&id)
-        .int(u64::from(evaluation.cost));
-    if let Some(within) = evaluation.settle_within {
-        cmd.int(record_life(within));
+    push_state_and_record(&mut cmd, state, id);
+    cmd.arg(attempt(first)).arg(id).int(u64::from(cost));
+    if let Some(life) = life {
+        cmd.int(life);
     }
     cmd.finish()
 }

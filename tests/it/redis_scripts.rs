@@ -194,8 +194,15 @@ async fn several_limits_in_eval_mode_charge_only_what_was_admitted() {
     // Fixed window: `t`, the window's start, its count.
     let numbers = state_numbers(&mut admin, states[0]).expect("fw's state");
     assert_eq!(numbers.get(2), Some(&5), "{numbers:?}");
-    let refunds = sample(&sluice, "sluice_refunds_total", &[("result", "refunded")]).await;
-    assert_eq!(refunds, Some(5.0));
+    // Every request fw admitted and five refused was given back: fw kept
+    // 5 of its admissions, so the refunds are its admissions less 5. It
+    // admitted at least 10 (a refusal by fw means 10 were held then) and
+    // at most all 20; more than 10 when a refund landed before a later
+    // request reached fw, which parallel requests may or may not see.
+    let refunds = sample(&sluice, "sluice_refunds_total", &[("result", "refunded")])
+        .await
+        .expect("refunds counted");
+    assert!((5.0..=15.0).contains(&refunds), "{refunds}");
     assert_eq!(calls(&commandstats(&mut admin), "fcall"), 0);
 }
 

@@ -4,7 +4,7 @@
 //! identity relies on, which would make any proxy in front drop it
 //! (CVE-2025-48865, CVE-2025-64484).
 
-use http::header::{HeaderMap, HeaderName, HOST, TRANSFER_ENCODING};
+use http::header::{HeaderMap, HeaderName, CONNECTION, HOST, TRANSFER_ENCODING};
 use http::{Method, Uri, Version};
 
 use crate::path::PathError;
@@ -194,6 +194,15 @@ impl Invalid {
     }
 }
 
+/// What [`check_head`] found of a head it let through that later checks
+/// ask about.
+#[derive(Debug, Clone, Copy)]
+pub struct Head {
+    /// The head has a `Connection` field ([`check_connection`] has
+    /// nothing to read without one).
+    pub connection: bool,
+}
+
 /// The rules that hold before the route is known: method, `Host` and
 /// framing.
 pub fn check_head(
@@ -201,16 +210,30 @@ pub fn check_head(
     version: Version,
     uri: &Uri,
     headers: &HeaderMap,
-) -> Result<(), Invalid> {
+) -> Result<Head, Invalid> {
     if method == Method::CONNECT {
         return Err(Invalid::Connect);
     }
     if method.as_str().bytes().any(|b| b.is_ascii_lowercase()) {
         return Err(Invalid::MethodCase);
     }
-    let mut hosts = headers.get_all(HOST).iter();
-    let host = hosts.next();
-    if hosts.next().is_some() {
+    // One pass over the fields, where a lookup of each name (a hash and a
+    // probe) cost more: most heads carry a few fields.
+    let mut host = None;
+    let mut second_host = false;
+    let mut coded = false;
+    let mut connection = false;
+    for (name, value) in headers {
+        if name == HOST {
+            second_host |= host.is_some();
+            host.get_or_insert(value);
+        } else if name == TRANSFER_ENCODING {
+            coded = true;
+        } else if name == CONNECTION {
+            connection = true;
+        }
+    }
+    if second_host {
         return Err(Invalid::DuplicateHost);
     }
     if let Some(host) = host {
@@ -257,7 +280,10 @@ pub fn check_head(
             _ => {}
         },
     }
-    check_transfer_coding(version, headers)
+    if coded {
+        check_transfer_coding(version, headers)?;
+    }
+    Ok(Head { connection })
 }
 
 /// Whether the request-target is `*`: HTTP/1's asterisk form, or an
@@ -357,13 +383,11 @@ fn valid_host(value: &[u8]) -> bool {
     host_ok && port_ok
 }
 
-/// hyper refuses the heads [`Invalid::UnframedBody`] stands for before
-/// this runs (the framing watch answers them); they are told apart here
-/// too so that an explained request gets the answer a real one does.
+/// The framing of a head with a `Transfer-Encoding`. hyper refuses the
+/// heads [`Invalid::UnframedBody`] stands for before this runs (the
+/// framing watch answers them); they are told apart here too so that an
+/// explained request gets the answer a real one does.
 fn check_transfer_coding(version: Version, headers: &HeaderMap) -> Result<(), Invalid> {
-    if !headers.contains_key(TRANSFER_ENCODING) {
-        return Ok(());
-    }
     if matches!(version, Version::HTTP_09 | Version::HTTP_10) {
         return Err(Invalid::UnframedBody);
     }

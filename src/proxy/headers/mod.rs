@@ -4,6 +4,7 @@
 //! comma-separated list, are here.
 
 mod checks;
+mod fields;
 mod rewrite;
 
 use http::header::{
@@ -12,6 +13,7 @@ use http::header::{
 };
 
 pub use checks::*;
+pub use fields::{RequestFields, ResponseFields};
 pub use rewrite::*;
 
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

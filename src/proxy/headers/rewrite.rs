@@ -9,7 +9,7 @@ use http::header::{
     HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, FORWARDED, HOST,
     UPGRADE,
 };
-use http::{Uri, Version};
+use http::Version;
 
 use crate::subject::resolve::X_FORWARDED_FOR;
 
@@ -38,24 +38,6 @@ pub fn join_cookies(headers: &mut HeaderMap) {
 pub struct Addressed {
     pub host: HeaderValue,
     pub in_host_field: bool,
-}
-
-/// The host the client addressed: the URI authority (HTTP/2 `:authority`,
-/// or an HTTP/1.1 absolute-form target, which RFC 9112 §3.2.2 says
-/// overrides `Host`), else the `Host` header.
-pub fn original_host(uri: &Uri, headers: &HeaderMap) -> Option<Addressed> {
-    match uri.authority() {
-        Some(authority) => HeaderValue::from_str(authority.as_str())
-            .ok()
-            .map(|host| Addressed {
-                host,
-                in_host_field: false,
-            }),
-        None => headers.get(HOST).map(|host| Addressed {
-            host: host.clone(),
-            in_host_field: true,
-        }),
-    }
 }
 
 /// An HTTP/1.1 upgrade (WebSocket and the like): `Connection: upgrade` and
@@ -131,37 +113,20 @@ pub fn peer_value(peer: IpAddr) -> HeaderValue {
 /// Rewrites a request's headers for the upstream: hop-by-hop removed,
 /// `Host` kept as the client addressed it, `X-Forwarded-*` set, rewrite
 /// targets removed, address claims of an untrusted client replaced
-/// ([`rewrite_claims`]). `upgrade`: the `Upgrade` value to pass on (see
-/// [`allowed_upgrade`]); without it no upgrade reaches the upstream.
+/// ([`rewrite_claims`]). `fields`: what one pass over them found, before
+/// anything changed them; `host`: [`RequestFields::addressed`].
+/// `upgrade`: the `Upgrade` value to pass on (see [`allowed_upgrade`]);
+/// without it no upgrade reaches the upstream.
 pub fn prepare_request(
     headers: &mut HeaderMap,
+    fields: RequestFields,
     host: Option<Addressed>,
     forwarded: Forwarded,
     upgrade: Option<HeaderValue>,
 ) {
     let upgrade_values = upgrade.map(|value| vec![value]);
-    // One pass over the names present, each name's text read once,
-    // instead of a lookup (a hash and a probe) for each field below: most
-    // requests carry none of them. The hop-by-hop names are found in the
-    // same pass.
-    let mut present = 0u16;
-    let mut rewrite_urls = false;
-    let mut forwarded_for = false;
-    let mut claims = false;
-    for name in headers.keys() {
-        let text = name.as_str();
-        if let Some(i) = hop_by_hop_at(name, text) {
-            present |= 1 << i;
-        } else if name == X_ORIGINAL_URL || name == X_REWRITE_URL {
-            rewrite_urls = true;
-        } else if name == X_FORWARDED_FOR {
-            forwarded_for = true;
-        } else if is_claim_text(text) {
-            claims = true;
-        }
-    }
-    let named_removed = strip_present(headers, present);
-    if rewrite_urls {
+    let named_removed = strip_present(headers, fields.present);
+    if fields.rewrite_urls {
         headers.remove(&X_ORIGINAL_URL);
         headers.remove(&X_REWRITE_URL);
     }
@@ -185,10 +150,10 @@ pub fn prepare_request(
             headers.remove(&X_FORWARDED_HOST);
         }
     }
-    if claims {
+    if fields.claims {
         rewrite_claims(headers, &forwarded);
     }
-    append_forwarded_for(headers, &forwarded.peer_value, forwarded_for);
+    append_forwarded_for(headers, &forwarded.peer_value, fields.forwarded_for);
     let proto = if forwarded.tls { "https" } else { "http" };
     headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(proto));
 
@@ -200,16 +165,15 @@ pub fn prepare_request(
 /// Rewrites an upstream response's headers for the client. `upgraded`: a
 /// 101 answering an upgrade the client asked for, which keeps its
 /// `Connection: upgrade` and `Upgrade`.
-pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
-    let present = hop_by_hop_present(headers);
+pub fn prepare_response(headers: &mut HeaderMap, fields: &ResponseFields, upgraded: bool) {
     // Framing came from Transfer-Encoding, which wins over Content-Length
     // (RFC 9112 §6.3). Passing the stale length on would let the client
     // misread where this response ends (hyper's client does not drop it).
-    if present & 1 << TRANSFER_ENCODING_AT != 0 {
+    if fields.transfer_encoding() {
         headers.remove(CONTENT_LENGTH);
     }
     let upgrade_values = upgraded.then(|| take_all(headers, &UPGRADE));
-    strip_present(headers, present);
+    strip_present(headers, fields.present);
     if let Some(values) = upgrade_values {
         restore_upgrade(headers, values);
     }
@@ -218,24 +182,11 @@ pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
 /// Removes the hop-by-hop fields and every field the `Connection` header
 /// names (RFC 9110 §7.6.1); whether it named any but hop-by-hop ones.
 /// The request's and the response's rewrites find those names in passes
-/// of their own, and strip them with [`strip_present`].
+/// of their own ([`RequestFields`], [`ResponseFields`]), and strip them
+/// with [`strip_present`].
 #[cfg(test)]
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
-    strip_present(headers, hop_by_hop_present(headers))
-}
-
-/// The hop-by-hop names `headers` holds: bit `i` for the `i`th of
-/// [`HOP_BY_HOP`]. One pass over the names present is cheaper than a
-/// lookup (a hash and a probe) per hop-by-hop name, and most messages
-/// carry one or none.
-fn hop_by_hop_present(headers: &HeaderMap) -> u16 {
-    let mut present = 0u16;
-    for name in headers.keys() {
-        if let Some(i) = hop_by_hop_index(name) {
-            present |= 1 << i;
-        }
-    }
-    present
+    strip_present(headers, ResponseFields::of(headers).present)
 }
 
 /// Removes the hop-by-hop fields `present` marks (bit `i` for the `i`th
@@ -283,15 +234,11 @@ fn strip_present(headers: &mut HeaderMap, mut present: u16) -> bool {
     named
 }
 
-/// The position of `name` in [`HOP_BY_HOP`], if it is one. Told by its
-/// length first: most names of a message are of no hop-by-hop length, and
-/// the rest are compared with one or two names instead of ten.
-pub(super) fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    hop_by_hop_at(name, name.as_str())
-}
-
-/// [`hop_by_hop_index`] of `name`, whose text is `text`.
-fn hop_by_hop_at(name: &HeaderName, text: &str) -> Option<usize> {
+/// The position of `name`, whose text is `text`, in [`HOP_BY_HOP`], if
+/// it is one. Told by its length first: most names of a message are of no
+/// hop-by-hop length, and the rest are compared with one or two names
+/// instead of ten.
+pub(super) fn hop_by_hop_at(name: &HeaderName, text: &str) -> Option<usize> {
     let candidates: &[usize] = match text.len() {
         2 => &[5],
         7 => &[6, 8],
@@ -311,9 +258,13 @@ fn hop_by_hop_at(name: &HeaderName, text: &str) -> Option<usize> {
 /// Whether every token of a `Connection` value is `keep-alive` or `close`.
 fn names_only_hop_by_hop(value: &HeaderValue) -> bool {
     let value = value.as_bytes();
-    // The usual value is one of the two alone: two compares, where the
-    // list's split and trims cost about two hundred instructions.
-    if value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close") {
+    // The usual value is one of the two alone, as servers write it (an
+    // exact compare is a few instructions, a case-blind one a few a
+    // byte), where the list's split and trims cost about two hundred.
+    if matches!(value, b"keep-alive" | b"close")
+        || value.eq_ignore_ascii_case(b"keep-alive")
+        || value.eq_ignore_ascii_case(b"close")
+    {
         return true;
     }
     list(value).all(|token| {

@@ -7,7 +7,7 @@ use crate::route::SubjectSource;
 use crate::subject::resolve::X_FORWARDED_FOR;
 
 use super::checks::REG_NAME;
-use super::rewrite::{hop_by_hop_index, ip_text, IP_TEXT_MAX};
+use super::rewrite::{hop_by_hop_at, ip_text, IP_TEXT_MAX};
 use super::*;
 
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -21,19 +21,73 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     h
 }
 
+/// [`check_head`]'s verdict alone.
+fn checked_head(
+    method: &Method,
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<(), Invalid> {
+    check_head(method, version, uri, headers).map(|_| ())
+}
+
+#[test]
+fn the_head_check_says_whether_a_connection_field_came() {
+    let v = Version::HTTP_11;
+    let head = |pairs: &[(&str, &str)]| check_head(&Method::GET, v, &origin(), &headers(pairs));
+    assert!(
+        head(&[("host", "a"), ("connection", "close")])
+            .unwrap()
+            .connection
+    );
+    assert!(
+        head(&[("connection", "x-a"), ("host", "a"), ("x-a", "1")])
+            .unwrap()
+            .connection
+    );
+    assert!(
+        !head(&[("host", "a"), ("x-connection", "close")])
+            .unwrap()
+            .connection
+    );
+    assert!(!head(&[("host", "a")]).unwrap().connection);
+}
+
 fn origin() -> Uri {
     Uri::from_static("/path?q=1")
+}
+
+/// [`prepare_request`], with the fields read as the forward reads them.
+fn prepare(
+    h: &mut HeaderMap,
+    host: Option<Addressed>,
+    forwarded: Forwarded,
+    upgrade: Option<HeaderValue>,
+) {
+    let fields = RequestFields::of(h);
+    prepare_request(h, fields, host, forwarded, upgrade);
+}
+
+/// The host the client addressed, as the forward finds it.
+fn original_host(uri: &Uri, h: &HeaderMap) -> Option<Addressed> {
+    RequestFields::of(h).addressed(uri)
+}
+
+/// [`prepare_response`], with the fields read as the forward reads them.
+fn respond(h: &mut HeaderMap, upgraded: bool) {
+    let fields = ResponseFields::of(h);
+    prepare_response(h, &fields, upgraded);
 }
 
 #[test]
 fn http11_needs_exactly_one_host() {
     let v = Version::HTTP_11;
     assert_eq!(
-        check_head(&Method::GET, v, &origin(), &headers(&[])),
+        checked_head(&Method::GET, v, &origin(), &headers(&[])),
         Err(Invalid::MissingHost)
     );
     assert_eq!(
-        check_head(
+        checked_head(
             &Method::GET,
             v,
             &origin(),
@@ -42,7 +96,7 @@ fn http11_needs_exactly_one_host() {
         Err(Invalid::DuplicateHost)
     );
     assert_eq!(
-        check_head(
+        checked_head(
             &Method::GET,
             v,
             &origin(),
@@ -51,12 +105,12 @@ fn http11_needs_exactly_one_host() {
         Err(Invalid::DuplicateHost)
     );
     assert_eq!(
-        check_head(&Method::GET, v, &origin(), &headers(&[("host", "a")])),
+        checked_head(&Method::GET, v, &origin(), &headers(&[("host", "a")])),
         Ok(())
     );
     // HTTP/1.0 predates Host.
     assert_eq!(
-        check_head(&Method::GET, Version::HTTP_10, &origin(), &headers(&[])),
+        checked_head(&Method::GET, Version::HTTP_10, &origin(), &headers(&[])),
         Ok(())
     );
 }
@@ -66,11 +120,11 @@ fn http2_takes_the_authority_and_refuses_a_contradicting_host() {
     let v = Version::HTTP_2;
     let with_authority = Uri::from_static("https://example.com/x");
     assert_eq!(
-        check_head(&Method::GET, v, &with_authority, &headers(&[])),
+        checked_head(&Method::GET, v, &with_authority, &headers(&[])),
         Ok(())
     );
     assert_eq!(
-        check_head(
+        checked_head(
             &Method::GET,
             v,
             &with_authority,
@@ -79,7 +133,7 @@ fn http2_takes_the_authority_and_refuses_a_contradicting_host() {
         Ok(())
     );
     assert_eq!(
-        check_head(
+        checked_head(
             &Method::GET,
             v,
             &with_authority,
@@ -88,11 +142,11 @@ fn http2_takes_the_authority_and_refuses_a_contradicting_host() {
         Err(Invalid::HostMismatch)
     );
     assert_eq!(
-        check_head(&Method::GET, v, &origin(), &headers(&[])),
+        checked_head(&Method::GET, v, &origin(), &headers(&[])),
         Err(Invalid::MissingHost)
     );
     assert_eq!(
-        check_head(&Method::GET, v, &origin(), &headers(&[("host", "a")])),
+        checked_head(&Method::GET, v, &origin(), &headers(&[("host", "a")])),
         Ok(())
     );
 }
@@ -102,7 +156,7 @@ fn connect_is_refused() {
     let h = headers(&[("host", "example.com:443")]);
     let uri = Uri::from_static("example.com:443");
     assert_eq!(
-        check_head(&Method::CONNECT, Version::HTTP_11, &uri, &h),
+        checked_head(&Method::CONNECT, Version::HTTP_11, &uri, &h),
         Err(Invalid::Connect)
     );
 }
@@ -113,7 +167,7 @@ fn only_a_single_plain_chunked_coding_is_accepted() {
     let ok = |te: &[&str]| {
         let mut pairs = vec![("host", "a")];
         pairs.extend(te.iter().map(|t| ("transfer-encoding", *t)));
-        check_head(&Method::POST, v, &origin(), &headers(&pairs))
+        checked_head(&Method::POST, v, &origin(), &headers(&pairs))
     };
     assert_eq!(ok(&[]), Ok(()));
     assert_eq!(ok(&["chunked"]), Ok(()));
@@ -141,7 +195,7 @@ fn only_a_single_plain_chunked_coding_is_accepted() {
     }
     let h10 = headers(&[("host", "a"), ("transfer-encoding", "chunked")]);
     assert_eq!(
-        check_head(&Method::POST, Version::HTTP_10, &origin(), &h10),
+        checked_head(&Method::POST, Version::HTTP_10, &origin(), &h10),
         Err(Invalid::UnframedBody)
     );
 }
@@ -225,7 +279,7 @@ fn every_claim_is_a_claim_and_common_fields_are_not() {
 #[test]
 fn every_hop_by_hop_name_is_found_by_its_length_and_no_other_name_is() {
     for (i, &name) in HOP_BY_HOP.iter().enumerate() {
-        assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+        assert_eq!(hop_by_hop_at(name, name.as_str()), Some(i), "{name}");
     }
     assert_eq!(*HOP_BY_HOP[TRANSFER_ENCODING_AT], TRANSFER_ENCODING);
     for other in [
@@ -247,7 +301,7 @@ fn every_hop_by_hop_name_is_found_by_its_length_and_no_other_name_is() {
         "proxy-authorizatiom",
     ] {
         let name = HeaderName::from_static(other);
-        assert_eq!(hop_by_hop_index(&name), None, "{other}");
+        assert_eq!(hop_by_hop_at(&name, name.as_str()), None, "{other}");
     }
 }
 
@@ -325,7 +379,7 @@ fn an_untrusted_clients_address_claims_do_not_reach_the_app() {
         ("accept", "*/*"),
     ];
     let mut h = headers(&claims);
-    prepare_request(&mut h, None, forwarded("10.1.2.3", false), None);
+    prepare(&mut h, None, forwarded("10.1.2.3", false), None);
     assert_eq!(h["x-real-ip"], "10.1.2.3");
     for gone in ["true-client-ip", "cf-connecting-ip", "forwarded"] {
         assert!(!h.contains_key(gone), "{gone}");
@@ -338,7 +392,7 @@ fn an_untrusted_clients_address_claims_do_not_reach_the_app() {
         trusted: true,
         ..forwarded("10.1.2.3", false)
     };
-    prepare_request(&mut h, None, trusted, None);
+    prepare(&mut h, None, trusted, None);
     assert_eq!(h["x-real-ip"], "6.6.6.6");
     assert_eq!(h["true-client-ip"], "6.6.6.7");
     assert_eq!(h["cf-connecting-ip"], "6.6.6.8");
@@ -348,7 +402,7 @@ fn an_untrusted_clients_address_claims_do_not_reach_the_app() {
         trusted: true,
         ..forwarded("fd00::1", false)
     };
-    prepare_request(&mut h, None, trusted6, None);
+    prepare(&mut h, None, trusted6, None);
     assert_eq!(h.get_all("forwarded").iter().count(), 1);
     assert_eq!(h["forwarded"], "for=a, for=b, for=\"[fd00::1]\"");
 }
@@ -361,7 +415,7 @@ fn every_removed_claim_goes_from_an_untrusted_client_alone() {
         h.append(claim, HeaderValue::from_static("6.6.6.6"));
         h.append(claim, HeaderValue::from_static("6.6.6.7"));
         h.insert("accept", HeaderValue::from_static("*/*"));
-        prepare_request(&mut h, None, forwarded("10.1.2.3", false), None);
+        prepare(&mut h, None, forwarded("10.1.2.3", false), None);
         assert!(!h.contains_key(claim), "{claim}");
         assert_eq!(h["accept"], "*/*");
 
@@ -371,7 +425,7 @@ fn every_removed_claim_goes_from_an_untrusted_client_alone() {
             trusted: true,
             ..forwarded("10.1.2.3", false)
         };
-        prepare_request(&mut h, None, trusted, None);
+        prepare(&mut h, None, trusted, None);
         assert_eq!(h[claim], "6.6.6.6", "{claim}");
     }
 }
@@ -418,7 +472,7 @@ fn request_gets_forwarded_fields_and_keeps_host() {
         ("x-forwarded-host", "evil.example"),
     ]);
     let host = original_host(&origin(), &h);
-    prepare_request(&mut h, host, forwarded("::ffff:10.1.2.3", false), None);
+    prepare(&mut h, host, forwarded("::ffff:10.1.2.3", false), None);
     assert_eq!(h["host"], "app.example");
     assert_eq!(h["x-forwarded-host"], "app.example");
     assert_eq!(h["x-forwarded-proto"], "http");
@@ -432,7 +486,7 @@ fn a_host_field_that_named_the_host_stays_as_it_is() {
     let mut h = headers(&[("host", "app.example"), ("connection", "keep-alive")]);
     let host = original_host(&origin(), &h);
     assert!(host.as_ref().is_some_and(|a| a.in_host_field));
-    prepare_request(&mut h, host, forwarded("10.1.2.3", false), None);
+    prepare(&mut h, host, forwarded("10.1.2.3", false), None);
     assert_eq!(h.get_all("host").iter().count(), 1);
     assert_eq!(h["host"], "app.example");
     assert_eq!(h["x-forwarded-host"], "app.example");
@@ -442,7 +496,7 @@ fn a_host_field_that_named_the_host_stays_as_it_is() {
     let uri = Uri::from_static("http://app.example/x");
     let host = original_host(&uri, &h);
     assert!(host.as_ref().is_some_and(|a| !a.in_host_field));
-    prepare_request(&mut h, host, forwarded("10.1.2.3", false), None);
+    prepare(&mut h, host, forwarded("10.1.2.3", false), None);
     assert_eq!(h.get_all("host").iter().count(), 1);
     assert_eq!(h["host"], "app.example");
 }
@@ -452,7 +506,7 @@ fn http2_authority_becomes_host() {
     let mut h = headers(&[]);
     let uri = Uri::from_static("https://app.example:8443/x");
     let host = original_host(&uri, &h);
-    prepare_request(&mut h, host, forwarded("192.0.2.1", true), None);
+    prepare(&mut h, host, forwarded("192.0.2.1", true), None);
     assert_eq!(h["host"], "app.example:8443");
     assert_eq!(h["x-forwarded-proto"], "https");
     assert_eq!(h["x-forwarded-for"], "192.0.2.1");
@@ -471,7 +525,7 @@ fn upgrade_keeps_connection_and_upgrade_only() {
     assert!(!is_upgrade(Version::HTTP_10, &h));
     let upgrade = allowed_upgrade(Version::HTTP_11, &h, &websocket());
     assert_eq!(upgrade, Some(HeaderValue::from_static("websocket")));
-    prepare_request(
+    prepare(
         &mut h,
         in_host_field("a"),
         forwarded("192.0.2.1", false),
@@ -484,6 +538,33 @@ fn upgrade_keeps_connection_and_upgrade_only() {
 
     let without_token = headers(&[("connection", "keep-alive"), ("upgrade", "websocket")]);
     assert!(!is_upgrade(Version::HTTP_11, &without_token));
+}
+
+#[test]
+fn only_a_request_with_an_upgrade_field_offers_an_upgrade() {
+    // The forward asks `allowed_upgrade` only of these.
+    let offers = |pairs: &[(&str, &str)]| RequestFields::of(&headers(pairs)).offers_upgrade();
+    assert!(offers(&[
+        ("connection", "upgrade"),
+        ("upgrade", "websocket")
+    ]));
+    assert!(offers(&[("host", "a"), ("Upgrade", "websocket")]));
+    assert!(!offers(&[("connection", "upgrade")]));
+    assert!(!offers(&[
+        ("connection", "upgrade"),
+        ("upgrades", "websocket")
+    ]));
+    assert!(!offers(&[("host", "a"), ("te", "trailers")]));
+}
+
+#[test]
+fn a_response_head_is_measured_as_written() {
+    let h = headers(&[("content-type", "text/plain"), ("x-a", ""), ("x-a", "12")]);
+    // `content-type: text/plain\r\n`, `x-a: \r\n`, `x-a: 12\r\n`.
+    assert_eq!(ResponseFields::of(&h).bytes(), 26 + 7 + 9);
+    assert!(!ResponseFields::of(&h).transfer_encoding());
+    let h = headers(&[("transfer-encoding", "chunked")]);
+    assert!(ResponseFields::of(&h).transfer_encoding());
 }
 
 fn websocket() -> Vec<Box<str>> {
@@ -525,7 +606,7 @@ fn a_refused_upgrade_goes_as_a_plain_request() {
         ("x-rewrite-url", "/login"),
     ]);
     let upgrade = allowed_upgrade(Version::HTTP_11, &h, &websocket());
-    prepare_request(
+    prepare(
         &mut h,
         in_host_field("a"),
         forwarded("192.0.2.1", false),
@@ -542,7 +623,7 @@ fn a_refused_upgrade_goes_as_a_plain_request() {
     }
     // Not named by Connection, still removed.
     let mut h = headers(&[("host", "a"), ("http2-settings", "AAMAAABk")]);
-    prepare_request(&mut h, None, forwarded("192.0.2.1", false), None);
+    prepare(&mut h, None, forwarded("192.0.2.1", false), None);
     assert!(!h.contains_key("http2-settings"));
 }
 
@@ -553,14 +634,14 @@ fn lower_case_methods_are_refused() {
     for method in ["post", "PoSt", "get", "gET"] {
         let method = Method::from_bytes(method.as_bytes()).unwrap();
         assert_eq!(
-            check_head(&method, v, &origin(), &h),
+            checked_head(&method, v, &origin(), &h),
             Err(Invalid::MethodCase),
             "{method}"
         );
     }
     for method in ["POST", "PROPFIND", "M-SEARCH"] {
         let method = Method::from_bytes(method.as_bytes()).unwrap();
-        assert_eq!(check_head(&method, v, &origin(), &h), Ok(()), "{method}");
+        assert_eq!(checked_head(&method, v, &origin(), &h), Ok(()), "{method}");
     }
 }
 
@@ -589,15 +670,15 @@ fn response_drops_a_content_length_that_chunking_overrode() {
         ("x-internal", "1"),
         ("upgrade", "h2c"),
     ]);
-    prepare_response(&mut h, false);
+    respond(&mut h, false);
     assert!(h.is_empty(), "{h:?}");
 
     let mut h = headers(&[("content-length", "5")]);
-    prepare_response(&mut h, false);
+    respond(&mut h, false);
     assert_eq!(h["content-length"], "5");
 
     let mut h = headers(&[("connection", "upgrade"), ("upgrade", "websocket")]);
-    prepare_response(&mut h, true);
+    respond(&mut h, true);
     assert_eq!(h["connection"], "upgrade");
     assert_eq!(h["upgrade"], "websocket");
 }
@@ -670,7 +751,7 @@ fn hosts_must_be_host_and_port() {
         "caf%C3%A9.test",
     ] {
         assert_eq!(
-            check_head(&Method::GET, v, &origin(), &headers(&[("host", good)])),
+            checked_head(&Method::GET, v, &origin(), &headers(&[("host", good)])),
             Ok(()),
             "{good}"
         );
@@ -695,7 +776,7 @@ fn hosts_must_be_host_and_port() {
         "app%zz.test",
     ] {
         assert_eq!(
-            check_head(&Method::GET, v, &origin(), &headers(&[("host", bad)])),
+            checked_head(&Method::GET, v, &origin(), &headers(&[("host", bad)])),
             Err(Invalid::BadHost),
             "{bad:?}"
         );
@@ -708,13 +789,13 @@ fn request_targets_are_origin_or_absolute_form() {
     let v = Version::HTTP_11;
     for ok in ["/x", "http://app.test/x", "http://app.test:80"] {
         let uri: Uri = ok.parse().unwrap();
-        assert_eq!(check_head(&Method::GET, v, &uri, &h), Ok(()), "{ok}");
+        assert_eq!(checked_head(&Method::GET, v, &uri, &h), Ok(()), "{ok}");
     }
     let star: Uri = "*".parse().unwrap();
-    assert_eq!(check_head(&Method::OPTIONS, v, &star, &h), Ok(()));
+    assert_eq!(checked_head(&Method::OPTIONS, v, &star, &h), Ok(()));
     for method in [Method::GET, Method::POST, Method::HEAD, Method::DELETE] {
         assert_eq!(
-            check_head(&method, v, &star, &h),
+            checked_head(&method, v, &star, &h),
             Err(Invalid::AsteriskForm),
             "{method}"
         );
@@ -722,7 +803,7 @@ fn request_targets_are_origin_or_absolute_form() {
     for bad in ["app:80", "app.test"] {
         let uri: Uri = bad.parse().unwrap();
         assert_eq!(
-            check_head(&Method::POST, v, &uri, &h),
+            checked_head(&Method::POST, v, &uri, &h),
             Err(Invalid::RequestTarget),
             "{bad}"
         );
@@ -753,10 +834,10 @@ fn an_http2_asterisk_path_is_for_options_alone_with_or_without_authority() {
         } else {
             headers(&[("host", "app.test")])
         };
-        assert_eq!(check_head(&Method::OPTIONS, v, &uri, &h), Ok(()), "{uri}");
+        assert_eq!(checked_head(&Method::OPTIONS, v, &uri, &h), Ok(()), "{uri}");
         for method in [Method::GET, Method::POST, Method::DELETE, Method::HEAD] {
             assert_eq!(
-                check_head(&method, v, &uri, &h),
+                checked_head(&method, v, &uri, &h),
                 Err(Invalid::AsteriskForm),
                 "{method} {uri}"
             );

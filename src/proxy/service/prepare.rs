@@ -51,7 +51,7 @@ pub(in crate::proxy) fn prepare<'r>(
     headers: &HeaderMap,
     peer: IpAddr,
 ) -> Result<Destination<'r>, Invalid> {
-    headers::check_head(method, version, uri, headers)?;
+    let head = headers::check_head(method, version, uri, headers)?;
     let live = &*runtime.live;
     let identity = runtime.routes.identity_headers();
     // `X_Plan` reaches a CGI-style app as the tier header it folds to.
@@ -103,7 +103,9 @@ pub(in crate::proxy) fn prepare<'r>(
     let asking = subject::Asking::new(peer, headers, &live.identity);
     for (route_at, entry) in matched.iter().enumerate() {
         let route = entry.route;
-        headers::check_connection(headers, route.subject_sources())?;
+        if head.connection {
+            headers::check_connection(headers, route.subject_sources())?;
+        }
         let tier = route
             .tiers
             .as_ref()

@@ -187,10 +187,11 @@ pub(crate) fn forward<'a, T>(
                 Ok(sent) => sent,
                 Err(error) => break 'forward Err(error),
             };
+            let fields = headers::ResponseFields::of(response.headers());
             let checked = if lease.flooded() {
                 Err(Refused::InformationalFlood)
             } else {
-                upstream_head::check(response.headers())
+                upstream_head::check(response.headers(), &fields)
             };
             if let Err(refused) = checked {
                 break 'forward Err(refuse(refused));
@@ -211,7 +212,7 @@ pub(crate) fn forward<'a, T>(
                     .tunnels
                     .spawn(client_upgrade, hyper::upgrade::on(&mut response));
             }
-            headers::prepare_response(response.headers_mut(), upgraded);
+            headers::prepare_response(response.headers_mut(), &fields, upgraded);
             // An intermediary answers in its own version (RFC 9110 §6.2): an
             // app that speaks HTTP/1.0 must not cost every client its
             // keep-alive. hyper frames the body for the client's connection (a
@@ -263,7 +264,12 @@ fn outbound(
 ) -> Result<Outbound, UpstreamError> {
     // An upgrade the route does not allow goes as a plain request: an h2c
     // tunnel would carry requests no route ever sees.
-    let upgrade = headers::allowed_upgrade(request.version(), request.headers(), upgrades);
+    let mut fields = headers::RequestFields::of(request.headers());
+    let upgrade = if fields.offers_upgrade() {
+        headers::allowed_upgrade(request.version(), request.headers(), upgrades)
+    } else {
+        None
+    };
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (mut parts, incoming) = request.into_parts();
@@ -274,7 +280,7 @@ fn outbound(
             return Err(UpstreamError::Target);
         }
     };
-    let host = headers::original_host(&parts.uri, &parts.headers);
+    let host = fields.addressed(&parts.uri);
     let forwarded = Forwarded {
         peer: conn.peer.ip(),
         peer_value: conn.peer_value.clone(),
@@ -286,7 +292,7 @@ fn outbound(
     }
     // Without a host of its own, the request has no `Host` once prepared.
     let addressed = host.is_some();
-    headers::prepare_request(&mut parts.headers, host, forwarded, upgrade);
+    headers::prepare_request(&mut parts.headers, fields, host, forwarded, upgrade);
     if !addressed {
         if let Some(host) = pool::host_of(&live.upstream.url) {
             parts.headers.insert(http::header::HOST, host);

@@ -14,6 +14,8 @@
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::HeaderMap;
 
+use crate::proxy::headers::ResponseFields;
+
 /// Largest upstream response head, counted as its fields' `name: value\r\n`
 /// lines. 64 KiB, the request-head default, is near Envoy's 60 KiB
 /// `max_response_headers_kb` (nginx's `proxy_buffer_size` is one memory
@@ -45,13 +47,14 @@ pub(super) enum Refused {
 
 /// A final response head sluice will pass on: within [`MAX_HEAD_BYTES`]
 /// and framed soundly ([`check_framing`]).
-pub(super) fn check(headers: &HeaderMap) -> Result<(), Refused> {
-    let size: usize = headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum();
-    if size > MAX_HEAD_BYTES {
+/// `fields`: what one pass over `headers` found (its size, whether it has
+/// a `Transfer-Encoding`: most heads have none, and need no lookup of it).
+pub(super) fn check(headers: &HeaderMap, fields: &ResponseFields) -> Result<(), Refused> {
+    if fields.bytes() > MAX_HEAD_BYTES {
         return Err(Refused::HeadTooLarge);
+    }
+    if !fields.transfer_encoding() {
+        return Ok(());
     }
     check_framing(headers)
 }
@@ -84,31 +87,30 @@ mod tests {
         headers
     }
 
+    /// [`check`], with the fields read as the forward reads them.
+    fn checked(headers: &HeaderMap) -> Result<(), Refused> {
+        check(headers, &ResponseFields::of(headers))
+    }
+
     #[test]
     fn a_head_over_the_limit_is_refused() {
         let mut headers = HeaderMap::new();
         let value = HeaderValue::from_str(&"a".repeat(MAX_HEAD_BYTES - 9)).unwrap();
         headers.insert("x-big", value);
         // `x-big: ` + value + CRLF is exactly the limit.
-        assert_eq!(check(&headers), Ok(()));
+        assert_eq!(checked(&headers), Ok(()));
         headers.insert("x", HeaderValue::from_static(""));
-        assert_eq!(check(&headers), Err(Refused::HeadTooLarge));
+        assert_eq!(checked(&headers), Err(Refused::HeadTooLarge));
     }
 
     #[test]
     fn only_a_lone_plain_chunked_passes() {
-        assert_eq!(check_framing(&head(&[])), Ok(()));
-        assert_eq!(check_framing(&head(&[("content-length", "5")])), Ok(()));
+        assert_eq!(checked(&head(&[])), Ok(()));
+        assert_eq!(checked(&head(&[("content-length", "5")])), Ok(()));
+        assert_eq!(checked(&head(&[("transfer-encoding", "chunked")])), Ok(()));
+        assert_eq!(checked(&head(&[("transfer-encoding", "Chunked")])), Ok(()));
         assert_eq!(
-            check_framing(&head(&[("transfer-encoding", "chunked")])),
-            Ok(())
-        );
-        assert_eq!(
-            check_framing(&head(&[("transfer-encoding", "Chunked")])),
-            Ok(())
-        );
-        assert_eq!(
-            check_framing(&head(&[
+            checked(&head(&[
                 ("transfer-encoding", "chunked"),
                 ("content-length", "5")
             ])),
@@ -116,13 +118,13 @@ mod tests {
         );
         for coding in ["gzip", "gzip, chunked", "chunked, chunked", "chunked;x=1"] {
             assert_eq!(
-                check_framing(&head(&[("transfer-encoding", coding)])),
+                checked(&head(&[("transfer-encoding", coding)])),
                 Err(Refused::TransferCoding),
                 "{coding}"
             );
         }
         assert_eq!(
-            check_framing(&head(&[
+            checked(&head(&[
                 ("transfer-encoding", "chunked"),
                 ("transfer-encoding", "chunked")
             ])),

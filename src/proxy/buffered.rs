@@ -104,7 +104,9 @@ pub enum Inbound {
     /// Received whole before the request took its place.
     Whole(Whole),
     /// Too large to hold: what was read, then the rest as it arrives.
-    Streaming(Streaming),
+    /// Boxed: the rarest kind, and the largest (every request's `Inbound`
+    /// is moved several times on its way to the app).
+    Streaming(Box<Streaming>),
 }
 
 impl Inbound {
@@ -114,7 +116,7 @@ impl Inbound {
     pub fn discard(self, headers: &HeaderMap, live: &Live) {
         match self {
             Inbound::Arriving(incoming) => discard(headers, incoming, live),
-            Inbound::Streaming(Streaming { rest, .. }) => discard(headers, rest, live),
+            Inbound::Streaming(streaming) => discard(headers, streaming.rest, live),
             Inbound::Whole(_) => {}
         }
     }
@@ -233,7 +235,10 @@ impl Buffering {
             rest: body,
             places,
         };
-        Ok(Request::from_parts(parts, Inbound::Streaming(streaming)))
+        Ok(Request::from_parts(
+            parts,
+            Inbound::Streaming(Box::new(streaming)),
+        ))
     }
 
     /// Reads `body` to its end, or until it goes past `max_body` or the
@@ -261,7 +266,7 @@ impl Buffering {
             let frame = match frame?.into_data() {
                 Ok(data) => data,
                 Err(frame) => {
-                    trailers = frame.into_trailers().ok().or(trailers);
+                    trailers = frame.into_trailers().ok().map(Box::new).or(trailers);
                     continue;
                 }
             };
@@ -387,10 +392,12 @@ impl Drop for Charge {
     }
 }
 
-/// A body received whole: its bytes in one piece, and its trailers.
+/// A body received whole: its bytes in one piece, and its trailers (boxed:
+/// few bodies have any, and every request's `Inbound` is as large as its
+/// largest kind).
 pub struct Whole {
     data: Option<Bytes>,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     /// Held until the body is dropped: hyper's client drops it once it has
     /// written the last byte to the app, or the exchange ends.
     _charge: Charge,
@@ -408,7 +415,7 @@ impl http_body::Body for Whole {
         if let Some(data) = this.data.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(*t))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -486,6 +493,32 @@ mod tests {
         assert_eq!(share(4), 1);
         assert_eq!(share(40), 10);
         assert_eq!(share(41), 10);
+    }
+
+    #[tokio::test]
+    async fn a_whole_body_gives_its_bytes_then_its_trailers() {
+        use http::HeaderValue;
+        use http_body::Body as _;
+        use http_body_util::BodyExt;
+
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", HeaderValue::from_static("abc"));
+        let mut whole = Whole {
+            data: Some(Bytes::from_static(b"body")),
+            trailers: Some(Box::new(trailers.clone())),
+            _charge: Charge {
+                budget: Buffering::new(),
+                bytes: 0,
+            },
+        };
+        assert_eq!(whole.size_hint().exact(), Some(4));
+        let data = whole.frame().await.expect("a frame").expect("no error");
+        assert_eq!(data.into_data().expect("the bytes"), "body");
+        assert!(!whole.is_end_stream(), "the trailers are still to come");
+        let last = whole.frame().await.expect("a frame").expect("no error");
+        assert_eq!(last.into_trailers().expect("the trailers"), trailers);
+        assert!(whole.is_end_stream());
+        assert!(whole.frame().await.is_none());
     }
 
     #[test]

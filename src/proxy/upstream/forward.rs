@@ -323,7 +323,7 @@ fn outbound(
         }
         // Already under its idle timeout and floor since it began.
         Inbound::Streaming(streaming) => {
-            let (tracked, timer) = UpstreamTimer::tracking(streaming, live.upstream.timeout);
+            let (tracked, timer) = UpstreamTimer::tracking(*streaming, live.upstream.timeout);
             (body::boxed(tracked), timer)
         }
     };

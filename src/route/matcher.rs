@@ -100,9 +100,11 @@ fn eq_exact(a: &str, b: &str) -> bool {
 }
 
 /// For `case_sensitive: false`, the default. Byte-wise: escapes are upper-cased by
-/// normalization, and letters outside ASCII compare as written.
+/// normalization, and letters outside ASCII compare as written. Most
+/// requests spell a path as its route does: compared as bytes first (a
+/// `memcmp`), where the case-blind compare lower-cases each byte of both.
 fn eq_ignore_case(a: &str, b: &str) -> bool {
-    a.as_bytes().eq_ignore_ascii_case(b.as_bytes())
+    a == b || a.as_bytes().eq_ignore_ascii_case(b.as_bytes())
 }
 
 /// `path` without `prefix`, when it starts with it; `None` otherwise.

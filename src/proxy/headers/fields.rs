@@ -10,9 +10,6 @@ use super::rewrite::{hop_by_hop_at, Addressed};
 use super::*;
 use crate::subject::resolve::X_FORWARDED_FOR;
 
-/// Where `Upgrade` is in [`HOP_BY_HOP`].
-const UPGRADE_AT: usize = 8;
-
 /// A request's fields as [`prepare_request`] needs them.
 pub struct RequestFields {
     /// Bit `i` for the `i`th of [`HOP_BY_HOP`].

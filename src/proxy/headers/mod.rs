@@ -95,6 +95,8 @@ fn claims_of_length(len: usize) -> &'static [&'static str] {
 
 /// Where `Transfer-Encoding` is in [`HOP_BY_HOP`].
 const TRANSFER_ENCODING_AT: usize = 7;
+/// Where `Upgrade` is in [`HOP_BY_HOP`].
+const UPGRADE_AT: usize = 8;
 
 /// RFC 9110 §7.6.1, plus the pre-standard `Keep-Alive` and
 /// `Proxy-Connection` that clients still send, and `HTTP2-Settings`, which

@@ -282,6 +282,7 @@ fn every_hop_by_hop_name_is_found_by_its_length_and_no_other_name_is() {
         assert_eq!(hop_by_hop_at(name, name.as_str()), Some(i), "{name}");
     }
     assert_eq!(*HOP_BY_HOP[TRANSFER_ENCODING_AT], TRANSFER_ENCODING);
+    assert_eq!(*HOP_BY_HOP[UPGRADE_AT], UPGRADE);
     for other in [
         "date",
         "server",

@@ -98,39 +98,49 @@ impl Inner {
     pub(super) async fn decide(&self, request: &Request<'_>) -> (Outcomes, Health) {
         let whole = |outcome| Outcomes::at(0, outcome);
         match self.attempt(request).await {
-            Attempt::Answered(outcomes) => (outcomes, Health::Answered),
+            Attempt::Answered(outcomes) => return (outcomes, Health::Answered),
             Attempt::NotApplied(unavailable, health) => {
-                (whole(Outcome::Unavailable(unavailable)), health)
+                return (whole(Outcome::Unavailable(unavailable)), health)
             }
-            Attempt::Ambiguous(_) if !self.passed(request.deadline) => {
-                // Safe to repeat: the same evaluation id makes the script
-                // return what it admitted the first time, if it ran (a
-                // denial charged nothing, and is decided again). Sent as a
-                // re-send, so the script looks for that record.
-                self.stats.retries.count();
-                match self.attempt(&request.resent()).await {
-                    Attempt::Answered(outcomes) if outcomes.list.iter().all(decided) => {
-                        (outcomes, Health::Answered)
+            Attempt::Ambiguous(health) if self.passed(request.deadline) => {
+                return (whole(Outcome::Indeterminate), health)
+            }
+            Attempt::Ambiguous(_) => {}
+        }
+        // Boxed, and awaited past the match: rare, and its future (with the
+        // first attempt's, were it awaited in its arm) would otherwise size
+        // every decision's.
+        Box::pin(self.retry(request)).await
+    }
+
+    /// The one retry of an attempt that may have run.
+    async fn retry(&self, request: &Request<'_>) -> (Outcomes, Health) {
+        let whole = |outcome| Outcomes::at(0, outcome);
+        // Safe to repeat: the same evaluation id makes the script return
+        // what it admitted the first time, if it ran (a denial charged
+        // nothing, and is decided again). Sent as a re-send, so the script
+        // looks for that record.
+        self.stats.retries.count();
+        match self.attempt(&request.resent()).await {
+            Attempt::Answered(outcomes) if outcomes.list.iter().all(decided) => {
+                (outcomes, Health::Answered)
+            }
+            // A batch's evaluations stand each alone: those the retry
+            // decided are decided.
+            Attempt::Answered(mut outcomes)
+                if request.batch && outcomes.list.len() == request.limits.len() =>
+            {
+                for outcome in &mut outcomes.list {
+                    if !decided(outcome) {
+                        *outcome = Outcome::Indeterminate;
                     }
-                    // A batch's evaluations stand each alone: those the
-                    // retry decided are decided.
-                    Attempt::Answered(mut outcomes)
-                        if request.batch && outcomes.list.len() == request.limits.len() =>
-                    {
-                        for outcome in &mut outcomes.list {
-                            if !decided(outcome) {
-                                *outcome = Outcome::Indeterminate;
-                            }
-                        }
-                        (outcomes, Health::Answered)
-                    }
-                    // Whatever the retry says, the first attempt may have
-                    // been charged.
-                    Attempt::Answered(_) => (whole(Outcome::Indeterminate), Health::Answered),
-                    Attempt::NotApplied(_, health) => (whole(Outcome::Indeterminate), health),
-                    Attempt::Ambiguous(health) => (whole(Outcome::Indeterminate), health),
                 }
+                (outcomes, Health::Answered)
             }
+            // Whatever the retry says, the first attempt may have been
+            // charged.
+            Attempt::Answered(_) => (whole(Outcome::Indeterminate), Health::Answered),
+            Attempt::NotApplied(_, health) => (whole(Outcome::Indeterminate), health),
             Attempt::Ambiguous(health) => (whole(Outcome::Indeterminate), health),
         }
     }
@@ -218,8 +228,9 @@ impl Inner {
         }
         let mut conn = checkout.conn.clone();
         progress.sent = Some(checkout);
-        let first = conn.evaluate(&request.cmd).await;
-        let error = match first {
+        // Matched where it is made: a named reply would keep its room in
+        // this future across the reload below.
+        let error = match conn.evaluate(&request.cmd).await {
             Ok(value) => return self.answer(request, &value),
             Err(e) if function_missing(&e) => e,
             // `FCALL` unknown or not permitted under `auto`: it did not

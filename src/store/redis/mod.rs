@@ -275,8 +275,23 @@ impl RedisStore {
             remembers_none,
         } = asked;
         if let [one] = evaluations {
-            if let Some([before]) = befores {
-                return self.evaluate_leased(one, cache, before).await;
+            match befores {
+                // A subject the lease book follows but holds no lease of,
+                // the most common: asked as any other, the book told after.
+                Some([Before::Ask { extra: 0 }]) => {
+                    let (outcome, source) = super::evaluate_shared(self, cache, one).await;
+                    self.settle(one, 0, Instant::now(), outcome);
+                    let mut outcomes = Outcomes::at(0, outcome);
+                    outcomes.source = source;
+                    return outcomes;
+                }
+                // Boxed: a lease asked for or waited on is once a lease's
+                // life, and this future, larger than a plain call's, would
+                // otherwise size every Redis decision's.
+                Some([before]) => {
+                    return Box::pin(self.evaluate_leased(one, cache, before)).await;
+                }
+                _ => {}
             }
             let (outcome, source) = match (cache, remembers_none) {
                 (Some(cache), Some(asked)) => {
@@ -311,23 +326,35 @@ impl RedisStore {
             }
         }
         if self.in_order(evaluations) {
-            let mut outcomes = Outcomes::empty();
-            outcomes.source = Source::DenyCache;
-            for evaluation in evaluations {
-                let (outcome, source) = super::evaluate_shared(self, cache, evaluation).await;
-                outcomes.list.push(outcome);
-                if source == Source::Store {
-                    outcomes.source = Source::Store;
-                }
-                if outcome.blocks(evaluation.policy.shadow) {
-                    break;
-                }
-            }
-            return outcomes;
+            // Boxed: a call for each limit in turn, with the outcomes so far
+            // beside it, would otherwise size every Redis decision's.
+            return Box::pin(self.evaluate_in_order(evaluations, cache)).await;
         }
         let outcomes = self.inner.evaluate_several(evaluations).await;
         if let Some(cache) = cache {
             remember(cache, evaluations, &outcomes, asked);
+        }
+        outcomes
+    }
+
+    /// Each limit in its own call, in order, up to the first that blocks
+    /// (Redis Cluster, and cached scripts).
+    async fn evaluate_in_order(
+        &self,
+        evaluations: &[Evaluation<'_>],
+        cache: Option<&DenyCache>,
+    ) -> Outcomes {
+        let mut outcomes = Outcomes::empty();
+        outcomes.source = Source::DenyCache;
+        for evaluation in evaluations {
+            let (outcome, source) = super::evaluate_shared(self, cache, evaluation).await;
+            outcomes.list.push(outcome);
+            if source == Source::Store {
+                outcomes.source = Source::Store;
+            }
+            if outcome.blocks(evaluation.policy.shadow) {
+                break;
+            }
         }
         outcomes
     }

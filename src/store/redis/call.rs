@@ -3,12 +3,13 @@
 //! retry of an ambiguous attempt, and the classification of every failure
 //! by how far the command got.
 
+use std::future::Future;
 use std::pin::pin;
-use std::time::Duration;
+use std::task::Poll;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use smallvec::SmallVec;
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
 use crate::limit::{Incompatible, Outcome, Unavailable};
 use crate::store::breaker::{Cause, Health};
@@ -171,9 +172,13 @@ impl Inner {
             // A last look before giving up: a reply that came in while
             // every thread was busy waits for its connection's reader, and
             // yielding polls the socket and lets the reader run first.
+            // Looked at by one poll, not a zero timeout: tokio rounds a
+            // timer up to its next millisecond, so each look would hold
+            // the request up to a millisecond past its budget.
             for _ in 0..LAST_LOOKS {
                 tokio::task::yield_now().await;
-                if let Ok(attempt) = timeout(Duration::ZERO, exchange.as_mut()).await {
+                let look = std::future::poll_fn(|cx| Poll::Ready(exchange.as_mut().poll(cx)));
+                if let Poll::Ready(attempt) = look.await {
                     return attempt;
                 }
             }

@@ -45,6 +45,13 @@ impl Packer {
         self.arg_of(&[bytes])
     }
 
+    /// `count` arguments packed already ([`Packed::args_bytes`]).
+    pub fn packed(&mut self, args: &[u8], count: usize) -> &mut Packer {
+        self.resp.extend_from_slice(args);
+        self.count += count;
+        self
+    }
+
     /// The next argument, an integer in decimal.
     pub fn int(&mut self, n: u64) -> &mut Packer {
         let mut digits = itoa::Buffer::new();
@@ -102,6 +109,12 @@ impl Packed {
     /// The bytes Redis reads.
     pub fn bytes(&self) -> &[u8] {
         &self.resp[self.start..]
+    }
+
+    /// Its arguments as they are packed, without the count line before
+    /// them: what [`Packer::packed`] takes.
+    pub fn args_bytes(&self) -> &[u8] {
+        &self.resp[ROOM..]
     }
 
     /// Its arguments, in order.

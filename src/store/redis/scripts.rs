@@ -55,6 +55,29 @@ pub struct Script {
     /// `sluice_<SHA-1>_batch`, which decides several evaluations in one
     /// call (`lua/batch.lua`). Functions only: cached scripts have none.
     pub batch: Option<String>,
+    /// The command's first two words in each mode, packed once: every
+    /// decision starts with them.
+    words: Words,
+}
+
+/// `FCALL <library>` and `EVALSHA <sha>`, as Redis reads them.
+struct Words {
+    fcall: Box<[u8]>,
+    evalsha: Box<[u8]>,
+}
+
+impl Words {
+    fn of(name: &str, sha: &str) -> Words {
+        let packed = |verb: &[u8], word: &str| {
+            let mut cmd = Packer::with_capacity(64);
+            cmd.arg(verb).arg(word.as_bytes());
+            cmd.finish().args_bytes().into()
+        };
+        Words {
+            fcall: packed(b"FCALL", name),
+            evalsha: packed(b"EVALSHA", sha),
+        }
+    }
 }
 
 /// Every library's name starts so; nothing else sluice loads does.
@@ -194,11 +217,13 @@ impl Script {
         eval.push_str(call);
         code.push_str(register);
         let name = format!("{LIBRARY_PREFIX}{}", redis::Script::new(&code).get_hash());
+        let sha = redis::Script::new(&eval).get_hash().to_owned();
         Script {
             algorithm,
             source: code.replace(NAME_AT, &name),
+            words: Words::of(&name, &sha),
             name,
-            sha: redis::Script::new(&eval).get_hash().to_owned(),
+            sha,
             eval,
             batch: None,
         }
@@ -235,10 +260,11 @@ impl Script {
     /// The command's first two words in `mode`: `FCALL <library>` or
     /// `EVALSHA <sha>` (the function and the library share the name).
     pub(super) fn call_words(&self, mode: Mode, cmd: &mut Packer) {
-        match mode {
-            Mode::Functions => cmd.arg(b"FCALL").arg(self.name.as_bytes()),
-            Mode::Eval => cmd.arg(b"EVALSHA").arg(self.sha.as_bytes()),
+        let words = match mode {
+            Mode::Functions => &self.words.fcall,
+            Mode::Eval => &self.words.evalsha,
         };
+        cmd.packed(words, 2);
     }
 }
 

@@ -251,9 +251,11 @@ pub fn as_evalsha(script: &Script, cmd: &Packed) -> Packed {
 pub(in crate::store::redis) fn hex_id(id: u128) -> [u8; 32] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 32];
-    for (i, digit) in out.iter_mut().enumerate() {
-        let nibble = (id >> (124 - 4 * i)) & 0xf;
-        *digit = DIGITS[nibble as usize];
+    // A byte, two digits, at a time: a `u128` shifted per digit cost about
+    // 150 instructions an id.
+    for (pair, byte) in out.chunks_exact_mut(2).zip(id.to_be_bytes()) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
     }
     out
 }

@@ -147,6 +147,8 @@ impl Inner {
     }
 
     async fn attempt(&self, request: &Request<'_>) -> Attempt {
+        // The time this sidecar loses is measured while the call is made.
+        let _watch = self.lag.watch();
         let mut progress = Progress {
             stage: Stage::Waiting,
             loading: false,

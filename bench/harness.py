@@ -40,6 +40,8 @@ ROOT = os.path.dirname(BENCH)
 CPU_PROXY = 1
 CPU_REST = 0
 BUDGET_MS = 25
+# Seconds each instance is watched idle for its CPU.
+IDLE_CPU_S = 5
 CONNS = 32
 MANY_CONNS = 1000
 
@@ -56,6 +58,9 @@ class Server:
         self.admin_port = None
         self.idle_rss_kb = None
         self.idle_anon_kb = None
+        # CPU ms a second with no request (timers, monitors): paid by
+        # every sidecar of a fleet all day.
+        self.idle_cpu_ms = None
         self.rss_32_kb = None
         self.rss_many = None
 
@@ -621,6 +626,11 @@ def session(procs, workdir, args, settings):
     for s in (nginx, floor, mem, red, clu, routes):
         if s.reason:
             log(f"{s.name}: {s.reason}")
+    # Every instance started and ready, nothing asked of any yet: what
+    # each spends of a core idle.
+    for s in (mem, red, floor):
+        if not s.reason:
+            s.idle_cpu_ms = tools.idle_cpu(s.proc.pid, IDLE_CPU_S)
 
     scenarios = [
         Scenario("direct", upstream, "/", proxy=False),
@@ -712,6 +722,7 @@ def session(procs, workdir, args, settings):
         "scenarios": summarize(scenarios),
         "memory": {
             s.name: {"reason": s.reason, "idle_kb": s.idle_rss_kb, "idle_anon_kb": s.idle_anon_kb,
+                     "idle_cpu_ms_per_s": s.idle_cpu_ms,
                      "conns_32_kb": s.rss_32_kb,
                      "conns_1000": s.rss_many}
             for s in (mem, red, floor)

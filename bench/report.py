@@ -260,6 +260,12 @@ def targets(result):
     else:
         row("RSS idle / 1,000 connections", "≤ 10 MB / ≤ 48 MB",
             "; ".join(f"{k}: {v.get('reason')}" for k, v in mem.items() if v.get("reason")) or "not measured", None)
+    idle_cpu = [(k, v["idle_cpu_ms_per_s"]) for k, v in mem.items() if v.get("idle_cpu_ms_per_s") is not None]
+    if idle_cpu:
+        text = "; ".join(f"{k} {x:.2f} ms/s ({x / 10:.3f}% of a core)" for k, x in idle_cpu)
+        if floor.get("idle_cpu_ms_per_s") is not None:
+            text += f" (the hyper floor {floor['idle_cpu_ms_per_s']:.2f} ms/s)"
+        row("CPU idle (nothing asked)", "reported", text, "reported")
     return rows
 
 

@@ -175,6 +175,28 @@ def rss_kb(pid, field="VmRSS"):
     return None
 
 
+def cpu_ns(pid):
+    """CPU time `pid` has used so far, every thread's, in nanoseconds
+    (`/proc/<pid>/task/*/schedstat`: exact, where `/proc/<pid>/stat` counts
+    10 ms ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile
+    return total
+
+
+def idle_cpu(pid, seconds):
+    """What `pid` spends of a core while nothing is asked of it, over
+    `seconds`: CPU milliseconds a second."""
+    before = cpu_ns(pid)
+    time.sleep(seconds)
+    return (cpu_ns(pid) - before) / 1e6 / seconds
+
+
 class RssSampler:
     """Samples VmRSS of `pid` every 100 ms on a thread; keeps the maximum,
     and the most of it that was anonymous (`RssAnon`)."""

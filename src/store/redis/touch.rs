@@ -13,12 +13,15 @@
 //! and forget: the queue is bounded ([`QUEUE`]; a key that does not fit
 //! is dropped, and its next hit a second later asks again), nothing waits
 //! for the reply, and nothing is sent while the breaker refuses requests.
+//! The task rests while the queue is empty: the first key queued wakes it,
+//! and what is queued in the [`FLUSH_EVERY`] after goes with it.
 
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::{RedisError, Value};
-use tokio::time::{timeout, MissedTickBehavior};
+use tokio::sync::Notify;
+use tokio::time::timeout;
 
 use crate::store::Evaluation;
 use crate::sync;
@@ -28,7 +31,8 @@ use super::pool::Stage;
 use super::scripts::{self, StateKey};
 use super::Inner;
 
-/// How often the queue is sent: a touch is at most this late.
+/// How long the queue gathers keys once one is queued: a touch is this
+/// late (and the pipeline's time) at most.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// Keys waiting at most: 40,000 a second at most go to Redis.
 pub const QUEUE: usize = 4096;
@@ -38,6 +42,9 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(super) struct Touches {
     pending: Mutex<Vec<StateKey>>,
+    /// Wakes the resting task: a key queued into the empty queue. Shared
+    /// with the task, so a store dropped while it rests ends it too.
+    queued: Arc<Notify>,
 }
 
 impl Touches {
@@ -47,7 +54,13 @@ impl Touches {
         if pending.len() >= QUEUE {
             return false;
         }
+        let first = pending.is_empty();
         pending.push(key);
+        drop(pending);
+        if first {
+            // Kept as a permit when the task is not waiting yet.
+            self.queued.notify_one();
+        }
         true
     }
 
@@ -137,13 +150,23 @@ async fn send(mut conn: Conn, keys: &[StateKey]) -> Result<(), RedisError> {
     pipe.query_async::<()>(&mut conn).await
 }
 
-/// Sends the queued touches every [`FLUSH_EVERY`] until the store is
-/// dropped.
+impl Drop for Touches {
+    fn drop(&mut self) {
+        // A resting task wakes, finds the store gone, and ends.
+        self.queued.notify_one();
+    }
+}
+
+/// Sends the queued touches, [`FLUSH_EVERY`] after the first of them,
+/// until the store is dropped; rests while none is queued.
 pub(super) async fn flush(inner: Weak<Inner>) {
-    let mut tick = tokio::time::interval(FLUSH_EVERY);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let Some(queued) = inner.upgrade().map(|store| store.touches.queued.clone()) else {
+        return;
+    };
     loop {
-        tick.tick().await;
+        // Not holding the store meanwhile: its drop wakes this too.
+        queued.notified().await;
+        tokio::time::sleep(FLUSH_EVERY).await;
         let Some(store) = inner.upgrade() else {
             return;
         };
@@ -151,5 +174,47 @@ pub(super) async fn flush(inner: Weak<Inner>) {
         if !keys.is_empty() {
             store.send_touches(keys).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    fn key(name: &[u8]) -> StateKey {
+        StateKey::from_slice(name)
+    }
+
+    /// Whether `wake` has been notified, without waiting.
+    fn woken(wake: &Notify) -> bool {
+        let mut notified = pin!(wake.notified());
+        let mut cx = Context::from_waker(Waker::noop());
+        notified.as_mut().poll(&mut cx) == Poll::Ready(())
+    }
+
+    #[test]
+    fn the_first_key_queued_wakes_the_task_and_the_next_ones_go_with_it() {
+        let touches = Touches::default();
+        let wake = touches.queued.clone();
+        assert!(!woken(&wake), "nothing queued: the task rests");
+        assert!(touches.ask(key(b"a")));
+        assert!(woken(&wake));
+        assert!(touches.ask(key(b"b")));
+        assert!(!woken(&wake), "queued behind the first");
+        assert_eq!(touches.take().len(), 2);
+        assert!(touches.ask(key(b"c")));
+        assert!(woken(&wake), "the first since the queue was sent");
+    }
+
+    #[test]
+    fn a_store_dropped_wakes_its_resting_task() {
+        let touches = Touches::default();
+        let wake = touches.queued.clone();
+        drop(touches);
+        assert!(woken(&wake));
     }
 }

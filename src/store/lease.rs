@@ -21,11 +21,11 @@
 //! out ([`Return`]). Bounded in subjects: a subject that finds its shard
 //! full is simply not followed, and so decided one call per request.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::shards::{Shards, SubjectKey};
@@ -121,9 +121,22 @@ pub struct Leases {
     per_shard: usize,
     /// The last lease's [`Held::generation`].
     generations: AtomicU64,
+    /// Some subject may be followed: the upkeep ([`Leases::ended`], every
+    /// 50 ms) has work. Cleared as it finds the book empty and rests.
+    followed: AtomicBool,
+    /// Wakes the resting upkeep: a subject followed again. Shared with
+    /// it, so a store dropped while it rests ends it too.
+    wake: Arc<Notify>,
     granted: metrics::Counter,
     admitted: metrics::Counter,
     held: metrics::Gauge,
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        // A resting upkeep wakes, finds the store gone, and ends.
+        self.wake.notify_one();
+    }
 }
 
 impl Default for Leases {
@@ -140,6 +153,8 @@ impl Leases {
             door: Some(Doorkeeper::default()),
             per_shard: subjects.div_ceil(super::shards::SHARDS).max(1),
             generations: AtomicU64::new(0),
+            followed: AtomicBool::new(false),
+            wake: Arc::new(Notify::new()),
             granted: metrics::counter!(LEASES_GRANTED),
             admitted: metrics::counter!(LEASE_ADMITTED),
             held: metrics::gauge!(LEASE_UNITS_HELD),
@@ -184,6 +199,13 @@ impl Leases {
                 }
                 if shard.len() >= self.per_shard && !make_room(&mut shard, now) {
                     return Before::Ask { extra: 0 };
+                }
+                // Under the shard's lock: an upkeep that found the book
+                // empty before this either sees the entry or cleared the
+                // flag this reads.
+                if !self.followed.load(Ordering::Acquire) {
+                    self.followed.store(true, Ordering::Release);
+                    self.wake.notify_one();
                 }
                 shard.entry(key.clone()).or_insert(Entry {
                     numbers: policy.numbers(),
@@ -477,6 +499,24 @@ impl Leases {
             }
         }
         returns
+    }
+
+    /// Whether the upkeep may rest: no subject is followed, so no lease
+    /// can end. Clears [`Leases::followed`] first, then looks at every
+    /// shard under its lock: a subject followed meanwhile is either seen
+    /// here or sets the flag again and wakes the upkeep.
+    pub fn rest(&self) -> bool {
+        self.followed.store(false, Ordering::Release);
+        if self.shards.each().all(|shard| shard.is_empty()) {
+            return true;
+        }
+        self.followed.store(true, Ordering::Release);
+        false
+    }
+
+    /// What wakes the resting upkeep.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
     }
 
     /// Every lease held, ended or not (a sidecar stopping).

@@ -431,16 +431,29 @@ fn blocked(takes: &[Evaluation<'_>], outcomes: &Outcomes) -> bool {
 }
 
 /// Gives back the leases that ended, every [`UPKEEP`], while the store
-/// lives.
+/// lives; rests while no subject is followed (no lease can end), until
+/// one is.
 pub(super) async fn upkeep(inner: Weak<Inner>) {
+    let Some(wake) = inner.upgrade().map(|store| store.leases.waker()) else {
+        return;
+    };
     let mut tick = tokio::time::interval(UPKEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        let returns = inner.leases.ended(Instant::now());
-        if !returns.is_empty() {
-            tokio::spawn(async move { inner.return_leases(returns).await });
+        {
+            let Some(inner) = inner.upgrade() else { return };
+            let returns = inner.leases.ended(Instant::now());
+            if !returns.is_empty() {
+                tokio::spawn(async move { inner.return_leases(returns).await });
+                continue;
+            }
+            if !inner.leases.rest() {
+                continue;
+            }
         }
+        // Not holding the store meanwhile: its drop wakes this too.
+        wake.notified().await;
+        tick.reset();
     }
 }

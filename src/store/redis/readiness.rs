@@ -43,7 +43,12 @@ impl Probe {
 /// whose readiness failed gets no traffic), sends the probe itself, so the
 /// store recovers, and readiness with it, within a cool-down of Redis
 /// deciding again.
+/// Rests while the breaker is closed (nothing to probe for), until it
+/// opens.
 pub(super) async fn probe(inner: Weak<Inner>, cooldown: Duration) {
+    let Some(left_closed) = inner.upgrade().map(|store| store.breaker.left_closed()) else {
+        return;
+    };
     let every = (cooldown / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -52,8 +57,17 @@ pub(super) async fn probe(inner: Weak<Inner>, cooldown: Duration) {
         let Some(store) = inner.upgrade() else {
             return;
         };
+        let prepared = store.prepared.load(Ordering::Acquire);
+        if prepared && store.breaker.closed() {
+            // Not holding the store meanwhile: its drop wakes this too. An
+            // opening since `closed` was read left a permit.
+            drop(store);
+            left_closed.notified().await;
+            tick.reset();
+            continue;
+        }
         let now = Instant::now();
-        if !store.prepared.load(Ordering::Acquire) || !store.breaker.wants_probe(now) {
+        if !prepared || !store.breaker.wants_probe(now) {
             continue;
         }
         store.stats.probes.count();

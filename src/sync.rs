@@ -165,6 +165,17 @@ impl<K, V> std::fmt::Debug for Latest<K, V> {
     }
 }
 
+/// Whether `wake` was notified (a permit kept for the next waiter),
+/// without waiting: for the tests of the tasks that rest until told.
+#[cfg(test)]
+pub fn notified(wake: &tokio::sync::Notify) -> bool {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let mut notified = std::pin::pin!(wake.notified());
+    let mut cx = Context::from_waker(Waker::noop());
+    notified.as_mut().poll(&mut cx) == Poll::Ready(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

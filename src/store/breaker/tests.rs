@@ -51,15 +51,6 @@ fn a_streak_amid_many_answers_does_not_open() {
     assert_eq!(b.opened_total(), 0);
 }
 
-/// Whether `wake` has been notified, without waiting.
-fn woken(wake: &Notify) -> bool {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-    let mut notified = std::pin::pin!(wake.notified());
-    let mut cx = Context::from_waker(Waker::noop());
-    notified.as_mut().poll(&mut cx) == Poll::Ready(())
-}
-
 #[test]
 fn leaving_closed_wakes_the_resting_prober_and_a_dropped_breaker_too() {
     let b = breaker(10, 5, 50);
@@ -68,14 +59,14 @@ fn leaving_closed_wakes_the_resting_prober_and_a_dropped_breaker_too() {
     for _ in 0..20 {
         answer(&b, t);
     }
-    assert!(!woken(&wake), "closed all along");
+    assert!(!sync::notified(&wake), "closed all along");
     for _ in 0..20 {
         fail(&b, t);
     }
     assert!(!b.closed());
-    assert!(woken(&wake), "opened");
+    assert!(sync::notified(&wake), "opened");
     drop(b);
-    assert!(woken(&wake), "dropped");
+    assert!(sync::notified(&wake), "dropped");
 }
 
 #[test]

@@ -659,37 +659,34 @@ fn a_lease_joined_by_its_top_up_takes_back_a_unit_spent_before() {
     assert!(returns.is_empty());
 }
 
-/// Whether `wake` has been notified, without waiting.
-fn woken(wake: &Notify) -> bool {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-    let mut notified = std::pin::pin!(wake.notified());
-    let mut cx = Context::from_waker(Waker::noop());
-    notified.as_mut().poll(&mut cx) == Poll::Ready(())
-}
-
 #[test]
 fn the_upkeep_rests_while_no_subject_is_followed_and_a_followed_one_wakes_it() {
     let book = Leases::new(64).without_door();
     let wake = book.waker();
     assert!(book.rest(), "an empty book: nothing can end");
-    assert!(!woken(&wake));
+    assert!(!crate::sync::notified(&wake));
     let policy = bucket(1000, terms(1000, 10));
     let who = subject("192.0.2.1");
     let t0 = Instant::now();
     let mut returns = Vec::new();
     book.before(&ask(&policy, &who, 1, t0), t0, &mut returns, false);
-    assert!(woken(&wake), "the first subject followed wakes the upkeep");
+    assert!(
+        crate::sync::notified(&wake),
+        "the first subject followed wakes the upkeep"
+    );
     assert!(!book.rest(), "a subject is followed");
     // Another subject while the upkeep is up: no wake is needed.
     let other = subject("192.0.2.2");
     book.before(&ask(&policy, &other, 1, t0), t0, &mut returns, false);
-    assert!(!woken(&wake));
+    assert!(!crate::sync::notified(&wake));
     // Both gone quiet (twice their ttl) and dropped: the upkeep rests.
     assert!(book.ended(t0 + Duration::from_secs(3)).is_empty());
     assert!(book.rest());
     book.before(&ask(&policy, &other, 1, t0), t0, &mut returns, false);
-    assert!(woken(&wake), "followed again after the rest");
+    assert!(
+        crate::sync::notified(&wake),
+        "followed again after the rest"
+    );
 }
 
 #[test]
@@ -698,5 +695,5 @@ fn a_book_dropped_wakes_its_resting_upkeep() {
     let wake = book.waker();
     assert!(book.rest());
     drop(book);
-    assert!(woken(&wake));
+    assert!(crate::sync::notified(&wake));
 }

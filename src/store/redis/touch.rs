@@ -179,35 +179,24 @@ pub(super) async fn flush(inner: Weak<Inner>) {
 
 #[cfg(test)]
 mod tests {
-    use std::future::Future;
-    use std::pin::pin;
-    use std::task::{Context, Poll, Waker};
-
     use super::*;
 
     fn key(name: &[u8]) -> StateKey {
         StateKey::from_slice(name)
     }
 
-    /// Whether `wake` has been notified, without waiting.
-    fn woken(wake: &Notify) -> bool {
-        let mut notified = pin!(wake.notified());
-        let mut cx = Context::from_waker(Waker::noop());
-        notified.as_mut().poll(&mut cx) == Poll::Ready(())
-    }
-
     #[test]
     fn the_first_key_queued_wakes_the_task_and_the_next_ones_go_with_it() {
         let touches = Touches::default();
         let wake = touches.queued.clone();
-        assert!(!woken(&wake), "nothing queued: the task rests");
+        assert!(!sync::notified(&wake), "nothing queued: the task rests");
         assert!(touches.ask(key(b"a")));
-        assert!(woken(&wake));
+        assert!(sync::notified(&wake));
         assert!(touches.ask(key(b"b")));
-        assert!(!woken(&wake), "queued behind the first");
+        assert!(!sync::notified(&wake), "queued behind the first");
         assert_eq!(touches.take().len(), 2);
         assert!(touches.ask(key(b"c")));
-        assert!(woken(&wake), "the first since the queue was sent");
+        assert!(sync::notified(&wake), "the first since the queue was sent");
     }
 
     #[test]
@@ -215,6 +204,6 @@ mod tests {
         let touches = Touches::default();
         let wake = touches.queued.clone();
         drop(touches);
-        assert!(woken(&wake));
+        assert!(sync::notified(&wake));
     }
 }

@@ -10,12 +10,14 @@
 //! [`Memo`] is the map of things made once on first use and shared after
 //! (the Redis store's scripts); [`Latest`] keeps only the last thing made,
 //! for the next caller that asks for the same (a refusal's rendered parts).
+//! [`Rouse`] wakes a task that rests until it has work (the Redis store's
+//! monitors and upkeeps).
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// `mutex`, locked, poisoned or not.
 #[allow(clippy::disallowed_methods)] // the one place a lock is taken
@@ -162,6 +164,31 @@ impl<K: PartialEq, V: Clone> Default for Latest<K, V> {
 impl<K, V> std::fmt::Debug for Latest<K, V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Latest")
+    }
+}
+
+/// What wakes a task that rests until it has work: the task waits on
+/// [`Rouse::listener`], holding that and a `Weak` of the owner, and no
+/// more. Dropping the owner rouses it too, so it finds the owner gone and
+/// ends instead of waiting for good.
+#[derive(Default)]
+pub struct Rouse(Arc<tokio::sync::Notify>);
+
+impl Rouse {
+    /// Wakes the task; kept as a permit when it is not waiting yet.
+    pub fn rouse(&self) {
+        self.0.notify_one();
+    }
+
+    /// What the resting task waits on.
+    pub fn listener(&self) -> Arc<tokio::sync::Notify> {
+        self.0.clone()
+    }
+}
+
+impl Drop for Rouse {
+    fn drop(&mut self) {
+        self.0.notify_one();
     }
 }
 

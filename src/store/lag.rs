@@ -23,10 +23,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::sync;
@@ -52,9 +51,8 @@ pub struct Lag {
     in_flight: AtomicUsize,
     /// The monitor rests: mirrors [`Ring::resting`], read without the lock.
     resting: AtomicBool,
-    /// Wakes the resting monitor; shared with it, so a store dropped while
-    /// it rests ends it too.
-    wake: Arc<Notify>,
+    /// Wakes the resting monitor.
+    wake: sync::Rouse,
 }
 
 struct Ring {
@@ -89,7 +87,7 @@ impl Lag {
             }),
             in_flight: AtomicUsize::new(0),
             resting: AtomicBool::new(false),
-            wake: Arc::new(Notify::new()),
+            wake: sync::Rouse::default(),
         }
     }
 
@@ -115,7 +113,7 @@ impl Lag {
         ring.last = now;
         self.resting.store(false, Ordering::SeqCst);
         drop(ring);
-        self.wake.notify_one();
+        self.wake.rouse();
     }
 
     /// The monitor would rest, no call being in flight: whether it does
@@ -182,17 +180,10 @@ fn late(lateness: Duration) -> Duration {
     }
 }
 
-impl Drop for Lag {
-    fn drop(&mut self) {
-        // A resting monitor wakes, finds the store gone, and ends.
-        self.wake.notify_one();
-    }
-}
-
 /// Wakes every [`TICK`] and records how late, resting while no call is
 /// made, until the store that holds `lag` is dropped.
 pub async fn monitor(lag: Weak<Lag>) {
-    let Some(wake) = lag.upgrade().map(|lag| lag.wake.clone()) else {
+    let Some(wake) = lag.upgrade().map(|lag| lag.wake.listener()) else {
         return;
     };
     let rest_after = REST_AFTER.as_millis() / TICK.as_millis();
@@ -222,6 +213,8 @@ pub async fn monitor(lag: Weak<Lag>) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);

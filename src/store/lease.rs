@@ -124,19 +124,11 @@ pub struct Leases {
     /// Some subject may be followed: the upkeep ([`Leases::ended`], every
     /// 50 ms) has work. Cleared as it finds the book empty and rests.
     followed: AtomicBool,
-    /// Wakes the resting upkeep: a subject followed again. Shared with
-    /// it, so a store dropped while it rests ends it too.
-    wake: Arc<Notify>,
+    /// Wakes the resting upkeep: a subject followed again.
+    wake: crate::sync::Rouse,
     granted: metrics::Counter,
     admitted: metrics::Counter,
     held: metrics::Gauge,
-}
-
-impl Drop for Leases {
-    fn drop(&mut self) {
-        // A resting upkeep wakes, finds the store gone, and ends.
-        self.wake.notify_one();
-    }
 }
 
 impl Default for Leases {
@@ -154,7 +146,7 @@ impl Leases {
             per_shard: subjects.div_ceil(super::shards::SHARDS).max(1),
             generations: AtomicU64::new(0),
             followed: AtomicBool::new(false),
-            wake: Arc::new(Notify::new()),
+            wake: crate::sync::Rouse::default(),
             granted: metrics::counter!(LEASES_GRANTED),
             admitted: metrics::counter!(LEASE_ADMITTED),
             held: metrics::gauge!(LEASE_UNITS_HELD),
@@ -205,7 +197,7 @@ impl Leases {
                 // flag this reads.
                 if !self.followed.load(Ordering::Acquire) {
                     self.followed.store(true, Ordering::Release);
-                    self.wake.notify_one();
+                    self.wake.rouse();
                 }
                 shard.entry(key.clone()).or_insert(Entry {
                     numbers: policy.numbers(),
@@ -516,7 +508,7 @@ impl Leases {
 
     /// What wakes the resting upkeep.
     pub fn waker(&self) -> Arc<Notify> {
-        self.wake.clone()
+        self.wake.listener()
     }
 
     /// Every lease held, ended or not (a sidecar stopping).

@@ -56,9 +56,8 @@ pub struct Breaker {
     guarded: Mutex<Guarded>,
     opened: AtomicU64,
     /// Told when the breaker leaves `Closed`: the task that sends the
-    /// probe rests while it is closed. Shared with that task, so a store
-    /// dropped while it rests ends it too.
-    left_closed: Arc<Notify>,
+    /// probe rests while it is closed.
+    left_closed: sync::Rouse,
 }
 
 struct Guarded {
@@ -147,13 +146,13 @@ impl Breaker {
                 outage_since: None,
             }),
             opened: AtomicU64::new(0),
-            left_closed: Arc::new(Notify::new()),
+            left_closed: sync::Rouse::default(),
         }
     }
 
     /// What wakes a task resting while the breaker is closed.
     pub fn left_closed(&self) -> Arc<Notify> {
-        self.left_closed.clone()
+        self.left_closed.listener()
     }
 
     /// A permit to ask the store, or `None` while the breaker is open (or
@@ -210,7 +209,7 @@ impl Breaker {
         let was_closed = guarded.state == State::Closed;
         self.settle_locked(guarded, probe, health, now);
         if was_closed && guarded.state != State::Closed {
-            self.left_closed.notify_one();
+            self.left_closed.rouse();
         }
     }
 
@@ -278,13 +277,6 @@ impl Breaker {
         // Each field is written whole under the lock; a panic elsewhere
         // while holding it cannot leave either half-updated.
         sync::lock(&self.guarded)
-    }
-}
-
-impl Drop for Breaker {
-    fn drop(&mut self) {
-        // A resting prober wakes, finds the store gone, and ends.
-        self.left_closed.notify_one();
     }
 }
 

@@ -16,11 +16,10 @@
 //! The task rests while the queue is empty: the first key queued wakes it,
 //! and what is queued in the [`FLUSH_EVERY`] after goes with it.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
 use redis::{RedisError, Value};
-use tokio::sync::Notify;
 use tokio::time::timeout;
 
 use crate::store::Evaluation;
@@ -42,9 +41,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(super) struct Touches {
     pending: Mutex<Vec<StateKey>>,
-    /// Wakes the resting task: a key queued into the empty queue. Shared
-    /// with the task, so a store dropped while it rests ends it too.
-    queued: Arc<Notify>,
+    /// Wakes the resting task: a key queued into the empty queue.
+    queued: sync::Rouse,
 }
 
 impl Touches {
@@ -58,8 +56,7 @@ impl Touches {
         pending.push(key);
         drop(pending);
         if first {
-            // Kept as a permit when the task is not waiting yet.
-            self.queued.notify_one();
+            self.queued.rouse();
         }
         true
     }
@@ -150,17 +147,10 @@ async fn send(mut conn: Conn, keys: &[StateKey]) -> Result<(), RedisError> {
     pipe.query_async::<()>(&mut conn).await
 }
 
-impl Drop for Touches {
-    fn drop(&mut self) {
-        // A resting task wakes, finds the store gone, and ends.
-        self.queued.notify_one();
-    }
-}
-
 /// Sends the queued touches, [`FLUSH_EVERY`] after the first of them,
 /// until the store is dropped; rests while none is queued.
 pub(super) async fn flush(inner: Weak<Inner>) {
-    let Some(queued) = inner.upgrade().map(|store| store.touches.queued.clone()) else {
+    let Some(queued) = inner.upgrade().map(|store| store.touches.queued.listener()) else {
         return;
     };
     loop {
@@ -188,7 +178,7 @@ mod tests {
     #[test]
     fn the_first_key_queued_wakes_the_task_and_the_next_ones_go_with_it() {
         let touches = Touches::default();
-        let wake = touches.queued.clone();
+        let wake = touches.queued.listener();
         assert!(!sync::notified(&wake), "nothing queued: the task rests");
         assert!(touches.ask(key(b"a")));
         assert!(sync::notified(&wake));
@@ -202,7 +192,7 @@ mod tests {
     #[test]
     fn a_store_dropped_wakes_its_resting_task() {
         let touches = Touches::default();
-        let wake = touches.queued.clone();
+        let wake = touches.queued.listener();
         drop(touches);
         assert!(sync::notified(&wake));
     }

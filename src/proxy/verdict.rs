@@ -1,7 +1,8 @@
 //! What became of one request, as counted in `sluice_requests_total`.
 //!
 //! Counted exactly once per routed request, after the decision and before
-//! any byte goes upstream.
+//! any byte goes upstream; a request whose client went away while the
+//! store decided, when its future is dropped ([`Verdict::ClientClosed`]).
 
 use crate::limit::{Incompatible, Unavailable};
 
@@ -32,6 +33,9 @@ pub enum Verdict {
     /// Over a concurrency limit: answered 503, nothing of any rate limit
     /// charged.
     ConcurrencyDenied,
+    /// The client went away while the store was being asked: never
+    /// answered, never forwarded. The store may have charged it.
+    ClientClosed,
 }
 
 /// Why a store made no decision.
@@ -57,12 +61,13 @@ pub enum OutcomeLabel {
     LocalDenied,
     LocalShadowDenied,
     ConcurrencyDenied,
+    ClientClosed,
 }
 
 impl OutcomeLabel {
     /// Every variant, each at the position of its discriminant (checked
     /// below at compile time).
-    pub const ALL: [OutcomeLabel; 11] = [
+    pub const ALL: [OutcomeLabel; 12] = [
         OutcomeLabel::Unlimited,
         OutcomeLabel::Allowed,
         OutcomeLabel::Denied,
@@ -74,6 +79,7 @@ impl OutcomeLabel {
         OutcomeLabel::LocalDenied,
         OutcomeLabel::LocalShadowDenied,
         OutcomeLabel::ConcurrencyDenied,
+        OutcomeLabel::ClientClosed,
     ];
 
     pub fn label(self) -> &'static str {
@@ -89,6 +95,7 @@ impl OutcomeLabel {
             OutcomeLabel::LocalDenied => "local_denied",
             OutcomeLabel::LocalShadowDenied => "local_shadow_denied",
             OutcomeLabel::ConcurrencyDenied => "concurrency_denied",
+            OutcomeLabel::ClientClosed => "client_closed",
         }
     }
 }
@@ -100,7 +107,7 @@ const _: () = {
         assert!(OutcomeLabel::ALL[i] as usize == i);
         i += 1;
     }
-    assert!(OutcomeLabel::ConcurrencyDenied as usize + 1 == OutcomeLabel::ALL.len());
+    assert!(OutcomeLabel::ClientClosed as usize + 1 == OutcomeLabel::ALL.len());
 };
 
 impl Verdict {
@@ -118,6 +125,7 @@ impl Verdict {
             Verdict::LocalDenied => OutcomeLabel::LocalDenied,
             Verdict::LocalShadowDenied => OutcomeLabel::LocalShadowDenied,
             Verdict::ConcurrencyDenied => OutcomeLabel::ConcurrencyDenied,
+            Verdict::ClientClosed => OutcomeLabel::ClientClosed,
         }
     }
 
@@ -135,7 +143,8 @@ impl Verdict {
             | Verdict::FailedClosed(_)
             | Verdict::Incompatible(_)
             | Verdict::LocalDenied
-            | Verdict::ConcurrencyDenied => false,
+            | Verdict::ConcurrencyDenied
+            | Verdict::ClientClosed => false,
         }
     }
 

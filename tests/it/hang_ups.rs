@@ -15,8 +15,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::response_limits::charges;
+use crate::support::ops::{requests_counted, scrape};
 use crate::support::redis::RedisServer;
-use crate::support::redis_sidecar::{redis_yaml, start_ready};
+use crate::support::redis_sidecar::{admin, redis_yaml, start_ready};
 use crate::support::sidecar::Sidecar;
 use crate::support::{get, Upstream};
 
@@ -270,4 +271,58 @@ async fn a_guess_the_app_answers_too_late_is_charged_memory() {
 async fn a_guess_the_app_answers_too_late_is_charged_redis() {
     let redis = RedisServer::start();
     a_guess_the_app_answers_too_late_is_charged(Some(&redis)).await;
+}
+
+/// A client gone while Redis decides its request is counted once, as
+/// `client_closed`: not as allowed (its future, and the count it would
+/// have made, end with it), never forwarded. Redis is stopped so the call
+/// is surely in flight when the client goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_its_decision_is_counted_as_closed() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policies =
+        "  per_client: { algorithm: fixed-window, limit: 100, window: 1h, lease: off }\n";
+    let routes = "  - name: api
+    match: { path_prefix: / }
+    policy: per_client
+";
+    let yaml = redis_yaml(&upstream, &redis.url(), policies, routes)
+        .replace("budget: 50ms", "budget: 3s")
+        .replace(
+            "identity:\n",
+            "identity:\n  trusted_proxies: [127.0.0.1/32]\n",
+        );
+    let sluice = start_ready(&yaml).await;
+    let client = [("x-forwarded-for", "198.51.100.9")];
+    let (status, ..) = get(sluice.addr(), "/", &client).await;
+    assert_eq!(status, StatusCode::OK, "one decided before Redis stops");
+
+    redis.signal("STOP");
+    hang_up(sluice.addr(), "/", &client, Duration::from_millis(300)).await;
+    let counted = |text: &str, outcome: &str| requests_counted(text, "api", "per_client", outcome);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let text = loop {
+        let text = scrape(admin(&sluice)).await;
+        if counted(&text, "client_closed") > 0.0 || tokio::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    redis.signal("CONT");
+    assert_eq!(counted(&text, "client_closed"), 1.0, "{text}");
+    assert_eq!(counted(&text, "allowed"), 1.0, "{text}");
+
+    // Redis answers the abandoned call; nothing more is counted for it,
+    // and nothing of it reaches the app.
+    let (status, ..) = get(sluice.addr(), "/", &client).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = scrape(admin(&sluice)).await;
+    assert_eq!(counted(&text, "client_closed"), 1.0, "{text}");
+    assert_eq!(counted(&text, "allowed"), 2.0, "{text}");
+    assert_eq!(
+        upstream.count(),
+        2,
+        "the abandoned request never reached the app"
+    );
 }

@@ -590,6 +590,9 @@ fn why(verdict: &Verdict, live: &Live) -> String {
         Verdict::ConcurrencyDenied => {
             "every place of a concurrency limit is taken: refused (sluice's own 503 unless `responses.refused` says otherwise)".to_owned()
         }
+        Verdict::ClientClosed => {
+            "the client went away while the store was being asked: neither answered nor forwarded; the store may have charged it".to_owned()
+        }
     }
 }
 

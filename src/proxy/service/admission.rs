@@ -103,6 +103,31 @@ fn now<'f, 'r>(ended: Ended<'r>) -> Admission<'f, 'r> {
     Either::Left(std::future::ready(ended))
 }
 
+/// A request whose limits are being asked of the store: dropped before
+/// it is judged (its client went away and its future with it), it is
+/// counted `client_closed` under each matched route's first limit. The
+/// store may have charged it; nothing was forwarded.
+struct Unanswered<'f, 'r> {
+    proxy: &'f Proxy,
+    matched: &'f Matched<'r>,
+    checks: &'f [Check<'r>],
+    arrival: Instant,
+}
+
+impl Drop for Unanswered<'_, '_> {
+    fn drop(&mut self) {
+        for (route_at, entry) in self.matched.iter().enumerate() {
+            let limit = self
+                .checks
+                .iter()
+                .find(|c| c.route_at == route_at)
+                .map_or(0, |c| c.limit);
+            self.proxy
+                .count_one(entry, limit, Verdict::ClientClosed, self.arrival);
+        }
+    }
+}
+
 /// What judging leaves: the judgement, what the limits charged on
 /// response reserved, and the turn of a request told to wait for it.
 type Judged<'a, 'r> = (Judgement<'a, 'r>, Reservations, Option<turn::Turn<'a, 'r>>);
@@ -150,11 +175,19 @@ impl Proxy {
                 self.admitted(matched, checks, judged, permits, live, arrival)
             }
             Decided::Ask(asking) => Either::Right(Box::pin(async move {
+                let unanswered = Unanswered {
+                    proxy: self,
+                    matched,
+                    checks,
+                    arrival,
+                };
                 let outcomes = asking.ask(&evaluations).await;
                 let judged = self.judge(checks, &limits, &evaluations, &outcomes, live, arrival);
                 if let Judgement::Refused(_) = judged.0 {
                     self.store.give_back(&evaluations, &outcomes).await;
                 }
+                // Counted under its verdict from here on.
+                std::mem::forget(unanswered);
                 self.admitted(matched, checks, judged, permits, live, arrival)
                     .await
             })),

@@ -70,7 +70,7 @@ impl RedisStore {
                 }
             }
         }
-        let list: Option<SmallVec<[Outcome; 2]>> = befores.iter().map(spent).collect();
+        let list: Option<crate::store::OutcomeList> = befores.iter().map(spent).collect();
         let Some(list) = list else {
             return Leased::Ask(befores);
         };

@@ -12,8 +12,11 @@ pub const MAX_FRAME: usize = 16 << 20;
 const MAX_ELEMENTS: usize = 1 << 20;
 
 /// The integers of a reply that is an array of integers alone (a
-/// decision's reply), read as the reply is framed.
-pub type Ints = SmallVec<[i64; INTS]>;
+/// decision's reply), read as the reply is framed. One decision's eight
+/// are held inline, and a [`Frame`] stays small enough to be moved without
+/// a call to `memcpy` (it is moved from the reader to its caller through
+/// a channel); two limits' sixteen take an allocation.
+pub type Ints = SmallVec<[i64; 8]>;
 
 /// The most integers a reply's [`Ints`] holds: a decision replies eight a
 /// limit, so two limits' replies are read as they are framed. A longer

@@ -69,10 +69,13 @@ pub enum Held<'a> {
     Bytes(&'a [u8]),
 }
 
+// Moved inline only below 128 bytes (`frame::Ints`).
+const _: () = assert!(std::mem::size_of::<Frame>() < 128);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Repr {
     Ints(Ints),
-    Bytes(SmallVec<[u8; 128]>),
+    Bytes(SmallVec<[u8; 64]>),
 }
 
 impl Frame {

@@ -140,6 +140,9 @@ struct Handle {
 
 struct Shared {
     state: Mutex<State>,
+    /// Writes the task has made, for the tests of how commands coalesce.
+    #[cfg(test)]
+    writes: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -174,6 +177,8 @@ impl Wire {
     pub fn start(stream: Stream) -> Wire {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
+            #[cfg(test)]
+            writes: Default::default(),
         });
         tokio::spawn(Driver::new(shared.clone(), stream));
         Wire {
@@ -319,6 +324,9 @@ struct Driver {
     writing: Vec<u8>,
     written: usize,
     flush: bool,
+    /// The task put off taking what requests queued once, to take more
+    /// with it (`Taken::Later`); the next time it takes it all.
+    put_off: bool,
     read: Vec<u8>,
     /// `read[start..end]` is received and not yet handed out.
     start: usize,
@@ -333,6 +341,7 @@ impl Driver {
             writing: Vec::new(),
             written: 0,
             flush: false,
+            put_off: false,
             read: vec![0; READ_CHUNK],
             start: 0,
             end: 0,
@@ -342,20 +351,34 @@ impl Driver {
     /// Takes what requests queued, and leaves the task's waker for the
     /// next one, in one critical section: a request that comes after finds
     /// the waker. `Err` once the connection was closed.
-    fn take_output(&mut self, waker: &Waker) -> Result<(), io::ErrorKind> {
+    ///
+    /// Output found with nothing being written is put off once
+    /// (`Taken::Later`), unless `put_off` says it was already: the request
+    /// that queued it woke this task, which the runtime then runs before
+    /// any other task ready on that worker, so each request's command went
+    /// out in a write of its own while the requests behind it, ready to
+    /// queue theirs, waited. The task yields instead, behind them, and
+    /// takes theirs with it: one write, and one Redis read, for all of
+    /// them. What that costs a command is one turn of the worker's queue.
+    fn take_output(&mut self, waker: &Waker) -> Result<Taken, io::ErrorKind> {
         let mut state = self.shared.lock();
         if let Some(kind) = state.closed {
             return Err(kind);
         }
+        let mut taken = Taken::Now;
         if self.written == self.writing.len() {
-            self.writing.clear();
-            self.written = 0;
-            std::mem::swap(&mut self.writing, &mut state.out);
+            if !self.put_off && !state.out.is_empty() {
+                taken = Taken::Later;
+            } else {
+                self.writing.clear();
+                self.written = 0;
+                std::mem::swap(&mut self.writing, &mut state.out);
+            }
         }
         if !state.task.as_ref().is_some_and(|w| w.will_wake(waker)) {
             state.task = Some(waker.clone());
         }
-        Ok(())
+        Ok(taken)
     }
 
     /// Writes as much as the socket takes; whether anything was written.
@@ -365,6 +388,10 @@ impl Driver {
             match Pin::new(&mut self.stream).poll_write(cx, &self.writing[self.written..]) {
                 Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
                 Poll::Ready(Ok(n)) => {
+                    #[cfg(test)]
+                    self.shared
+                        .writes
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.written += n;
                     self.flush = true;
                     progressed = true;
@@ -462,15 +489,33 @@ impl Driver {
     }
 }
 
+/// Whether [`Driver::take_output`] took what requests queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// Taken, or nothing was there to take.
+    Now,
+    /// Put off: the task yields and takes it, and what comes meanwhile,
+    /// when next polled.
+    Later,
+}
+
 impl Future for Driver {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         loop {
-            if let Err(kind) = this.take_output(cx.waker()) {
-                this.close(kind);
-                return Poll::Ready(());
+            let later = match this.take_output(cx.waker()) {
+                Ok(taken) => taken == Taken::Later,
+                Err(kind) => {
+                    this.close(kind);
+                    return Poll::Ready(());
+                }
+            };
+            this.put_off = later;
+            if later {
+                // Polled again once the tasks ready now have run.
+                cx.waker().wake_by_ref();
             }
             let wrote = match this.poll_write(cx) {
                 Ok(wrote) => wrote,
@@ -488,7 +533,7 @@ impl Future for Driver {
                     return Poll::Ready(());
                 }
             };
-            if !wrote && !read {
+            if later || (!wrote && !read) {
                 return Poll::Pending;
             }
         }

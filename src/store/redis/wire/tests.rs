@@ -274,3 +274,54 @@ fn replies_read_as_redis_rs_reads_them() {
         .expect_err("an error reply");
     assert_eq!(error.code(), Some("READONLY"));
 }
+
+/// Requests ready together on one worker queue their commands before the
+/// connection's task writes: the first one's wake-up puts the task next
+/// in line, and it yields once, behind the others, so all of them go in
+/// one write (before, one write each: eight here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn commands_queued_together_go_out_in_one_write() {
+    let (wire, mut peer) = pair().await;
+    let requests = 8;
+    // Spawned from a task on the worker, so all of them are ready there
+    // at once, as requests woken by one read of the listener are.
+    let calls = tokio::spawn({
+        let wire = wire.clone();
+        async move {
+            (0..requests)
+                .map(|i| {
+                    let wire = wire.clone();
+                    tokio::spawn(async move { wire.call(&echo(&i.to_string())).await })
+                })
+                .collect::<Vec<_>>()
+        }
+    })
+    .await
+    .expect("the spawning task");
+    let commands = read_commands(&mut peer, requests).await;
+    let writes = wire
+        .handle
+        .shared
+        .writes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(writes, 1, "{requests} commands ready together");
+
+    let mut replies = Vec::new();
+    for arg in &commands {
+        replies.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        replies.extend_from_slice(arg);
+        replies.extend_from_slice(b"\r\n");
+    }
+    peer.write_all(&replies).await.expect("peer write");
+    for (i, call) in calls.into_iter().enumerate() {
+        let frame = tokio::time::timeout(WAIT, call)
+            .await
+            .expect("answered in time")
+            .expect("the task")
+            .expect("a reply");
+        assert_eq!(
+            frame.value().expect("a value"),
+            Value::BulkString(i.to_string().into_bytes())
+        );
+    }
+}

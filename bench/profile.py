@@ -2,7 +2,7 @@
 """Instructions per request, by stage, for each of sluice's paths.
 
     python3 bench/profile.py [--sluice target/release/sluice] [--seconds 6] [--keep]
-        [--label TEXT] [--stem profile] [--cache-sim] [--only none,blocked,browser]
+        [--label TEXT] [--stem profile] [--cache-sim] [--only none,blocked,browser,several]
 
 Runs one sluice (release build, `server.workers: 1`) under
 `valgrind --tool=callgrind` in front of nginx `return 200`, with Redis on
@@ -183,7 +183,7 @@ policies:
     algorithm: fixed-window
     limit: 1
     window: 1h
-routes:
+@@SEVERAL_POLICY@@routes:
   - name: none
     match: { path: /none }
     policy: none
@@ -195,7 +195,25 @@ routes:
     match: { path: /blocked }
     subject: client_ip
     policy: closed
-default: { policy: none }
+@@SEVERAL_ROUTE@@default: { policy: none }
+"""
+
+# `--only several`: a route of two limits on one subject, decided on Redis
+# in one call (the script of several limits). Only then, so that the
+# route table of every other path stays as it was.
+SEVERAL_POLICY = """\
+  also_open:
+    algorithm: fixed-window
+    limit: 1000000000
+    window: 1h
+    lease: off
+"""
+SEVERAL_ROUTE = """\
+  - name: several
+    match: { path: /several }
+    limits:
+      - { policy: open, subject: client_ip }
+      - { policy: also_open, subject: client_ip }
 """
 
 
@@ -209,7 +227,8 @@ def callgrind(argv, **kw):
     return subprocess.run(["callgrind_control"] + argv, capture_output=True, text=True, **kw)
 
 
-def start_sluice_under_valgrind(procs, workdir, sluice, name, store, upstream_port, redis_port):
+def start_sluice_under_valgrind(procs, workdir, sluice, name, store, upstream_port, redis_port,
+                                several=False):
     extra = f"  url: redis://127.0.0.1:{redis_port}\n  budget: 250ms" if store == "redis" else "  max_entries: 100000"
     conf = os.path.join(workdir, f"{name}.yaml")
     with open(conf, "w") as f:
@@ -217,6 +236,8 @@ def start_sluice_under_valgrind(procs, workdir, sluice, name, store, upstream_po
             CONFIG.replace("@@UPSTREAM_PORT@@", str(upstream_port))
             .replace("@@STORE_EXTRA@@", extra)
             .replace("@@STORE@@", store)
+            .replace("@@SEVERAL_POLICY@@", SEVERAL_POLICY if several else "")
+            .replace("@@SEVERAL_ROUTE@@", SEVERAL_ROUTE if several else "")
         )
     out = os.path.join(workdir, f"{name}.callgrind")
     logf = os.path.join(workdir, f"{name}.log")
@@ -383,7 +404,7 @@ def main():
     ap.add_argument("--stem", default="profile", help="write bench/results/STEM.md and STEM.json")
     ap.add_argument("--only", default="",
                     help="comma-separated paths to profile (none, memory, blocked, browser, redis, "
-                         "blocked-redis), "
+                         "blocked-redis, several: a route of two limits on Redis, only when asked), "
                          "the floor and nginx left out: a quicker look at one change, not a profile "
                          "to commit")
     ap.add_argument("--cache-sim", action="store_true",
@@ -405,8 +426,11 @@ def main():
         memory_paths = [(p, p, ()) for p in ("/none", "/memory", "/blocked")]
         memory_paths.append(("/none", "/none" + BROWSER, BROWSER_HEAD))
         redis_paths = [("/redis", "/redis", ()), ("/blocked", REDIS_BLOCKED, ())]
-        stores = [("memory", memory_paths), ("redis", redis_paths)]
         only = [label for label in args.only.split(",") if label]
+        several = "several" in only
+        if several:
+            redis_paths.append(("/several", "/several", ()))
+        stores = [("memory", memory_paths), ("redis", redis_paths)]
         if only:
             def key(label):
                 if label.endswith(BROWSER):
@@ -417,7 +441,8 @@ def main():
             args.no_floor = True
         for store, paths in stores:
             proc, port, out = start_sluice_under_valgrind(
-                procs, workdir, args.sluice, f"sluice-{store}", store, upstream.port, redis.port
+                procs, workdir, args.sluice, f"sluice-{store}", store, upstream.port, redis.port,
+                several and store == "redis",
             )
             for path, label, head in paths:
                 url = f"http://127.0.0.1:{port}{path}"

@@ -27,7 +27,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tools  # noqa: E402
-from harness import BENCH, CPU_REST, MANY_CONNS, start_nginx, start_redis, start_sluice  # noqa: E402
+from harness import BENCH, CPU_REST, MANY_CONNS, start_sluice, start_upstream_and_redis  # noqa: E402
 from tools import Processes  # noqa: E402
 
 
@@ -97,11 +97,7 @@ def main():
     procs = Processes()
     workdir = tempfile.mkdtemp(prefix="sluice-ab-")
     try:
-        upstream = start_nginx(procs, workdir, "upstream", "upstream.nginx.conf", CPU_REST)
-        redis = start_redis(procs, workdir)
-        for server in (upstream, redis):
-            if server.reason:
-                raise RuntimeError(server.reason)
+        upstream, redis = start_upstream_and_redis(procs, workdir)
         for r in range(args.rounds):
             order = builds if r % 2 == 0 else builds[::-1]
             for path in paths:

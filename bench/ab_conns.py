@@ -27,7 +27,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tools  # noqa: E402
-from harness import BENCH, CPU_REST, start_nginx, start_redis, start_sluice  # noqa: E402
+from ab import sidecar_of  # noqa: E402
+from harness import BENCH, CPU_REST, start_upstream_and_redis  # noqa: E402
 from tools import Processes  # noqa: E402
 
 
@@ -62,20 +63,13 @@ def main():
     procs = Processes()
     results = {}
     try:
-        upstream = start_nginx(procs, workdir, "upstream", "upstream.nginx.conf", CPU_REST)
-        redis = start_redis(procs, workdir)
-        for r in (upstream, redis):
-            if r.reason:
-                raise RuntimeError(r.reason)
+        upstream, redis = start_upstream_and_redis(procs, workdir)
         for round_ in range(args.rounds):
             order = list(builds) if round_ % 2 == 0 else list(builds)[::-1]
             for label in order:
-                sidecar = start_sluice(
-                    procs, workdir, builds[label], f"sluice-{round_}-{label}", "sluice-redis.yaml",
-                    UPSTREAM_PORT=upstream.port, REDIS_PORT=redis.port,
+                sidecar = sidecar_of(
+                    procs, workdir, builds[label], f"sluice-{round_}-{label}", upstream, redis
                 )
-                if sidecar.reason:
-                    raise RuntimeError(sidecar.reason)
                 url = f"http://127.0.0.1:{sidecar.port}{args.path}"
                 for conns in conns_list:
                     wrk(url, conns, 1, False)  # warm-up

@@ -137,6 +137,18 @@ def start_redis(procs, workdir):
     return Server("redis", proc, port)
 
 
+def start_upstream_and_redis(procs, workdir):
+    """The nginx upstream and a redis-server, both on CPU 0, for a side-by-side
+    run of sidecars on `configs/sluice-redis.yaml`; raises with the reason
+    when either does not start."""
+    upstream = start_nginx(procs, workdir, "upstream", "upstream.nginx.conf", CPU_REST)
+    redis = start_redis(procs, workdir)
+    for server in (upstream, redis):
+        if server.reason:
+            raise RuntimeError(server.reason)
+    return upstream, redis
+
+
 def bus_port():
     """A free port below 55536 whose cluster bus (port + 10000) is free too."""
     for _ in range(200):

@@ -117,11 +117,7 @@ struct Unanswered<'f, 'r> {
 impl Drop for Unanswered<'_, '_> {
     fn drop(&mut self) {
         for (route_at, entry) in self.matched.iter().enumerate() {
-            let limit = self
-                .checks
-                .iter()
-                .find(|c| c.route_at == route_at)
-                .map_or(0, |c| c.limit);
+            let limit = plan::first_limit(route_at, self.checks).unwrap_or(0);
             self.proxy
                 .count_one(entry, limit, Verdict::ClientClosed, self.arrival);
         }

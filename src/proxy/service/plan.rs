@@ -166,8 +166,8 @@ impl<'r> Passed<'r> {
     pub fn counted(&self, route_at: usize, checks: &[Check<'_>]) -> (usize, Verdict) {
         match self.noted.get(route_at).copied().flatten() {
             Some(noted) => noted,
-            None => match checks.iter().find(|c| c.route_at == route_at) {
-                Some(first) => (first.limit, Verdict::Allowed),
+            None => match first_limit(route_at, checks) {
+                Some(limit) => (limit, Verdict::Allowed),
                 None => (0, Verdict::Unlimited),
             },
         }
@@ -191,6 +191,16 @@ impl<'r> Passed<'r> {
             }
         }
     }
+}
+
+/// The first limit of the `route_at`-th route matched among the request's
+/// `checks`: what its request is counted under when no limit noted a
+/// verdict of its own. `None` for a route without limits.
+pub fn first_limit(route_at: usize, checks: &[Check<'_>]) -> Option<usize> {
+    checks
+        .iter()
+        .find(|c| c.route_at == route_at)
+        .map(|c| c.limit)
 }
 
 /// Reads the store's `outcomes` for `rated` (as [`Store::evaluate_all`]

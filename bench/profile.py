@@ -2,7 +2,7 @@
 """Instructions per request, by stage, for each of sluice's paths.
 
     python3 bench/profile.py [--sluice target/release/sluice] [--seconds 6] [--keep]
-        [--label TEXT] [--stem profile] [--cache-sim] [--only none,blocked,browser,several]
+        [--label TEXT] [--stem profile] [--cache-sim] [--only none,blocked,browser,several,cluster]
 
 Runs one sluice (release build, `server.workers: 1`) under
 `valgrind --tool=callgrind` in front of nginx `return 200`, with Redis on
@@ -38,7 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tools  # noqa: E402
-from harness import BENCH, ROOT, render, start_nginx, start_redis  # noqa: E402
+from harness import BENCH, ROOT, render, start_nginx, start_redis, start_redis_cluster  # noqa: E402
 from tools import Processes  # noqa: E402
 
 PATHS = ["/none", "/memory", "/redis", "/blocked"]
@@ -229,7 +229,14 @@ def callgrind(argv, **kw):
 
 def start_sluice_under_valgrind(procs, workdir, sluice, name, store, upstream_port, redis_port,
                                 several=False):
-    extra = f"  url: redis://127.0.0.1:{redis_port}\n  budget: 250ms" if store == "redis" else "  max_entries: 100000"
+    """`store` is `memory`, `redis` or `cluster` (the Redis store on a
+    Redis Cluster whose seed node is `redis_port`; its route's path is
+    `/redis` as well)."""
+    extra = {
+        "redis": f"  url: redis://127.0.0.1:{redis_port}\n  budget: 250ms",
+        "cluster": f"  topology: cluster\n  nodes: [redis://127.0.0.1:{redis_port}]\n  budget: 250ms",
+    }.get(store, "  max_entries: 100000")
+    store = "redis" if store == "cluster" else store
     conf = os.path.join(workdir, f"{name}.yaml")
     with open(conf, "w") as f:
         f.write(
@@ -404,7 +411,8 @@ def main():
     ap.add_argument("--stem", default="profile", help="write bench/results/STEM.md and STEM.json")
     ap.add_argument("--only", default="",
                     help="comma-separated paths to profile (none, memory, blocked, browser, redis, "
-                         "blocked-redis, several: a route of two limits on Redis, only when asked), "
+                         "blocked-redis, several: a route of two limits on Redis, cluster: /redis "
+                         "on a Redis Cluster of three primaries; the last two only when asked), "
                          "the floor and nginx left out: a quicker look at one change, not a profile "
                          "to commit")
     ap.add_argument("--cache-sim", action="store_true",
@@ -431,6 +439,11 @@ def main():
         if several:
             redis_paths.append(("/several", "/several", ()))
         stores = [("memory", memory_paths), ("redis", redis_paths)]
+        if "cluster" in only:
+            cluster = start_redis_cluster(procs, workdir)
+            if cluster.reason:
+                raise RuntimeError(cluster.reason)
+            stores.append(("cluster", [("/redis", "/cluster", ())]))
         if only:
             def key(label):
                 if label.endswith(BROWSER):
@@ -441,7 +454,8 @@ def main():
             args.no_floor = True
         for store, paths in stores:
             proc, port, out = start_sluice_under_valgrind(
-                procs, workdir, args.sluice, f"sluice-{store}", store, upstream.port, redis.port,
+                procs, workdir, args.sluice, f"sluice-{store}", store, upstream.port,
+                cluster.port if store == "cluster" else redis.port,
                 several and store == "redis",
             )
             for path, label, head in paths:

@@ -255,31 +255,52 @@ async fn a_retried_call_replays_and_a_shadow_denial_blocks_nothing() {
     assert_eq!(exists, (true, true));
 }
 
-/// redis-rs's cluster client re-sends a command by itself (a redirect, a
-/// reconnect), so on Cluster no call says it is a first send: each looks
-/// for its record. A record planted under an id is found and replayed by
-/// the very first call with that id.
+/// On Cluster, sluice's own connection re-sends a command only after
+/// `MOVED` or `ASK` (it did not run), so a decision's first send says so
+/// and its script does not look for a record a fresh id cannot have: one
+/// `GET` a decision (its state). redis-rs's cluster client (nodes spoken
+/// to over RESP3) re-sends by itself, so there every call looks: two. A
+/// record planted under an id is replayed by the very first call with
+/// that id either way (a first send claims its record with `SET NX`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_every_call_looks_for_its_record() {
+async fn on_a_cluster_only_the_client_that_resends_by_itself_looks_for_records() {
     let cluster = RedisCluster::start();
-    let nodes = cluster.urls().into_iter().map(Secret).collect();
-    let store = connect_to(Topology::Cluster { nodes }).await;
-    let policy = Policy::new("planted", "r1", Bands::FixedWindow(vec![window(5)]), false);
-    let s = subject("planted");
-    let (state, record) = fixed_keys(&policy, &s, 9);
-    let mut conn = cluster.connection(cluster.primary_for(&state));
-    let _: () = redis::cmd("SET")
-        .arg(&record)
-        .arg("1:42:1000:0:0:1")
-        .query(&mut conn)
-        .expect("SET record");
-    let outcome = store.evaluate(&evaluation(&policy, &s, 9)).await;
-    assert_eq!(remaining(&outcome), (true, 42), "{outcome:?}");
-    assert_eq!(store.stats().dedupe_hits.load(Ordering::Relaxed), 1);
-    assert_eq!(window_count(&mut conn, &state), None, "charged");
-    // A fresh id is decided.
-    let outcome = store.evaluate(&evaluation(&policy, &s, 10)).await;
-    assert_eq!(remaining(&outcome), (true, 4), "{outcome:?}");
+    let policy = Policy::new("planted", "r1", Bands::FixedWindow(vec![window(50)]), false);
+    for (client, query, gets_each) in [("sluice's", "", 1), ("redis-rs's", "?protocol=resp3", 2)] {
+        let nodes = cluster
+            .urls()
+            .into_iter()
+            .map(|url| Secret(format!("{url}{query}")))
+            .collect();
+        let store = connect_to(Topology::Cluster { nodes }).await;
+        let s = subject(client);
+        let (state, record) = fixed_keys(&policy, &s, 9);
+        let mut conn = cluster.connection(cluster.primary_for(&state));
+        let _: () = redis::cmd("SET")
+            .arg(&record)
+            .arg("1:42:1000:0:0:1")
+            .query(&mut conn)
+            .expect("SET record");
+        let outcome = store.evaluate(&evaluation(&policy, &s, 9)).await;
+        assert_eq!(remaining(&outcome), (true, 42), "{client}: {outcome:?}");
+        assert_eq!(
+            store.stats().dedupe_hits.load(Ordering::Relaxed),
+            1,
+            "{client}"
+        );
+        assert_eq!(window_count(&mut conn, &state), None, "{client}: charged");
+
+        // Fresh ids are decided, each with one look at its record or none.
+        reset_stats(&mut conn);
+        for id in 10..14 {
+            let outcome = store.evaluate(&evaluation(&policy, &s, id)).await;
+            assert!(remaining(&outcome).0, "{client}: {outcome:?}");
+        }
+        let gets = commandstats(&mut conn)
+            .into_iter()
+            .find_map(|(name, calls)| (name == "get").then_some(calls));
+        assert_eq!(gets, Some(4 * gets_each), "{client}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

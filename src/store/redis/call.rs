@@ -459,6 +459,15 @@ impl Inner {
         error: RedisError,
         progress: &Progress,
     ) -> Attempt {
+        // sluice's cluster connection had none to the node of the key's
+        // slot, and could not open one: nothing was sent.
+        if error.kind() == ErrorKind::ClusterConnectionNotFound {
+            self.stats.unreachable.count_n(request.members());
+            return Attempt::NotApplied(
+                Unavailable::BeforeSend,
+                Health::Failed(Cause::Unreachable),
+            );
+        }
         match error.code() {
             // This node cannot take writes now: a demoted primary keeps its
             // connections (and its address, behind a stable endpoint), so

@@ -5,9 +5,12 @@
 //!   connection resolves the address again.
 //! - sentinel: each new connection asks the Sentinels for the primary of
 //!   `master` and checks its role before using it.
-//! - cluster: redis-rs's cluster client: slot routing, `MOVED` / `ASK`,
-//!   topology refresh on `READONLY` and failover, all inside one
-//!   multiplexed connection per lane.
+//! - cluster: sluice's own connection to every primary ([`Shards`]):
+//!   slot routing, `MOVED` / `ASK`, the slot map read again after a
+//!   redirect or an unreachable node; a lane whose connection failed
+//!   reads it afresh from any node it heard of. redis-rs's cluster client
+//!   where sluice's connection does not speak the nodes' address or
+//!   protocol (TLS without hostname checks, RESP3).
 //!
 //! Timeouts are set explicitly (redis 1.x has defaults of its own that
 //! would decide how failures are classed): connecting is bounded by
@@ -40,6 +43,7 @@ use tokio_rustls::TlsConnector;
 use super::counted::{Calls, Counted};
 use super::packed::Packed;
 use super::reply::Answer;
+use super::shards::{Addr, Opener, Shards};
 use super::wire::{self, Wire};
 use super::RedisSetupError;
 use crate::config::{self, Topology};
@@ -48,12 +52,12 @@ use crate::config::{self, Topology};
 /// (the start-up task); a request's own deadline cuts it shorter.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How many times the cluster client may re-send one command (a `MOVED`
-/// or `ASK` redirect, `TRYAGAIN`, a reconnect), all inside the deadline.
-/// Each re-send carries the same evaluation id and arguments, so a script
-/// that already ran replays its admission instead of charging twice; and
-/// so no call on Cluster says it is a first send (`Inner::first_sends`),
-/// which would skip that look.
+/// How many times redis-rs's cluster client may re-send one command (a
+/// `MOVED` or `ASK` redirect, `TRYAGAIN`, a reconnect), all inside the
+/// deadline. Each re-send carries the same evaluation id and arguments, so
+/// a script that already ran replays its admission instead of charging
+/// twice; and so no call through it says it is a first send
+/// (`Inner::first_sends`), which would skip that look.
 const CLUSTER_RETRIES: u32 = 3;
 
 /// A connection of any topology; clones share it.
@@ -64,6 +68,9 @@ pub enum Conn {
     /// redis-rs's, to a node [`Wire`] does not speak to (a Unix socket,
     /// TLS without hostname checks, RESP3).
     Node(Counted<MultiplexedConnection>),
+    /// sluice's own, to every primary of a cluster.
+    Shards(Counted<Shards>),
+    /// redis-rs's, to a cluster whose nodes [`Wire`] does not speak to.
     Cluster(Counted<ClusterConnection>),
 }
 
@@ -76,6 +83,7 @@ impl Conn {
         match self {
             Conn::Wire(conn) => load.query_async(conn).await,
             Conn::Node(conn) => load.query_async(conn).await,
+            Conn::Shards(conn) => conn.call_for_key(&load, key).await?.value(),
             Conn::Cluster(conn) => {
                 let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
@@ -95,6 +103,7 @@ impl Conn {
         match self {
             Conn::Wire(conn) => load.query_async(conn).await,
             Conn::Node(conn) => load.query_async(conn).await,
+            Conn::Shards(conn) => conn.call_primaries(&load).await,
             Conn::Cluster(conn) => {
                 let routing = RoutingInfo::MultiNode((
                     MultipleNodeRoutingInfo::AllMasters,
@@ -117,6 +126,13 @@ impl Conn {
                 }
                 Ok(Answer::Frame(frame))
             }
+            Conn::Shards(shards) => {
+                let frame = shards.call_packed(cmd).await?;
+                if frame.is_error() {
+                    frame.value()?;
+                }
+                Ok(Answer::Frame(frame))
+            }
             // Boxed: redis-rs's future is large, and held inline it would
             // make the decisions on sluice's own connection as large.
             other => {
@@ -134,6 +150,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Wire(conn) => conn.req_packed_command(cmd),
             Conn::Node(conn) => conn.req_packed_command(cmd),
+            Conn::Shards(conn) => conn.req_packed_command(cmd),
             Conn::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
@@ -147,6 +164,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Wire(conn) => conn.req_packed_commands(cmd, offset, count),
             Conn::Node(conn) => conn.req_packed_commands(cmd, offset, count),
+            Conn::Shards(conn) => conn.req_packed_commands(cmd, offset, count),
             Conn::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
         }
     }
@@ -155,6 +173,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Wire(conn) => conn.get_db(),
             Conn::Node(conn) => conn.get_db(),
+            Conn::Shards(conn) => conn.get_db(),
             Conn::Cluster(conn) => conn.get_db(),
         }
     }
@@ -174,6 +193,8 @@ pub enum Connector {
         config: AsyncConnectionConfig,
         tls: Option<TlsConnector>,
     },
+    /// sluice's own connections to the cluster's nodes.
+    Shards(Arc<Opener>),
     Cluster {
         client: redis::cluster::ClusterClient,
     },
@@ -208,6 +229,15 @@ impl Connector {
             Topology::Cluster { nodes } => {
                 let (infos, tls) = node_infos(nodes)?;
                 check_ca(certs.is_some(), tls)?;
+                if let Some(seeds) = infos.iter().map(wire_addr).collect::<Option<Vec<_>>>() {
+                    let connector = tls_connector(redis, certs.as_ref(), tls)?;
+                    // Every node with the first's credentials, as the
+                    // cluster client had them.
+                    let settings = infos[0].redis_settings().clone();
+                    return Ok(Connector::Shards(Arc::new(Opener::new(
+                        seeds, settings, connector,
+                    ))));
+                }
                 let mut builder = ClusterClientBuilder::new(infos)
                     .retries(CLUSTER_RETRIES)
                     // Redirects and TRYAGAIN waits stay short: the whole
@@ -291,11 +321,45 @@ impl Connector {
                 let primary = client.lock().await.async_get_client().await?;
                 node(&primary, config, tls.as_ref(), calls).await
             }
+            Connector::Shards(opener) => opener
+                .connect()
+                .await
+                .map(|conn| Conn::Shards(Counted::new(conn, calls.clone()))),
             Connector::Cluster { client } => client
                 .get_async_connection()
                 .await
                 .map(|conn| Conn::Cluster(Counted::new(conn, calls.clone()))),
         }
+    }
+}
+
+impl Connector {
+    /// Whether the connection re-sends a command by itself (redis-rs's
+    /// cluster client), so that no send can be called a first.
+    pub fn resends_by_itself(&self) -> bool {
+        matches!(self, Connector::Cluster { .. })
+    }
+}
+
+/// A cluster node's address, when sluice's own connection speaks to it
+/// (RESP2 over TCP, or TLS with its hostname checked), as [`wire::open`]
+/// decides for one node.
+fn wire_addr(info: &ConnectionInfo) -> Option<Addr> {
+    if info.redis_settings().protocol() != redis::ProtocolVersion::RESP2 {
+        return None;
+    }
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port)
+        | ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            ..
+        } => Some(Addr {
+            host: host.clone(),
+            port: *port,
+        }),
+        _ => None,
     }
 }
 

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use crate::telemetry::{REDIS_CALLS, REDIS_CALL_DURATION};
 
 use super::packed::Packed;
+use super::shards::Shards;
 use super::wire::{Frame, Wire};
 
 /// The `command` label: what Redis names the command, folded to the
@@ -138,6 +139,15 @@ impl CallResult {
         }
     }
 
+    /// A reply read in place: an error reply is a frame like any other.
+    fn of_frame(reply: &RedisResult<Frame>) -> CallResult {
+        match reply {
+            Ok(frame) if frame.is_error() => CallResult::Error,
+            Ok(_) => CallResult::Ok,
+            Err(e) => CallResult::of_error(e),
+        }
+    }
+
     fn of_value(value: &Value) -> CallResult {
         match value {
             Value::ServerError(_) => CallResult::Error,
@@ -244,9 +254,38 @@ impl Counted<Wire> {
         let command = Command::named(name, || rest.next().unwrap_or_default());
         let trip = Trip::start(&self.calls, [command]);
         let reply = self.conn.call_packed(cmd).await;
+        trip.end(CallResult::of_frame(&reply));
+        reply
+    }
+}
+
+impl Counted<Shards> {
+    /// [`Shards::call_packed`], counted once however many redirects it
+    /// followed: an error reply is a frame like any other.
+    pub async fn call_packed(&self, cmd: &Packed) -> RedisResult<Frame> {
+        let (name, mut rest) = cmd.name();
+        let command = Command::named(name, || rest.next().unwrap_or_default());
+        let trip = Trip::start(&self.calls, [command]);
+        let reply = self.conn.call_packed(cmd).await;
+        trip.end(CallResult::of_frame(&reply));
+        reply
+    }
+
+    /// [`Shards::call_for_key`], counted.
+    pub async fn call_for_key(&self, cmd: &Cmd, key: &[u8]) -> RedisResult<Frame> {
+        let trip = Trip::start(&self.calls, [Command::of(cmd)]);
+        let reply = self.conn.call_for_key(cmd, key).await;
+        trip.end(CallResult::of_frame(&reply));
+        reply
+    }
+
+    /// [`Shards::call_primaries`], counted once however many nodes it
+    /// goes to.
+    pub async fn call_primaries(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let trip = Trip::start(&self.calls, [Command::of(cmd)]);
+        let reply = self.conn.call_primaries(cmd).await;
         trip.end(match &reply {
-            Ok(frame) if frame.is_error() => CallResult::Error,
-            Ok(_) => CallResult::Ok,
+            Ok(value) => CallResult::of_value(value),
             Err(e) => CallResult::of_error(e),
         });
         reply

@@ -39,13 +39,15 @@ impl Inner {
     /// re-sends says `0` ([`scripts::resent`]). sluice's own connection
     /// and redis-rs's multiplexed one (standalone, and the primary the
     /// Sentinels name: the Sentinel client only finds it) send a command
-    /// once, `FCALL` and `EVALSHA` alike. redis-rs's cluster client
-    /// re-sends one by itself, with the same arguments, after `MOVED`,
-    /// `ASK`, `TRYAGAIN` or an I/O error (a reply lost, the script perhaps
-    /// run): there no send is marked first. Several limits in one call are
-    /// never marked first either ([`scripts::call_several`]).
+    /// once, `FCALL` and `EVALSHA` alike; sluice's own cluster connection
+    /// re-sends one only after `MOVED` or `ASK`, which say it did not run
+    /// (`shards`). redis-rs's cluster client re-sends one by itself, with
+    /// the same arguments, after `TRYAGAIN` or an I/O error too (a reply
+    /// lost, the script perhaps run): there no send is marked first.
+    /// Several limits in one call are never marked first either
+    /// ([`scripts::call_several`]).
     pub(super) fn first_sends(&self) -> bool {
-        !self.cluster
+        !self.resends
     }
 }
 

@@ -19,7 +19,7 @@
 //!   record: it charged nothing, and its retry is decided afresh). A
 //!   call's first send says so, and the script skips the look for a record
 //!   a fresh id cannot have; every re-send looks (`Inner::first_sends`:
-//!   never on Cluster, whose client re-sends by itself);
+//!   never through redis-rs's cluster client, which re-sends by itself);
 //! - a [`Breaker`] answers at once while Redis keeps failing;
 //! - every command a connection sends is counted by command and result,
 //!   with its round trip's time (`counted`), as Redis counts what it
@@ -52,6 +52,7 @@ mod refund;
 pub(crate) mod reply;
 pub use leased::{Befores, Leased};
 mod scripts;
+mod shards;
 mod stats;
 mod touch;
 pub(crate) mod wire;
@@ -122,6 +123,9 @@ struct Inner {
     /// Redis Cluster, whose keys of several limits are in different slots
     /// (CROSSSLOT).
     cluster: bool,
+    /// The connection re-sends a command by itself (redis-rs's cluster
+    /// client): no send is a first ([`Inner::first_sends`]).
+    resends: bool,
     stats: RedisStats,
     /// The leases this sidecar holds, and the subjects it follows for them.
     leases: Leases,
@@ -144,6 +148,7 @@ impl Inner {
         budget: Duration,
     ) -> Result<Inner, RedisSetupError> {
         let lanes = Lanes::new(redis, budget)?;
+        let resends = lanes.resends_by_itself();
         Ok(Inner {
             probe: Probe::new(),
             budget,
@@ -165,6 +170,7 @@ impl Inner {
             prepared: AtomicBool::new(false),
             modes: Modes::new(scripts),
             cluster: matches!(redis.topology, config::Topology::Cluster { .. }),
+            resends,
             stats: RedisStats::new(),
             leases: Leases::default(),
             lag: Arc::new(Lag::new(Instant::now())),

@@ -115,6 +115,12 @@ impl Lanes {
         }
     }
 
+    /// Whether the connections re-send a command by themselves
+    /// ([`Connector::resends_by_itself`]).
+    pub fn resends_by_itself(&self) -> bool {
+        self.connector.resends_by_itself()
+    }
+
     /// How many lanes there are.
     pub fn len(&self) -> usize {
         self.lanes.len()

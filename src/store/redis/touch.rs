@@ -129,6 +129,17 @@ async fn send(mut conn: Conn, keys: &[StateKey]) -> Result<(), RedisError> {
         cmd.arg(&key[..]);
         cmd
     };
+    if let Conn::Shards(shards) = &conn {
+        let calls = keys.iter().map(|key| {
+            let mut shards = shards.clone();
+            let cmd = touch(key);
+            async move { cmd.query_async::<Value>(&mut shards).await }
+        });
+        for touched in futures_util::future::join_all(calls).await {
+            touched?;
+        }
+        return Ok(());
+    }
     if let Conn::Cluster(cluster) = &conn {
         let calls = keys.iter().map(|key| {
             let mut cluster = cluster.clone();

@@ -25,8 +25,9 @@
 //! an I/O error (sent without a confirmed reply: the caller classes it as
 //! such), and so does any request after it, until the lane reconnects.
 //!
-//! Cluster connections stay redis-rs's: slot routing and redirects are
-//! its job.
+//! On a Redis Cluster each primary gets one of these connections
+//! ([`super::shards`]), which routes each command to its slot's node and
+//! follows the redirects.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -53,7 +54,7 @@ mod tests;
 
 use frame::MAX_FRAME;
 pub use frame::{frame_len, frame_scan, parse_int, short_int, Ints};
-pub use open::open;
+pub use open::{handshake, open};
 
 /// One reply: an array of integers alone (a decision's reply) as its
 /// integers, read as the reply was framed ([`frame_scan`]), so never read
@@ -203,12 +204,35 @@ impl Wire {
     }
 
     /// Sends the one command `pack` writes and waits for its reply.
-    async fn one(&self, pack: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Frame> {
+    pub async fn one(&self, pack: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Frame> {
         let mut replies = self.send(pack, 1)?;
         match replies.pop() {
             Some(reply) => received(reply.await),
             None => Err(lost(io::ErrorKind::Other)),
         }
+    }
+
+    /// `ASKING`, then the one command `pack` writes, in one write: the
+    /// reply of the command (a Cluster node serves a slot being imported
+    /// only to a command right after `ASKING`).
+    pub async fn asking(&self, pack: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Frame> {
+        let replies = self.send(
+            |out| {
+                out.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+                pack(out);
+            },
+            2,
+        )?;
+        let mut last = Err(lost(io::ErrorKind::Other));
+        for reply in replies {
+            last = received(reply.await);
+        }
+        last
+    }
+
+    /// Whether the connection has ended: every command on it fails.
+    pub fn is_closed(&self) -> bool {
+        self.handle.shared.lock().closed.is_some()
     }
 
     /// Queues what `pack` writes, which must be `replies` commands, and

@@ -30,7 +30,9 @@ pub async fn open(
     Some(handshake(host, port, tls, settings).await)
 }
 
-async fn handshake(
+/// [`open`] of the node at `host`:`port`, with `settings`' credentials
+/// and database, through `tls` when given.
+pub async fn handshake(
     host: &str,
     port: u16,
     tls: Option<&tokio_rustls::TlsConnector>,

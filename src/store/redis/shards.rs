@@ -1,0 +1,736 @@
+//! sluice's own connection to a Redis Cluster: one [`Wire`] to each
+//! primary, opened on first use, and the slot map a node answered
+//! `CLUSTER SLOTS` with.
+//!
+//! A decision is one `FCALL` to the primary of its key's slot. Through
+//! redis-rs's cluster client it went through two tasks of that client (its
+//! router, then the node's connection) and came back as a `Value` tree:
+//! about 22,000 instructions a decision more than on one node (callgrind,
+//! `bench/profile.py --only cluster`). Here it is packed once into that
+//! node's connection, as on a standalone node.
+//!
+//! - `MOVED <slot> <host:port>`: the slot is served elsewhere now (a
+//!   resharding, a failover); the map learns it, asks the cluster for the
+//!   whole map again soon, and the command goes to the new node.
+//! - `ASK <slot> <host:port>`: the key is being moved; the command goes
+//!   to that node once, right after `ASKING`.
+//!
+//! A node that answered either did not run the command, so following them
+//! never charges twice, and every send of a decision is a first send (the
+//! script need not look for a record a fresh id cannot have). At most
+//! [`REDIRECTS`] are followed; the last is the caller's error (refused,
+//! nothing ran). A node that cannot be reached fails the command unsent
+//! (`ClusterConnectionNotFound`) and has the map read again, at most once
+//! every [`REFRESH_EVERY`]; a connection lost with commands on it fails
+//! them as on one node (sent, no reply), and the lane connects afresh,
+//! reading the map from any node it has heard of.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Pipeline, RedisConnectionInfo, RedisError, RedisFuture};
+use redis::{RedisResult, Value};
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+
+use super::connect::CONNECT_TIMEOUT;
+use super::packed::Packed;
+use super::wire::{self, Frame, Held, Wire};
+use crate::sync;
+
+/// Hash slots in a cluster.
+const SLOTS: usize = 16384;
+/// A slot no node serves (in the map as read).
+const NO_NODE: u16 = u16::MAX;
+/// Redirects one command follows.
+pub const REDIRECTS: usize = 3;
+/// The shortest time between two reads of the slot map by one connection.
+pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
+
+/// A node's address, as the cluster names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addr {
+    pub host: String,
+    pub port: u16,
+}
+
+/// What every connection of a store opens nodes with, and every node it
+/// heard of (the configured ones first), shared by its lanes: a lane that
+/// connects afresh reads the map from any of them.
+pub struct Opener {
+    settings: RedisConnectionInfo,
+    tls: Option<TlsConnector>,
+    known: Mutex<Vec<Addr>>,
+}
+
+impl Opener {
+    pub fn new(
+        seeds: Vec<Addr>,
+        settings: RedisConnectionInfo,
+        tls: Option<TlsConnector>,
+    ) -> Opener {
+        Opener {
+            settings,
+            tls,
+            known: Mutex::new(seeds),
+        }
+    }
+
+    async fn open(&self, addr: &Addr) -> RedisResult<Wire> {
+        let opened = wire::handshake(&addr.host, addr.port, self.tls.as_ref(), &self.settings);
+        match tokio::time::timeout(CONNECT_TIMEOUT, opened).await {
+            Ok(opened) => opened,
+            Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+        }
+    }
+
+    /// A new connection: the map read from the first node that answers.
+    pub async fn connect(self: &Arc<Opener>) -> RedisResult<Shards> {
+        let map = self.read_map().await?;
+        Ok(Shards {
+            inner: Arc::new(Inner {
+                opener: self.clone(),
+                map: Mutex::new(map),
+            }),
+        })
+    }
+
+    /// The map, from whichever node heard of answers first: all are
+    /// asked at once, so that a node gone silent (a partition, a host
+    /// down) holds up nothing while another answers. The node's
+    /// connection is kept for it.
+    async fn read_map(&self) -> RedisResult<Map> {
+        let candidates = sync::lock(&self.known).clone();
+        if candidates.is_empty() {
+            return Err(unreachable("no cluster node is known"));
+        }
+        let asked = candidates
+            .iter()
+            .map(|addr| Box::pin(self.read_map_at(addr)));
+        let (map, _) = futures_util::future::select_ok(asked).await?;
+        let mut known = sync::lock(&self.known);
+        for node in &map.nodes {
+            if !known.contains(&node.addr) {
+                known.push(node.addr.clone());
+            }
+        }
+        Ok(map)
+    }
+
+    async fn read_map_at(&self, addr: &Addr) -> RedisResult<Map> {
+        let wire = self.open(addr).await?;
+        let slots = wire
+            .call(redis::cmd("CLUSTER").arg("SLOTS"))
+            .await?
+            .value()?;
+        let mut map = Map::parse(&slots, addr).ok_or_else(|| {
+            RedisError::from((ErrorKind::Parse, "unreadable CLUSTER SLOTS reply"))
+        })?;
+        if let Some(node) = map.nodes.iter_mut().find(|n| &n.addr == addr) {
+            node.wire = Some(wire);
+        }
+        Ok(map)
+    }
+}
+
+/// A connection to every primary of a cluster; clones share it.
+#[derive(Clone)]
+pub struct Shards {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    opener: Arc<Opener>,
+    map: Mutex<Map>,
+}
+
+/// Which node a command goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum To {
+    Slot(u16),
+    Node(Addr),
+    /// Any node: the command touches no key.
+    Any,
+    /// Every primary, each of which must succeed (a library's load).
+    Primaries,
+}
+
+impl Shards {
+    /// A decision's `FCALL` (or `EVALSHA`), to its key's node.
+    pub async fn call_packed(&self, cmd: &Packed) -> RedisResult<Frame> {
+        let (name, args) = cmd.name();
+        let to = route(name, args);
+        self.call_to(to, &|out: &mut Vec<u8>| out.extend_from_slice(cmd.bytes()))
+            .await
+    }
+
+    /// `cmd` to the node serving `key`.
+    pub async fn call_for_key(&self, cmd: &Cmd, key: &[u8]) -> RedisResult<Frame> {
+        let to = To::Slot(slot_of(key));
+        self.call_to(to, &|out: &mut Vec<u8>| cmd.write_packed_command(out))
+            .await
+    }
+
+    /// `cmd` on every primary: the last reply once all succeeded, or the
+    /// first error.
+    pub async fn call_primaries(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let addrs: Vec<Addr> = {
+            let map = sync::lock(&self.inner.map);
+            map.nodes
+                .iter()
+                .filter(|n| n.serves)
+                .map(|n| n.addr.clone())
+                .collect()
+        };
+        let mut last = Value::Nil;
+        for addr in addrs {
+            let wire = self.wire(&To::Node(addr)).await?;
+            last = wire.call(cmd).await?.value()?;
+        }
+        Ok(last)
+    }
+
+    /// `cmd` where its name and key say ([`route`]).
+    pub async fn call(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match route_cmd(cmd) {
+            To::Primaries => self.call_primaries(cmd).await,
+            to => self
+                .call_to(to, &|out: &mut Vec<u8>| cmd.write_packed_command(out))
+                .await?
+                .value(),
+        }
+    }
+
+    /// Sends what `pack` writes to `to`, following redirects.
+    async fn call_to(
+        &self,
+        mut to: To,
+        pack: &(dyn Fn(&mut Vec<u8>) + Sync),
+    ) -> RedisResult<Frame> {
+        let mut asking = false;
+        let mut redirects = 0;
+        loop {
+            let wire = self.wire(&to).await?;
+            let frame = if asking {
+                wire.asking(pack).await?
+            } else {
+                wire.one(pack).await?
+            };
+            let Some(redirect) = Redirect::of(&frame) else {
+                return Ok(frame);
+            };
+            if redirects == REDIRECTS {
+                return Ok(frame);
+            }
+            redirects += 1;
+            let from = match &to {
+                To::Node(addr) => Some(addr.clone()),
+                _ => None,
+            };
+            match redirect {
+                Redirect::Moved { slot, addr } => {
+                    let addr = addr.unwrap_or_else(|| from.unwrap_or_else(|| self.addr_of(slot)));
+                    self.learn(slot, addr);
+                    to = To::Slot(slot);
+                    asking = false;
+                }
+                Redirect::Ask { slot, addr } => {
+                    to = To::Node(addr.unwrap_or_else(|| self.addr_of(slot)));
+                    asking = true;
+                }
+            }
+        }
+    }
+
+    /// The connection to `to`'s node, opened if it has none (or its last
+    /// ended). `ClusterConnectionNotFound` when the node cannot be reached
+    /// or no node serves the slot: nothing was sent.
+    ///
+    /// One request at a time opens a node's connection; the others wait
+    /// for it. A node that could not be opened is not tried again for
+    /// [`REFRESH_EVERY`]: its requests fail at once meanwhile, rather than
+    /// each trying a host that is down.
+    async fn wire(&self, to: &To) -> RedisResult<Wire> {
+        let mut refreshed = false;
+        loop {
+            let refresh = !refreshed && {
+                let mut map = sync::lock(&self.inner.map);
+                let due = map.stale && map.read.elapsed() >= REFRESH_EVERY;
+                if due {
+                    map.read = Instant::now();
+                }
+                due
+            };
+            if refresh {
+                self.refresh().await;
+                refreshed = true;
+                continue;
+            }
+            let (addr, opening) = {
+                let mut map = sync::lock(&self.inner.map);
+                let index = match to {
+                    To::Slot(slot) => map.slots[usize::from(*slot)],
+                    To::Node(addr) => map.index_of(addr),
+                    To::Any | To::Primaries => map.any(),
+                };
+                let Some(node) = map.nodes.get_mut(usize::from(index)) else {
+                    map.stale = true;
+                    return Err(unreachable("no node serves the slot"));
+                };
+                if let Some(wire) = node.wire.as_ref().filter(|w| !w.is_closed()) {
+                    return Ok(wire.clone());
+                }
+                if node.failed.is_some_and(|at| at.elapsed() < REFRESH_EVERY) {
+                    return Err(unreachable("cluster node unreachable"));
+                }
+                (node.addr.clone(), node.opening.clone())
+            };
+            let _opening = opening.lock().await;
+            // Opened by the request before this one, or failed there.
+            {
+                let map = sync::lock(&self.inner.map);
+                if let Some(node) = map.nodes.iter().find(|n| n.addr == addr) {
+                    if let Some(wire) = node.wire.as_ref().filter(|w| !w.is_closed()) {
+                        return Ok(wire.clone());
+                    }
+                    if node.failed.is_some_and(|at| at.elapsed() < REFRESH_EVERY) {
+                        return Err(unreachable("cluster node unreachable"));
+                    }
+                }
+            }
+            let opened = self.inner.opener.open(&addr).await;
+            let mut map = sync::lock(&self.inner.map);
+            let index = usize::from(map.index_of(&addr));
+            let node = &mut map.nodes[index];
+            return match opened {
+                Ok(wire) => {
+                    node.wire = Some(wire.clone());
+                    node.failed = None;
+                    Ok(wire)
+                }
+                Err(e) => {
+                    node.failed = Some(Instant::now());
+                    map.stale = true;
+                    tracing::debug!(error = %e, host = %addr.host, port = addr.port, "redis: cluster node unreachable");
+                    Err(unreachable("cluster node unreachable"))
+                }
+            };
+        }
+    }
+
+    /// Reads the map again (a node was unreachable or moved a slot: at
+    /// most once every [`REFRESH_EVERY`]); a failed read keeps the map.
+    async fn refresh(&self) {
+        let Ok(fresh) = self.inner.opener.read_map().await else {
+            return;
+        };
+        let mut map = sync::lock(&self.inner.map);
+        map.replace(fresh);
+    }
+
+    /// The map says `slot` is served at `addr` now, and is read whole
+    /// soon (a slot moved seldom moves alone).
+    fn learn(&self, slot: u16, addr: Addr) {
+        let mut map = sync::lock(&self.inner.map);
+        let index = map.index_of(&addr);
+        map.slots[usize::from(slot)] = index;
+        map.stale = true;
+    }
+
+    fn addr_of(&self, slot: u16) -> Addr {
+        let map = sync::lock(&self.inner.map);
+        let index = usize::from(map.slots[usize::from(slot)]);
+        map.nodes.get(index).map_or_else(
+            || Addr {
+                host: String::new(),
+                port: 0,
+            },
+            |n| n.addr.clone(),
+        )
+    }
+}
+
+impl ConnectionLike for Shards {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.call(cmd))
+    }
+
+    /// The whole pipeline to the node of its first command's key (sluice
+    /// sends none across slots).
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let to = pipeline.cmd_iter().next().map_or(To::Any, route_cmd);
+            let mut wire = self.wire(&to).await?;
+            wire.req_packed_commands(pipeline, offset, count).await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// Nothing was sent: no connection to the node that should have it.
+fn unreachable(what: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::ClusterConnectionNotFound, what))
+}
+
+/// [`route`] of a redis-rs command.
+fn route_cmd(cmd: &Cmd) -> To {
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next().unwrap_or_default();
+    route(name, args)
+}
+
+/// Where a command goes, by its name and arguments: a script's call to
+/// its first key's slot, a library's or script's load and removal to
+/// every primary, a command of no key to any node, any other to the slot
+/// of its first argument.
+fn route<'a>(name: &[u8], mut args: impl Iterator<Item = &'a [u8]>) -> To {
+    let is = |word: &str| name.eq_ignore_ascii_case(word.as_bytes());
+    if [
+        "FCALL",
+        "FCALL_RO",
+        "EVALSHA",
+        "EVALSHA_RO",
+        "EVAL",
+        "EVAL_RO",
+    ]
+    .iter()
+    .any(|w| is(w))
+    {
+        let _function = args.next();
+        let keys = args.next().and_then(wire::parse_int).unwrap_or(0);
+        return match args.next() {
+            Some(key) if keys > 0 => To::Slot(slot_of(key)),
+            _ => To::Any,
+        };
+    }
+    if is("FUNCTION") || is("SCRIPT") {
+        let sub = args.next().unwrap_or_default();
+        let everywhere = ["LOAD", "DELETE", "FLUSH", "RESTORE"]
+            .iter()
+            .any(|w| sub.eq_ignore_ascii_case(w.as_bytes()));
+        return if everywhere { To::Primaries } else { To::Any };
+    }
+    if ["PING", "INFO", "CLUSTER", "TIME", "CLIENT", "ECHO"]
+        .iter()
+        .any(|w| is(w))
+    {
+        return To::Any;
+    }
+    args.next().map_or(To::Any, |key| To::Slot(slot_of(key)))
+}
+
+/// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the part
+/// between the first `{` and the next `}`, when not empty) or of the key.
+pub fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS as u16
+}
+
+/// A redirect a node answered with.
+#[derive(Debug, PartialEq, Eq)]
+enum Redirect {
+    Moved { slot: u16, addr: Option<Addr> },
+    Ask { slot: u16, addr: Option<Addr> },
+}
+
+impl Redirect {
+    /// `-MOVED <slot> <host>:<port>` or `-ASK …`; the address `None`
+    /// when the node did not know its own host (`:<port>`, the node
+    /// answering).
+    fn of(frame: &Frame) -> Option<Redirect> {
+        let Held::Bytes(bytes) = frame.held() else {
+            return None;
+        };
+        let line = bytes.strip_prefix(b"-")?.strip_suffix(b"\r\n")?;
+        let line = std::str::from_utf8(line).ok()?;
+        let mut words = line.split(' ');
+        let kind = words.next()?;
+        let slot: u16 = words.next()?.parse().ok()?;
+        if usize::from(slot) >= SLOTS {
+            return None;
+        }
+        let (host, port) = words.next()?.rsplit_once(':')?;
+        let port: u16 = port.parse().ok()?;
+        let addr = (!host.is_empty()).then(|| Addr {
+            host: host.to_owned(),
+            port,
+        });
+        match kind {
+            "MOVED" => Some(Redirect::Moved { slot, addr }),
+            "ASK" => Some(Redirect::Ask { slot, addr }),
+            _ => None,
+        }
+    }
+}
+
+/// Which primary serves each slot, and each primary's connection.
+struct Map {
+    /// Per slot, the index of its node in `nodes` ([`NO_NODE`]: none).
+    slots: Box<[u16]>,
+    nodes: Vec<Node>,
+    /// A node was unreachable or a slot moved: read the map again.
+    stale: bool,
+    /// When the map was last read (or a read was tried).
+    read: Instant,
+}
+
+struct Node {
+    addr: Addr,
+    /// The map as read says it serves slots (one learnt from a redirect
+    /// alone serves those it was named for).
+    serves: bool,
+    wire: Option<Wire>,
+    /// Held by the request opening `wire`.
+    opening: Arc<tokio::sync::Mutex<()>>,
+    /// When opening it last failed.
+    failed: Option<Instant>,
+}
+
+impl Map {
+    /// The map in a `CLUSTER SLOTS` reply (RESP2): per range, its first
+    /// and last slot and its primary's host and port (replicas after it
+    /// are not used). A primary whose host is empty is the node that
+    /// answered (`asked`).
+    fn parse(reply: &Value, asked: &Addr) -> Option<Map> {
+        let Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut map = Map {
+            slots: vec![NO_NODE; SLOTS].into_boxed_slice(),
+            nodes: Vec::new(),
+            stale: false,
+            read: Instant::now(),
+        };
+        for range in ranges {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let [Value::Int(first), Value::Int(last), Value::Array(primary), ..] = &fields[..]
+            else {
+                return None;
+            };
+            let [host, Value::Int(port), ..] = &primary[..] else {
+                return None;
+            };
+            let host = match host {
+                Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok()?,
+                Value::SimpleString(text) => text.clone(),
+                _ => return None,
+            };
+            let addr = Addr {
+                host: if host.is_empty() || host == "?" {
+                    asked.host.clone()
+                } else {
+                    host
+                },
+                port: u16::try_from(*port).ok()?,
+            };
+            let (first, last) = (usize::try_from(*first).ok()?, usize::try_from(*last).ok()?);
+            if first > last || last >= SLOTS {
+                return None;
+            }
+            let index = map.index_of(&addr);
+            map.nodes[usize::from(index)].serves = true;
+            map.slots[first..=last].fill(index);
+        }
+        Some(map)
+    }
+
+    /// `addr`'s index, added (serving nothing yet) when new.
+    fn index_of(&mut self, addr: &Addr) -> u16 {
+        if let Some(i) = self.nodes.iter().position(|n| &n.addr == addr) {
+            return i as u16;
+        }
+        self.nodes.push(Node {
+            addr: addr.clone(),
+            serves: false,
+            wire: None,
+            opening: Arc::default(),
+            failed: None,
+        });
+        (self.nodes.len() - 1) as u16
+    }
+
+    /// A node for a command of no key: one connected already if any.
+    fn any(&self) -> u16 {
+        let connected = self
+            .nodes
+            .iter()
+            .position(|n| n.serves && n.wire.as_ref().is_some_and(|w| !w.is_closed()));
+        let serving = self.nodes.iter().position(|n| n.serves);
+        connected.or(serving).map_or(NO_NODE, |i| i as u16)
+    }
+
+    /// Takes `fresh`'s slots and nodes, keeping the connections (and
+    /// what opening them met) of nodes still in it.
+    fn replace(&mut self, mut fresh: Map) {
+        for node in &mut fresh.nodes {
+            if let Some(old) = self.nodes.iter_mut().find(|old| old.addr == node.addr) {
+                node.opening = old.opening.clone();
+                node.failed = old.failed;
+                if node.wire.is_none() {
+                    node.wire = old.wire.take();
+                }
+            }
+        }
+        fresh.read = self.read;
+        *self = fresh;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(bytes: &[u8]) -> Frame {
+        Frame::from_slice(bytes)
+    }
+
+    fn addr(host: &str, port: u16) -> Addr {
+        Addr {
+            host: host.to_owned(),
+            port,
+        }
+    }
+
+    #[test]
+    fn redirects_are_read_with_their_slot_and_node() {
+        assert_eq!(
+            Redirect::of(&frame(b"-MOVED 3999 127.0.0.1:6381\r\n")),
+            Some(Redirect::Moved {
+                slot: 3999,
+                addr: Some(addr("127.0.0.1", 6381))
+            })
+        );
+        assert_eq!(
+            Redirect::of(&frame(b"-ASK 12 redis-2.svc:7000\r\n")),
+            Some(Redirect::Ask {
+                slot: 12,
+                addr: Some(addr("redis-2.svc", 7000))
+            })
+        );
+        // An IPv6 host keeps its colons; a node that does not know its
+        // own host names none.
+        assert_eq!(
+            Redirect::of(&frame(b"-MOVED 1 ::1:7001\r\n")),
+            Some(Redirect::Moved {
+                slot: 1,
+                addr: Some(addr("::1", 7001))
+            })
+        );
+        assert_eq!(
+            Redirect::of(&frame(b"-MOVED 1 :7001\r\n")),
+            Some(Redirect::Moved {
+                slot: 1,
+                addr: None
+            })
+        );
+        for other in [
+            &b"-ERR MOVED 1 a:1\r\n"[..],
+            b"-MOVED 16384 a:1\r\n",
+            b"-MOVED 1 a\r\n",
+            b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+            b"+MOVED 1 a:1\r\n",
+            b":1\r\n",
+        ] {
+            assert_eq!(Redirect::of(&frame(other)), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Values Redis's own `CLUSTER KEYSLOT` gives.
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"bar"), 5061);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"));
+        assert_ne!(slot_of(b"foo{}{bar}"), slot_of(b"bar"));
+        assert_eq!(slot_of(b"foo{{bar}}zap"), slot_of(b"{bar"));
+    }
+
+    #[test]
+    fn commands_go_to_their_key_every_primary_or_any_node() {
+        let to = |words: &[&str]| {
+            let mut args = words.iter().map(|w| w.as_bytes());
+            let name = args.next().unwrap();
+            route(name, args)
+        };
+        assert_eq!(to(&["FCALL", "f", "1", "foo", "a"]), To::Slot(12182));
+        assert_eq!(to(&["evalsha", "abc", "2", "bar", "foo"]), To::Slot(5061));
+        assert_eq!(to(&["FCALL", "f", "0", "a"]), To::Any);
+        assert_eq!(to(&["FUNCTION", "LOAD", "REPLACE", "x"]), To::Primaries);
+        assert_eq!(to(&["function", "delete", "x"]), To::Primaries);
+        assert_eq!(to(&["SCRIPT", "LOAD", "x"]), To::Primaries);
+        assert_eq!(to(&["FUNCTION", "LIST"]), To::Any);
+        assert_eq!(to(&["PING"]), To::Any);
+        assert_eq!(to(&["INFO", "server"]), To::Any);
+        assert_eq!(to(&["GET", "foo"]), To::Slot(12182));
+        assert_eq!(to(&["TOUCH", "bar"]), To::Slot(5061));
+    }
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    fn range(first: i64, last: i64, host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(first),
+            Value::Int(last),
+            Value::Array(vec![bulk(host), Value::Int(port), bulk("id")]),
+            // A replica: not used.
+            Value::Array(vec![bulk("10.0.0.9"), Value::Int(1), bulk("r")]),
+        ])
+    }
+
+    #[test]
+    fn the_slot_map_names_each_ranges_primary() {
+        let asked = addr("10.0.0.1", 7000);
+        let reply = Value::Array(vec![
+            range(0, 5460, "10.0.0.1", 7000),
+            range(5461, 10922, "", 7001),
+            range(10923, 16383, "10.0.0.3", 7002),
+            range(100, 100, "10.0.0.3", 7002),
+        ]);
+        let map = Map::parse(&reply, &asked).expect("parsed");
+        let at = |slot: usize| &map.nodes[usize::from(map.slots[slot])].addr;
+        assert_eq!(at(0), &addr("10.0.0.1", 7000));
+        assert_eq!(at(99), &addr("10.0.0.1", 7000));
+        assert_eq!(at(100), &addr("10.0.0.3", 7002));
+        // An empty host is the node asked.
+        assert_eq!(at(5461), &addr("10.0.0.1", 7001));
+        assert_eq!(at(16383), &addr("10.0.0.3", 7002));
+        assert_eq!(map.nodes.len(), 3);
+        assert!(map.nodes.iter().all(|n| n.serves));
+
+        // A slot no range covers has no node.
+        let partial = Value::Array(vec![range(0, 10, "a", 1)]);
+        let map = Map::parse(&partial, &asked).expect("parsed");
+        assert_eq!(map.slots[11], NO_NODE);
+
+        for bad in [
+            Value::Int(1),
+            Value::Array(vec![range(5, 4, "a", 1)]),
+            Value::Array(vec![range(0, 16384, "a", 1)]),
+            Value::Array(vec![range(0, 1, "a", 70000)]),
+            Value::Array(vec![Value::Array(vec![Value::Int(0), Value::Int(1)])]),
+        ] {
+            assert!(Map::parse(&bad, &asked).is_none(), "{bad:?}");
+        }
+    }
+}

@@ -2,12 +2,14 @@
 """Two sluice builds side by side, in one run, on the same paths.
 
     python3 bench/ab.py --a /tmp/sluice-before --b target/release/sluice \
-        [--paths /allowed,/none] [--rounds 4] [--seconds 5] [--conns 8]
+        [--paths /allowed,/none] [--rounds 4] [--seconds 5] [--conns 8] [--cluster]
 
 Starts one nginx upstream and one redis-server (CPU 0), then for each round
 and each path runs build A, then build B (the order alternates by round, so
 neither always runs on a warmer machine), one sidecar at a time on CPU 1 with
 `bench/configs/sluice-redis.yaml`, under closed-loop `wrk -t1` on CPU 0.
+With `--cluster`, a Redis Cluster of three primaries (CPU 0) instead, and
+`bench/configs/sluice-redis-cluster.yaml`.
 Reports, per build and path, the median over rounds of requests per second
 and of the sidecar's CPU (utime + stime from /proc) per request, and B ÷ A.
 With `--rss`, each round also holds 1,000 busy connections on `/none` to
@@ -27,14 +29,21 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tools  # noqa: E402
-from harness import BENCH, CPU_REST, MANY_CONNS, start_sluice, start_upstream_and_redis  # noqa: E402
+from harness import (  # noqa: E402
+    BENCH, CPU_REST, MANY_CONNS, start_nginx, start_redis_cluster, start_sluice, start_upstream_and_redis,
+)
 from tools import Processes  # noqa: E402
 
 
+# The sidecars' configuration: `--cluster` sets the cluster's.
+CONFIG = "sluice-redis.yaml"
+
+
 def sidecar_of(procs, workdir, binary, name, upstream, redis):
-    """A fresh sidecar of `binary` on `configs/sluice-redis.yaml`."""
+    """A fresh sidecar of `binary` on `configs/sluice-redis.yaml` (on a
+    cluster, `configs/sluice-redis-cluster.yaml`, `redis` its seed)."""
     sidecar = start_sluice(
-        procs, workdir, binary, name, "sluice-redis.yaml",
+        procs, workdir, binary, name, CONFIG,
         UPSTREAM_PORT=upstream.port, REDIS_PORT=redis.port,
     )
     if sidecar.reason:
@@ -87,6 +96,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--conns", type=int, default=8)
+    ap.add_argument("--cluster", action="store_true",
+                    help="the Redis store on a Redis Cluster of three primaries")
     ap.add_argument("--rss", action="store_true",
                     help=f"also read each build's VmRSS idle and with {MANY_CONNS} busy connections")
     args = ap.parse_args()
@@ -97,7 +108,16 @@ def main():
     procs = Processes()
     workdir = tempfile.mkdtemp(prefix="sluice-ab-")
     try:
-        upstream, redis = start_upstream_and_redis(procs, workdir)
+        if args.cluster:
+            global CONFIG
+            CONFIG = "sluice-redis-cluster.yaml"
+            upstream = start_nginx(procs, workdir, "upstream", "upstream.nginx.conf", CPU_REST)
+            redis = start_redis_cluster(procs, workdir)
+            for server in (upstream, redis):
+                if server.reason:
+                    raise RuntimeError(server.reason)
+        else:
+            upstream, redis = start_upstream_and_redis(procs, workdir)
         for r in range(args.rounds):
             order = builds if r % 2 == 0 else builds[::-1]
             for path in paths:
@@ -121,7 +141,8 @@ def main():
         "",
         f"A: {args.label_a}  ",
         f"B: {args.label_b}  ",
-        f"{args.rounds} rounds, alternating order, {args.seconds:g} s of `wrk -t1 -c{args.conns}` each; "
+        f"{args.rounds} rounds, alternating order, {args.seconds:g} s of `wrk -t1 -c{args.conns}` each"
+        f"{' (Redis Cluster, three primaries)' if args.cluster else ''}; "
         "medians over rounds; load average at start "
         f"{os.getloadavg()[0]:.2f}.",
         "",

@@ -307,11 +307,12 @@ async fn a_script_flush_costs_one_reload_and_no_second_charge() {
     assert_eq!(calls(&stats, "eval"), 0, "{stats:?}");
 }
 
-/// What a cluster user needs in eval mode: [`EVAL_ACL`] and `CLUSTER
-/// SLOTS`, which the cluster client reads its slot map from.
+/// What a cluster user needs in eval mode: [`EVAL_ACL`], `CLUSTER SLOTS`,
+/// which sluice reads the slot map from, and `ASKING` (a slot being
+/// moved).
 const CLUSTER_EVAL_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
      +evalsha +script|load +ping +time +get +set +pexpire +touch \
-     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots";
+     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots +asking";
 
 /// A Cluster whose user has no Functions: `auto` settles on cached
 /// scripts, every subject is limited exactly on whichever node owns it,

@@ -222,10 +222,11 @@ async fn three_sidecars_on_a_cluster_admit_exactly_the_limit_of_every_subject() 
 }
 
 /// What a least-privilege user on a cluster needs: the standalone line
-/// plus `CLUSTER SLOTS`, which the cluster client reads its slot map from.
+/// plus `CLUSTER SLOTS`, which sluice reads the slot map from, and
+/// `ASKING`, sent before a command to a slot being moved.
 const CLUSTER_ACL: &str = "user sluice on >pw resetchannels ~sluice:* -@all \
      +fcall +function|load +function|list +function|delete +ping +time +get +set +pexpire +touch \
-     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots";
+     +zadd +zcount +zrange +zrangebyscore +zrem +zremrangebyscore +cluster|slots +asking";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_with_a_least_privilege_user_limits_exactly() {

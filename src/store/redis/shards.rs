@@ -263,7 +263,10 @@ impl Shards {
                 due
             };
             if refresh {
-                self.refresh().await;
+                // Boxed, like the open below: rare, and held inline they
+                // would make every decision's future (on every topology:
+                // the connection is an enum) as large as theirs.
+                Box::pin(self.refresh()).await;
                 refreshed = true;
                 continue;
             }
@@ -299,7 +302,7 @@ impl Shards {
                     }
                 }
             }
-            let opened = self.inner.opener.open(&addr).await;
+            let opened = Box::pin(self.inner.opener.open(&addr)).await;
             let mut map = sync::lock(&self.inner.map);
             let index = usize::from(map.index_of(&addr));
             let node = &mut map.nodes[index];

@@ -109,13 +109,18 @@ impl Opener {
             .iter()
             .map(|addr| Box::pin(self.read_map_at(addr)));
         let (map, _) = futures_util::future::select_ok(asked).await?;
+        self.heard_of(&map);
+        Ok(map)
+    }
+
+    /// Every node of `map` among those heard of.
+    fn heard_of(&self, map: &Map) {
         let mut known = sync::lock(&self.known);
         for node in &map.nodes {
             if !known.contains(&node.addr) {
                 known.push(node.addr.clone());
             }
         }
-        Ok(map)
     }
 
     async fn read_map_at(&self, addr: &Addr) -> RedisResult<Map> {
@@ -124,9 +129,7 @@ impl Opener {
             .call(redis::cmd("CLUSTER").arg("SLOTS"))
             .await?
             .value()?;
-        let mut map = Map::parse(&slots, addr).ok_or_else(|| {
-            RedisError::from((ErrorKind::Parse, "unreadable CLUSTER SLOTS reply"))
-        })?;
+        let mut map = Map::parse(&slots, addr).ok_or_else(unreadable)?;
         if let Some(node) = map.nodes.iter_mut().find(|n| &n.addr == addr) {
             node.wire = Some(wire);
         }
@@ -323,13 +326,41 @@ impl Shards {
     }
 
     /// Reads the map again (a node was unreachable or moved a slot: at
-    /// most once every [`REFRESH_EVERY`]); a failed read keeps the map.
+    /// most once every [`REFRESH_EVERY`]): asked of the nodes this
+    /// connection is connected to, all at once, the first answer taken;
+    /// of every node heard of, on new connections, when none answers. A
+    /// failed read keeps the map.
     async fn refresh(&self) {
-        let Ok(fresh) = self.inner.opener.read_map().await else {
-            return;
+        let open: Vec<(Addr, Wire)> = {
+            let map = sync::lock(&self.inner.map);
+            map.nodes
+                .iter()
+                .filter_map(|n| Some((n.addr.clone(), n.wire.clone()?)))
+                .filter(|(_, wire)| !wire.is_closed())
+                .collect()
         };
-        let mut map = sync::lock(&self.inner.map);
-        map.replace(fresh);
+        let asked = open.iter().map(|(addr, wire)| {
+            Box::pin(async move {
+                let slots = wire
+                    .call(redis::cmd("CLUSTER").arg("SLOTS"))
+                    .await?
+                    .value()?;
+                Map::parse(&slots, addr).ok_or_else(unreadable)
+            })
+        });
+        // `select_ok` of nothing would panic.
+        let asked = (!open.is_empty()).then(|| futures_util::future::select_ok(asked));
+        let fresh = match asked {
+            Some(asked) => match asked.await {
+                Ok((fresh, _)) => Ok(fresh),
+                Err(_) => self.inner.opener.read_map().await,
+            },
+            None => self.inner.opener.read_map().await,
+        };
+        if let Ok(fresh) = fresh {
+            self.inner.opener.heard_of(&fresh);
+            sync::lock(&self.inner.map).replace(fresh);
+        }
     }
 
     /// The map says `slot` is served at `addr` now, and is read whole
@@ -377,6 +408,10 @@ impl ConnectionLike for Shards {
     fn get_db(&self) -> i64 {
         0
     }
+}
+
+fn unreadable() -> RedisError {
+    RedisError::from((ErrorKind::Parse, "unreadable CLUSTER SLOTS reply"))
 }
 
 /// Nothing was sent: no connection to the node that should have it.

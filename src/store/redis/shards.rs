@@ -175,8 +175,9 @@ impl Shards {
             .await
     }
 
-    /// `cmd` on every primary: the last reply once all succeeded, or the
-    /// first error.
+    /// `cmd` on every primary, each whatever the others answered: the
+    /// last reply once all succeeded, or the first error (a library's
+    /// removal goes to every node, one that lacks it answering an error).
     pub async fn call_primaries(&self, cmd: &Cmd) -> RedisResult<Value> {
         let addrs: Vec<Addr> = {
             let map = sync::lock(&self.inner.map);
@@ -186,12 +187,17 @@ impl Shards {
                 .map(|n| n.addr.clone())
                 .collect()
         };
-        let mut last = Value::Nil;
+        let mut last = Ok(Value::Nil);
         for addr in addrs {
-            let wire = self.wire(&To::Node(addr)).await?;
-            last = wire.call(cmd).await?.value()?;
+            let reply = match self.wire(&To::Node(addr)).await {
+                Ok(wire) => wire.call(cmd).await.and_then(|frame| frame.value()),
+                Err(e) => Err(e),
+            };
+            if last.is_ok() {
+                last = reply;
+            }
         }
-        Ok(last)
+        last
     }
 
     /// `cmd` where its name and key say ([`route`]).

@@ -22,7 +22,7 @@ use crate::support::redis_sidecar::{
 use crate::support::topology::RedisCluster;
 use crate::support::{get, header, Upstream};
 use sluice::config::{self, Secret, Topology};
-use sluice::limit::{Bands, BucketBand, GcraBand, Outcome, Policy, WindowBand};
+use sluice::limit::{Bands, BucketBand, GcraBand, Outcome, Policy, Unavailable, WindowBand};
 use sluice::store::redis::RedisStore;
 use sluice::store::{Evaluation, EvaluationId, Outcomes};
 use sluice::subject::{Pseudonym, PseudonymKey};
@@ -301,6 +301,81 @@ async fn on_a_cluster_only_the_client_that_resends_by_itself_looks_for_records()
             .find_map(|(name, calls)| (name == "get").then_some(calls));
         assert_eq!(gets, Some(4 * gets_each), "{client}");
     }
+}
+
+/// A slot being moved, then moved. While it moves, its old node answers
+/// `ASK` for a key it does not have, and the decision goes to the new
+/// node right after `ASKING`, which refuses a script of several keys it
+/// does not all have yet (`TRYAGAIN`): refused, nothing charged on either
+/// node. Once moved, the old node answers `MOVED` and the decision is made
+/// on the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_slot_being_moved_is_followed_with_ask_then_moved() {
+    let cluster = RedisCluster::start();
+    let nodes = cluster.urls().into_iter().map(Secret).collect();
+    let store = connect_to(Topology::Cluster { nodes }).await;
+    let policy = Policy::new("moving", "r1", Bands::FixedWindow(vec![window(50)]), false);
+    let s = subject("moving");
+    let (state, _) = fixed_keys(&policy, &s, 1);
+    let from = cluster.primary_for(&state);
+    let to = *cluster
+        .primaries()
+        .iter()
+        .find(|&&p| p != from)
+        .expect("another primary");
+    let mut source = cluster.connection(from);
+    let mut target = cluster.connection(to);
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&state)
+        .query(&mut source)
+        .expect("KEYSLOT");
+    let id = |conn: &mut redis::Connection| -> String {
+        redis::cmd("CLUSTER").arg("MYID").query(conn).expect("MYID")
+    };
+    let (from_id, to_id) = (id(&mut source), id(&mut target));
+    let setslot = |conn: &mut redis::Connection, how: &str, node: &str| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(how)
+            .arg(node)
+            .query(conn)
+            .unwrap_or_else(|e| panic!("SETSLOT {how}: {e}"));
+    };
+    let keys_in_slot = |conn: &mut redis::Connection| -> u64 {
+        redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(conn)
+            .expect("COUNTKEYSINSLOT")
+    };
+    setslot(&mut target, "IMPORTING", &from_id);
+    setslot(&mut source, "MIGRATING", &to_id);
+    reset_stats(&mut target);
+
+    let outcome = store.evaluate(&evaluation(&policy, &s, 1)).await;
+    assert!(
+        matches!(outcome, Outcome::Unavailable(Unavailable::Refused)),
+        "{outcome:?}"
+    );
+    let asked = commandstats(&mut target)
+        .into_iter()
+        .find_map(|(name, calls)| (name == "asking").then_some(calls));
+    assert_eq!(asked, Some(1), "the new node was not asked");
+    assert_eq!(keys_in_slot(&mut source), 0, "charged on the old node");
+    assert_eq!(keys_in_slot(&mut target), 0, "charged on the new node");
+
+    // Moved: every primary learns the slot's new node.
+    for port in cluster.primaries() {
+        setslot(&mut cluster.connection(port), "NODE", &to_id);
+    }
+    for (id, left) in [(2, 49), (3, 48)] {
+        let outcome = store.evaluate(&evaluation(&policy, &s, id)).await;
+        assert_eq!(remaining(&outcome), (true, left), "{outcome:?}");
+    }
+    assert_eq!(keys_in_slot(&mut source), 0, "decided on the old node");
+    assert!(keys_in_slot(&mut target) >= 1, "nothing on the new node");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

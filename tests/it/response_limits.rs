@@ -108,6 +108,8 @@ async fn failed_logins_count_and_successful_ones_never_do(redis: Option<&RedisSe
     for _ in 0..15 {
         assert_eq!(login(&sluice, guesser, "200").await, StatusCode::OK);
     }
+    // Each gives its reservation back in a task of its own, once answered.
+    charges(&sluice, ("login", "failed_logins"), "given_back", 15.0).await;
     // Ten failures: each forwarded, each answered 401 by the app.
     for i in 0..10 {
         let status = if i % 2 == 0 { "401" } else { "403" };
@@ -149,6 +151,10 @@ async fn failed_logins_count_and_successful_ones_never_do(redis: Option<&RedisSe
     let field = parse_ratelimit(header(&headers, "ratelimit").expect("RateLimit on a login"))
         .expect("a RateLimit item");
     assert_eq!(field.param("r"), Some(10), "{field:?}");
+    // Its reservation is given back in a task of its own once the answer
+    // is in (the fifteen of the guesser's successful logins and this one):
+    // the next request is decided after it.
+    charges(&sluice, ("login", "failed_logins"), "given_back", 16.0).await;
     // Its failure is then counted, and the field says so.
     let (got, headers, _) = get(
         sluice.addr(),

@@ -244,15 +244,20 @@ impl<C> Counted<C> {
     pub fn new(conn: C, calls: Arc<Calls>) -> Counted<C> {
         Counted { conn, calls }
     }
+
+    /// The trip of a packed command, counted under its name.
+    fn packed_trip(&self, cmd: &Packed) -> Trip<'_> {
+        let (name, mut rest) = cmd.name();
+        let command = Command::named(name, || rest.next().unwrap_or_default());
+        Trip::start(&self.calls, [command])
+    }
 }
 
 impl Counted<Wire> {
     /// [`Wire::call_packed`], counted: an error reply is a frame like any
     /// other.
     pub async fn call_packed(&self, cmd: &Packed) -> RedisResult<Frame> {
-        let (name, mut rest) = cmd.name();
-        let command = Command::named(name, || rest.next().unwrap_or_default());
-        let trip = Trip::start(&self.calls, [command]);
+        let trip = self.packed_trip(cmd);
         let reply = self.conn.call_packed(cmd).await;
         trip.end(CallResult::of_frame(&reply));
         reply
@@ -263,9 +268,7 @@ impl Counted<Shards> {
     /// [`Shards::call_packed`], counted once however many redirects it
     /// followed: an error reply is a frame like any other.
     pub async fn call_packed(&self, cmd: &Packed) -> RedisResult<Frame> {
-        let (name, mut rest) = cmd.name();
-        let command = Command::named(name, || rest.next().unwrap_or_default());
-        let trip = Trip::start(&self.calls, [command]);
+        let trip = self.packed_trip(cmd);
         let reply = self.conn.call_packed(cmd).await;
         trip.end(CallResult::of_frame(&reply));
         reply

@@ -121,30 +121,19 @@ impl Inner {
 }
 
 /// One `TOUCH` per key: as one pipeline to a single node; on a cluster,
-/// each on its own (concurrently, over the one multiplexed connection),
-/// so that each goes to the node that holds its key's slot.
+/// each on its own (concurrently, over the connection's clones), so that
+/// each goes to the node that holds its key's slot.
 async fn send(mut conn: Conn, keys: &[StateKey]) -> Result<(), RedisError> {
     let touch = |key: &StateKey| {
         let mut cmd = redis::cmd("TOUCH");
         cmd.arg(&key[..]);
         cmd
     };
-    if let Conn::Shards(shards) = &conn {
+    if matches!(conn, Conn::Shards(_) | Conn::Cluster(_)) {
         let calls = keys.iter().map(|key| {
-            let mut shards = shards.clone();
+            let mut conn = conn.clone();
             let cmd = touch(key);
-            async move { cmd.query_async::<Value>(&mut shards).await }
-        });
-        for touched in futures_util::future::join_all(calls).await {
-            touched?;
-        }
-        return Ok(());
-    }
-    if let Conn::Cluster(cluster) = &conn {
-        let calls = keys.iter().map(|key| {
-            let mut cluster = cluster.clone();
-            let cmd = touch(key);
-            async move { cmd.query_async::<Value>(&mut cluster).await }
+            async move { cmd.query_async::<Value>(&mut conn).await }
         });
         for touched in futures_util::future::join_all(calls).await {
             touched?;

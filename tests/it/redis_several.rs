@@ -38,6 +38,11 @@ async fn connect(server: &RedisServer) -> RedisStore {
 }
 
 async fn connect_to(topology: Topology) -> RedisStore {
+    connect_with(topology, 10).await
+}
+
+/// [`connect_to`], its breaker opening only after `breaker_min_calls`.
+async fn connect_with(topology: Topology, breaker_min_calls: u32) -> RedisStore {
     let redis = config::RedisStore {
         topology,
         pool_size: 2,
@@ -48,7 +53,7 @@ async fn connect_to(topology: Topology) -> RedisStore {
         dedupe_max: 256,
         breaker_failures: 5,
         breaker_window: Duration::from_secs(10),
-        breaker_min_calls: 10,
+        breaker_min_calls,
         breaker_failure_rate: 50,
         breaker_cooldown: Duration::from_secs(1),
         deny_cache_entries: 0,
@@ -376,6 +381,55 @@ async fn on_a_cluster_a_slot_being_moved_is_followed_with_ask_then_moved() {
     }
     assert_eq!(keys_in_slot(&mut source), 0, "decided on the old node");
     assert!(keys_in_slot(&mut target) >= 1, "nothing on the new node");
+}
+
+/// A primary gone (it and its replica killed) and its port answering no
+/// one: its subjects' decisions are refused unsent, and the node is not
+/// tried again for a while after it could not be opened: far fewer
+/// connections reach its port than decisions are asked (one each without
+/// the pause). The breaker is kept shut, so every decision asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_node_that_cannot_be_opened_is_not_tried_for_every_decision() {
+    let mut cluster = RedisCluster::start();
+    let nodes = cluster.urls().into_iter().map(Secret).collect();
+    let store = connect_with(Topology::Cluster { nodes }, 1_000_000).await;
+    let policy = Policy::new("gone", "r1", Bands::FixedWindow(vec![window(1000)]), false);
+    let s = subject("gone");
+    let (state, _) = fixed_keys(&policy, &s, 1);
+    assert!(remaining(&store.evaluate(&evaluation(&policy, &s, 1)).await).0);
+
+    let primary = cluster.primary_for(&state);
+    let replica = cluster.replica_of(primary);
+    cluster.node_mut(replica).kill();
+    cluster.node_mut(primary).kill();
+    // Whatever connects is let in and dropped at once: a node that cannot
+    // be opened, each attempt counted.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", primary))
+        .await
+        .expect("the dead primary's port");
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = accepted.clone();
+    let acceptor = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counting.fetch_add(1, Ordering::Relaxed);
+            drop(socket);
+        }
+    });
+
+    const ASKED: usize = 200;
+    for id in 2..2 + ASKED as u128 {
+        let outcome = store.evaluate(&evaluation(&policy, &s, id)).await;
+        assert!(
+            !matches!(outcome, Outcome::Allowed(_) | Outcome::Denied(_)),
+            "decided by a dead node: {outcome:?}"
+        );
+    }
+    let opened = accepted.load(Ordering::Relaxed);
+    acceptor.abort();
+    assert!(
+        opened * 4 < ASKED,
+        "{opened} connections for {ASKED} decisions"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

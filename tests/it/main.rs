@@ -13,6 +13,7 @@ mod address_rules;
 mod app_spellings;
 mod broken_upstream;
 mod clocks_and_cardinality;
+mod cluster_hang_ups;
 mod coalesced_decisions;
 mod combined_subjects;
 mod config_check;

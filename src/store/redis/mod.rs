@@ -66,7 +66,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use crate::config;
@@ -426,7 +425,7 @@ impl RedisStore {
         let common = self.inner.scripts.common();
         let mut slots = evaluations
             .iter()
-            .map(|e| Slot::for_key(scripts::state_key(common, e)));
+            .map(|e| shards::slot_of(&scripts::state_key(common, e)));
         let first = slots.next();
         !slots.all(|slot| Some(slot) == first)
     }

@@ -34,7 +34,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use futures_util::future::join_all;
-use redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -48,6 +47,7 @@ use super::call::Request;
 use super::mode::Mode;
 use super::reply::Shape;
 use super::scripts::Script;
+use super::shards;
 use super::Inner;
 
 use command::Part;
@@ -104,7 +104,7 @@ struct Waiting {
 struct Member {
     script: Arc<Script>,
     /// The state key's slot on a cluster; `None` elsewhere.
-    slot: Option<Slot>,
+    slot: Option<u16>,
     part: Part,
     shape: Shape,
     deadline: Instant,
@@ -178,7 +178,7 @@ impl Coalescer {
             });
         }
         let part = Part::of(inner.scripts.common(), evaluation);
-        let slot = inner.cluster.then(|| Slot::for_key(part.key()));
+        let slot = inner.cluster.then(|| shards::slot_of(part.key()));
         let (tx, rx) = oneshot::channel();
         waiting.members.push(Member {
             script: script.clone(),
@@ -272,7 +272,7 @@ async fn drive(inner: Arc<Inner>, queue: usize) {
 /// Members of one call: one policy's script, one slot.
 struct Group {
     script: Arc<Script>,
-    slot: Option<Slot>,
+    slot: Option<u16>,
     members: Vec<Member>,
 }
 

@@ -23,6 +23,35 @@ use crate::support::{get, Upstream};
 
 use storm::*;
 
+/// Which clients a storm has.
+#[derive(Clone, Copy)]
+enum Over {
+    Http1,
+    Http2,
+}
+
+/// A storm of `over`'s clients on a fresh cluster, its sidecar's policy
+/// leased as `lease` says and `store_lines` added to its `store` section,
+/// then every check of [`assert_storm_exact`].
+async fn storm_on_a_cluster(over: Over, lease: &str, store_lines: &str, what: &str) {
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start().await;
+    let sluice = storm_sidecar(&upstream, &cluster, lease, store_lines).await;
+    let seed = storm_seed(what);
+    let seen = match over {
+        Over::Http1 => http1_storm(sluice.addr(), seed).await,
+        Over::Http2 => http2_storm(sluice.addr(), seed).await,
+    };
+    assert_storm_exact(
+        &format!("{what}, seed {seed}"),
+        &sluice,
+        &upstream,
+        &cluster,
+        &seen,
+    )
+    .await;
+}
+
 /// On a cluster, 200 requests of 8 subjects over HTTP/1.1, 40 at once,
 /// about 60% of the clients hanging up (a close or a reset) at a random
 /// moment after sending the request head, most while their decision is
@@ -31,19 +60,7 @@ use storm::*;
 /// exactly afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_clients_hanging_up_mid_decision_never_pass_more_than_the_limit() {
-    let cluster = RedisCluster::start();
-    let upstream = Upstream::start().await;
-    let sluice = storm_sidecar(&upstream, &cluster, "off", "").await;
-    let seed = storm_seed("HTTP/1.1 hang-ups on a cluster");
-    let seen = http1_storm(sluice.addr(), seed).await;
-    assert_storm_exact(
-        &format!("HTTP/1.1, seed {seed}"),
-        &sluice,
-        &upstream,
-        &cluster,
-        &seen,
-    )
-    .await;
+    storm_on_a_cluster(Over::Http1, "off", "", "HTTP/1.1 hang-ups on a cluster").await;
 }
 
 /// The same with the subjects' quotas leased (a hot subject's requests
@@ -53,18 +70,11 @@ async fn on_a_cluster_clients_hanging_up_mid_decision_never_pass_more_than_the_l
 /// batch, or rides on a grant, takes nothing more than its own request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_hang_ups_amid_leases_and_coalesced_calls_never_pass_more_than_the_limit() {
-    let cluster = RedisCluster::start();
-    let upstream = Upstream::start().await;
-    let sluice = storm_sidecar(&upstream, &cluster, "auto", "  coalesce: on\n").await;
-    let seed = storm_seed("HTTP/1.1 hang-ups, leases and coalescing, on a cluster");
-    let seen = http1_storm(sluice.addr(), seed).await;
-    // Leases given back go back within their ttl (250 ms) and 50 ms.
-    assert_storm_exact(
-        &format!("HTTP/1.1, leases, coalesced, seed {seed}"),
-        &sluice,
-        &upstream,
-        &cluster,
-        &seen,
+    storm_on_a_cluster(
+        Over::Http1,
+        "auto",
+        "  coalesce: on\n",
+        "HTTP/1.1 hang-ups, leases and coalescing, on a cluster",
     )
     .await;
 }
@@ -74,19 +84,7 @@ async fn on_a_cluster_hang_ups_amid_leases_and_coalesced_calls_never_pass_more_t
 /// guarantees as over HTTP/1.1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_reset_streams_and_dropped_http2_connections_never_pass_more_than_the_limit() {
-    let cluster = RedisCluster::start();
-    let upstream = Upstream::start().await;
-    let sluice = storm_sidecar(&upstream, &cluster, "off", "").await;
-    let seed = storm_seed("HTTP/2 resets on a cluster");
-    let seen = http2_storm(sluice.addr(), seed).await;
-    assert_storm_exact(
-        &format!("HTTP/2, seed {seed}"),
-        &sluice,
-        &upstream,
-        &cluster,
-        &seen,
-    )
-    .await;
+    storm_on_a_cluster(Over::Http2, "off", "", "HTTP/2 resets on a cluster").await;
 }
 
 const GONE_POLICIES: &str =

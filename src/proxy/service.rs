@@ -124,98 +124,111 @@ impl Proxy {
         }
     }
 
-    pub async fn handle(
-        self: &Arc<Self>,
+    /// The answer to `request`, which came on the connection `conn`.
+    ///
+    /// A function that returns its future rather than an `async fn`: an
+    /// `async fn` moves its arguments into locals of its own, and the
+    /// request would take its room twice in a future that hyper moves
+    /// whole for each request. The future owns what it borrows from, so
+    /// that the listener holds it as it is, with nothing of its own.
+    // Not the `async fn` clippy suggests, for the reason above.
+    #[allow(clippy::manual_async_fn)]
+    pub fn handle(
+        self: Arc<Self>,
         mut request: Request<Incoming>,
-        conn: &ConnInfo,
-    ) -> Response<Body> {
-        let arrival = Instant::now();
-        // Loaded once: a reload mid-request does not change the rules it
-        // is judged by.
-        let runtime = self.runtime.load_full();
-        let live = &*runtime.live;
-        // Routed in a function of its own: what routing leaves behind (the
-        // rest of `Routed`, the rewritten target) is dropped there, not
-        // kept in this future through every await. The request is lent to
-        // routing where it arrived: an argument keeps its room in the
-        // future anyway, and a local it moved into would be one more copy.
-        if live.identity.trusted_proxies.is_empty() {
-            self.untrusted_forwarder
-                .observe(conn.peer.ip(), request.headers());
-        }
-        let (matched, checks) = match self.routed(&runtime, &mut request, conn, arrival) {
-            Routing::Routed(matched, checks) => (matched, checks),
-            Routing::Answered(response) => return response,
-        };
+        conn: Arc<ConnInfo>,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+        async move {
+            let conn = &*conn;
+            let arrival = Instant::now();
+            // Loaded once: a reload mid-request does not change the rules it
+            // is judged by.
+            let runtime = self.runtime.load_full();
+            let live = &*runtime.live;
+            // Routed in a function of its own: what routing leaves behind (the
+            // rest of `Routed`, the rewritten target) is dropped there, not
+            // kept in this future through every await. The request is lent to
+            // routing where it was captured: moved into a local, it would
+            // take its room in the future twice.
+            if live.identity.trusted_proxies.is_empty() {
+                self.untrusted_forwarder
+                    .observe(conn.peer.ip(), request.headers());
+            }
+            let (matched, checks) = match self.routed(&runtime, &mut request, conn, arrival) {
+                Routing::Routed(matched, checks) => (matched, checks),
+                Routing::Answered(response) => return response,
+            };
 
-        // A body that fits the buffer arrives whole before the request
-        // takes a place in flight: a slow upload holds none (`buffered`).
-        let mut arrival = arrival;
-        let request = match Buffering::arriving(request, &checks, live) {
-            Arrival::Now(request) => request,
-            Arrival::Receive(request) => match self.buffering.receive(request, &checks, live).await
-            {
-                Ok(request) => {
-                    // The decision's budget starts once the body is in,
-                    // however long it took.
-                    arrival = Instant::now();
-                    request
+            // A body that fits the buffer arrives whole before the request
+            // takes a place in flight: a slow upload holds none (`buffered`).
+            let mut arrival = arrival;
+            let request = match Buffering::arriving(request, &checks, live) {
+                Arrival::Now(request) => request,
+                Arrival::Receive(request) => {
+                    match self.buffering.receive(request, &checks, live).await {
+                        Ok(request) => {
+                            // The decision's budget starts once the body is in,
+                            // however long it took.
+                            arrival = Instant::now();
+                            request
+                        }
+                        Err(stopped) => return self.stopped(stopped, arrival),
+                    }
                 }
-                Err(stopped) => return self.stopped(stopped, arrival),
-            },
-        };
+            };
 
-        // Most admissions end at once; only the rest are awaited. The
-        // answer is matched where it is made: a named local would keep its
-        // room in the future to the end of the scope.
-        let admitted = match match self.admit(&matched, &checks, live, arrival) {
-            Either::Left(now) => now.into_inner(),
-            Either::Right(later) => later.await,
-        } {
-            Ok(admitted) => admitted,
-            Err(response) => {
-                let (parts, body) = request.into_parts();
-                body.discard(&parts.headers, live);
-                return response;
-            }
-        };
+            // Most admissions end at once; only the rest are awaited. The
+            // answer is matched where it is made: a named local would keep its
+            // room in the future to the end of the scope.
+            let admitted = match match self.admit(&matched, &checks, live, arrival) {
+                Either::Left(now) => now.into_inner(),
+                Either::Right(later) => later.await,
+            } {
+                Ok(admitted) => admitted,
+                Err(response) => {
+                    let (parts, body) = request.into_parts();
+                    body.discard(&parts.headers, live);
+                    return response;
+                }
+            };
 
-        let primary = matched.primary();
-        let (mut ratelimit, held) = admitted.split();
-        // Chosen within this block, awaited past it: what the request holds
-        // is moved into the exchange or dropped here, and only what the
-        // response needs (its `RateLimit` fields) is kept beside the
-        // forward's future.
-        let exchange = match exchange::needed(&checks, held) {
-            Some(held) => {
-                let (proxy, runtime) = (self.clone(), runtime.clone());
-                // Boxed, as every branch most requests never reach: a
-                // request's future is as large as its largest branch, and
-                // is moved whole into hyper's slot for each request,
-                // refusals included.
-                Either::Left(Box::pin(exchange::run(
-                    proxy,
-                    runtime,
-                    request,
-                    conn.clone(),
-                    primary.at,
-                    &checks,
-                    held,
-                )))
+            let primary = matched.primary();
+            let (mut ratelimit, held) = admitted.split();
+            // Chosen within this block, awaited past it: what the request holds
+            // is moved into the exchange or dropped here, and only what the
+            // response needs (its `RateLimit` fields) is kept beside the
+            // forward's future.
+            let exchange = match exchange::needed(&checks, held) {
+                Some(held) => {
+                    let (proxy, runtime) = (self.clone(), runtime.clone());
+                    // Boxed, as every branch most requests never reach: a
+                    // request's future is as large as its largest branch, and
+                    // is moved whole into hyper's slot for each request,
+                    // refusals included.
+                    Either::Left(Box::pin(exchange::run(
+                        proxy,
+                        runtime,
+                        request,
+                        conn.clone(),
+                        primary.at,
+                        &checks,
+                        held,
+                    )))
+                }
+                // Nothing held or owed: the exchange may go with the client.
+                None => Either::Right(self.forward(request, conn, live, primary, |response, _| {
+                    (response, exchange::Charges::new())
+                })),
+            };
+            let (mut response, charges) = exchange.await;
+            counted_in_ratelimit(&checks, &charges, &mut ratelimit);
+            if let Some((prepared, decision)) = ratelimit {
+                if !response.status().is_informational() {
+                    respond::add_ratelimit_headers(response.headers_mut(), prepared, &decision);
+                }
             }
-            // Nothing held or owed: the exchange may go with the client.
-            None => Either::Right(self.forward(request, conn, live, primary, |response, _| {
-                (response, exchange::Charges::new())
-            })),
-        };
-        let (mut response, charges) = exchange.await;
-        counted_in_ratelimit(&checks, &charges, &mut ratelimit);
-        if let Some((prepared, decision)) = ratelimit {
-            if !response.status().is_informational() {
-                respond::add_ratelimit_headers(response.headers_mut(), prepared, &decision);
-            }
+            response
         }
-        response
     }
 
     /// Routes `request`: the routes it matched and the check of each of

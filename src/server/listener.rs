@@ -13,16 +13,14 @@
 //! close serves the drain at shutdown, so each connection gets the drain
 //! signal itself rather than through hyper-util's watcher.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::header::{HeaderValue, CONNECTION};
 use hyper::service::service_fn;
-use hyper::{StatusCode, Version};
+use hyper::Version;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
@@ -34,7 +32,6 @@ use tokio_rustls::TlsAcceptor;
 use crate::config;
 use crate::proxy::{respond, ConnInfo, Proxy};
 use crate::sleeps::HyperTimer;
-use crate::sync;
 use crate::telemetry;
 
 use super::accept::AcceptErrors;
@@ -44,7 +41,8 @@ use super::heads;
 use super::per_peer::{self, Held, PerPeer};
 use super::proxied::{self, Prefixed};
 use super::send_timeout::SendTimeout;
-use super::stream_watchdog::{self, StreamExecutor};
+use super::served::{Activity, Finish, Served};
+use super::stream_watchdog::StreamExecutor;
 use super::trim::{self, Trim};
 use super::Settings;
 
@@ -264,50 +262,6 @@ struct Proxied {
     counters: Arc<proxied::Counters>,
 }
 
-/// A connection's requests in flight, and when it last had none.
-struct Activity {
-    in_flight: AtomicUsize,
-    idle_since: Mutex<Instant>,
-    /// Its requests are HTTP/2 streams.
-    http2: AtomicBool,
-}
-
-impl Activity {
-    fn new() -> Activity {
-        Activity {
-            in_flight: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
-            http2: AtomicBool::new(false),
-        }
-    }
-
-    fn begin(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        InFlight(self.clone())
-    }
-
-    /// When the connection will have been idle for `timeout`, or `None`
-    /// while a request is in flight.
-    fn idle_until(&self, timeout: Duration) -> Option<Instant> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let since = *sync::lock(&self.idle_since);
-        Some(since + timeout)
-    }
-}
-
-/// One request in flight; dropped when its handling ends, however it ends.
-struct InFlight(Arc<Activity>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *sync::lock(&self.0.idle_since) = Instant::now();
-        }
-    }
-}
-
 impl Connection {
     /// Serves the connection; `held` is its place among its peer's
     /// connections (for a trusted peer's, among those still sending a
@@ -460,53 +414,26 @@ impl Connection {
                         .map(Some),
                     _ => Ok(None),
                 };
-                let admitted = match charge {
-                    Ok(charge) => Ok((charge, request)),
+                let charge = match charge {
+                    Ok(charge) => charge,
                     // `request` is dropped as this closure returns.
-                    Err(over) => Err(over),
+                    Err(over) => return Served::answered(respond::over_head_budget(over)),
                 };
-                let proxy = proxy.clone();
-                let info = info.clone();
+                if stand_in {
+                    // Never served: it stands for a head whose body cannot
+                    // be framed.
+                    return Served::answered(crate::proxy::refuse_unframed_body());
+                }
                 // Read as the request begins: one that began before the
                 // delay ends with the connection still kept alive, and
                 // the next one is told to close.
                 let closing = winding_down.load(Ordering::Relaxed);
-                async move {
-                    if stand_in {
-                        // Never served: it stands for a head whose body
-                        // cannot be framed.
-                        return Ok(crate::proxy::refuse_unframed_body());
-                    }
-                    let (charge, request) = match admitted {
-                        Ok(admitted) => admitted,
-                        Err(over) => return Ok(respond::over_head_budget(over)),
-                    };
-                    let response = proxy.handle(request, &info).await;
-                    let response = match stream_watchdog::current() {
-                        // HTTP/2: the stream's watchdog watches the body,
-                        // and the stream is in flight until the body ends,
-                        // so the connection is idle only once every
-                        // response has been handed to h2 whole.
-                        Some(handed) => {
-                            in_flight.0.http2.store(true, Ordering::Relaxed);
-                            let held = (in_flight, charge);
-                            response.map(|body| stream_watchdog::watched(body, handed, held))
-                        }
-                        // HTTP/1: the connection's own writes block on a
-                        // client that stops reading (`SendTimeout`).
-                        None => {
-                            drop((in_flight, charge));
-                            let mut response = response;
-                            if closing && response.status() != StatusCode::SWITCHING_PROTOCOLS {
-                                response
-                                    .headers_mut()
-                                    .insert(CONNECTION, HeaderValue::from_static("close"));
-                            }
-                            response
-                        }
-                    };
-                    Ok::<_, Infallible>(response)
-                }
+                let finish = Finish {
+                    in_flight,
+                    charge,
+                    closing,
+                };
+                Served::proxied(proxy.clone().handle(request, info.clone()), finish)
             })
         };
         let conn = self.builder.serve_connection_with_upgrades(io, service);

@@ -24,6 +24,7 @@ mod per_peer;
 mod proxied;
 pub mod proxy_protocol;
 mod send_timeout;
+mod served;
 mod stream_watchdog;
 pub mod tls;
 mod trim;

@@ -16,6 +16,7 @@ use http::StatusCode;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::redis_topologies::yaml_with;
 use crate::response_limits::charges;
 use crate::support::ops::{requests_counted, scrape};
 use crate::support::redis::RedisServer;
@@ -44,14 +45,11 @@ pub(crate) fn cluster_yaml(
     policies: &str,
     routes: &str,
 ) -> String {
-    let yaml = redis_yaml(upstream, "URL", policies, routes);
-    assert!(yaml.contains("  url: URL\n") && yaml.contains("  budget: 50ms\n"));
     let nodes = format!(
         "  topology: cluster\n  nodes: {}\n",
         RedisCluster::yaml_list(&cluster.urls())
     );
-    yaml.replace("  url: URL\n", &nodes)
-        .replace("  budget: 50ms\n", "  budget: 1s\n")
+    yaml_with(upstream, &nodes, "1s", policies, routes)
 }
 
 /// A sidecar on `store`, with `policies` and `routes` (YAML bodies,

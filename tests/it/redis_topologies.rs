@@ -39,7 +39,7 @@ const RECOVERY: Duration = Duration::from_secs(2);
 
 /// [`redis_yaml`] with `store.url` replaced by `store_lines` (each a
 /// complete line under `store:`) and the budget raised to `budget`.
-fn yaml_with(
+pub(crate) fn yaml_with(
     upstream: &Upstream,
     store_lines: &str,
     budget: &str,

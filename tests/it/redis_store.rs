@@ -648,7 +648,7 @@ async fn concurrent_requests_admit_exactly_the_limit() {
                         subject: &subject,
                         cost: 1,
                         deadline: Instant::now() + Duration::from_secs(5),
-                        id: EvaluationId::random(),
+                        id: EvaluationId::fresh(),
                         settle_within: None,
                     };
                     store.evaluate(&ev).await

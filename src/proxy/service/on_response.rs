@@ -218,7 +218,7 @@ async fn take(
             subject,
             cost: units,
             deadline: Instant::now() + budget,
-            id: EvaluationId::random(),
+            id: EvaluationId::fresh(),
             settle_within: None,
         };
         let outcomes = store.evaluate_all(std::slice::from_ref(&evaluation)).await;

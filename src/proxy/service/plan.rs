@@ -66,7 +66,7 @@ pub(in crate::proxy) fn asked<'a, 'r>(
                 subject: &check.subject,
                 cost: limit.reserved_units(),
                 deadline,
-                id: EvaluationId::random(),
+                id: EvaluationId::fresh(),
                 // A turn taken ahead (`delay`) may be given back up to
                 // `max_wait` later: its record must outlive that.
                 settle_within: limit

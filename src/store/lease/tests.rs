@@ -74,7 +74,7 @@ fn ask<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32, at: Instant) -
         subject,
         cost,
         deadline: at + Duration::from_secs(1),
-        id: EvaluationId::random(),
+        id: EvaluationId::fresh(),
         settle_within: None,
     }
 }
@@ -447,7 +447,7 @@ fn a_lease_spent_below_half_is_topped_up_once_in_the_background() {
         Before::Ask { extra: 0 }
     );
     // It lands: 4 units, lasting from this grant, answered as Redis said.
-    let id = EvaluationId::random();
+    let id = EvaluationId::fresh();
     book.topped(&top, id, t0 + MS * 2, allowed(4_990, 898), &mut returns);
     assert!(returns.is_empty());
     assert_eq!(book.held(), 4);
@@ -469,7 +469,7 @@ fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
     granted(&book, &p, &a, t0, 5_000, 100);
     spend(&book, &ask(&p, &a, 1, t0), t0);
     let top = spend(&book, &ask(&p, &a, 1, t0), t0).1.expect("a top-up");
-    let id = EvaluationId::random();
+    let id = EvaluationId::fresh();
     book.topped(&top, id, t0, allowed(4_990, 1_100), &mut returns);
     assert_eq!(returns.len(), 1);
     assert_eq!((returns[0].units, returns[0].id), (top.units, id));
@@ -492,7 +492,7 @@ fn a_top_up_that_cannot_join_goes_back_and_a_refused_one_grants_nothing() {
             _ => unreachable!(),
         }
     });
-    book.topped(&top, EvaluationId::random(), t0, denied, &mut returns);
+    book.topped(&top, EvaluationId::fresh(), t0, denied, &mut returns);
     assert!(returns.is_empty());
     assert_eq!(book.held(), 0);
     assert_eq!(
@@ -527,7 +527,7 @@ fn a_request_finding_the_lease_spent_waits_for_the_grant_on_its_way() {
     );
     book.topped(
         &top,
-        EvaluationId::random(),
+        EvaluationId::fresh(),
         t0,
         allowed(4_990, 899),
         &mut returns,
@@ -586,7 +586,7 @@ fn a_lease_spent_while_its_top_up_is_on_its_way_counts_down_by_one() {
     let left = 5_045 - u64::from(top.units);
     book.topped(
         &top,
-        EvaluationId::random(),
+        EvaluationId::fresh(),
         t0 + MS,
         allowed(left, 899),
         &mut returns,
@@ -651,7 +651,7 @@ fn a_lease_joined_by_its_top_up_takes_back_a_unit_spent_before() {
     // The top-up lands in the same window: one lease still, so the unit
     // spent before it goes back into it.
     let top = top.expect("a top-up");
-    let id = EvaluationId::random();
+    let id = EvaluationId::fresh();
     book.topped(&top, id, t0 + MS * 2, allowed(4_990, 898), &mut returns);
     assert_eq!(book.held(), u64::from(top.units));
     book.unspend(&e, paid);

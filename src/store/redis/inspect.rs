@@ -141,7 +141,7 @@ pub async fn inspect(
             subject: &inner.probe.subject,
             cost: 1,
             deadline: Instant::now() + STEP_TIMEOUT,
-            id: EvaluationId::random(),
+            id: EvaluationId::fresh(),
             settle_within: None,
         };
         let found = match inner.evaluate(&evaluation).await {

@@ -160,7 +160,7 @@ impl RedisStore {
             // one's would say later) and is remembered.
             Outcome::Denied(_) => {
                 let alone = Evaluation {
-                    id: EvaluationId::random(),
+                    id: EvaluationId::fresh(),
                     ..*evaluation
                 };
                 let (outcome, source) = crate::store::evaluate_shared(self, cache, &alone).await;
@@ -242,7 +242,7 @@ impl RedisStore {
             let alone: SmallVec<[Evaluation<'_>; 2]> = asked_for
                 .iter()
                 .map(|&i| Evaluation {
-                    id: EvaluationId::random(),
+                    id: EvaluationId::fresh(),
                     ..evaluations[i]
                 })
                 .collect();
@@ -350,7 +350,7 @@ impl RedisStore {
     fn top_up(&self, top: Box<TopUp>) {
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move {
-            let id = EvaluationId::random();
+            let id = EvaluationId::fresh();
             let sent_at = Instant::now();
             let grant = Evaluation {
                 policy: &top.policy,

@@ -76,7 +76,7 @@ pub(super) async fn probe(inner: Weak<Inner>, cooldown: Duration) {
             subject: &store.probe.subject,
             cost: 1,
             deadline: now + store.budget,
-            id: EvaluationId::random(),
+            id: EvaluationId::fresh(),
             settle_within: None,
         };
         let outcome = store.evaluate(&evaluation).await;

@@ -159,7 +159,7 @@ pub fn evaluation<'a>(policy: &'a Policy, subject: &'a Pseudonym, cost: u32) -> 
         subject,
         cost,
         deadline: Instant::now() + BUDGET,
-        id: EvaluationId::random(),
+        id: EvaluationId::fresh(),
         settle_within: None,
     }
 }

@@ -122,20 +122,6 @@ impl Inbound {
     }
 }
 
-/// Where a request's body stands when its request is about to take its
-/// places ([`Buffering::arriving`]).
-pub enum Arrival {
-    /// Nothing of it is received first: the request goes on as it arrives.
-    Now(Request<Inbound>),
-    /// It is received first ([`Buffering::receive`]).
-    Receive(ToReceive),
-}
-
-/// A request whose body is to be received before it takes its places:
-/// made only by [`Buffering::arriving`], so [`Buffering::receive`] need
-/// not ask again.
-pub struct ToReceive(Request<Incoming>);
-
 /// A request ended while its body was being received.
 pub enum Stopped<'a, 'r> {
     /// The body was cut or broken: answered as when that happens on the
@@ -173,30 +159,29 @@ impl Buffering {
     }
 
     /// Whether anything of the request's body is to be received before it
-    /// takes its places. Nothing is when no concurrency limit holds one,
-    /// buffering is off, or there is no body: most requests, which go on
-    /// from here without [`Buffering::receive`]'s future (its room would
-    /// be moved and polled for nothing).
+    /// takes its places ([`Buffering::receive`]). Nothing is when no
+    /// concurrency limit holds one, buffering is off, or there is no body:
+    /// most requests, which go on from here as they arrive, without
+    /// `receive`'s future (its room would be moved and polled for
+    /// nothing). Asked of the request where it lies: a request moved in
+    /// and back out is copied twice.
     #[inline]
-    pub fn arriving(request: Request<Incoming>, checks: &[Check<'_>], live: &Live) -> Arrival {
+    pub fn receives_first(request: &Request<Incoming>, checks: &[Check<'_>], live: &Live) -> bool {
         let holds_places = || {
             checks
                 .iter()
                 .any(|check| matches!(check.limit().policy, LimitPolicy::Concurrency(_)))
         };
         let rules = live.server.request_buffering;
-        if !rules.is_on() || request.body().is_end_stream() || !holds_places() {
-            Arrival::Now(request.map(Inbound::Arriving))
-        } else {
-            Arrival::Receive(ToReceive(request))
-        }
+        rules.is_on() && !request.body().is_end_stream() && holds_places()
     }
 
     /// The request with its body received whole when it fits, or why it
-    /// ends here. Runs after routing, before the request takes its places.
+    /// ends here. Runs after routing, before the request takes its places,
+    /// for a request [`Buffering::receives_first`] said so of.
     pub async fn receive<'a, 'r>(
         self: &Arc<Self>,
-        ToReceive(request): ToReceive,
+        request: Request<Incoming>,
         checks: &'a [Check<'r>],
         live: &Live,
     ) -> Result<Request<Inbound>, Stopped<'a, 'r>> {

@@ -34,7 +34,7 @@ use crate::store::Store;
 use crate::subject::{self, Pseudonym, Resolved, UnreadableForwardedFor};
 
 use super::body::Body;
-use super::buffered::{Arrival, Buffering, Inbound, Stopped};
+use super::buffered::{Buffering, Inbound, Stopped};
 use super::fallback::Fallback;
 use super::headers::{self, Invalid};
 use super::metrics::{request_refused, ProxyMetrics};
@@ -162,19 +162,18 @@ impl Proxy {
             // A body that fits the buffer arrives whole before the request
             // takes a place in flight: a slow upload holds none (`buffered`).
             let mut arrival = arrival;
-            let request = match Buffering::arriving(request, &checks, live) {
-                Arrival::Now(request) => request,
-                Arrival::Receive(request) => {
-                    match self.buffering.receive(request, &checks, live).await {
-                        Ok(request) => {
-                            // The decision's budget starts once the body is in,
-                            // however long it took.
-                            arrival = Instant::now();
-                            request
-                        }
-                        Err(stopped) => return self.stopped(stopped, arrival),
+            let request = if Buffering::receives_first(&request, &checks, live) {
+                match self.buffering.receive(request, &checks, live).await {
+                    Ok(request) => {
+                        // The decision's budget starts once the body is in,
+                        // however long it took.
+                        arrival = Instant::now();
+                        request
                     }
+                    Err(stopped) => return self.stopped(stopped, arrival),
                 }
+            } else {
+                request.map(Inbound::Arriving)
             };
 
             // Most admissions end at once; only the rest are awaited. The

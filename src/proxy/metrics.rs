@@ -143,7 +143,7 @@ impl RouteMetrics {
             upstream_errors: UpstreamError::KINDS.map(|kind| {
                 metrics::counter!(UPSTREAM_ERRORS, "route" => route.clone(), "kind" => kind)
             }),
-            upstream_duration: metrics::histogram!(UPSTREAM_DURATION, "route" => route.clone()),
+            upstream_duration: crate::telemetry::histogram(UPSTREAM_DURATION, &[("route", &route)]),
         }
     }
 
@@ -305,7 +305,10 @@ impl ProxyMetrics {
         metrics::counter!(REQUESTS_REFUSED, "reason" => REFUSED_FRAMING).increment(0);
         ProxyMetrics {
             decision_duration: DecisionSource::ALL.map(|source| {
-                metrics::histogram!(DECISION_DURATION, "store" => store, "source" => source.label())
+                crate::telemetry::histogram(
+                    DECISION_DURATION,
+                    &[("store", store), ("source", source.label())],
+                )
             }),
             forwarded_without_decision: metrics::counter!(FORWARDED_WITHOUT_DECISION),
         }

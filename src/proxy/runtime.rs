@@ -148,7 +148,10 @@ impl Delayed {
         let (route, policy) = (route.to_owned(), policy.to_owned());
         Delayed {
             count: metrics::counter!(crate::telemetry::REQUESTS_DELAYED, "route" => route.clone(), "policy" => policy.clone()),
-            waited: metrics::histogram!(crate::telemetry::REQUEST_DELAY, "route" => route, "policy" => policy),
+            waited: crate::telemetry::histogram(
+                crate::telemetry::REQUEST_DELAY,
+                &[("route", &route), ("policy", &policy)],
+            ),
         }
     }
 }

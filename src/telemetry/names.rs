@@ -1,17 +1,16 @@
 //! Every metric sluice exports: name, type and help text, in one table.
 //!
-//! The recorder describes each one from [`ALL`] and sets buckets for its
-//! histograms; the code that counts registers its handles once, from these
+//! The recorder describes each counter and gauge from [`ALL`], and
+//! [`super::histogram`] renders each histogram with its help; the code that
+//! counts registers its handles once, from these
 //! names, where it lives (the proxy per route at load, the Redis store,
 //! the reloader, the listener).
-
-use metrics::Unit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Counter,
     Gauge,
-    /// Always in seconds, with [`super::SECONDS_BUCKETS`].
+    /// Always in seconds, with [`super::SECONDS_BUCKETS`] ([`super::histogram`]).
     Histogram,
 }
 
@@ -48,11 +47,12 @@ impl Metric {
     }
 
     pub(super) fn describe(&self) {
-        use metrics::{describe_counter, describe_gauge, describe_histogram};
+        use metrics::{describe_counter, describe_gauge};
         match self.kind {
             Kind::Counter => describe_counter!(self.name, self.help),
             Kind::Gauge => describe_gauge!(self.name, self.help),
-            Kind::Histogram => describe_histogram!(self.name, Unit::Seconds, self.help),
+            // Rendered by `super::histogram`, which writes the help itself.
+            Kind::Histogram => {}
         }
     }
 }

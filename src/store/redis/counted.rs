@@ -173,7 +173,7 @@ impl Calls {
                 })
             }),
             duration: Command::ALL.map(|command| {
-                metrics::histogram!(REDIS_CALL_DURATION, "command" => command.label())
+                crate::telemetry::histogram(REDIS_CALL_DURATION, &[("command", command.label())])
             }),
         })
     }

@@ -15,9 +15,10 @@
 //! the same. A name and label set registered again (a reload's routes)
 //! gets the same series.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use metrics::{HistogramFn, Key, Label};
 use metrics_exporter_prometheus::formatting;
@@ -64,7 +65,15 @@ struct Series {
     buckets: Arc<Buckets>,
 }
 
-static SERIES: Mutex<Vec<Series>> = Mutex::new(Vec::new());
+/// Every series, in the order registered, and where each is by name and
+/// labels (a configuration of thousands of routes registers as many).
+#[derive(Default)]
+struct Registry {
+    series: Vec<Series>,
+    at: HashMap<(String, Vec<String>), usize>,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
 /// The histogram `name` with `labels`: the series registered before under
 /// the same name and labels, or a new one at 0.
@@ -77,20 +86,17 @@ pub fn histogram(name: &'static str, labels: &[(&'static str, &str)]) -> metrics
             .collect::<Vec<_>>(),
     );
     let (name, labels) = formatting::key_to_parts(&key, None);
-    let mut series = crate::sync::lock(&SERIES);
-    let buckets = match series.iter().find(|s| s.name == name && s.labels == labels) {
-        Some(found) => found.buckets.clone(),
-        None => {
-            let buckets = Arc::new(Buckets::default());
-            series.push(Series {
-                name,
-                labels,
-                buckets: buckets.clone(),
-            });
-            buckets
-        }
-    };
-    metrics::Histogram::from_arc(buckets)
+    let mut registry = crate::sync::lock(&REGISTRY);
+    let Registry { series, at } = &mut *registry;
+    let at = *at.entry((name.clone(), labels.clone())).or_insert_with(|| {
+        series.push(Series {
+            name,
+            labels,
+            buckets: Arc::default(),
+        });
+        series.len() - 1
+    });
+    metrics::Histogram::from_arc(series[at].buckets.clone())
 }
 
 /// Appends every registered histogram to `out`, in the Prometheus text
@@ -99,7 +105,8 @@ pub fn histogram(name: &'static str, labels: &[(&'static str, &str)]) -> metrics
 /// A series' count is what its buckets add up to, read once, so `+Inf` and
 /// `_count` always agree, however many samples arrive meanwhile.
 pub fn render_into(out: &mut String) {
-    let series = crate::sync::lock(&SERIES);
+    let registry = crate::sync::lock(&REGISTRY);
+    let series = &registry.series;
     for metric in ALL.iter().filter(|m| m.kind == Kind::Histogram) {
         let mut of_metric = series.iter().filter(|s| s.name == metric.name).peekable();
         if of_metric.peek().is_none() {

@@ -16,7 +16,6 @@
 //! gets the same series.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -160,7 +159,7 @@ pub fn render_into(out: &mut String) {
                 None,
             );
         }
-        let _ = writeln!(out);
+        out.push('\n');
     }
 }
 

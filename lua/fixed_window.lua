@@ -23,7 +23,7 @@ local function decide(redis, KEYS, ARGV)
   local per_band = 2
   local n = 1 + bands * per_band
   local raw = redis.call('GET', KEYS[1])
-  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN)
+  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN, P_STATE_BLANK)
   -- A first attempt has no record to find (lua/common.lua, "De-duplication").
   if not first then
     local replayed = recorded(raw, at, id, record_key)
@@ -38,7 +38,8 @@ local function decide(redis, KEYS, ARGV)
 
   -- The new state is written over the old, in place, in order.
   state[1] = now
-  local verdicts = {}
+  local verdicts = bands > 1 and {} or nil
+  local decision = nil
   for b = 1, bands do
     local s, c = 2 * b, 2 * b + 1
     local start = state[s]
@@ -52,7 +53,8 @@ local function decide(redis, KEYS, ARGV)
     local after = allowed and count + cost or count
     local reset = ws + w - now
     -- A count above the limit is a limit lowered under a kept count.
-    verdicts[b] = {allowed, math.max(limit - after, 0), reset, allowed and 0 or reset}
+    decision = verdict(verdicts, b, allowed, math.max(limit - after, 0), reset,
+      allowed and 0 or reset)
     state[s] = ws
     state[c] = after
   end
@@ -60,7 +62,7 @@ local function decide(redis, KEYS, ARGV)
   -- The record, and the state when admitted (lua/state.lua, `settle`): a
   -- denied request writes nothing to any band, and a first send its own
   -- retry overtook replays that one's decision.
-  return settle(redis, KEYS[1], record_key, first, overtakable, id, bind(verdicts), now, skew,
-    state, n, raw, at, expires, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS,
-    P_TTL_TEXT)
+  return settle(redis, KEYS[1], record_key, first, overtakable, id,
+    decision or bind(verdicts), now, skew, state, n, raw, at, expires,
+    record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS, P_TTL_TEXT)
 end

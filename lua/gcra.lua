@@ -32,7 +32,7 @@ local function decide(redis, KEYS, ARGV)
   local per_band = 1
   local n = 1 + bands * per_band
   local raw = redis.call('GET', KEYS[1])
-  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN)
+  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN, P_STATE_BLANK)
   -- A first attempt has no record to find (lua/common.lua, "De-duplication").
   if not first then
     local replayed = recorded(raw, at, id, record_key)
@@ -47,7 +47,8 @@ local function decide(redis, KEYS, ARGV)
 
   -- The new state is written over the old, in place, in order.
   state[1] = now
-  local verdicts = {}
+  local verdicts = bands > 1 and {} or nil
+  local decision = nil
   for b = 1, bands do
     local t, tau = interval[b], tolerance[b]
     local tat0 = math.max(state[1 + b] or now, now)
@@ -55,11 +56,11 @@ local function decide(redis, KEYS, ARGV)
     -- Past the burst but within the delay: admitted, told to wait.
     local allowed = new_tat - now <= tau + wait[b]
     if allowed then
-      verdicts[b] = {true, math.floor(math.max(tau - (new_tat - now), 0) / t), new_tat - now,
-        math.max(new_tat - now - tau, 0)}
+      decision = verdict(verdicts, b, true, math.floor(math.max(tau - (new_tat - now), 0) / t),
+        new_tat - now, math.max(new_tat - now - tau, 0))
     else
-      verdicts[b] = {false, math.floor(math.max(tau - (tat0 - now), 0) / t), tat0 - now,
-        new_tat - now - tau - wait[b]}
+      decision = verdict(verdicts, b, false, math.floor(math.max(tau - (tat0 - now), 0) / t),
+        tat0 - now, new_tat - now - tau - wait[b])
     end
     state[1 + b] = new_tat
   end
@@ -67,7 +68,7 @@ local function decide(redis, KEYS, ARGV)
   -- The record, and the state when admitted (lua/state.lua, `settle`): a
   -- denied request writes nothing to any band, and a first send its own
   -- retry overtook replays that one's decision.
-  return settle(redis, KEYS[1], record_key, first, overtakable, id, bind(verdicts), now, skew,
-    state, n, raw, at, expires, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS,
-    P_TTL_TEXT)
+  return settle(redis, KEYS[1], record_key, first, overtakable, id,
+    decision or bind(verdicts), now, skew, state, n, raw, at, expires,
+    record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS, P_TTL_TEXT)
 end

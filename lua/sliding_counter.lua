@@ -32,7 +32,7 @@ local function decide(redis, KEYS, ARGV)
   local per_band = 3
   local n = 1 + bands * per_band
   local raw = redis.call('GET', KEYS[1])
-  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN)
+  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN, P_STATE_BLANK)
   -- A first attempt has no record to find (lua/common.lua, "De-duplication").
   if not first then
     local replayed = recorded(raw, at, id, record_key)
@@ -47,7 +47,8 @@ local function decide(redis, KEYS, ARGV)
 
   -- The new state is written over the old, in place, in order.
   state[1] = now
-  local verdicts = {}
+  local verdicts = bands > 1 and {} or nil
+  local decision = nil
   for b = 1, bands do
     local s, c, p = 3 * b - 1, 3 * b, 3 * b + 1
     local start = state[s]
@@ -92,7 +93,7 @@ local function decide(redis, KEYS, ARGV)
       end
       retry = base + e2 * 1000 - now
     end
-    verdicts[b] = {allowed, remaining, reset, retry}
+    decision = verdict(verdicts, b, allowed, remaining, reset, retry)
     state[s] = ws
     state[c] = cur_after
     state[p] = prev
@@ -101,7 +102,7 @@ local function decide(redis, KEYS, ARGV)
   -- The record, and the state when admitted (lua/state.lua, `settle`): a
   -- denied request writes nothing to any band, and a first send its own
   -- retry overtook replays that one's decision.
-  return settle(redis, KEYS[1], record_key, first, overtakable, id, bind(verdicts), now, skew,
-    state, n, raw, at, expires, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS,
-    P_TTL_TEXT)
+  return settle(redis, KEYS[1], record_key, first, overtakable, id,
+    decision or bind(verdicts), now, skew, state, n, raw, at, expires,
+    record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS, P_TTL_TEXT)
 end

@@ -52,11 +52,12 @@ local function decide(redis, KEYS, ARGV)
     end
   end
 
-  local verdicts = {}
+  local verdicts = bands > 1 and {} or nil
+  local decision = nil
   for b = 1, bands do
     local l, w, count = args[2 * b - 1], args[2 * b], counts[b]
     if all_admit then
-      verdicts[b] = {true, l - count - cost, w, 0}
+      decision = verdict(verdicts, b, true, l - count - cost, w, 0)
     else
       local fits = count + cost <= l
       local reset = 0
@@ -73,11 +74,11 @@ local function decide(redis, KEYS, ARGV)
         local at = stored(kth[2], 'entry') or newest
         retry = at + w - now
       end
-      verdicts[b] = {fits, l - count > 0 and l - count or 0, reset, retry}
+      decision = verdict(verdicts, b, fits, l - count > 0 and l - count or 0, reset, retry)
     end
   end
 
-  local decision = bind(verdicts)
+  decision = decision or bind(verdicts)
   -- The record first (a first send's denial leaves none; common.lua): a
   -- first send its own retry overtook replays that one's decision here.
   local replayed = record(redis, first, record_key, decision, now,
@@ -86,16 +87,21 @@ local function decide(redis, KEYS, ARGV)
     return replayed
   end
   local now_text = format('%d', now)
-  if decision[1] == 1 then
-    local entries = {}
-    for unit = 1, cost do
-      entries[2 * unit - 1] = now_text
-      entries[2 * unit] = id .. ':' .. unit
-    end
-    -- unpack puts every element on the Lua stack: a large cost goes in
-    -- chunks.
-    for i = 1, #entries, 1000 do
-      redis.call('ZADD', KEYS[1], unpack(entries, i, math.min(i + 999, #entries)))
+  if decision[2] == 1 then
+    if cost == 1 then
+      -- One unit (most requests): no list to build, no number to write.
+      redis.call('ZADD', KEYS[1], now_text, id .. ':1')
+    else
+      local entries = {}
+      for unit = 1, cost do
+        entries[2 * unit - 1] = now_text
+        entries[2 * unit] = id .. ':' .. unit
+      end
+      -- unpack puts every element on the Lua stack: a large cost goes in
+      -- chunks.
+      for i = 1, #entries, 1000 do
+        redis.call('ZADD', KEYS[1], unpack(entries, i, math.min(i + 999, #entries)))
+      end
     end
     -- Entries no band can count any more (none in a log that was empty).
     if newest then

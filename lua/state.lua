@@ -17,16 +17,17 @@
 -- (`P_STATE_PATTERN`, `P_STATE_FORMAT`).
 --
 -- Returns the numbers, each checked to be an integer in [0, 2^53 - 1] (a
--- corrupt state is refused before a single write), or an empty table when
--- the subject has none (`raw` false); where the tail starts in `raw`, or
--- nil; and its first number as text, when the record it holds expires
+-- corrupt state is refused before a single write), or, when the subject
+-- has none (`raw` false), `blank()`: every number false, with room for
+-- all `settle` writes (`P_STATE_BLANK`); where the tail starts in `raw`,
+-- or nil; and its first number as text, when the record it holds expires
 -- (us; 0: none), or nil. `n` is how many numbers a whole state has:
 -- 1 + bands x per_band.
-local function read_state(raw, n, per_band, pattern)
-  local state = {}
+local function read_state(raw, n, per_band, pattern, blank)
   if not raw then
-    return state, nil, nil
+    return blank(), nil, nil
   end
+  local state = {}
   local tail, expires = nil, nil
   -- One match: one capture per number, then where they end and the first
   -- number after them, if a tail opens there (false past Lua's 32
@@ -163,7 +164,7 @@ end
 local function settle(server, key, record_key, first, overtakable, id, decision, now,
     skew, state, n, raw, at, expires, life, formats, ttl)
   local d = decision
-  local admitted = d[1] == 1
+  local admitted = d[2] == 1
   if first and not admitted then
     return reply(decision, skew)
   end
@@ -179,8 +180,8 @@ local function settle(server, key, record_key, first, overtakable, id, decision,
       resent = 0
     end
     state[n + 1], state[n + 2], state[n + 3] = now + (life + 0) * 1000, resent, id
-    state[n + 4], state[n + 5], state[n + 6], state[n + 7] = d[1], d[2], d[3], d[4]
-    state[n + 8], state[n + 9] = d[5], now
+    state[n + 4], state[n + 5], state[n + 6], state[n + 7] = d[2], d[3], d[4], d[5]
+    state[n + 8], state[n + 9] = d[6], now
     server.call('SET', key, format(formats[2], unpack(state, 1, n + 9)), 'PX', ttl)
     return reply(decision, skew)
   end

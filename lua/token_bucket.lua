@@ -33,7 +33,7 @@ local function decide(redis, KEYS, ARGV)
   local per_band = 2
   local n = 1 + bands * per_band
   local raw = redis.call('GET', KEYS[1])
-  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN)
+  local state, at, expires = read_state(raw, n, per_band, P_STATE_PATTERN, P_STATE_BLANK)
   -- A first attempt has no record to find (lua/common.lua, "De-duplication").
   if not first then
     local replayed = recorded(raw, at, id, record_key)
@@ -48,7 +48,8 @@ local function decide(redis, KEYS, ARGV)
 
   -- The new state is written over the old, in place, in order.
   state[1] = now
-  local verdicts = {}
+  local verdicts = bands > 1 and {} or nil
+  local decision = nil
   for b = 1, bands do
     local k, l = 2 * b, 2 * b + 1
     local c, r, p, wait = args[4 * b - 3], args[4 * b - 2], args[4 * b - 1], args[4 * b]
@@ -95,7 +96,7 @@ local function decide(redis, KEYS, ARGV)
     elseif wait > 0 then
       retry = ready
     end
-    verdicts[b] = {allowed, after, reset, retry}
+    decision = verdict(verdicts, b, allowed, after, reset, retry)
     state[k] = after
     state[l] = last
   end
@@ -103,7 +104,7 @@ local function decide(redis, KEYS, ARGV)
   -- The record, and the state when admitted (lua/state.lua, `settle`): a
   -- denied request writes nothing to any band, and a first send its own
   -- retry overtook replays that one's decision.
-  return settle(redis, KEYS[1], record_key, first, overtakable, id, bind(verdicts), now, skew,
-    state, n, raw, at, expires, record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS,
-    P_TTL_TEXT)
+  return settle(redis, KEYS[1], record_key, first, overtakable, id,
+    decision or bind(verdicts), now, skew, state, n, raw, at, expires,
+    record_life or P_DEDUPE_WINDOW_TEXT, P_STATE_FORMATS, P_TTL_TEXT)
 end

@@ -159,8 +159,9 @@ end
 --
 -- `raw`, `at` and `expires` are what `read_state` read; `life` is the
 -- new record's life, ms as text; `formats` the state's format
--- (`P_STATE_FORMAT`), the same with a record after it, and with a tail
--- after it; `ttl` the state's, ms as text.
+-- (`P_STATE_FORMAT`), the same with a record after it, with a tail after
+-- it, and with a record resent nothing before (`P_STATE_FORMATS`); `ttl`
+-- the state's, ms as text.
 local function settle(server, key, record_key, first, overtakable, id, decision, now,
     skew, state, n, raw, at, expires, life, formats, ttl)
   local d = decision
@@ -179,10 +180,18 @@ local function settle(server, key, record_key, first, overtakable, id, decision,
     else
       resent = 0
     end
-    state[n + 1], state[n + 2], state[n + 3] = now + (life + 0) * 1000, resent, id
-    state[n + 4], state[n + 5], state[n + 6], state[n + 7] = d[2], d[3], d[4], d[5]
-    state[n + 8], state[n + 9] = d[6], now
-    server.call('SET', key, format(formats[2], unpack(state, 1, n + 9)), 'PX', ttl)
+    -- The held record's outcome is an admission's, 1: written in the
+    -- format, as a `resent` of 0 is in `formats[4]` (most first sends
+    -- find nothing resent). Each number formatted is a `sprintf`.
+    local held, format_held = n + 2, formats[4]
+    if resent ~= 0 then
+      state[held] = resent
+      held, format_held = held + 1, formats[2]
+    end
+    state[n + 1] = now + (life + 0) * 1000
+    state[held], state[held + 1], state[held + 2] = id, d[3], d[4]
+    state[held + 3], state[held + 4], state[held + 5] = d[5], d[6], now
+    server.call('SET', key, format(format_held, unpack(state, 1, held + 5)), 'PX', ttl)
     return reply(decision, skew)
   end
   if first then

@@ -91,10 +91,13 @@ const MAX_CAPTURES: usize = 32;
 /// What follows a compact state's numbers when it holds a first send's
 /// record: when the record expires (µs), until when a re-send's record may
 /// be found, the record's id, and the record (`lua/state.lua`, `settle`).
-const HELD_RECORD_FORMAT: &str = "|%d|%d|%s|%d:%d:%d:%d:%d:%d";
+/// The record's outcome is always an admission's: written as it is.
+const HELD_RECORD_FORMAT: &str = "|%d|%d|%s|1:%d:%d:%d:%d:%d";
+/// The same, for a record with nothing resent before it (`resent` 0).
+const HELD_FIRST_RECORD_FORMAT: &str = "|%d|0|%s|1:%d:%d:%d:%d:%d";
 /// How many values [`HELD_RECORD_FORMAT`] formats after the state's
 /// numbers.
-const HELD_RECORD_NUMBERS: usize = 9;
+const HELD_RECORD_NUMBERS: usize = 8;
 
 /// Several limits in one call, and where it takes each limit's function.
 const SEVERAL: &str = include_str!("../../../lua/several.lua");
@@ -337,7 +340,8 @@ fn literals(policy: &Policy, common: &Common) -> String {
         );
         let _ = writeln!(
             out,
-            "local P_STATE_FORMATS = {{P_STATE_FORMAT, '{numbers}{HELD_RECORD_FORMAT}', '{numbers}%s'}}"
+            "local P_STATE_FORMATS = {{P_STATE_FORMAT, '{numbers}{HELD_RECORD_FORMAT}', '{numbers}%s', \
+             '{numbers}{HELD_FIRST_RECORD_FORMAT}'}}"
         );
         // A subject without a state starts from this one: room for every
         // number a first send's admission writes (the state's and its

@@ -405,6 +405,61 @@ async fn each_admission_leaves_one_record_that_expires_with_the_window_and_a_den
     }
 }
 
+/// A cold subject's first admission writes its state and its record as
+/// one string, laid out as `lua/README.md` says ("State", "Records"):
+/// `t:start:count|expires|resent|id|outcome:remaining:reset:retry:band:t`.
+/// Sidecars of two versions read each other's during a rolling upgrade,
+/// so the text itself is pinned here, each number against the decision
+/// and the clock it was made at, however the script comes to write it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_first_admission_writes_its_state_and_record_in_the_stored_layout() {
+    const WINDOW_US: u64 = 60_000_000;
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let policy = policy("layout", Bands::FixedWindow(vec![window(10, 60_000)]));
+    let mut config = redis_config(server.url());
+    config.dedupe_window = ms(800);
+    let store = connect_with(config, BUDGET).await;
+    // The policy's first call loads its library and goes again as a
+    // re-send could (which marks its state resent): another subject's.
+    assert!(allowed(
+        &eval(&store, &policy, &subject("layout-warm"), 1).await
+    ));
+
+    let cold = subject("layout-cold");
+    let key = state_key(&policy, &cold);
+    let ev = evaluation(&policy, &cold, 1);
+    let decided = decision(&store.evaluate(&ev).await);
+    assert!(decided.allowed);
+    let raw = state_raw(&mut conn, &key).expect("a state");
+    let parts: Vec<&str> = raw.split('|').collect();
+    let numbers = |text: &str| -> Vec<u64> {
+        text.split(':')
+            .map(|n| {
+                n.parse()
+                    .unwrap_or_else(|_| panic!("not a number in {raw}"))
+            })
+            .collect()
+    };
+    let [state, expires, resent, id, record] = parts[..] else {
+        panic!("not numbers and a held record: {raw}");
+    };
+    let [t, start, count] = numbers(state)[..] else {
+        panic!("not t:start:count: {raw}");
+    };
+    assert_eq!(start, t - t % WINDOW_US, "{raw}");
+    assert_eq!(count, 1, "{raw}");
+    assert_eq!(numbers(expires), [t + 800_000], "{raw}");
+    assert_eq!(resent, "0", "{raw}");
+    assert_eq!(id, ev.id.to_string(), "{raw}");
+    let reset = start + WINDOW_US - t;
+    assert_eq!(numbers(record), [1, 9, reset, 0, 0, t], "{raw}");
+    assert_eq!(
+        (decided.remaining, decided.reset_after, decided.band),
+        (9, Duration::from_micros(reset), 0)
+    );
+}
+
 /// Through the binary: only an admitted request leaves a de-duplication
 /// record (`<state>:e:<id>`), on every algorithm and on a route of several
 /// limits, and a decision's first send reads no record: a compact-state

@@ -129,7 +129,7 @@ pub fn state_text(conn: &mut redis::Connection, key: &str) -> Option<String> {
 }
 
 /// The state string at `key` whole: its numbers, then the record it may
-/// hold (`|<resent>|<id>|<expires>|<record>`, `lua/README.md`).
+/// hold (`|<expires>|<resent>|<id>|<record>`, `lua/README.md`).
 pub fn state_raw(conn: &mut redis::Connection, key: &str) -> Option<String> {
     conn.get(key).expect("GET state")
 }

@@ -393,7 +393,7 @@ impl Proxy {
         };
         self.metrics.decided(source, arrival.elapsed());
         if plan.locals().next().is_none() {
-            plan.settled(live)
+            plan.settled()
         } else {
             let asked: SmallVec<[_; 2]> = plan.locals().collect();
             let share = live.store.local_share;

@@ -326,9 +326,15 @@ impl<'e, 'a, 'r> Plan<'e, 'a, 'r> {
         }
     }
 
-    /// The judgement, when no limit was left to the local fallback.
-    pub fn settled(self, live: &Live) -> Judgement<'a, 'r> {
-        self.settle(&Outcomes::empty(), &[], live)
+    /// The judgement, when no limit was left to the local fallback: the
+    /// store's answers alone (most requests), without the fallback's
+    /// answers to read.
+    pub fn settled(self) -> Judgement<'a, 'r> {
+        debug_assert!(self.locals.is_empty(), "a limit left to the fallback");
+        match self.refused {
+            Some(refusal) => Judgement::Refused(refusal),
+            None => Judgement::Passed(self.passed),
+        }
     }
 }
 

@@ -118,7 +118,7 @@ fn judge(runtime: &Runtime, routes: &[usize], outcomes: &Outcomes, fallback: &Fa
     let plan = plan(&rated, outcomes, live);
     let asked: Vec<_> = plan.locals().collect();
     let judgement = if asked.is_empty() {
-        plan.settled(live)
+        plan.settled()
     } else if plan.refused() {
         let (local, shared) = fallback.peek_all(&asked, live.store.local_share);
         plan.settle(&local, &shared, live)

@@ -460,6 +460,115 @@ async fn a_cold_first_admission_writes_its_state_and_record_in_the_stored_layout
     );
 }
 
+/// A record's retry and band are written as text when they are `0` (most
+/// admissions), and formatted otherwise: an admission bound by a policy's
+/// second band keeps `1` for its band, in the state's held record and in
+/// a record's own key alike, and a re-send of either id replays it. The
+/// policy's function called directly, as Redis sees the calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_of_the_second_band_keeps_its_band_in_the_state_and_in_its_key() {
+    const WIDE_US: u64 = 7_300_000_000;
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    // Numbers no other policy here has: they find its library. The second
+    // band has less left after an admission (2 of 3, beside 9 of 10): it
+    // binds.
+    let policy = policy(
+        "second-band",
+        Bands::FixedWindow(vec![window(10, 60_000), window(3, 7_300_000)]),
+    );
+    let warm = eval(&store, &policy, &subject("second-band-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+    let name = library_of(
+        &mut conn,
+        "local P_BAND_ARGS = {10, 60000000, 3, 7300000000}",
+    );
+    let who = subject("second-band");
+    let key = state_key(&policy, &who);
+    let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
+        let id = format!("{id:032x}");
+        redis::cmd("FCALL")
+            .arg(&name)
+            .arg(2)
+            .arg(&key)
+            .arg(format!("{key}:e:{id}"))
+            .arg(first)
+            .arg(&id)
+            .query::<Vec<i64>>(conn)
+    };
+    let numbers = |text: &str| -> Vec<u64> {
+        text.split(':')
+            .map(|n| {
+                n.parse()
+                    .unwrap_or_else(|_| panic!("not a number in {text}"))
+            })
+            .collect()
+    };
+
+    // {version, outcome, remaining, reset, retry, band, replayed, skew}
+    let first = fcall(&mut conn, "1", 0x21).expect("a first send");
+    assert_eq!(
+        (first[1], first[2], first[5], first[6]),
+        (1, 2, 1, 0),
+        "{first:?}"
+    );
+    let (held, record) = held_record(&mut conn, &key).expect("a held record");
+    assert_eq!(held, format!("{:032x}", 0x21));
+    let raw = state_raw(&mut conn, &key).expect("a state");
+    let t = numbers(raw.split('|').next().expect("numbers"))[0];
+    let reset = t - t % WIDE_US + WIDE_US - t;
+    assert_eq!(numbers(&record), [1, 2, reset, 0, 1, t], "{raw}");
+    assert_eq!(u64::try_from(first[3]).ok(), Some(reset));
+
+    // The state holds a live record: the next admission's goes to a key of
+    // its own.
+    let second = fcall(&mut conn, "1", 0x22).expect("a first send");
+    assert_eq!((second[1], second[2], second[5]), (1, 1, 1), "{second:?}");
+    let own: String = conn
+        .get(format!("{key}:e:{:032x}", 0x22))
+        .expect("the record's key");
+    let own = numbers(&own);
+    assert_eq!((own[0], own[1], own[3], own[4]), (1, 1, 0, 1), "{own:?}");
+
+    // Each id sent again replays its band, and charges nothing.
+    for (id, remaining) in [(0x21, 2), (0x22, 1)] {
+        let again = fcall(&mut conn, "0", id).expect("a re-send");
+        assert_eq!(
+            (again[1], again[2], again[5], again[6]),
+            (1, remaining, 1, 1),
+            "{again:?}"
+        );
+    }
+    let count = numbers(
+        state_raw(&mut conn, &key)
+            .expect("a state")
+            .split('|')
+            .next()
+            .expect("numbers"),
+    )[4];
+    assert_eq!(count, 2, "charged again");
+
+    // Sent without a cost, each call cost 1; with too few arguments or too
+    // many, a call is refused before any write.
+    for extra in [&[][..], &["1", "5000", "x"][..]] {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&name).arg(2).arg(&key).arg(format!("{key}:e:1"));
+        if !extra.is_empty() {
+            cmd.arg("1").arg(format!("{:032x}", 0x23)).arg(extra);
+        }
+        let refused = cmd.query::<Vec<i64>>(&mut conn).expect_err("refused");
+        assert!(
+            refused.to_string().contains("expects 2 to 4 arguments"),
+            "{refused}"
+        );
+    }
+    assert_eq!(
+        state_raw(&mut conn, &key).map(|raw| numbers(raw.split('|').next().expect("numbers"))[4]),
+        Some(2)
+    );
+}
+
 /// Through the binary: only an admitted request leaves a de-duplication
 /// record (`<state>:e:<id>`), on every algorithm and on a route of several
 /// limits, and a decision's first send reads no record: a compact-state

@@ -95,6 +95,11 @@ const MAX_CAPTURES: usize = 32;
 const HELD_RECORD_FORMAT: &str = "|%d|%d|%s|1:%d:%d:%d:%d:%d";
 /// The same, for a record with nothing resent before it (`resent` 0).
 const HELD_FIRST_RECORD_FORMAT: &str = "|%d|0|%s|1:%d:%d:%d:%d:%d";
+/// [`HELD_RECORD_FORMAT`] and [`HELD_FIRST_RECORD_FORMAT`] for the
+/// admission most are, with no retry and the first band: both written
+/// `0`. Each `%d` is a `sprintf` in Redis's Lua, about 1,600 instructions.
+const HELD_PLAIN_RECORD_FORMAT: &str = "|%d|%d|%s|1:%d:%d:0:0:%d";
+const HELD_FIRST_PLAIN_RECORD_FORMAT: &str = "|%d|0|%s|1:%d:%d:0:0:%d";
 /// How many values [`HELD_RECORD_FORMAT`] formats after the state's
 /// numbers.
 const HELD_RECORD_NUMBERS: usize = 8;
@@ -326,7 +331,9 @@ fn literals(policy: &Policy, common: &Common) -> String {
         // where they end and one for a tail's first number; `false` past
         // Lua's limit, read by the general path) and formats: the numbers;
         // the numbers with the record a first send's admission keeps in
-        // the state; the numbers with a tail kept (`lua/state.lua`).
+        // the state; the numbers with a tail kept; the record with nothing
+        // resent before it; and both records again with no retry and the
+        // first band (`lua/state.lua`, `settle`).
         let n = 1 + bands.len() * per_band;
         let pattern = if n + 2 <= MAX_CAPTURES {
             format!("'^(%d+){}()|?(%d*)'", ":(%d+)".repeat(n - 1))
@@ -341,7 +348,8 @@ fn literals(policy: &Policy, common: &Common) -> String {
         let _ = writeln!(
             out,
             "local P_STATE_FORMATS = {{P_STATE_FORMAT, '{numbers}{HELD_RECORD_FORMAT}', '{numbers}%s', \
-             '{numbers}{HELD_FIRST_RECORD_FORMAT}'}}"
+             '{numbers}{HELD_FIRST_RECORD_FORMAT}', '{numbers}{HELD_FIRST_PLAIN_RECORD_FORMAT}', \
+             '{numbers}{HELD_PLAIN_RECORD_FORMAT}'}}"
         );
         // A subject without a state starts from this one: room for every
         // number a first send's admission writes (the state's and its

@@ -45,7 +45,7 @@ impl Part {
 }
 
 /// The evaluation's own call, what [`scripts::call`] makes of it:
-/// `FCALL name 2 state record first id cost [life]`.
+/// `FCALL name 2 state record first id [cost [life]]`.
 pub fn single(script: &Script, mode: Mode, part: &Part, first: bool) -> Packed {
     scripts::decision(
         script,
@@ -262,11 +262,9 @@ mod tests {
         let differ: Vec<usize> = (0..first.len()).filter(|&i| first[i] != again[i]).collect();
         assert_eq!((differ, again[7].as_str()), (vec![7], "0"));
         assert_eq!(args(&batch(&script, &refs, false).expect("batch"))[7], "2");
+        // Sent alone: a cost of 1 with no record life is left out.
         let alone = args(&single(&script, Mode::Functions, &parts[0], true));
-        assert_eq!(
-            alone[5..],
-            ["1".to_owned(), format!("{:032x}", 1), "1".to_owned()]
-        );
+        assert_eq!(alone[5..], ["1".to_owned(), format!("{:032x}", 1)]);
     }
 
     #[test]

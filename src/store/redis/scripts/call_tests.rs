@@ -85,6 +85,43 @@ fn every_call_sends_its_state_its_record_the_attempt_the_id_and_the_cost() {
     }
 }
 
+/// A cost of 1 is left out (the script's when none is sent) unless a
+/// record life follows it; any other cost is sent.
+#[test]
+fn a_cost_of_1_is_sent_only_before_a_record_life() {
+    let subject = PseudonymKey::new(b"k", 1).pseudonym("client_ip", b"192.0.2.1", "api");
+    let policies = policies();
+    let script = Script::for_policy(&policies[0], &common());
+    let id = format!("{:032x}", 0x5);
+    for (cost, within, tail) in [
+        (1, None, vec![id.clone()]),
+        (3, None, vec![id.clone(), "3".to_owned()]),
+        (
+            1,
+            Some(Duration::from_secs(2)),
+            vec![id.clone(), "1".to_owned(), "2000".to_owned()],
+        ),
+    ] {
+        let evaluation = Evaluation {
+            policy: &policies[0],
+            subject: &subject,
+            cost,
+            deadline: tokio::time::Instant::now(),
+            id: EvaluationId(0x5),
+            settle_within: within,
+        };
+        let sent = args(&call(
+            &script,
+            Mode::Functions,
+            &common(),
+            &evaluation,
+            true,
+        ));
+        // The keys, the attempt, then the rest.
+        assert_eq!(sent[6..], tail[..], "{sent:?}");
+    }
+}
+
 /// A re-send changes the first argument after the keys and nothing else,
 /// with or without a record life, in either mode. Several limits always
 /// say 0.

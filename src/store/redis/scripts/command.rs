@@ -75,9 +75,9 @@ fn render_state_key(prefix: &str, policy: &Policy, subject: &Pseudonym) -> State
 /// formatting them.
 const CMD_BYTES: usize = 192;
 
-/// `FCALL name 2 state record first id cost [life]` (or `EVALSHA sha 2
+/// `FCALL name 2 state record first id [cost [life]]` (or `EVALSHA sha 2
 /// …`), the record being `<state>:e:<id>`: both keys declared, under one
-/// hash tag. `first`: this is the call's first send, so the script need
+/// hash tag; a cost of 1 not sent unless a life follows it. `first`: this is the call's first send, so the script need
 /// not look for the record (`lua/README.md`, "ARGV"); every re-send goes
 /// as [`resent`] makes it.
 pub fn call(
@@ -114,7 +114,13 @@ pub fn decision(
     script.call_words(mode, &mut cmd);
     cmd.arg(b"2");
     push_state_and_record(&mut cmd, state, id);
-    cmd.arg(attempt(first)).arg(id).int(u64::from(cost));
+    cmd.arg(attempt(first)).arg(id);
+    // A cost of 1 (most requests') is the script's when none is sent, but
+    // before a record life: Redis makes each argument an element of a
+    // table for the call, about 1,600 instructions an argument.
+    if cost != 1 || life.is_some() {
+        cmd.int(u64::from(cost));
+    }
     if let Some(life) = life {
         cmd.int(life);
     }

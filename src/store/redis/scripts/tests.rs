@@ -228,7 +228,8 @@ fn a_policy_s_numbers_are_compiled_into_its_script() {
     ));
     assert!(fixed.source.contains(
         "local P_STATE_FORMATS = {P_STATE_FORMAT, '%d:%d:%d:%d:%d|%d|%d|%s|1:%d:%d:%d:%d:%d', \
-         '%d:%d:%d:%d:%d%s', '%d:%d:%d:%d:%d|%d|0|%s|1:%d:%d:%d:%d:%d'}"
+         '%d:%d:%d:%d:%d%s', '%d:%d:%d:%d:%d|%d|0|%s|1:%d:%d:%d:%d:%d', \
+         '%d:%d:%d:%d:%d|%d|0|%s|1:%d:%d:0:0:%d', '%d:%d:%d:%d:%d|%d|%d|%s|1:%d:%d:0:0:%d'}"
     ));
     assert!(fixed.source.contains(STATE));
     let gcra = Script::for_policy(&policies[4], &common());

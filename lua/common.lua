@@ -85,7 +85,8 @@ local function arguments(KEYS, ARGV)
       .. '(never a first attempt)')
   end
   local id = ARGV[2]
-  if #id ~= 32 or not match(id, '^%x+$') then
+  -- `find`, not `match`: nothing captured, no string made of the match.
+  if #id ~= 32 or not find(id, '^%x*$') then
     fail('ARGV[2] is not an evaluation id')
   end
   -- nil: the policy's P_DEDUPE_WINDOW_TEXT (declared after this file).
@@ -163,7 +164,7 @@ local function verdict(verdicts, b, allowed, remaining, reset, retry)
   end
   -- `decision_of`, written out: a Lua call is not free either.
   if allowed then
-    return {REPLY_VERSION, 1, remaining, reset, math.max(retry, 0), 0, 0, 0}
+    return {REPLY_VERSION, 1, remaining, reset, retry > 0 and retry or 0, 0, 0, 0}
   end
   return {REPLY_VERSION, 0, remaining, reset, retry, 0, 0, 0}
 end

@@ -53,7 +53,7 @@ local function decide(redis, KEYS, ARGV)
     local after = allowed and count + cost or count
     local reset = ws + w - now
     -- A count above the limit is a limit lowered under a kept count.
-    decision = verdict(verdicts, b, allowed, math.max(limit - after, 0), reset,
+    decision = verdict(verdicts, b, allowed, limit > after and limit - after or 0, reset,
       allowed and 0 or reset)
     state[s] = ws
     state[c] = after

@@ -17,7 +17,10 @@ local function decide(redis, KEYS, ARGV)
     local l, w, burst = args[4 * b - 3], args[4 * b - 2], args[4 * b - 1]
     wait[b] = args[4 * b]
     -- Rounded up: rounding can only ever admit less.
-    interval[b] = math.floor((w + l - 1) / l)
+    -- (`%` floors as math.floor does, without a C call: whole numbers
+    -- below 2^53.)
+    local span = w + l - 1
+    interval[b] = (span - span % l) / l
     if burst * interval[b] > MAX_EXACT then
       fail('burst * emission interval exceeds 2^53')
     end
@@ -51,16 +54,24 @@ local function decide(redis, KEYS, ARGV)
   local decision = nil
   for b = 1, bands do
     local t, tau = interval[b], tolerance[b]
-    local tat0 = math.max(state[1 + b] or now, now)
+    local tat0 = state[1 + b] or now
+    if tat0 < now then
+      tat0 = now
+    end
     local new_tat = tat0 + cost * t
-    -- Past the burst but within the delay: admitted, told to wait.
+    -- Past the burst but within the delay: admitted, told to wait. What is
+    -- left is the room under the tolerance, in whole intervals.
     local allowed = new_tat - now <= tau + wait[b]
+    local room = tau - ((allowed and new_tat or tat0) - now)
+    if room < 0 then
+      room = 0
+    end
+    local remaining = (room - room % t) / t
     if allowed then
-      decision = verdict(verdicts, b, true, math.floor(math.max(tau - (new_tat - now), 0) / t),
-        new_tat - now, math.max(new_tat - now - tau, 0))
+      local delay = new_tat - now - tau
+      decision = verdict(verdicts, b, true, remaining, new_tat - now, delay > 0 and delay or 0)
     else
-      decision = verdict(verdicts, b, false, math.floor(math.max(tau - (tat0 - now), 0) / t),
-        tat0 - now, new_tat - now - tau - wait[b])
+      decision = verdict(verdicts, b, false, remaining, tat0 - now, new_tat - now - tau - wait[b])
     end
     state[1 + b] = new_tat
   end

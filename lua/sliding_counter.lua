@@ -66,10 +66,11 @@ local function decide(redis, KEYS, ARGV)
       cur = 0
     end
     local w_ms = w / 1000
-    local e_ms = math.floor((now - ws) / 1000)
+    -- (`%` floors as math.floor does, without a C call.)
+    local e_ms = (now - ws - (now - ws) % 1000) / 1000
     local est = cur + math.floor(prev * (w_ms - e_ms) / w_ms)
     local allowed = est + cost <= l
-    local remaining = allowed and l - est - cost or math.max(l - est, 0)
+    local remaining = allowed and l - est - cost or (l > est and l - est or 0)
     local cur_after = allowed and cur + cost or cur
     local reset = 0
     if cur_after > 0 then

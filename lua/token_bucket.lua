@@ -2,8 +2,11 @@
 -- reply: lua/README.md. Validate every argument, read everything, decide,
 -- and only then write: Redis never rolls a script back.
 
+-- Whole numbers below 2^53 and b > 0: `n % b` floors as math.floor does,
+-- without a C call (about 500 instructions in Redis each).
 local function ceil_div(a, b)
-  return math.floor((a + b - 1) / b)
+  local n = a + b - 1
+  return (n - n % b) / b
 end
 
 -- The policy's function: sluice registers it (lua/README.md, "Libraries"),
@@ -59,10 +62,14 @@ local function decide(redis, KEYS, ARGV)
       tokens, last = c, now
     end
     -- A stamp past now (tokens taken ahead) refills nothing until then.
-    local periods = math.floor((math.max(now, last) - last) / p)
+    local since = now > last and now - last or 0
+    local periods = (since - since % p) / p
     -- periods * r may pass 2^53 and lose precision, but only when it is far
-    -- beyond the capacity, which the min absorbs.
-    tokens = math.min(c, tokens + periods * r)
+    -- beyond the capacity, which the cap absorbs.
+    tokens = tokens + periods * r
+    if tokens > c then
+      tokens = c
+    end
     if tokens == c then
       last = now
     else
@@ -75,8 +82,14 @@ local function decide(redis, KEYS, ARGV)
     if not enough then
       ahead = ceil_div(cost - tokens, r)
     end
-    local ready = math.max(last + ahead * p - now, 0)
-    local filled = math.min(c, tokens + ahead * r)
+    local ready = last + ahead * p - now
+    if ready < 0 then
+      ready = 0
+    end
+    local filled = tokens + ahead * r
+    if filled > c then
+      filled = c
+    end
     local taken_ahead = not enough and wait > 0 and ready <= wait and filled >= cost
     local allowed = enough or taken_ahead
     if taken_ahead then
@@ -92,7 +105,7 @@ local function decide(redis, KEYS, ARGV)
     -- gone back, and waits for nothing.
     local retry = 0
     if not allowed then
-      retry = math.max(ready - wait, 0)
+      retry = ready > wait and ready - wait or 0
     elseif wait > 0 then
       retry = ready
     end

@@ -57,7 +57,7 @@ local function refund_arguments(KEYS, ARGV)
     fail('expects 2 arguments: the evaluation id and the units to give back')
   end
   local id = ARGV[1]
-  if #id ~= 32 or not match(id, '^%x+$') then
+  if #id ~= 32 or not find(id, '^%x*$') then
     fail('ARGV[1] is not an evaluation id')
   end
   return id, int_arg(ARGV, 2, 1), KEYS[#KEYS]

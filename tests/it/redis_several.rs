@@ -187,6 +187,43 @@ async fn one_call_admits_all_or_charges_none_for_every_algorithm() {
 
 /// The state key of `policy` (a fixed window) for `subject`, and the
 /// record key of evaluation `id` beside it.
+/// Two GCRA limits with different numbers in one call: each limit's
+/// emission interval and tolerance, worked out on its library's first call
+/// and kept, are its own, in the first call and in every one after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gcra_limits_in_one_call_keep_their_own_numbers() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let gcra = |name: &str, limit: u32| {
+        let bands = Bands::Gcra(vec![GcraBand {
+            limit: nz(limit),
+            window: Duration::from_millis(HOUR_MS),
+            burst: nz(limit),
+            max_wait_us: 0,
+        }]);
+        Policy::new(name, "r1", bands, false)
+    };
+    let (two, five) = (gcra("gcra-two", 2), gcra("gcra-five", 5));
+    let who = subject("two-gcra");
+    let mut left = Vec::new();
+    for id in 1..=3 {
+        let outcomes = together(&store, &[(&two, &who), (&five, &who)], id).await;
+        left.push(outcomes.list.iter().map(remaining).collect::<Vec<_>>());
+    }
+    // The third is refused by the first limit (the second not asked), and
+    // charges neither: the second, alone, has 3 left before it.
+    assert_eq!(
+        left,
+        [
+            vec![(true, 1), (true, 4)],
+            vec![(true, 0), (true, 3)],
+            vec![(false, 0)],
+        ]
+    );
+    let alone = store.evaluate(&evaluation(&five, &who, 4)).await;
+    assert_eq!(remaining(&alone), (true, 2));
+}
+
 fn fixed_keys(policy: &Policy, subject: &Pseudonym, id: u128) -> (String, String) {
     let state = format!(
         "sluice:{{{}:{}:fw2:{subject}}}",

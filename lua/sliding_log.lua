@@ -42,12 +42,18 @@ local function decide(redis, KEYS, ARGV)
 
   -- A band whose window the newest entry has left counts nothing: no need
   -- to ask.
-  local counts, all_admit = {}, true
+  -- One band (most policies): its count in a local, not a table.
+  local counts, count1, all_admit = bands > 1 and {} or nil, 0, true
   for b = 1, bands do
     local since = now - args[2 * b]
-    counts[b] = newest and newest > since
+    local count = newest and newest > since
       and redis.call('ZCOUNT', KEYS[1], format('(%d', since), '+inf') or 0
-    if counts[b] + cost > args[2 * b - 1] then
+    if counts then
+      counts[b] = count
+    else
+      count1 = count
+    end
+    if count + cost > args[2 * b - 1] then
       all_admit = false
     end
   end
@@ -55,7 +61,8 @@ local function decide(redis, KEYS, ARGV)
   local verdicts = bands > 1 and {} or nil
   local decision = nil
   for b = 1, bands do
-    local l, w, count = args[2 * b - 1], args[2 * b], counts[b]
+    local l, w = args[2 * b - 1], args[2 * b]
+    local count = counts and counts[b] or count1
     if all_admit then
       decision = verdict(verdicts, b, true, l - count - cost, w, 0)
     else

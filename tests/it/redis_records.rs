@@ -241,6 +241,23 @@ fn library_of(conn: &mut redis::Connection, marker: &str) -> String {
     found[0].clone()
 }
 
+/// A decision's call as Redis sees it, the policy's function called
+/// directly: `FCALL name 2 state record first id [cost]`.
+fn decision_call(name: &str, key: &str, first: &str, id: u128, cost: Option<u32>) -> redis::Cmd {
+    let id = format!("{id:032x}");
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(name)
+        .arg(2)
+        .arg(key)
+        .arg(format!("{key}:e:{id}"))
+        .arg(first)
+        .arg(&id);
+    if let Some(cost) = cost {
+        cmd.arg(cost);
+    }
+    cmd
+}
+
 /// A first send its own retry overtook (the retry went on another
 /// connection after the first one failed; the first was held on its way: a
 /// packet delayed, a proxy's queue) replays what the retry decided,
@@ -261,16 +278,7 @@ async fn a_first_send_its_retry_overtook_replays_the_retry() {
     let who = subject("overtaken");
     let key = state_key(&policy, &who);
     let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
-        let id = format!("{id:032x}");
-        redis::cmd("FCALL")
-            .arg(&name)
-            .arg(2)
-            .arg(&key)
-            .arg(format!("{key}:e:{id}"))
-            .arg(first)
-            .arg(&id)
-            .arg(1)
-            .query::<Vec<i64>>(conn)
+        decision_call(&name, &key, first, id, Some(1)).query::<Vec<i64>>(conn)
     };
     // {version, outcome, remaining, reset, retry, band, replayed, skew}
     let retry = fcall(&mut conn, "0", 0xa).expect("the retry");
@@ -487,15 +495,7 @@ async fn a_record_of_the_second_band_keeps_its_band_in_the_state_and_in_its_key(
     let who = subject("second-band");
     let key = state_key(&policy, &who);
     let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
-        let id = format!("{id:032x}");
-        redis::cmd("FCALL")
-            .arg(&name)
-            .arg(2)
-            .arg(&key)
-            .arg(format!("{key}:e:{id}"))
-            .arg(first)
-            .arg(&id)
-            .query::<Vec<i64>>(conn)
+        decision_call(&name, &key, first, id, None).query::<Vec<i64>>(conn)
     };
     let numbers = |text: &str| -> Vec<u64> {
         text.split(':')

@@ -6,6 +6,10 @@
 -- call: they take what they need as parameters (a function has no KEYS or
 -- ARGV of its own), and read the policy's numbers from nothing.
 local REPLY_VERSION = 1
+-- Whether a decision that wrote its record answers with the record's text
+-- (`reply`, below). The library of several limits reads each limit's
+-- decision as a table, and turns this off when it loads.
+local TEXT_REPLIES = true
 -- Lua numbers are doubles: every integer the libraries handle stays at or
 -- below 2^53 - 1, where doubles are exact and math.floor(a / b) is exact.
 local MAX_EXACT = 9007199254740991
@@ -229,8 +233,9 @@ local function replay(record_key)
   return replay_text(recorded)
 end
 
--- Leaves the record of `decision`, before any other write: nil, or, when
--- a first send finds its record already there, the decision to replay.
+-- Leaves the record of `decision`, before any other write: nil and the
+-- record's text, or, when a first send finds its record already there,
+-- the decision to replay.
 --
 -- A first send (`first`) records an admission only, with `SET … NX`: its
 -- id is fresh, so the record can only be there if its own retry, sent
@@ -265,15 +270,24 @@ local function record(server, first, record_key, decision, now, window_text)
   end
   if not first then
     server.call('SET', record_key, text, 'PX', window_text)
-    return nil
+    return nil, text
   end
   if server.call('SET', record_key, text, 'PX', window_text, 'NX') then
-    return nil
+    return nil, text
   end
   return replay(record_key)
 end
 
-local function reply(decision, skew)
+-- The reply to `decision` (lua/README.md, "Reply"): `text`, when the
+-- decision wrote its record in it (a record of its own, or a state whose
+-- tail holds it, the record last) and saw no clock skew; else the table.
+-- Redis turns a table of eight integers into its reply for about 7,000
+-- instructions, a string it already holds for about 200: most admissions
+-- wrote their record, and answer with it.
+local function reply(decision, skew, text)
+  if text and skew == 0 and TEXT_REPLIES then
+    return text
+  end
   decision[8] = skew
   return decision
 end

@@ -11,6 +11,8 @@
 -- The commands the limits write with (a state's and a record's SET, with
 -- their PX, queued whole); every other one only reads.
 local WRITES = {PEXPIRE = true, SET = true, ZADD = true, ZREMRANGEBYSCORE = true}
+-- Each limit's decision is read here as a table (lua/common.lua, `reply`).
+TEXT_REPLIES = false
 -- The queue of the limit running now: one stand-in for `redis`, made once,
 -- for every limit of every call (they run one after the other).
 local queue = nil

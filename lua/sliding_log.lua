@@ -88,7 +88,7 @@ local function decide(redis, KEYS, ARGV)
   decision = decision or bind(verdicts)
   -- The record first (a first send's denial leaves none; common.lua): a
   -- first send its own retry overtook replays that one's decision here.
-  local replayed = record(redis, first, record_key, decision, now,
+  local replayed, text = record(redis, first, record_key, decision, now,
     record_life or P_DEDUPE_WINDOW_TEXT)
   if replayed then
     return replayed
@@ -116,5 +116,5 @@ local function decide(redis, KEYS, ARGV)
     end
     redis.call('PEXPIRE', KEYS[1], P_TTL_TEXT)
   end
-  return reply(decision, skew)
+  return reply(decision, skew, text)
 end

@@ -135,8 +135,9 @@ local function write_state(server, key, state, n, tail, formats, ttl)
   server.call('SET', key, format(formats[3], unpack(state, 1, n + 1)), 'PX', ttl)
 end
 
--- Leaves what a compact state's evaluation leaves, and returns its reply:
--- `decision`, or the one to replay.
+-- Leaves what a compact state's evaluation leaves, and returns its reply
+-- (lua/common.lua, `reply`: the text `decision` was recorded in, or
+-- `decision`), or the decision to replay.
 --
 -- A first send's admission keeps its record in the state it writes,
 -- which costs Redis no key, no expiry and no command of its own, when the
@@ -201,23 +202,25 @@ local function settle(server, key, record_key, first, overtakable, id, decision,
       state[last], state[last + 1], state[last + 2] = d[5], d[6], now
       last = last + 2
     end
-    server.call('SET', key, format(formats[which], unpack(state, 1, last)), 'PX', ttl)
-    return reply(decision, skew)
+    -- The state ends with the record: the reply's text.
+    local text = format(formats[which], unpack(state, 1, last))
+    server.call('SET', key, text, 'PX', ttl)
+    return reply(decision, skew, text)
   end
   if first then
-    local replayed = record(server, true, record_key, decision, now, life)
+    local replayed, text = record(server, true, record_key, decision, now, life)
     if replayed then
       return replayed
     end
     write_state(server, key, state, n, sub(raw, at), formats, ttl)
-    return reply(decision, skew)
+    return reply(decision, skew, text)
   end
-  record(server, false, record_key, decision, now, life)
+  local _, text = record(server, false, record_key, decision, now, life)
   if not overtakable then
     if admitted then
       write_state(server, key, state, n, at and sub(raw, at) or '', formats, ttl)
     end
-    return reply(decision, skew)
+    return reply(decision, skew, text)
   end
   local resent = math.max(tail_resent(raw, at), now + (life + 0) * 1000)
   local kept = format('|0|%d', resent)
@@ -230,5 +233,5 @@ local function settle(server, key, record_key, first, overtakable, id, decision,
   elseif raw then
     server.call('SET', key, (at and sub(raw, 1, at - 1) or raw) .. kept, 'KEEPTTL')
   end
-  return reply(decision, skew)
+  return reply(decision, skew, text)
 end

@@ -11,9 +11,11 @@ use arbitrary::Arbitrary;
 use http::header::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use sfv::{BareItem, Integer, ListEntry, Parser, Version};
-use sluice::limit::{Algorithm, Bands, BucketBand, Decision, GcraBand, LimitPolicy, Policy, WindowBand};
-use sluice::route::{Limit, Match, Route, SubjectSource};
+use sluice::limit::{
+    Algorithm, Bands, BucketBand, Decision, GcraBand, LimitPolicy, Policy, WindowBand,
+};
 use sluice::proxy::respond::{add_ratelimit_headers, Prepared, RATELIMIT, RATELIMIT_POLICY};
+use sluice::route::{Limit, Match, Route, SubjectSource};
 
 #[derive(Arbitrary, Debug)]
 struct Input {

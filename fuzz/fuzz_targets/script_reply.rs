@@ -14,9 +14,13 @@ use redis::Value;
 use sluice::fuzzing::{decode_reply, decode_reply_frame, resp_frame_len, Reply};
 
 /// A reply as a script could send it: most inputs become an eight-integer
-/// array of small numbers (the interesting region), the rest any tree.
+/// array of small numbers or a record's text (the interesting regions),
+/// the rest any tree.
 fn reply(u: &mut Unstructured<'_>) -> arbitrary::Result<Value> {
-    if u.ratio(3, 4)? {
+    if u.ratio(1, 4)? {
+        return Ok(Value::BulkString(record(u)?));
+    }
+    if u.ratio(2, 3)? {
         let len = if u.ratio(7, 8)? {
             8
         } else {
@@ -35,6 +39,32 @@ fn reply(u: &mut Unstructured<'_>) -> arbitrary::Result<Value> {
     } else {
         value(u, 4)
     }
+}
+
+/// A record's text as a script could answer it: mostly six small numbers
+/// joined by `:`, perhaps after a state's numbers and tail; now and then a
+/// field of any bytes, or another count of fields.
+fn record(u: &mut Unstructured<'_>) -> arbitrary::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    if u.ratio(1, 2)? {
+        out.extend_from_slice(b"1733622222123456:1733622180000000:3|1733622222323456|0|abcdef01|");
+    }
+    let fields = if u.ratio(7, 8)? {
+        6
+    } else {
+        u.int_in_range(0..=8)?
+    };
+    for f in 0..fields {
+        if f > 0 {
+            out.push(b':');
+        }
+        match u.int_in_range(0..=9)? {
+            0 => out.extend(Vec::<u8>::arbitrary(u)?),
+            1 => out.extend(u64::arbitrary(u)?.to_string().bytes()),
+            _ => out.extend(u.int_in_range(0..=3u8)?.to_string().bytes()),
+        }
+    }
+    Ok(out)
 }
 
 fn value(u: &mut Unstructured<'_>, depth: u32) -> arbitrary::Result<Value> {
@@ -71,18 +101,39 @@ fn values(u: &mut Unstructured<'_>, depth: u32) -> arbitrary::Result<Vec<Value>>
 
 /// `lua/README.md`, read again: an array of exactly eight non-negative
 /// integers `{version=1, outcome, remaining, reset_after_us,
-/// retry_after_us, band, replayed, skew_us}`.
+/// retry_after_us, band, replayed, skew_us}`; or a string whose last
+/// `|`-separated part (the whole, without one) is six whole numbers
+/// `outcome:remaining:reset_after_us:retry_after_us:band:at_us`, outcome
+/// 0 or 1, read as the array `{1, those five, 0, 0}`.
 fn expected(value: &Value, bands: usize) -> Option<Reply> {
-    let Value::Array(items) = value else {
-        return None;
+    let fields: Vec<u64> = match value {
+        Value::Array(items) => items
+            .iter()
+            .map(|v| match v {
+                Value::Int(n) if *n >= 0 => Some(*n as u64),
+                _ => None,
+            })
+            .collect::<Option<_>>()?,
+        Value::BulkString(text) => {
+            let record = text.rsplit(|&b| b == b'|').next()?;
+            let numbers: Vec<u64> = record
+                .split(|&b| b == b':')
+                .map(|n| {
+                    let n = std::str::from_utf8(n).ok()?;
+                    n.bytes()
+                        .all(|d| d.is_ascii_digit())
+                        .then(|| n.parse().ok())?
+                })
+                .collect::<Option<_>>()?;
+            let [outcome, remaining, reset, retry, band, _at] =
+                <[u64; 6]>::try_from(numbers).ok()?;
+            if outcome > 1 {
+                return None;
+            }
+            vec![1, outcome, remaining, reset, retry, band, 0, 0]
+        }
+        _ => return None,
     };
-    let fields: Vec<u64> = items
-        .iter()
-        .map(|v| match v {
-            Value::Int(n) if *n >= 0 => Some(*n as u64),
-            _ => None,
-        })
-        .collect::<Option<_>>()?;
     let [version, outcome, remaining, reset_after, retry_after, band, replayed, skew] =
         <[u64; 8]>::try_from(fields).ok()?;
     if version != 1 || replayed > 1 {

@@ -241,6 +241,40 @@ fn library_of(conn: &mut redis::Connection, marker: &str) -> String {
     found[0].clone()
 }
 
+/// A decision's reply as `lua/README.md` ("Reply") says it comes: eight
+/// integers, `{version, outcome, remaining, reset, retry, band, replayed,
+/// skew}`; or the text its record was written in (alone, or last in a
+/// state, after its last `|`), which is `{1, outcome, remaining, reset,
+/// retry, band, 0, 0}`. The text, if it came as one.
+fn reply_fields(value: &redis::Value) -> (Vec<i64>, Option<String>) {
+    match value {
+        redis::Value::Array(items) => {
+            let ints = items
+                .iter()
+                .map(|item| match item {
+                    redis::Value::Int(n) => *n,
+                    other => panic!("not an integer: {other:?} in {value:?}"),
+                })
+                .collect();
+            (ints, None)
+        }
+        redis::Value::BulkString(bytes) => {
+            let text = String::from_utf8(bytes.clone()).expect("ASCII");
+            let record = text.rsplit('|').next().expect("a record");
+            let numbers: Vec<i64> = record
+                .split(':')
+                .map(|n| n.parse().unwrap_or_else(|_| panic!("{text}")))
+                .collect();
+            assert_eq!(numbers.len(), 6, "{text}");
+            let mut fields = vec![1];
+            fields.extend_from_slice(&numbers[..5]);
+            fields.extend([0, 0]);
+            (fields, Some(text))
+        }
+        other => panic!("not a decision's reply: {other:?}"),
+    }
+}
+
 /// A decision's call as Redis sees it, the policy's function called
 /// directly: `FCALL name 2 state record first id [cost]`.
 fn decision_call(name: &str, key: &str, first: &str, id: u128, cost: Option<u32>) -> redis::Cmd {
@@ -278,7 +312,9 @@ async fn a_first_send_its_retry_overtook_replays_the_retry() {
     let who = subject("overtaken");
     let key = state_key(&policy, &who);
     let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
-        decision_call(&name, &key, first, id, Some(1)).query::<Vec<i64>>(conn)
+        decision_call(&name, &key, first, id, Some(1))
+            .query::<redis::Value>(conn)
+            .map(|value| reply_fields(&value).0)
     };
     // {version, outcome, remaining, reset, retry, band, replayed, skew}
     let retry = fcall(&mut conn, "0", 0xa).expect("the retry");
@@ -495,7 +531,9 @@ async fn a_record_of_the_second_band_keeps_its_band_in_the_state_and_in_its_key(
     let who = subject("second-band");
     let key = state_key(&policy, &who);
     let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
-        decision_call(&name, &key, first, id, None).query::<Vec<i64>>(conn)
+        decision_call(&name, &key, first, id, None)
+            .query::<redis::Value>(conn)
+            .map(|value| reply_fields(&value))
     };
     let numbers = |text: &str| -> Vec<u64> {
         text.split(':')
@@ -507,7 +545,7 @@ async fn a_record_of_the_second_band_keeps_its_band_in_the_state_and_in_its_key(
     };
 
     // {version, outcome, remaining, reset, retry, band, replayed, skew}
-    let first = fcall(&mut conn, "1", 0x21).expect("a first send");
+    let (first, text) = fcall(&mut conn, "1", 0x21).expect("a first send");
     assert_eq!(
         (first[1], first[2], first[5], first[6]),
         (1, 2, 1, 0),
@@ -520,20 +558,24 @@ async fn a_record_of_the_second_band_keeps_its_band_in_the_state_and_in_its_key(
     let reset = t - t % WIDE_US + WIDE_US - t;
     assert_eq!(numbers(&record), [1, 2, reset, 0, 1, t], "{raw}");
     assert_eq!(u64::try_from(first[3]).ok(), Some(reset));
+    // Its reply is the state it wrote, the record last: no table made.
+    assert_eq!(text.as_deref(), Some(&raw[..]));
 
     // The state holds a live record: the next admission's goes to a key of
     // its own.
-    let second = fcall(&mut conn, "1", 0x22).expect("a first send");
+    let (second, text) = fcall(&mut conn, "1", 0x22).expect("a first send");
     assert_eq!((second[1], second[2], second[5]), (1, 1, 1), "{second:?}");
     let own: String = conn
         .get(format!("{key}:e:{:032x}", 0x22))
         .expect("the record's key");
+    // Its reply is the record it wrote.
+    assert_eq!(text.as_deref(), Some(&own[..]));
     let own = numbers(&own);
     assert_eq!((own[0], own[1], own[3], own[4]), (1, 1, 0, 1), "{own:?}");
 
     // Each id sent again replays its band, and charges nothing.
     for (id, remaining) in [(0x21, 2), (0x22, 1)] {
-        let again = fcall(&mut conn, "0", id).expect("a re-send");
+        let (again, _) = fcall(&mut conn, "0", id).expect("a re-send");
         assert_eq!(
             (again[1], again[2], again[5], again[6]),
             (1, remaining, 1, 1),

@@ -2,7 +2,11 @@
 //!
 //! `{version, outcome, remaining, reset_after_us, retry_after_us, band,
 //! replayed, skew_us}`, all integers; outcome 0 denied, 1 allowed,
-//! 2 clock unsafe. The script of several limits answers one such group
+//! 2 clock unsafe. Or, for a decision that wrote its record and saw no
+//! clock skew (most admissions), the text it wrote: the record,
+//! `outcome:remaining:reset_after_us:retry_after_us:band:at_us`, alone or
+//! last in a compact state, after the state's last `|`; replayed and skew
+//! are then 0. The script of several limits answers one group of integers
 //! per limit it evaluated, one after the other. Anything else is refused
 //! as malformed, never guessed at.
 
@@ -65,11 +69,17 @@ pub enum Answer {
 type Fields = SmallVec<[Option<i64>; FIELDS]>;
 
 pub fn decode(value: &Value, bands: usize, approximate: bool) -> Result<Reply, Malformed> {
+    if let Value::BulkString(text) = value {
+        return decode_text(text, bands, approximate);
+    }
     decode_fields(&value_fields(value)?, bands, approximate)
 }
 
 /// [`decode`], from the reply's bytes.
 pub fn decode_frame(frame: &[u8], bands: usize, approximate: bool) -> Result<Reply, Malformed> {
+    if let Some(text) = bulk(frame)? {
+        return decode_text(text, bands, approximate);
+    }
     decode_fields(&frame_fields(frame)?, bands, approximate)
 }
 
@@ -79,9 +89,28 @@ pub fn decode_answer(answer: &Answer, limits: &[Shape]) -> Result<SmallVec<[Repl
         // Read as the connection framed it: not read again.
         Answer::Frame(frame) => match frame.held() {
             Held::Ints(ints) => ints.iter().copied().map(Some).collect(),
-            Held::Bytes(bytes) => frame_fields(bytes)?,
+            Held::Bytes(bytes) => match (bulk(bytes)?, limits) {
+                (Some(text), [one]) => {
+                    return Ok(smallvec::smallvec![decode_text(
+                        text,
+                        one.bands,
+                        one.approximate
+                    )?])
+                }
+                (Some(_), _) => return Err(Malformed("not an array")),
+                (None, _) => frame_fields(bytes)?,
+            },
         },
-        Answer::Value(value) => value_fields(value)?,
+        Answer::Value(value) => match (value, limits) {
+            (Value::BulkString(text), [one]) => {
+                return Ok(smallvec::smallvec![decode_text(
+                    text,
+                    one.bands,
+                    one.approximate
+                )?])
+            }
+            _ => value_fields(value)?,
+        },
     };
     match limits {
         [one] => Ok(smallvec::smallvec![decode_fields(
@@ -141,6 +170,69 @@ fn frame_fields(frame: &[u8]) -> Result<Fields, Malformed> {
         return Err(broken);
     }
     Ok(fields)
+}
+
+/// The text of a RESP2 bulk string `frame` (framed whole: its length
+/// checked), or `None` when `frame` is anything else (the null string
+/// included: refused as redis-rs's `Nil` is, as not an array).
+fn bulk(frame: &[u8]) -> Result<Option<&[u8]>, Malformed> {
+    let Some((b'$', rest)) = frame.split_first() else {
+        return Ok(None);
+    };
+    let broken = Malformed("not a whole reply");
+    let (len, rest) = line(rest).ok_or(broken.clone())?;
+    let Some(len) = parse_int(len).and_then(|n| usize::try_from(n).ok()) else {
+        return Ok(None);
+    };
+    match (rest.get(..len), rest.get(len..)) {
+        (Some(text), Some(b"\r\n")) => Ok(Some(text)),
+        _ => Err(broken),
+    }
+}
+
+/// A decision answered as the text of its record (the module's opening):
+/// six whole numbers joined by `:`, after the last `|` if there is one.
+/// Read in one pass, a digit at a time.
+fn decode_text(text: &[u8], bands: usize, approximate: bool) -> Result<Reply, Malformed> {
+    let record = match memchr::memrchr(b'|', text) {
+        Some(bar) => &text[bar + 1..],
+        None => text,
+    };
+    let not_six = Malformed("a record is not six whole numbers");
+    let mut fields = [0u64; 6];
+    let (mut field, mut digits, mut n) = (0, 0, 0u64);
+    for &b in record {
+        if b == b':' {
+            if digits == 0 || field == 5 {
+                return Err(not_six);
+            }
+            fields[field] = n;
+            (field, digits, n) = (field + 1, 0, 0);
+            continue;
+        }
+        if !b.is_ascii_digit() {
+            return Err(not_six);
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(b - b'0')))
+            .ok_or(not_six.clone())?;
+        digits += 1;
+    }
+    if digits == 0 || field != 5 {
+        return Err(not_six);
+    }
+    fields[5] = n;
+    let [outcome, remaining, reset_after, retry_after, band, _at] = fields;
+    if outcome > 1 {
+        // A clock found unsafe writes nothing, so records nothing.
+        return Err(Malformed("unknown outcome"));
+    }
+    decided(
+        [outcome, remaining, reset_after, retry_after, band, 0, 0],
+        bands,
+        approximate,
+    )
 }
 
 /// The line at the start of `input`, and what follows its `\r\n`.
@@ -208,6 +300,24 @@ fn decode_fields(
     if version != VERSION as u64 {
         return Err(Malformed("unknown reply version"));
     }
+    decided(
+        [
+            outcome,
+            remaining,
+            reset_after,
+            retry_after,
+            band,
+            replayed,
+            skew,
+        ],
+        bands,
+        approximate,
+    )
+}
+
+/// A reply's fields after its version, read and checked.
+fn decided(fields: [u64; FIELDS - 1], bands: usize, approximate: bool) -> Result<Reply, Malformed> {
+    let [outcome, remaining, reset_after, retry_after, band, replayed, skew] = fields;
     let replayed = match replayed {
         0 => false,
         1 => true,
@@ -317,6 +427,95 @@ mod tests {
         ];
         for (what, value) in bad {
             assert!(decode(value, 2, false).is_err(), "{what} accepted");
+        }
+    }
+
+    fn text(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    /// `value` as its bytes come on the wire, a bulk string.
+    fn bulk_frame(text: &str) -> Vec<u8> {
+        format!("${}\r\n{text}\r\n", text.len()).into_bytes()
+    }
+
+    #[test]
+    fn decodes_a_record_alone_or_last_in_a_state() {
+        let admitted = Reply::Decided {
+            decision: Decision {
+                allowed: true,
+                band: 1,
+                remaining: 4,
+                reset_after: Duration::from_micros(900),
+                retry_after: Duration::ZERO,
+                approximate: false,
+            },
+            replayed: false,
+            skew: 0,
+        };
+        for written in [
+            "1:4:900:0:1:1733622222123456",
+            "1733622222123456:1733622180000000:3|1733622222323456|0|abcdef01|1:4:900:0:1:1733622222123456",
+        ] {
+            assert_eq!(decode(&text(written), 2, false), Ok(admitted), "{written}");
+            assert_eq!(
+                decode_frame(&bulk_frame(written), 2, false),
+                Ok(admitted),
+                "{written}"
+            );
+            let answer = Answer::Value(text(written));
+            let one = Shape {
+                bands: 2,
+                approximate: false,
+                shadow: false,
+            };
+            assert_eq!(decode_answer(&answer, &[one]).unwrap()[..], [admitted]);
+            assert!(
+                decode_answer(&answer, &[one, one]).is_err(),
+                "a text answers one limit only"
+            );
+        }
+        // A re-send's denial is recorded too.
+        let Ok(Reply::Decided { decision, .. }) = decode(&text("0:0:900:700:0:17"), 1, true) else {
+            panic!("not decided");
+        };
+        assert!(!decision.allowed && decision.approximate);
+        assert_eq!(decision.retry_after, Duration::from_micros(700));
+    }
+
+    #[test]
+    fn refuses_every_other_text() {
+        for written in [
+            "",
+            "1:4:900:0:1",
+            "1:4:900:0:1:17:0",
+            "2:0:0:0:0:17",
+            "1:-4:900:0:0:17",
+            "1:+4:900:0:0:17",
+            "1:4:9x0:0:0:17",
+            "1::900:0:0:17",
+            "1:4:900:0:2:17",
+            "0:0:900:0:0:17",
+            "1:4:900:0:0:99999999999999999999",
+            "1:4:900:0:0:17|",
+            "3:1:0|0|0",
+        ] {
+            assert!(
+                decode(&text(written), 2, false).is_err(),
+                "{written:?} accepted"
+            );
+            assert!(
+                decode_frame(&bulk_frame(written), 2, false).is_err(),
+                "{written:?} accepted from its frame"
+            );
+        }
+        // A frame whose length does not match its text.
+        for frame in [
+            &b"$5\r\n1:4:900:0:1:17\r\n"[..],
+            b"$-1\r\n",
+            b"$40\r\n1:4:900:0:0:17\r\n",
+        ] {
+            assert!(decode_frame(frame, 2, false).is_err(), "{frame:?} accepted");
         }
     }
 

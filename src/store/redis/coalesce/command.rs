@@ -178,25 +178,31 @@ mod tests {
 
     #[test]
     fn a_batch_reply_is_read_per_evaluation_errors_included() {
-        let frame: &[u8] = b"*3\r\n*8\r\n:1\r\n:1\r\n:9\r\n:1000\r\n:0\r\n:0\r\n:0\r\n:0\r\n\
--ERR sluice: corrupt state\r\n*8\r\n:1\r\n:0\r\n:0\r\n:1000\r\n:1000\r\n:0\r\n:1\r\n:0\r\n";
+        // An admission answered with its record's text, an error, a
+        // replayed decision, and an admission answered as a table.
+        let frame: &[u8] = b"*4\r\n$21\r\n1:8:1000:0:0:17336222\r\n\
+-ERR sluice: corrupt state\r\n*8\r\n:1\r\n:0\r\n:0\r\n:1000\r\n:1000\r\n:0\r\n:1\r\n:0\r\n\
+*8\r\n:1\r\n:1\r\n:9\r\n:1000\r\n:0\r\n:0\r\n:0\r\n:0\r\n";
         let answer = Answer::Frame(Frame::from_slice(frame));
-        let each = decode_batch(&answer, &[shape(), shape(), shape()]).expect("well formed");
-        assert_eq!(each.len(), 3);
-        assert!(matches!(
-            each[0],
+        let each = decode_batch(&answer, &[shape(); 4]).expect("well formed");
+        assert_eq!(each.len(), 4);
+        let remaining = |each: &Each| match each {
             Ok(Reply::Decided {
+                decision,
                 replayed: false,
                 ..
-            })
-        ));
+            }) if decision.allowed => Some(decision.remaining),
+            _ => None,
+        };
+        assert_eq!(remaining(&each[0]), Some(8));
         assert_eq!(each[1], Err("ERR sluice: corrupt state".to_owned()));
         assert!(matches!(each[2], Ok(Reply::Decided { replayed: true, .. })));
+        assert_eq!(remaining(&each[3]), Some(9));
         // One reply too few, or trailing bytes: the whole batch is malformed.
-        assert!(decode_batch(&answer, &[shape(), shape()]).is_err());
+        assert!(decode_batch(&answer, &[shape(); 3]).is_err());
         let mut longer = frame.to_vec();
         longer.extend_from_slice(b":1\r\n");
-        assert!(decode_batch(&Answer::Frame(Frame::from_slice(&longer)), &[shape(); 3]).is_err());
+        assert!(decode_batch(&Answer::Frame(Frame::from_slice(&longer)), &[shape(); 4]).is_err());
     }
 
     /// One attempt for the whole batch, after the keys; a re-send says 0
@@ -273,9 +279,11 @@ mod tests {
         let value = Value::Array(vec![
             ints([1, 1, 9, 1000, 0, 0, 0, 0]),
             ints([1, 0, 0, 1000, 1000, 0, 0, 0]),
+            Value::BulkString(b"1:7:1000:0:0:17336222".to_vec()),
         ]);
-        let each = decode_batch(&Answer::Value(value), &[shape(), shape()]).expect("read");
-        assert!(matches!(each[1], Ok(Reply::Decided { .. })));
+        let each = decode_batch(&Answer::Value(value), &[shape(); 3]).expect("read");
+        assert!(matches!(each[1], Ok(Reply::Decided { decision, .. }) if !decision.allowed));
+        assert!(matches!(each[2], Ok(Reply::Decided { decision, .. }) if decision.remaining == 7));
         assert!(decode_batch(&Answer::Value(Value::Nil), &[shape()]).is_err());
     }
 }

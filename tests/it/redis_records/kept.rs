@@ -402,3 +402,48 @@ async fn a_record_of_the_second_band_keeps_its_band_in_the_state_and_in_its_key(
         Some(2)
     );
 }
+
+/// A sliding log keeps every record in a key of its own, and answers an
+/// admission with the record's text, as it wrote it (`lua/README.md`,
+/// "Reply"): no table for Redis to convert. A re-send records, and
+/// answers, its denial too; a first send's denial records nothing and
+/// answers the eight integers. The policy's function called directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_answers_an_admission_with_the_record_it_wrote() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let mut conn = server.connection();
+    // Numbers no other policy here has: they find its library.
+    let policy = policy("log-text", Bands::SlidingLog(vec![window(2, 7_400_000)]));
+    let warm = eval(&store, &policy, &subject("log-text-warm"), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+    let name = library_of(&mut conn, "local P_BAND_ARGS = {2, 7400000000}");
+    let key = state_key(&policy, &subject("log-text"));
+    let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
+        decision_call(&name, &key, first, id, None)
+            .query::<redis::Value>(conn)
+            .map(|value| reply_fields(&value))
+    };
+    let record = |conn: &mut redis::Connection, id: u128| -> Option<String> {
+        conn.get(format!("{key}:e:{id:032x}")).expect("GET")
+    };
+
+    // {version, outcome, remaining, reset, retry, band, replayed, skew}
+    for (id, remaining) in [(0x31, 1), (0x32, 0)] {
+        let (fields, text) = fcall(&mut conn, "1", id).expect("a first send");
+        assert_eq!(
+            (fields[1], fields[2], fields[6]),
+            (1, remaining, 0),
+            "{fields:?}"
+        );
+        assert_eq!(text, record(&mut conn, id), "answered with its record");
+    }
+    let (denied, text) = fcall(&mut conn, "1", 0x33).expect("a first send");
+    assert_eq!((denied[0], denied[1], denied[6]), (1, 0, 0), "{denied:?}");
+    assert!(denied[4] > 0, "a denial says when to retry: {denied:?}");
+    assert_eq!((text, record(&mut conn, 0x33)), (None, None));
+    let (denied, text) = fcall(&mut conn, "2", 0x34).expect("never a first send");
+    assert_eq!((denied[1], denied[2]), (0, 0), "{denied:?}");
+    assert!(text.is_some(), "recorded, and answered with its record");
+    assert_eq!(text, record(&mut conn, 0x34));
+}

@@ -85,32 +85,32 @@ pub fn decode_frame(frame: &[u8], bands: usize, approximate: bool) -> Result<Rep
 
 /// The replies of `limits` (one, or several in one call) in `answer`.
 pub fn decode_answer(answer: &Answer, limits: &[Shape]) -> Result<SmallVec<[Reply; 2]>, Malformed> {
+    // A record's text answers one limit alone.
+    let text = match answer {
+        Answer::Frame(frame) => match frame.held() {
+            Held::Bytes(bytes) => bulk(bytes)?,
+            Held::Ints(_) => None,
+        },
+        Answer::Value(Value::BulkString(text)) => Some(&text[..]),
+        Answer::Value(_) => None,
+    };
+    if let Some(text) = text {
+        let [one] = limits else {
+            return Err(Malformed("not an array"));
+        };
+        return Ok(smallvec::smallvec![decode_text(
+            text,
+            one.bands,
+            one.approximate
+        )?]);
+    }
     let fields = match answer {
         // Read as the connection framed it: not read again.
         Answer::Frame(frame) => match frame.held() {
             Held::Ints(ints) => ints.iter().copied().map(Some).collect(),
-            Held::Bytes(bytes) => match (bulk(bytes)?, limits) {
-                (Some(text), [one]) => {
-                    return Ok(smallvec::smallvec![decode_text(
-                        text,
-                        one.bands,
-                        one.approximate
-                    )?])
-                }
-                (Some(_), _) => return Err(Malformed("not an array")),
-                (None, _) => frame_fields(bytes)?,
-            },
+            Held::Bytes(bytes) => frame_fields(bytes)?,
         },
-        Answer::Value(value) => match (value, limits) {
-            (Value::BulkString(text), [one]) => {
-                return Ok(smallvec::smallvec![decode_text(
-                    text,
-                    one.bands,
-                    one.approximate
-                )?])
-            }
-            _ => value_fields(value)?,
-        },
+        Answer::Value(value) => value_fields(value)?,
     };
     match limits {
         [one] => Ok(smallvec::smallvec![decode_fields(
@@ -441,18 +441,8 @@ mod tests {
 
     #[test]
     fn decodes_a_record_alone_or_last_in_a_state() {
-        let admitted = Reply::Decided {
-            decision: Decision {
-                allowed: true,
-                band: 1,
-                remaining: 4,
-                reset_after: Duration::from_micros(900),
-                retry_after: Duration::ZERO,
-                approximate: false,
-            },
-            replayed: false,
-            skew: 0,
-        };
+        // What the same decision answers as eight integers.
+        let admitted = decode(&reply(&[1, 1, 4, 900, 0, 1, 0, 0]), 2, false).unwrap();
         for written in [
             "1:4:900:0:1:1733622222123456",
             "1733622222123456:1733622180000000:3|1733622222323456|0|abcdef01|1:4:900:0:1:1733622222123456",

@@ -11,7 +11,8 @@ use tokio::time::Instant;
 use crate::support::redis::RedisServer;
 use crate::support::redis_sidecar::held_record;
 use crate::support::store_api::*;
-use sluice::limit::Bands;
+use sluice::limit::{Bands, Policy};
+use sluice::store::redis::RedisStore;
 
 /// The library (its one function) whose code holds `marker`.
 fn library_of(conn: &mut redis::Connection, marker: &str) -> String {
@@ -67,6 +68,35 @@ fn reply_fields(value: &redis::Value) -> (Vec<i64>, Option<String>) {
     }
 }
 
+/// `policy`'s library, loaded by its first evaluation (of the subject
+/// `warm`) and found in Redis by `marker`: numbers no other policy here
+/// has.
+async fn loaded_library(
+    store: &RedisStore,
+    conn: &mut redis::Connection,
+    policy: &Policy,
+    warm: &str,
+    marker: &str,
+) -> String {
+    let warm = eval(store, policy, &subject(warm), 1).await;
+    assert!(allowed(&warm), "{warm:?}");
+    library_of(conn, marker)
+}
+
+/// [`decision_call`] made, and its reply read by [`reply_fields`].
+fn decide_directly(
+    conn: &mut redis::Connection,
+    name: &str,
+    key: &str,
+    first: &str,
+    id: u128,
+    cost: Option<u32>,
+) -> redis::RedisResult<(Vec<i64>, Option<String>)> {
+    decision_call(name, key, first, id, cost)
+        .query::<redis::Value>(conn)
+        .map(|value| reply_fields(&value))
+}
+
 /// A decision's call as Redis sees it, the policy's function called
 /// directly: `FCALL name 2 state record first id [cost]`.
 fn decision_call(name: &str, key: &str, first: &str, id: u128, cost: Option<u32>) -> redis::Cmd {
@@ -96,17 +126,13 @@ async fn a_first_send_its_retry_overtook_replays_the_retry() {
     let server = RedisServer::start();
     let store = connect(&server).await;
     let mut conn = server.connection();
-    // Numbers no other policy here has: they find its library.
     let policy = policy("overtaken", Bands::FixedWindow(vec![window(3, 7_200_000)]));
-    let warm = eval(&store, &policy, &subject("overtaken-warm"), 1).await;
-    assert!(allowed(&warm), "{warm:?}");
-    let name = library_of(&mut conn, "local P_BAND_ARGS = {3, 7200000000}");
+    let marker = "local P_BAND_ARGS = {3, 7200000000}";
+    let name = loaded_library(&store, &mut conn, &policy, "overtaken-warm", marker).await;
     let who = subject("overtaken");
     let key = state_key(&policy, &who);
     let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
-        decision_call(&name, &key, first, id, Some(1))
-            .query::<redis::Value>(conn)
-            .map(|value| reply_fields(&value).0)
+        decide_directly(conn, &name, &key, first, id, Some(1)).map(|(fields, _)| fields)
     };
     // {version, outcome, remaining, reset, retry, band, replayed, skew}
     let retry = fcall(&mut conn, "0", 0xa).expect("the retry");
@@ -307,25 +333,18 @@ async fn a_record_of_the_second_band_keeps_its_band_in_the_state_and_in_its_key(
     let server = RedisServer::start();
     let store = connect(&server).await;
     let mut conn = server.connection();
-    // Numbers no other policy here has: they find its library. The second
-    // band has less left after an admission (2 of 3, beside 9 of 10): it
-    // binds.
+    // The second band has less left after an admission (2 of 3, beside 9
+    // of 10): it binds.
     let policy = policy(
         "second-band",
         Bands::FixedWindow(vec![window(10, 60_000), window(3, 7_300_000)]),
     );
-    let warm = eval(&store, &policy, &subject("second-band-warm"), 1).await;
-    assert!(allowed(&warm), "{warm:?}");
-    let name = library_of(
-        &mut conn,
-        "local P_BAND_ARGS = {10, 60000000, 3, 7300000000}",
-    );
+    let marker = "local P_BAND_ARGS = {10, 60000000, 3, 7300000000}";
+    let name = loaded_library(&store, &mut conn, &policy, "second-band-warm", marker).await;
     let who = subject("second-band");
     let key = state_key(&policy, &who);
     let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
-        decision_call(&name, &key, first, id, None)
-            .query::<redis::Value>(conn)
-            .map(|value| reply_fields(&value))
+        decide_directly(conn, &name, &key, first, id, None)
     };
     let numbers = |text: &str| -> Vec<u64> {
         text.split(':')
@@ -413,16 +432,12 @@ async fn a_sliding_log_answers_an_admission_with_the_record_it_wrote() {
     let server = RedisServer::start();
     let store = connect(&server).await;
     let mut conn = server.connection();
-    // Numbers no other policy here has: they find its library.
     let policy = policy("log-text", Bands::SlidingLog(vec![window(2, 7_400_000)]));
-    let warm = eval(&store, &policy, &subject("log-text-warm"), 1).await;
-    assert!(allowed(&warm), "{warm:?}");
-    let name = library_of(&mut conn, "local P_BAND_ARGS = {2, 7400000000}");
+    let marker = "local P_BAND_ARGS = {2, 7400000000}";
+    let name = loaded_library(&store, &mut conn, &policy, "log-text-warm", marker).await;
     let key = state_key(&policy, &subject("log-text"));
     let fcall = |conn: &mut redis::Connection, first: &str, id: u128| {
-        decision_call(&name, &key, first, id, None)
-            .query::<redis::Value>(conn)
-            .map(|value| reply_fields(&value))
+        decide_directly(conn, &name, &key, first, id, None)
     };
     let record = |conn: &mut redis::Connection, id: u128| -> Option<String> {
         conn.get(format!("{key}:e:{id:032x}")).expect("GET")
